@@ -1,0 +1,1 @@
+//! The node agent: detect, then publish node labels and the node's AcceleratorInventory.
