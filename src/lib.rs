@@ -22,3 +22,5 @@ pub mod hardware;
 pub mod labels;
 pub mod output;
 pub mod plan;
+pub mod server;
+pub mod telemetry;
