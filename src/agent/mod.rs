@@ -1,3 +1,4 @@
 //! The node agent: detect, then publish node labels and the node's AcceleratorInventory.
 
+pub mod node_labels;
 pub mod presence;
