@@ -1,4 +1,5 @@
 //! The node agent: detect, then publish node labels and the node's AcceleratorInventory.
 
+pub mod metrics;
 pub mod node_labels;
 pub mod presence;
