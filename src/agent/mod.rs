@@ -1,5 +1,6 @@
 //! The node agent: detect, then publish node labels and the node's AcceleratorInventory.
 
+pub mod hotplug;
 pub mod metrics;
 pub mod node_labels;
 pub mod presence;
