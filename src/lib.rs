@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod cleanup;
 pub mod controller;
 pub mod detect;
 pub mod hardware;

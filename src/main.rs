@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Detect the accelerators of this machine (or of a host tree) and print a report.
     Detect(DetectArgs),
+    /// Remove the labels our agent and controller set (the uninstall path).
+    Cleanup(CleanupArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -43,10 +45,25 @@ struct DetectArgs {
     timings: bool,
 }
 
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["node", "all_nodes"])))]
+struct CleanupArgs {
+    /// A Node to clean (repeatable).
+    #[arg(long)]
+    node: Vec<String>,
+    /// Clean every Node.
+    #[arg(long)]
+    all_nodes: bool,
+    /// Ask the apiserver to validate the changes without making them.
+    #[arg(long)]
+    dry_run: bool,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Detect(args) => detect(args),
+        Command::Cleanup(args) => cleanup(args),
     };
     match result {
         Ok(code) => code,
@@ -68,6 +85,38 @@ fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
         Format::Yaml => output::to_yaml(&report)?,
     };
     write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
+    hwaccel::telemetry::init(hwaccel::telemetry::LogFormat::Text, "warn");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let cleaned = runtime.block_on(async {
+        let client = kube::Client::try_default().await?;
+        let nodes = if args.all_nodes {
+            Vec::new()
+        } else {
+            args.node
+        };
+        anyhow::Ok(hwaccel::cleanup::release_labels(client, &nodes, args.dry_run).await?)
+    })?;
+    let verb = if args.dry_run {
+        "would release"
+    } else {
+        "released"
+    };
+    for node in &cleaned {
+        println!(
+            "{}: {verb} labels of {}",
+            node.node,
+            node.released.join(", ")
+        );
+    }
+    if cleaned.is_empty() {
+        println!("no labels of ours found");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

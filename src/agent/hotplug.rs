@@ -9,8 +9,13 @@
 use crate::detect::HostRoot;
 
 /// The directories whose listings change when accelerators come and go.
-pub const WATCHED_DIRS: [&str; 5] =
-    ["/dev", "/dev/dri", "/dev/accel", "/sys/class/drm", "/sys/class/accel"];
+pub const WATCHED_DIRS: [&str; 5] = [
+    "/dev",
+    "/dev/dri",
+    "/dev/accel",
+    "/sys/class/drm",
+    "/sys/class/accel",
+];
 
 /// A fingerprint of the watched directories' listings.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

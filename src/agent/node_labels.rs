@@ -150,6 +150,11 @@ impl LabelOwnership {
         ownership
     }
 
+    /// True when the manager owns at least one label.
+    pub fn owns_any(&self) -> bool {
+        !self.ours.is_empty()
+    }
+
     /// The desired labels minus keys another manager owns and we do not.
     pub fn without_foreign(&self, desired: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         desired
