@@ -1,0 +1,327 @@
+//! `ModelPlacement`: a namespaced request to place a model on the fleet, and the controller's
+//! answer in its status.
+//!
+//! The spec says *what* (a model, by preset, parameter count or an inline Hugging Face
+//! `config.json`), *for what* (serving at a context length and concurrency, or a training
+//! method) and *within which limits* (precision, families, products, node selector, node
+//! count). Validation happens in two layers: the OpenAPI schema and CEL rules make the
+//! apiserver reject nonsense outright (two model sources, a zero context); what only the
+//! planner can judge (an unknown preset, a model that does not fit) becomes a `Planned=False`
+//! condition with a reason.
+//!
+//! The status carries the chosen plan, the device assignments, and a ready-made
+//! `nodeSelector` that selects exactly the chosen nodes through a placement label.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// Desired placement of one model.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "hwaccel.io",
+    version = "v1alpha1",
+    kind = "ModelPlacement",
+    plural = "modelplacements",
+    shortname = "mp",
+    namespaced,
+    status = "ModelPlacementStatus",
+    printcolumn = r#"{"name":"Model","type":"string","jsonPath":".status.model"}"#,
+    printcolumn = r#"{"name":"Precision","type":"string","jsonPath":".status.plan.precision"}"#,
+    printcolumn = r#"{"name":"TP","type":"integer","jsonPath":".status.plan.tensorParallel"}"#,
+    printcolumn = r#"{"name":"PP","type":"integer","jsonPath":".status.plan.pipelineParallel"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.plan.replicas"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodeNames","priority":1}"#,
+    printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelPlacementSpec {
+    /// The model to place.
+    pub model: ModelSource,
+    /// What the model is placed for.
+    pub goal: Goal,
+    /// Limits on the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraints: Option<Constraints>,
+    /// Number of model replicas (data-parallel copies). Without it, the controller places as
+    /// many as the serving concurrency needs, and one for training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("replicas must be between 1 and 1024"))]
+    pub replicas: Option<u32>,
+}
+
+/// Where the model's architecture comes from: exactly one source.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.preset), has(self.parameters), has(self.huggingFaceConfig)].filter(x, x).size() == 1").message("set exactly one of preset, parameters or huggingFaceConfig"))]
+pub struct ModelSource {
+    /// A built-in model preset (`llama-3.1-70b`); `hwaccel plan --list-models` lists them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9][a-z0-9._-]{0,127}$')").message("preset must be a lowercase model key such as llama-3.1-70b"))]
+    pub preset: Option<String>,
+    /// A bare parameter count (`70B`, `8B`, `1.5T`, `350M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+([.][0-9]+)?[KMBT]$')").message("parameters must look like 70B, 1.5T or 350M"))]
+    pub parameters: Option<String>,
+    /// An inline Hugging Face `config.json` (dense, GQA, MoE, MLA and sliding-window models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub hugging_face_config: Option<serde_json::Value>,
+    /// Exact checkpoint size in bytes; overrides the weight bytes computed from parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("checkpointBytes must be positive"))]
+    pub checkpoint_bytes: Option<u64>,
+}
+
+/// What the placement is for: exactly one of serving or training.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.serve) != has(self.train)").message("set exactly one of serve or train"))]
+pub struct Goal {
+    /// Serve the model for inference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve: Option<ServeGoal>,
+    /// Fine-tune the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<TrainGoal>,
+}
+
+/// Serving: every request may use the full context; `concurrency` requests at once.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServeGoal {
+    /// Context length in tokens (prompt plus output) each request may use.
+    #[serde(default = "default_context")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 10485760").message("context must be between 1 and 10485760 tokens"))]
+    pub context: u32,
+    /// Requests served at the same time across all replicas.
+    #[serde(default = "default_concurrency")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1048576").message("concurrency must be between 1 and 1048576"))]
+    pub concurrency: u32,
+}
+
+fn default_context() -> u32 {
+    8192
+}
+
+fn default_concurrency() -> u32 {
+    1
+}
+
+/// Fine-tuning method.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainMethod {
+    /// Full fine-tune with mixed-precision Adam.
+    Full,
+    /// LoRA adapters on a 16-bit base.
+    Lora,
+    /// LoRA adapters on a 4-bit NF4 base.
+    Qlora,
+    /// Direct preference optimisation (policy plus frozen reference model).
+    Dpo,
+}
+
+/// Training: method and batch shape.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainGoal {
+    /// The method.
+    pub method: TrainMethod,
+    /// Sequence length in tokens.
+    #[serde(default = "default_seq_len")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1048576").message("seqLen must be between 1 and 1048576"))]
+    pub seq_len: u32,
+    /// Sequences per device per step.
+    #[serde(default = "default_micro_batch")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("microBatch must be between 1 and 4096"))]
+    pub micro_batch: u32,
+}
+
+fn default_seq_len() -> u32 {
+    4096
+}
+
+fn default_micro_batch() -> u32 {
+    1
+}
+
+/// Weight precision choice.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PrecisionChoice {
+    /// Let the planner choose: the highest precision that fits.
+    #[default]
+    Auto,
+    /// bfloat16.
+    Bf16,
+    /// float16.
+    Fp16,
+    /// 8-bit float.
+    Fp8,
+    /// 8-bit integer.
+    Int8,
+    /// 4-bit integer (AWQ/GPTQ).
+    Int4,
+    /// 4-bit NormalFloat (QLoRA).
+    Nf4,
+    /// 4-bit float (MXFP4/NVFP4).
+    Fp4,
+}
+
+/// Limits on where and how the model is placed.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Constraints {
+    /// Weight precision; `auto` picks the highest that fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<PrecisionChoice>,
+    /// KV-cache precision (`auto` follows the weights' 16-bit type; `fp8` halves the cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_precision: Option<PrecisionChoice>,
+    /// Accelerator families allowed (`gpu`, `tpu`, `asic`...); empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    #[x_kube(validation = Rule::new("self.all(f, f in ['gpu', 'tpu', 'npu', 'asic'])").message("families must be among gpu, tpu, npu, asic"))]
+    pub families: Vec<String>,
+    /// Accelerator products allowed, as the `hwaccel.io/product` label slug
+    /// (`nvidia-h100-80gb-hbm3`); empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub products: Vec<String>,
+    /// Only nodes whose labels match all of these.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// At most this many nodes per replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("maxNodes must be between 1 and 1024"))]
+    pub max_nodes: Option<u32>,
+    /// Share of each device's memory the serving engine may use, in percent (vLLM's
+    /// `gpu_memory_utilization` × 100). Default 90.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 100").message("memoryUtilizationPercent must be between 10 and 100"))]
+    pub memory_utilization_percent: Option<u32>,
+}
+
+/// Observed state, written by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelPlacementStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Planned`, `Ready` and `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// One word for `kubectl get`: `Planned`, `Pending`, `Unschedulable` or `Invalid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The model as understood (`llama-3.1-70b`, `70B params`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The chosen plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+    /// Devices assigned, per node and stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub assignments: Vec<Assignment>,
+    /// Chosen nodes, comma-separated, for `kubectl get -o wide`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_names: Option<String>,
+    /// A nodeSelector that selects exactly the chosen nodes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Why the model does not fit, or what constrained the choice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// What would make it fit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suggestions: Vec<String>,
+}
+
+/// The plan in numbers.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    /// Weight precision.
+    pub precision: String,
+    /// Tensor-parallel degree.
+    pub tensor_parallel: u32,
+    /// Pipeline-parallel degree.
+    pub pipeline_parallel: u32,
+    /// Model replicas.
+    pub replicas: u32,
+    /// Devices in total.
+    pub devices: u32,
+    /// Nodes in total.
+    pub nodes: u32,
+    /// Concurrent full-context requests that fit per replica (serving).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u64>,
+    /// Memory on each device, in bytes.
+    pub memory_per_device: MemoryBreakdown,
+    /// Estimated decode tokens per second per replica (memory-bandwidth roofline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_tokens_per_second: Option<u64>,
+}
+
+/// Per-device memory, in bytes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryBreakdown {
+    /// Model weights (or the shard on this device).
+    pub weights: u64,
+    /// KV cache (serving) or optimizer state and gradients (training).
+    pub kv_cache: u64,
+    /// Activations.
+    pub activations: u64,
+    /// Runtime overhead.
+    pub overhead: u64,
+    /// Sum of the above.
+    pub total: u64,
+    /// Usable capacity of the device.
+    pub capacity: u64,
+}
+
+/// Devices of one node given to one replica's pipeline stage.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    /// Node name.
+    pub node: String,
+    /// Device names as in the node's AcceleratorInventory.
+    pub devices: Vec<String>,
+    /// Replica index.
+    pub replica: u32,
+    /// Pipeline stage index.
+    pub stage: u32,
+}
+
+fn free_form_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "description": "An inline Hugging Face config.json.",
+    })
+}
+
+/// Schema for standard conditions, as a list-map keyed by `type` so server-side apply merges
+/// them by type.
+pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut items = generator.subschema_for::<Condition>();
+    // The generated Condition schema is inlined by kube's structural rewrite; keep it as is.
+    items.remove("$schema");
+    json_schema!({
+        "type": "array",
+        "items": items,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+    })
+}
