@@ -15,6 +15,10 @@ mod topology;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread;
+use std::time::Duration;
 
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{
@@ -33,17 +37,23 @@ impl Backend for Nvidia {
     }
 
     fn detect(&self, ctx: &Context) -> Findings {
-        let load_nvml = || {
-            (ctx.host().root() == Path::new("/"))
-                .then(nvml::Nvml::load)
-                .and_then(Result::ok)
-        };
-        detect_with(ctx, load_nvml)
+        // Only the host we run on may lend us its library (see the module docs).
+        let on_own_root = ctx.host().root() == Path::new("/");
+        let load_nvml = move || on_own_root.then(nvml::Nvml::load).and_then(Result::ok);
+        detect_with(ctx, load_nvml, &NVML_HUNG)
     }
 }
 
+/// Set once NVML has failed to answer in time; this process does not try it again, so a
+/// wedged driver costs one stuck thread rather than one per detection run.
+static NVML_HUNG: AtomicBool = AtomicBool::new(false);
+
 /// Detection with the NVML loader as a parameter, so tests can hand in a fake library.
-fn detect_with(ctx: &Context, load_nvml: impl FnOnce() -> Option<nvml::Nvml>) -> Findings {
+fn detect_with(
+    ctx: &Context,
+    load_nvml: impl FnOnce() -> Option<nvml::Nvml> + Send + 'static,
+    nvml_hung: &AtomicBool,
+) -> Findings {
     let on_bus = sysfs::gpu_functions(ctx);
     // A readable PCI bus without an NVIDIA GPU means there is nothing to ask the tools about;
     // this also keeps a stray `nvidia-smi` on a CPU node from producing warnings.
@@ -51,12 +61,44 @@ fn detect_with(ctx: &Context, load_nvml: impl FnOnce() -> Option<nvml::Nvml>) ->
         return Findings::default();
     }
     let mut warnings = Vec::new();
-    // Any NVML failure is quiet: nvidia-smi is asked next and speaks up if it fails too.
-    let inventory = load_nvml()
-        .and_then(|library| library.inventory().ok())
+    // An NVML that fails is quiet: nvidia-smi is asked next and speaks up if it fails too.
+    let inventory = nvml_inventory(load_nvml, ctx.runner().timeout(), nvml_hung, &mut warnings)
         .or_else(|| smi::collect(ctx, &mut warnings))
         .unwrap_or_default();
     assemble(ctx.host(), inventory, &on_bus, warnings)
+}
+
+/// Loads NVML and reads it on a thread of its own, waiting at most `timeout`. NVML calls run
+/// in our process and cannot be interrupted, and a wedged driver can block `nvmlInit` for
+/// minutes; past the deadline the thread is abandoned and NVML is not tried again.
+fn nvml_inventory(
+    load_nvml: impl FnOnce() -> Option<nvml::Nvml> + Send + 'static,
+    timeout: Duration,
+    hung: &AtomicBool,
+    warnings: &mut Vec<String>,
+) -> Option<Inventory> {
+    if hung.load(Ordering::Relaxed) {
+        return None;
+    }
+    let (sender, receiver) = mpsc::channel();
+    thread::Builder::new()
+        .name("hwaccel-nvml".into())
+        .spawn(move || {
+            let inventory = load_nvml().and_then(|library| library.inventory().ok());
+            let _ = sender.send(inventory);
+        })
+        .ok()?;
+    match receiver.recv_timeout(timeout) {
+        Ok(inventory) => inventory,
+        Err(RecvTimeoutError::Timeout) => {
+            hung.store(true, Ordering::Relaxed);
+            warnings.push(format!(
+                "NVML did not answer within {timeout:?}; using nvidia-smi and not trying NVML again"
+            ));
+            None
+        }
+        Err(RecvTimeoutError::Disconnected) => None,
+    }
 }
 
 /// Turns what a source learned into findings, adding GPUs only the bus knows about.
@@ -72,11 +114,30 @@ fn assemble(
         .map(|record| device_from(host, record, &inventory.numa_hints))
         .collect();
     let listed: BTreeSet<String> = devices.iter().map(|d| d.id.clone()).collect();
+    // The source that answered, if one listed any GPU at all.
+    let answered = inventory.gpus.first().map(|gpu| gpu.source);
     devices.extend(
         on_bus
             .iter()
             .filter(|function| !listed.contains(&function.address))
-            .map(|function| device_from(host, &sysfs::record(host, function), &BTreeMap::new())),
+            .map(|function| {
+                let mut record = sysfs::record(host, function);
+                let driver = pci::driver(host, &function.address);
+                // The driver owns it but its own tool does not list it: the GPU has fallen
+                // off the bus or failed to initialise. Bound to vfio-pci it is just passed on.
+                if let Some(tool) = answered
+                    && driver.as_deref() == Some("nvidia")
+                {
+                    record.health.fatal.push(format!(
+                        "bound to the nvidia driver but not listed by {tool}"
+                    ));
+                }
+                let mut device = device_from(host, &record, &BTreeMap::new());
+                if let Some(driver) = driver {
+                    device.attributes.insert("driver".into(), driver);
+                }
+                device
+            }),
     );
     devices.sort_by(|a, b| a.id.cmp(&b.id));
     devices.dedup_by(|a, b| a.id == b.id);

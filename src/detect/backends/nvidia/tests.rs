@@ -4,6 +4,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::*;
@@ -229,6 +230,51 @@ fn without_tools_the_bus_names_what_it_can_and_stays_quiet() {
 }
 
 #[test]
+fn a_gpu_the_driver_owns_but_the_tool_does_not_list_is_unhealthy() {
+    let script = "case \"$1\" in --query-gpu=*) echo '0, 00000000:18:00.0, NVIDIA H100 80GB HBM3, GPU-1, 81559, 550.90.07, 96.00.99.00.01, 9.0, Disabled, Enabled, 0, 0, [N/A], [N/A], [N/A], 5, 16, 5, 16' ;; *) exit 2 ;; esac";
+    let (dir, ctx) = temp_host(
+        &[
+            H100_FUNCTION,
+            ("0000:2a:00.0", 0x10de, 0x2330, 0x030200),
+            ("0000:3a:00.0", 0x10de, 0x2330, 0x030200),
+        ],
+        Some(script),
+        Duration::from_secs(10),
+    );
+    let drivers = dir.path().join("sys/bus/pci/drivers");
+    fs::create_dir_all(drivers.join("nvidia")).unwrap();
+    fs::create_dir_all(drivers.join("vfio-pci")).unwrap();
+    let devices = dir.path().join("sys/bus/pci/devices");
+    std::os::unix::fs::symlink(
+        "../../../../bus/pci/drivers/nvidia",
+        devices.join("0000:2a:00.0/driver"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        "../../../../bus/pci/drivers/vfio-pci",
+        devices.join("0000:3a:00.0/driver"),
+    )
+    .unwrap();
+    let findings = Nvidia.detect(&ctx);
+    assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
+    let health: Vec<(&str, HealthStatus)> = findings
+        .devices
+        .iter()
+        .map(|d| (d.id.as_str(), d.health.status))
+        .collect();
+    assert_eq!(
+        health,
+        [
+            ("0000:18:00.0", HealthStatus::Healthy),
+            ("0000:2a:00.0", HealthStatus::Unhealthy),
+            ("0000:3a:00.0", HealthStatus::Unknown)
+        ]
+    );
+    assert!(findings.devices[1].health.reasons[0].contains("not listed by nvidia-smi"));
+    assert_eq!(findings.devices[2].attributes["driver"], "vfio-pci");
+}
+
+#[test]
 fn a_host_without_nvidia_gpus_runs_no_tool() {
     let (_dir, ctx) = temp_host(
         &[("0000:0d:00.0", 0x15b3, 0x1021, 0x020700)],
@@ -275,7 +321,11 @@ fn nvml_feeds_the_same_devices_and_groups() {
     let library = nvml::tests::build_fake(dir.path(), &[]);
     // nvidia-smi here would only print garbage: a warning would show it was asked.
     let (_host, ctx) = temp_host(&[], Some("echo garbage"), Duration::from_secs(10));
-    let findings = detect_with(&ctx, || nvml::Nvml::load_from(&library).ok());
+    let findings = detect_with(
+        &ctx,
+        move || nvml::Nvml::load_from(&library).ok(),
+        &AtomicBool::new(false),
+    );
     assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
     assert_eq!(findings.devices.len(), 2);
     let (first, second) = (&findings.devices[0], &findings.devices[1]);
@@ -296,7 +346,11 @@ fn a_failing_nvml_falls_back_to_nvidia_smi_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let library = nvml::tests::build_fake(dir.path(), &["-DFAKE_NVML_NO_DRIVER"]);
     let ctx = fixture_context("a100-mig");
-    let findings = detect_with(&ctx, || nvml::Nvml::load_from(&library).ok());
+    let findings = detect_with(
+        &ctx,
+        move || nvml::Nvml::load_from(&library).ok(),
+        &AtomicBool::new(false),
+    );
     assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
     assert_eq!(findings.devices.len(), 2);
     assert!(
@@ -304,6 +358,31 @@ fn a_failing_nvml_falls_back_to_nvidia_smi_quietly() {
             .devices
             .iter()
             .all(|d| d.attributes["source"] == "nvidia-smi")
+    );
+}
+
+#[test]
+fn a_hanging_nvml_is_abandoned_with_a_warning_and_not_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = nvml::tests::build_fake(dir.path(), &["-DFAKE_NVML_HANG"]);
+    let fixture = crate::detect::testing::fixture_dir("a100-mig");
+    let runner =
+        CommandRunner::new(vec![fixture.join("commands")]).with_timeout(Duration::from_secs(2));
+    let ctx = Context::new(HostRoot::new(&fixture), runner);
+    let hung = AtomicBool::new(false);
+    let load = move || nvml::Nvml::load_from(&library).ok();
+    let findings = detect_with(&ctx, load.clone(), &hung);
+    assert_eq!(findings.warnings.len(), 1, "{:?}", findings.warnings);
+    assert!(findings.warnings[0].contains("NVML did not answer"));
+    assert_eq!(findings.devices.len(), 2, "nvidia-smi stood in");
+    assert!(hung.load(Ordering::Relaxed));
+    let started = std::time::Instant::now();
+    let again = detect_with(&ctx, load, &hung);
+    assert!(again.warnings.is_empty(), "{:?}", again.warnings);
+    assert_eq!(again.devices, findings.devices);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "NVML was waited for again"
     );
 }
 
