@@ -37,6 +37,9 @@ struct DetectArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     output: Format,
+    /// Directory searched for vendor tools before `$PATH` (repeatable).
+    #[arg(long)]
+    tool_path: Vec<PathBuf>,
     /// Per-tool deadline, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     tool_timeout_ms: u64,
@@ -75,8 +78,8 @@ fn main() -> ExitCode {
 }
 
 fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
-    let runner =
-        CommandRunner::from_env().with_timeout(Duration::from_millis(args.tool_timeout_ms));
+    let runner = CommandRunner::with_extra_paths(&args.tool_path)
+        .with_timeout(Duration::from_millis(args.tool_timeout_ms));
     let detector = Detector::new(HostRoot::new(args.host_root), runner, &args.backends);
     let (report, _) = detector.run(args.timings);
     let text = match args.output {

@@ -126,6 +126,15 @@ impl CommandRunner {
         Self::new(std::env::split_paths(&path).collect())
     }
 
+    /// A runner searching `extra` first, then `$PATH`.
+    pub fn with_extra_paths(extra: &[PathBuf]) -> Self {
+        let mut runner = Self::from_env();
+        let mut search_path = extra.to_vec();
+        search_path.append(&mut runner.search_path);
+        runner.search_path = search_path;
+        runner
+    }
+
     /// A runner searching the given directories, in order.
     pub fn new(search_path: Vec<PathBuf>) -> Self {
         Self {

@@ -94,7 +94,8 @@ pub enum InterconnectKind {
 pub struct InterconnectGroup {
     /// The fabric.
     pub kind: InterconnectKind,
-    /// Stable group id (hive id, NVLink domain, or the sorted member list when none is exposed).
+    /// Stable group id: the vendor's (XGMI hive id, NVLink domain) where one is exposed,
+    /// otherwise [`InterconnectGroup::local_id`] of the members.
     pub id: String,
     /// Member device ids (the `Device::id` values), sorted.
     pub devices: Vec<String>,
@@ -107,6 +108,32 @@ pub struct InterconnectGroup {
     /// Topology string where the fabric has one (`2x2`, `4x4x4`, `ring`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<String>,
+}
+
+impl InterconnectKind {
+    /// The lowercase name used in ids, labels and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nvlink => "nvlink",
+            Self::Nvswitch => "nvswitch",
+            Self::Xgmi => "xgmi",
+            Self::Ici => "ici",
+            Self::Neuronlink => "neuronlink",
+            Self::Gaudilink => "gaudilink",
+            Self::Xelink => "xelink",
+            Self::Other => "other",
+        }
+    }
+}
+
+impl InterconnectGroup {
+    /// A short id for a group the vendor gives no id to: the kind and the lowest member id
+    /// (`nvswitch-0000:1b:00.0`). Unique on a node, since a device belongs to one group of a
+    /// kind, and short enough for a label or a DRA attribute (at most 64 characters).
+    pub fn local_id(kind: InterconnectKind, members: &[String]) -> String {
+        let first = members.iter().min().map_or("none", String::as_str);
+        format!("{}-{first}", kind.as_str())
+    }
 }
 
 /// The kind of high-speed network adapter.

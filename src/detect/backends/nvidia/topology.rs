@@ -89,13 +89,14 @@ fn group_of(ids: &[&str], graph: &LinkGraph) -> InterconnectGroup {
         .and_then(|all| all.into_iter().reduce(f64::min))
         .map(|gbps| (gbps * 1000.0).round() / 1000.0);
     let devices: Vec<String> = ids.iter().map(|id| (*id).to_string()).collect();
+    let kind = if switched {
+        InterconnectKind::Nvswitch
+    } else {
+        InterconnectKind::Nvlink
+    };
     InterconnectGroup {
-        kind: if switched {
-            InterconnectKind::Nvswitch
-        } else {
-            InterconnectKind::Nvlink
-        },
-        id: devices.join(","),
+        kind,
+        id: InterconnectGroup::local_id(kind, &devices),
         devices,
         links_per_device,
         bandwidth_gbps,
@@ -378,7 +379,8 @@ mod tests {
                 .iter()
                 .all(|g| g.kind == InterconnectKind::Nvlink && g.devices.len() == 2)
         );
-        assert_eq!(groups[0].id, "0000:01:00.0,0000:02:00.0");
+        assert_eq!(groups[0].id, "nvlink-0000:01:00.0");
+        assert_eq!(groups[1].id, "nvlink-0000:03:00.0");
     }
 
     #[test]
