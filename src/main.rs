@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use hwaccel::api::AcceleratorInventory;
 use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 use hwaccel::output::{self, Format};
 
@@ -22,6 +23,15 @@ struct Cli {
 enum Command {
     /// Detect the accelerators of this machine (or of a host tree) and print a report.
     Detect(DetectArgs),
+    /// Print every CustomResourceDefinition as multi-document YAML, or write one file per CRD.
+    Crds(CrdsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CrdsArgs {
+    /// Write `<plural>.<group>.yaml` files into this directory instead of printing.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -41,12 +51,17 @@ struct DetectArgs {
     /// Include per-backend timings (they make otherwise identical reports differ).
     #[arg(long)]
     timings: bool,
+    /// Print the AcceleratorInventory object for this node name instead of the report
+    /// (YAML unless `-o json`).
+    #[arg(long, value_name = "NODE")]
+    as_inventory: Option<String>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Detect(args) => detect(args),
+        Command::Crds(args) => crds(args),
     };
     match result {
         Ok(code) => code,
@@ -62,12 +77,33 @@ fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
         CommandRunner::from_env().with_timeout(Duration::from_millis(args.tool_timeout_ms));
     let detector = Detector::new(HostRoot::new(args.host_root), runner, &args.backends);
     let (report, _) = detector.run(args.timings);
+    if let Some(node) = &args.as_inventory {
+        let inventory = AcceleratorInventory::from_report(node, &report);
+        let text = match args.output {
+            Format::Json => output::to_json(&inventory)?,
+            Format::Table | Format::Yaml => output::to_yaml(&inventory)?,
+        };
+        write_stdout(&text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let text = match args.output {
         Format::Table => hwaccel::detect::render::table(&report),
         Format::Json => output::to_json(&report)?,
         Format::Yaml => output::to_yaml(&report)?,
     };
     write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
+    match args.out_dir {
+        Some(dir) => {
+            for path in hwaccel::api::crds::write_dir(&dir)? {
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        None => write_stdout(&hwaccel::api::crds::all_yaml()?)?,
+    }
     Ok(ExitCode::SUCCESS)
 }
 

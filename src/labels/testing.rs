@@ -289,6 +289,7 @@ prop_compose! {
                 topology: None,
             })
             .collect();
+        report.interconnects.sort_by(|a, b| (a.kind, &a.id).cmp(&(b.kind, &b.id)));
         report.node.cpu.ai_flags = ai_flags.into_iter().collect();
         report.node.cpu.memory_bytes = memory;
         report.warnings = warnings
