@@ -25,7 +25,8 @@ use crate::hardware::{
     Partition, PcieLink, Precision, Vendor,
 };
 use crate::labels::{
-    hash_hex, product_slug, shorten_with_hash, slugify, truncate_at_char_boundary,
+    hash_hex, product_label_value, product_slug, shorten_with_hash, slugify,
+    truncate_at_char_boundary,
 };
 
 /// The longest DNS label, the limit on a device name.
@@ -257,7 +258,15 @@ fn identity_attributes(attrs: &mut Attributes, device: &Device) {
     attrs.string(attribute::VENDOR, device.vendor.as_str());
     attrs.string(attribute::FAMILY, device.family.as_str());
     attrs.string(attribute::MODEL, &device.model);
-    attrs.string(attribute::PRODUCT, &product_slug(device));
+    // The label form of the product (≤63), so devices match the node's `product` label.
+    let product = product_label_value(device);
+    let full_product = product_slug(device);
+    if product != full_product {
+        attrs
+            .full_values
+            .insert(attribute::PRODUCT.to_string(), full_product);
+    }
+    attrs.string(attribute::PRODUCT, &product);
     attrs.string(attribute::BACKEND, &device.backend);
     attrs.opt_string(attribute::ARCHITECTURE, device.architecture.as_deref());
     attrs.opt_string(

@@ -101,6 +101,7 @@ pub mod attribute {
     shortname = "accinv",
     category = "hwaccel",
     status = "AcceleratorInventoryStatus",
+    derive = "PartialEq",
     selectable = ".spec.nodeName",
     doc = "The accelerators, interconnects and host facts of one node, published by its hwaccel agent.",
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),

@@ -96,6 +96,24 @@ pub fn product_slug(device: &Device) -> String {
     }
 }
 
+/// The product as a label value: the [`product_slug`], shortened to 63 characters with a
+/// hash suffix when longer. The inventory's `product` attribute holds the same text, so a
+/// node's `hwaccel.io/product` label can be matched against its devices.
+pub fn product_label_value(device: &Device) -> String {
+    fit_with_hash(&product_slug(device), MAX_LABEL_LENGTH)
+}
+
+/// `text` unchanged when it fits in `max` bytes, otherwise its head and a hash of the whole.
+/// The hash is of `text` alone, so a product's shortened label value and its shortened
+/// `count.` key end in the same ten hex digits.
+fn fit_with_hash(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        text.to_string()
+    } else {
+        shorten_with_hash(text, text, max)
+    }
+}
+
 /// The labels for the node a report describes.
 pub fn labels_for(report: &Report) -> Labels {
     let mut labels = Labels::default();
@@ -137,8 +155,16 @@ fn identity_labels(labels: &mut Labels, accelerators: &[&Device]) {
     for device in accelerators {
         *per_product.entry(product_slug(device)).or_default() += 1;
     }
+    const COUNT: &str = "count.";
     for (slug, count) in &per_product {
-        labels.put(&format!("count.{slug}"), &count.to_string());
+        let part = fit_with_hash(slug, MAX_LABEL_LENGTH - COUNT.len());
+        if part != *slug {
+            labels.shortened.push((
+                format!("{LABEL_PREFIX}{COUNT}{part}"),
+                format!("{LABEL_PREFIX}{COUNT}{slug}"),
+            ));
+        }
+        labels.put(&format!("{COUNT}{part}"), &count.to_string());
     }
     if let Some(vendor) = common(accelerators, |d| Some(d.vendor.as_str().to_string())) {
         labels.put("vendor", &vendor);
@@ -147,7 +173,12 @@ fn identity_labels(labels: &mut Labels, accelerators: &[&Device]) {
         labels.put("family", &family);
     }
     if let Some(product) = common(accelerators, |d| Some(product_slug(d))) {
-        labels.put("product", &product);
+        if product.len() > MAX_LABEL_LENGTH {
+            labels
+                .shortened
+                .push((format!("{LABEL_PREFIX}product"), product.clone()));
+        }
+        labels.put("product", &fit_with_hash(&product, MAX_LABEL_LENGTH));
     }
     if let Some(arch) = common(accelerators, |d| d.architecture.clone()) {
         labels.put("architecture", &arch);

@@ -1,8 +1,9 @@
 //! Test support shared by the label and API tests: hand-built reports for the cases the label
-//! scheme is about (homogeneous, mixed, overlong names, CPU-only) and a proptest strategy for
-//! arbitrary reports.
+//! scheme is about (homogeneous, mixed, overlong names, CPU-only), a proptest strategy for
+//! arbitrary reports, and golden files.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use proptest::prelude::*;
 
@@ -339,4 +340,34 @@ pub fn with_node_facts(mut report: Report) -> Report {
         message: "nvidia-smi printed [N/A] for memory.total on 0000:db:00.0".into(),
     }];
     report
+}
+
+/// The hand-built reports by scenario name, for golden files.
+pub fn scenarios() -> Vec<(&'static str, Report)> {
+    vec![
+        ("h100-8x-nvswitch", with_node_facts(h100_x8())),
+        ("mixed-l4-a100", mixed_l4_a100()),
+        ("overlong-product", overlong_product()),
+        ("cpu-only", cpu_only()),
+    ]
+}
+
+/// Compares `actual` with the committed `fixtures/golden/<name>`; with `HWACCEL_BLESS=1` in
+/// the environment it rewrites the file instead (review the diff before committing).
+pub fn assert_golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/golden")
+        .join(name);
+    if std::env::var_os("HWACCEL_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        expected == actual,
+        "{} differs from the output; if the change is intended, rerun with HWACCEL_BLESS=1\n\
+         --- expected\n{expected}\n--- actual\n{actual}",
+        path.display()
+    );
 }

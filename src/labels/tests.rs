@@ -97,12 +97,13 @@ fn overlong_product_gives_valid_shortened_labels() {
     assert!(is_valid_label_key(count_key), "{count_key}");
     assert_eq!(labels.labels[count_key], "1");
     let full = product_slug(&report.devices[0]);
-    assert!(
-        labels
-            .shortened
-            .contains(&("hwaccel.io/product".to_string(), full))
-    );
+    let full_entry = ("hwaccel.io/product".to_string(), full.clone());
+    assert!(labels.shortened.contains(&full_entry));
     assert!(labels.shortened.iter().any(|(key, _)| key == count_key));
+    // Value and count key end in the same hash, that of the full slug.
+    assert!(product.ends_with(&hash_hex(&full)));
+    assert!(count_key.ends_with(&hash_hex(&full)));
+    assert_eq!(product, product_label_value(&report.devices[0]));
     assert!(labels.dropped.is_empty());
 }
 
@@ -200,6 +201,19 @@ fn gib_rounds_to_nearest() {
     assert_eq!(rounded_gib(crate::hardware::GIB / 2 - 1), 0);
     assert_eq!(rounded_gib(crate::hardware::GIB / 2), 1);
     assert_eq!(rounded_gib(u64::MAX), u64::MAX / crate::hardware::GIB + 1);
+}
+
+#[test]
+fn golden_labels() {
+    for (name, report) in super::testing::scenarios() {
+        let labels = labels_for(&report);
+        let text: String = labels
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect();
+        super::testing::assert_golden(&format!("{name}.labels"), &text);
+    }
 }
 
 proptest! {

@@ -1,13 +1,15 @@
 //! Conversion tests: concrete inventories for the hand-built reports, byte-for-byte
 //! determinism, DRA limits, stable device names, and the round trip back to a report.
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use proptest::prelude::*;
 
 use super::*;
 use crate::api::inventory::MAX_ATTRIBUTES_AND_CAPACITIES;
 use crate::api::owner_reference_for_node;
 use crate::labels::testing::{
-    arb_report, cpu_only, h100_x8, mixed_l4_a100, overlong_product, report_with, with_node_facts,
+    arb_report, assert_golden, cpu_only, h100_x8, mixed_l4_a100, overlong_product, report_with,
+    scenarios, with_node_facts,
 };
 
 fn attr<'a>(device: &'a InventoryDevice, name: &str) -> &'a DeviceAttribute {
@@ -247,7 +249,16 @@ fn owner_reference_points_at_the_node() {
     assert_eq!(owned.metadata.owner_references, Some(vec![reference]));
 }
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+#[test]
+fn golden_inventories() {
+    for (name, report) in scenarios() {
+        let inventory = AcceleratorInventory::from_report(name, &report);
+        let yaml = crate::output::to_yaml(&inventory).unwrap();
+        assert_golden(&format!("{name}.inventory.yaml"), &yaml);
+        let parsed: AcceleratorInventory = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(parsed, inventory, "{name}: YAML does not read back");
+    }
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
