@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build test unit cluster-test check fmt lint generate
+.PHONY: all build test unit cluster-test check fmt lint generate check-generated
 
 all: build
 
@@ -29,7 +29,20 @@ cluster-test:
 	$(CARGO) test -- --include-ignored
 
 ## check: formatting, lints, and generated files up to date
-check: lint
+check: lint check-generated
+
+## generate: write crds/ from `hwaccel crds` (one file per CRD)
+generate:
+	rm -f crds/*.yaml
+	$(CARGO) run --quiet -- crds --out-dir crds
+
+## check-generated: fail when the committed crds/ differs from what `hwaccel crds` generates
+check-generated:
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(CARGO) run --quiet -- crds --out-dir "$$tmp" 2>/dev/null; \
+	if ! diff -ru crds "$$tmp"; then \
+	  echo "error: crds/ is stale; run 'make generate' and commit the result" >&2; exit 1; \
+	fi
 
 fmt:
 	$(CARGO) fmt

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use hwaccel::api::AcceleratorInventory;
 use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 use hwaccel::output::{self, Format};
 
@@ -24,6 +25,15 @@ enum Command {
     Detect(DetectArgs),
     /// Remove the labels our agent and controller set (the uninstall path).
     Cleanup(CleanupArgs),
+    /// Print every CustomResourceDefinition as multi-document YAML, or write one file per CRD.
+    Crds(CrdsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CrdsArgs {
+    /// Write `<plural>.<group>.yaml` files into this directory instead of printing.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -46,6 +56,10 @@ struct DetectArgs {
     /// Include per-backend timings (they make otherwise identical reports differ).
     #[arg(long)]
     timings: bool,
+    /// Print the AcceleratorInventory object for this node name instead of the report
+    /// (YAML unless `-o json`).
+    #[arg(long, value_name = "NODE")]
+    as_inventory: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -67,6 +81,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Detect(args) => detect(args),
         Command::Cleanup(args) => cleanup(args),
+        Command::Crds(args) => crds(args),
     };
     match result {
         Ok(code) => code,
@@ -82,6 +97,15 @@ fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
         .with_timeout(Duration::from_millis(args.tool_timeout_ms));
     let detector = Detector::new(HostRoot::new(args.host_root), runner, &args.backends);
     let (report, _) = detector.run(args.timings);
+    if let Some(node) = &args.as_inventory {
+        let inventory = AcceleratorInventory::from_report(node, &report);
+        let text = match args.output {
+            Format::Json => output::to_json(&inventory)?,
+            Format::Table | Format::Yaml => output::to_yaml(&inventory)?,
+        };
+        write_stdout(&text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let text = match args.output {
         Format::Table => hwaccel::detect::render::table(&report),
         Format::Json => output::to_json(&report)?,
@@ -119,6 +143,18 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
     }
     if cleaned.is_empty() {
         println!("no labels of ours found");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
+    match args.out_dir {
+        Some(dir) => {
+            for path in hwaccel::api::crds::write_dir(&dir)? {
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        None => write_stdout(&hwaccel::api::crds::all_yaml()?)?,
     }
     Ok(ExitCode::SUCCESS)
 }

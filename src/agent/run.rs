@@ -1,0 +1,357 @@
+//! The agent's main loop: detect, debounce, publish, wait.
+//!
+//! Each cycle runs detection on a blocking thread, folds the report into the
+//! [`PresenceTracker`] (so a missing or failing device does not flap), then publishes three
+//! things by server-side apply as field manager `hwaccel-agent`, each only when it changed:
+//! the Node's labels, the AcceleratorInventory's spec, and its status conditions. Errors never
+//! stop the loop: the cycle is retried with exponential backoff while the apiserver is away,
+//! and nothing is ever deleted, neither on error nor on shutdown.
+//!
+//! Before the first publish the agent reads its existing inventory and seeds the tracker with
+//! it, so a restarted agent whose first detection fails keeps the node's labels.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::hotplug::DeviceFingerprint;
+use super::metrics::AgentMetrics;
+use super::node_labels::{LabelOutcome, NodeLabeler};
+use super::presence::PresenceTracker;
+use crate::api::conditions::{self, DEGRADED, READY};
+use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
+use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, Report};
+use crate::hardware::HealthStatus;
+use crate::labels;
+use crate::server::Readiness;
+
+/// The agent's field manager.
+pub const FIELD_MANAGER: &str = "hwaccel-agent";
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The Node this agent runs on (from the downward API).
+    pub node_name: String,
+    /// Root of the host's filesystem (`/host` in the pod).
+    pub host_root: std::path::PathBuf,
+    /// Backends to run.
+    pub backends: BackendSelection,
+    /// Deadline for each vendor tool.
+    pub tool_timeout: Duration,
+    /// Time between detections on a quiet node.
+    pub interval: Duration,
+    /// Time between checks of the device directories for hot-plug.
+    pub hotplug_poll: Duration,
+    /// Clean misses before a device is removed.
+    pub misses_to_remove: u32,
+    /// Longest wait between retries while the API is failing.
+    pub max_backoff: Duration,
+}
+
+/// What one publish did, for logs and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublishOutcome {
+    /// Node labels were written.
+    pub labels_written: bool,
+    /// The inventory spec was written.
+    pub inventory_written: bool,
+    /// The inventory status was written.
+    pub status_written: bool,
+}
+
+/// One node agent.
+pub struct Agent {
+    config: AgentConfig,
+    detector: Arc<Detector>,
+    nodes: Api<Node>,
+    inventories: Api<AcceleratorInventory>,
+    labeler: NodeLabeler,
+    tracker: PresenceTracker,
+    metrics: AgentMetrics,
+    seeded: bool,
+    node_uid: Option<String>,
+    applied_spec: Option<AcceleratorInventorySpec>,
+    applied_status: Option<AcceleratorInventoryStatus>,
+    generation: Option<i64>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// An agent for one node.
+    pub fn new(config: AgentConfig, client: Client, metrics: AgentMetrics) -> Self {
+        let runner = CommandRunner::from_env().with_timeout(config.tool_timeout);
+        let detector = Detector::new(HostRoot::new(&config.host_root), runner, &config.backends);
+        let nodes: Api<Node> = Api::all(client.clone());
+        let labeler = NodeLabeler::new(nodes.clone(), &config.node_name, FIELD_MANAGER);
+        Self {
+            tracker: PresenceTracker::new(config.misses_to_remove),
+            detector: Arc::new(detector),
+            inventories: Api::all(client),
+            nodes,
+            labeler,
+            metrics,
+            seeded: false,
+            node_uid: None,
+            applied_spec: None,
+            applied_status: None,
+            generation: None,
+            config,
+        }
+    }
+
+    /// Runs detection once on a blocking thread and records its timings.
+    pub async fn detect(&self) -> Report {
+        let detector = Arc::clone(&self.detector);
+        let (report, timings) = match tokio::task::spawn_blocking(move || detector.run(false)).await
+        {
+            Ok(result) => result,
+            Err(err) => {
+                self.metrics.failed("detect");
+                let mut report = Report::empty();
+                report.warnings.push(crate::detect::Warning {
+                    backend: "agent".into(),
+                    message: format!("detection thread failed: {err}"),
+                });
+                (report, Vec::new())
+            }
+        };
+        self.metrics.detections.inc();
+        for timing in timings {
+            let label = super::metrics::BackendLabel { backend: timing.backend };
+            self.metrics.backend_seconds.get_or_create(&label).observe(timing.micros as f64 / 1e6);
+        }
+        self.metrics.warnings.set(i64::try_from(report.warnings.len()).unwrap_or(i64::MAX));
+        report
+    }
+
+    /// One full cycle: detect, debounce, publish.
+    pub async fn cycle(&mut self) -> Result<PublishOutcome, kube::Error> {
+        let report = self.detect().await;
+        self.publish(&report).await
+    }
+
+    /// Folds a detection into the tracker and publishes the result where it changed.
+    pub async fn publish(&mut self, detected: &Report) -> Result<PublishOutcome, kube::Error> {
+        self.seed_once().await?;
+        let published = self.tracker.observe(detected);
+        let stale: Vec<String> = self.tracker.stale_devices().map(str::to_string).collect();
+        self.metrics.devices.set(i64::try_from(published.accelerators().count()).unwrap_or(0));
+        self.metrics.stale_devices.set(i64::try_from(stale.len()).unwrap_or(0));
+
+        let mut outcome = PublishOutcome::default();
+        let node_labels = labels::labels_for(&published);
+        for (key, reason) in &node_labels.dropped {
+            tracing::warn!(key, reason, "label dropped");
+        }
+        match self.labeler.apply(&node_labels.labels).await? {
+            LabelOutcome::Unchanged => {}
+            LabelOutcome::Applied { skipped } => {
+                self.metrics.wrote("node_labels");
+                outcome.labels_written = true;
+                if !skipped.is_empty() {
+                    tracing::warn!(?skipped, "labels owned by another field manager left alone");
+                }
+            }
+        }
+
+        let uid = self.node_uid().await?;
+        let inventory =
+            AcceleratorInventory::from_report(&self.config.node_name, &published).owned_by_node(&uid);
+        if self.applied_spec.as_ref() != Some(&inventory.spec) {
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            let applied = self
+                .inventories
+                .patch(&self.config.node_name, &params, &Patch::Apply(&inventory))
+                .await?;
+            self.generation = applied.metadata.generation;
+            self.applied_spec = Some(inventory.spec.clone());
+            self.metrics.wrote("inventory");
+            outcome.inventory_written = true;
+        }
+
+        let status = self.next_status(detected, &published, &stale);
+        if self.applied_status.as_ref() != Some(&status) {
+            let patch = json!({
+                "apiVersion": "hwaccel.io/v1alpha1",
+                "kind": "AcceleratorInventory",
+                "status": status,
+            });
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            self.inventories
+                .patch_status(&self.config.node_name, &params, &Patch::Apply(&patch))
+                .await?;
+            self.applied_status = Some(status);
+            self.metrics.wrote("inventory_status");
+            outcome.status_written = true;
+        }
+        Ok(outcome)
+    }
+
+    /// Forgets cached API state after an error, so the next cycle re-reads instead of trusting
+    /// what may not have been written.
+    pub fn invalidate(&mut self) {
+        self.labeler.invalidate();
+        self.applied_spec = None;
+        self.applied_status = None;
+        self.node_uid = None;
+    }
+
+    async fn node_uid(&mut self) -> Result<String, kube::Error> {
+        if let Some(uid) = &self.node_uid {
+            return Ok(uid.clone());
+        }
+        let node = self.nodes.get(&self.config.node_name).await?;
+        let uid = node.metadata.uid.unwrap_or_default();
+        self.node_uid = Some(uid.clone());
+        Ok(uid)
+    }
+
+    /// Reads the existing inventory once and seeds the tracker and caches with it.
+    async fn seed_once(&mut self) -> Result<(), kube::Error> {
+        if self.seeded {
+            return Ok(());
+        }
+        if let Some(existing) = self.inventories.get_opt(&self.config.node_name).await? {
+            let previous = existing.to_report();
+            self.tracker.seed(previous.devices, previous.interconnects);
+            self.generation = existing.metadata.generation;
+            self.applied_spec = Some(existing.spec);
+            self.applied_status = existing.status;
+            tracing::info!("seeded from the existing inventory");
+        }
+        self.seeded = true;
+        Ok(())
+    }
+
+    fn next_status(
+        &self,
+        detected: &Report,
+        published: &Report,
+        stale: &[String],
+    ) -> AcceleratorInventoryStatus {
+        let mut status = self.applied_status.clone().unwrap_or_default();
+        let now = Time(jiff_now());
+        let generation = self.generation;
+        conditions::set(
+            &mut status.conditions,
+            conditions::condition(
+                READY,
+                Some(true),
+                "Detected",
+                "the inventory reflects the latest detection",
+                generation,
+                &now,
+            ),
+        );
+        conditions::set(&mut status.conditions, degraded_condition(detected, published, stale, generation, &now));
+        status.observed_generation = generation;
+        status
+    }
+}
+
+fn jiff_now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+/// Degraded when a detector failed, devices are kept stale, or a device is unhealthy.
+fn degraded_condition(
+    detected: &Report,
+    published: &Report,
+    stale: &[String],
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let unhealthy: Vec<&str> = published
+        .devices
+        .iter()
+        .filter(|d| matches!(d.health.status, HealthStatus::Unhealthy | HealthStatus::Degraded))
+        .map(|d| d.id.as_str())
+        .collect();
+    let (reason, message) = if !detected.warnings.is_empty() {
+        let failing: std::collections::BTreeSet<&str> =
+            detected.warnings.iter().map(|w| w.backend.as_str()).collect();
+        let first = &detected.warnings[0];
+        (
+            "DetectorFailed",
+            format!(
+                "backends failing: {}; first: {}",
+                failing.into_iter().collect::<Vec<_>>().join(", "),
+                first.message
+            ),
+        )
+    } else if !stale.is_empty() {
+        ("DevicesMissing", format!("kept while missing: {}", stale.join(", ")))
+    } else if !unhealthy.is_empty() {
+        ("DevicesUnhealthy", format!("unhealthy: {}", unhealthy.join(", ")))
+    } else {
+        return conditions::condition(DEGRADED, Some(false), "Healthy", "", generation, now);
+    };
+    let message: String = message.chars().take(1024).collect();
+    conditions::condition(DEGRADED, Some(true), reason, &message, generation, now)
+}
+
+/// Runs the agent until `shutdown` flips to true: a cycle per interval, an extra cycle when the
+/// device directories change, exponential backoff while cycles fail.
+pub async fn run(
+    mut agent: Agent,
+    readiness: Arc<Readiness>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let host = HostRoot::new(&agent.config.host_root);
+    let mut fingerprint = DeviceFingerprint::read(&host);
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let wait = match agent.cycle().await {
+            Ok(outcome) => {
+                readiness.set(true);
+                backoff = Duration::from_secs(1);
+                tracing::debug!(?outcome, "cycle done");
+                agent.config.interval
+            }
+            Err(err) => {
+                readiness.set(false);
+                agent.metrics.failed("publish");
+                agent.invalidate();
+                tracing::warn!(error = %err, retry_in = ?backoff, "publishing failed; will retry");
+                let wait = backoff;
+                backoff = (backoff * 2).min(agent.config.max_backoff);
+                wait
+            }
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let poll = agent.config.hotplug_poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    tracing::info!("shutting down; published state is left in place");
+                    return;
+                }
+                () = tokio::time::sleep(poll) => {}
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            let now = DeviceFingerprint::read(&host);
+            if now != fingerprint {
+                fingerprint = now;
+                tracing::info!("device directories changed; detecting now");
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+    }
+}
