@@ -78,16 +78,28 @@ mod tests {
 
         let host = HostRoot::new(dir.path());
         let nodes = nodes_by_bus_id(&host);
-        assert_eq!(nodes.get("0000:00:0b.0").map(String::as_str), Some("accel0"));
-        assert_eq!(nodes.get("0000:c5:00.1").map(String::as_str), Some("accel1"));
+        assert_eq!(
+            nodes.get("0000:00:0b.0").map(String::as_str),
+            Some("accel0")
+        );
+        assert_eq!(
+            nodes.get("0000:c5:00.1").map(String::as_str),
+            Some("accel1")
+        );
         assert_eq!(nodes.len(), 2);
-        assert_eq!(dev_path(&host, "accel1").as_deref(), Some("/dev/accel/accel1"));
+        assert_eq!(
+            dev_path(&host, "accel1").as_deref(),
+            Some("/dev/accel/accel1")
+        );
         assert_eq!(dev_path(&host, "accel0"), None);
     }
 
     #[test]
     fn uevent_without_slot_is_none() {
-        assert_eq!(slot_name_from_uevent("DRIVER=x\nMODALIAS=pci:v8086\n"), None);
+        assert_eq!(
+            slot_name_from_uevent("DRIVER=x\nMODALIAS=pci:v8086\n"),
+            None
+        );
         assert_eq!(
             slot_name_from_uevent("PCI_SLOT_NAME=0000:00:0b.0").as_deref(),
             Some("0000:00:0b.0")

@@ -18,8 +18,7 @@ use serde_json::Value;
 use crate::detect::pci::canonical_bus_id;
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction};
 use crate::hardware::{
-    Device, Family, GIB, HealthStatus, InterconnectGroup, InterconnectKind, MIB, Precision,
-    Vendor,
+    Device, Family, GIB, HealthStatus, InterconnectGroup, InterconnectKind, MIB, Precision, Vendor,
 };
 
 /// Amazon's PCI vendor id.
@@ -320,7 +319,8 @@ pub fn parse_neuron_ls_table(text: &str) -> Result<NeuronLsListing, String> {
         }
     }
     let column = |name: &str| headers.iter().position(|h| h == name);
-    let index_column = column("NEURON DEVICE").ok_or_else(|| "no NEURON DEVICE column".to_string())?;
+    let index_column =
+        column("NEURON DEVICE").ok_or_else(|| "no NEURON DEVICE column".to_string())?;
     let cores = column("NEURON CORES");
     let memory = column("NEURON MEMORY");
     let connected = column("CONNECTED DEVICES");
@@ -338,12 +338,14 @@ pub fn parse_neuron_ls_table(text: &str) -> Result<NeuronLsListing, String> {
                 neuroncores: cell(cores).and_then(|c| c.parse().ok()),
                 memory_bytes: cell(memory).and_then(parse_memory),
                 connected_to: cell(connected)
-                    .map(|list| list.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+                    .map(|list| {
+                        list.split(',')
+                            .filter_map(|n| n.trim().parse().ok())
+                            .collect()
+                    })
                     .unwrap_or_default(),
                 numa_node: cell(numa).and_then(|n| n.parse().ok()),
-                cpu_affinity: cell(affinity)
-                    .filter(|a| !a.is_empty())
-                    .map(str::to_string),
+                cpu_affinity: cell(affinity).filter(|a| !a.is_empty()).map(str::to_string),
             })
         })
         .collect::<Vec<_>>();
@@ -396,9 +398,10 @@ fn neuron_device(
     device.compute_units = entry
         .and_then(|e| e.neuroncores)
         .or(Some(chip.neuroncores()));
-    device
-        .attributes
-        .insert("neuroncore-version".into(), chip.neuroncore_version().into());
+    device.attributes.insert(
+        "neuroncore-version".into(),
+        chip.neuroncore_version().into(),
+    );
     let Some(entry) = entry else {
         return device;
     };
@@ -449,7 +452,11 @@ fn neuronlink_group(
     listing: Option<&NeuronLsListing>,
 ) -> Option<InterconnectGroup> {
     let degrees: Vec<usize> = match listing {
-        Some(listing) => listing.devices.iter().map(|d| d.connected_to.len()).collect(),
+        Some(listing) => listing
+            .devices
+            .iter()
+            .map(|d| d.connected_to.len())
+            .collect(),
         None => sysfs_degrees(host),
     };
     let max_degree = degrees.iter().copied().max().unwrap_or(0);
@@ -483,7 +490,9 @@ fn sysfs_degrees(host: &HostRoot) -> Vec<usize> {
 
 /// Parses the driver's `connected_devices` attribute (`12, 3, 4, 1`).
 pub fn parse_connected_devices(text: &str) -> Vec<u32> {
-    text.split(',').filter_map(|n| n.trim().parse().ok()).collect()
+    text.split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect()
 }
 
 /// Names the link pattern: four neighbours each on a square count is the 2D torus of
@@ -516,8 +525,10 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
-    const JSON: &str = include_str!("../../../fixtures/hosts/trn1-32xl/commands/outputs/neuron-ls.json");
-    const TABLE: &str = include_str!("../../../fixtures/hosts/trn1-32xl/commands/outputs/neuron-ls.txt");
+    const JSON: &str =
+        include_str!("../../../fixtures/hosts/trn1-32xl/commands/outputs/neuron-ls.json");
+    const TABLE: &str =
+        include_str!("../../../fixtures/hosts/trn1-32xl/commands/outputs/neuron-ls.txt");
 
     #[test]
     fn device_ids_follow_the_driver_table() {
@@ -631,7 +642,10 @@ mod tests {
             fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
             fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let ctx = Context::new(HostRoot::new(dir.path()), CommandRunner::new(vec![commands]));
+        let ctx = Context::new(
+            HostRoot::new(dir.path()),
+            CommandRunner::new(vec![commands]),
+        );
         (dir, ctx)
     }
 
@@ -658,7 +672,10 @@ mod tests {
         assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
         assert_eq!(findings.devices[15].index, Some(15));
         assert_eq!(
-            findings.devices[0].attributes.get("instance-type").map(String::as_str),
+            findings.devices[0]
+                .attributes
+                .get("instance-type")
+                .map(String::as_str),
             Some("trn1.32xlarge")
         );
     }

@@ -332,7 +332,7 @@ pub fn derive_topology(generation: TpuGeneration, chips: usize) -> String {
     let mut short = 1;
     let mut candidate = 1;
     while candidate * candidate <= chips {
-        if chips % candidate == 0 {
+        if chips.is_multiple_of(candidate) {
             short = candidate;
         }
         candidate += 1;
@@ -388,8 +388,14 @@ mod tests {
              TOPOLOGY: '4x4'\nWORKER_ID: '2'\nINJECT_SLICE_BUILDER_FAULT: ''\nnot a line\n",
         );
         assert_eq!(env.get("TOPOLOGY").map(String::as_str), Some("4x4"));
-        assert_eq!(env.get("ACCELERATOR_TYPE").map(String::as_str), Some("v5litepod-16"));
-        assert_eq!(env.get("INJECT_SLICE_BUILDER_FAULT").map(String::as_str), Some(""));
+        assert_eq!(
+            env.get("ACCELERATOR_TYPE").map(String::as_str),
+            Some("v5litepod-16")
+        );
+        assert_eq!(
+            env.get("INJECT_SLICE_BUILDER_FAULT").map(String::as_str),
+            Some("")
+        );
         assert_eq!(env.len(), 5);
     }
 
@@ -400,7 +406,12 @@ mod tests {
         let ids: Vec<&str> = findings.devices.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(
             ids,
-            ["0000:00:04.0", "0000:00:05.0", "0000:00:06.0", "0000:00:07.0"]
+            [
+                "0000:00:04.0",
+                "0000:00:05.0",
+                "0000:00:06.0",
+                "0000:00:07.0"
+            ]
         );
         let chip = &findings.devices[2];
         assert_eq!(chip.model, "TPU v5e");
@@ -412,9 +423,14 @@ mod tests {
             chip.attributes.get("device-node").map(String::as_str),
             Some("/dev/vfio/2")
         );
-        assert_eq!(chip.attributes.get("driver").map(String::as_str), Some("vfio-pci"));
         assert_eq!(
-            chip.attributes.get("ici-topology-source").map(String::as_str),
+            chip.attributes.get("driver").map(String::as_str),
+            Some("vfio-pci")
+        );
+        assert_eq!(
+            chip.attributes
+                .get("ici-topology-source")
+                .map(String::as_str),
             Some("derived")
         );
         let [group] = findings.interconnects.as_slice() else {
@@ -455,13 +471,19 @@ mod tests {
         assert_eq!(findings.devices.len(), 2);
         assert_eq!(findings.devices[0].model, "TPU v6e (Trillium)");
         assert_eq!(
-            findings.devices[1].attributes.get("accelerator-type").map(String::as_str),
+            findings.devices[1]
+                .attributes
+                .get("accelerator-type")
+                .map(String::as_str),
             Some("v6e-16")
         );
         assert_eq!(findings.interconnects[0].id, "ici:train-a");
         assert_eq!(findings.interconnects[0].topology.as_deref(), Some("4x4"));
         assert_eq!(
-            findings.devices[0].attributes.get("device-node").map(String::as_str),
+            findings.devices[0]
+                .attributes
+                .get("device-node")
+                .map(String::as_str),
             Some("/dev/vfio/0")
         );
     }
