@@ -231,8 +231,14 @@ mod tests {
     use crate::detect::testing::detect_on;
     use proptest::prelude::*;
 
+    const COMPATIBLE: &str =
+        include_str!("../../../fixtures/hosts/asahi-m2/proc/device-tree/compatible");
+
     #[test]
     fn parses_device_tree_compatible() {
+        let air = parse_compatible(COMPATIBLE).unwrap();
+        assert_eq!(air.soc, "t8112");
+        assert_eq!(air.board.as_deref(), Some("j413"));
         let platform = parse_compatible("apple,j316c\0apple,t6001\0apple,arm-platform\0").unwrap();
         assert_eq!(platform.soc, "t6001");
         assert_eq!(platform.board.as_deref(), Some("j316c"));

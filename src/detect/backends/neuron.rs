@@ -21,6 +21,8 @@ use crate::hardware::{
     Device, Family, GIB, HealthStatus, InterconnectGroup, InterconnectKind, MIB, Precision, Vendor,
 };
 
+use super::pci::is_plumbing;
+
 /// Amazon's PCI vendor id.
 pub const AMAZON_VENDOR_ID: u16 = 0x1d0f;
 
@@ -40,6 +42,8 @@ impl Backend for Neuron {
         let host = ctx.host();
         let chips: Vec<(&PciFunction, NeuronChip)> = ctx
             .pci_by_vendor(AMAZON_VENDOR_ID)
+            // ENA, EFA and every EBS volume's NVMe function need no device-id read.
+            .filter(|f| !is_plumbing(f.class_code()))
             .filter_map(|f| Some((f, NeuronChip::from_device_id(f.device_id(host)?)?)))
             .collect();
         if chips.is_empty() {

@@ -184,8 +184,7 @@ pub fn classify(
     };
     let code = function.class_code();
     let base_class = code >> 8;
-    // Bridges, NICs, storage, audio and serial-bus functions are never the accelerator.
-    let plumbing = matches!(base_class, 0x01 | 0x02 | 0x04 | 0x06 | 0x0c);
+    let plumbing = is_plumbing(code);
     if let Some(known) = KNOWN_ACCELERATORS.iter().find(|k| k.vendor == vendor) {
         let candidate = known.classes.map_or(!plumbing, |list| list.contains(&code));
         if candidate && device_id().is_some_and(|id| known.devices.contains(&id)) {
@@ -196,6 +195,12 @@ pub fn classify(
         return Some(family_from_class(base_class));
     }
     (AI_VENDORS.contains(&vendor) && !plumbing).then_some(Family::Asic)
+}
+
+/// Bridges, NICs, storage, audio and serial-bus functions (by 16-bit class code) are never
+/// the accelerator, whoever made them; vendor backends skip them before reading device ids.
+pub(crate) fn is_plumbing(class_code: u16) -> bool {
+    matches!(class_code >> 8, 0x01 | 0x02 | 0x04 | 0x06 | 0x0c)
 }
 
 fn family_from_class(base_class: u16) -> Family {

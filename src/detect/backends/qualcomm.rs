@@ -18,6 +18,7 @@ use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{Device, Family, HealthStatus, MIB, Precision, Vendor};
 
 use super::accel_node;
+use super::pci::is_plumbing;
 
 /// Qualcomm's PCI vendor id (also on its Wi-Fi and modem functions).
 const QUALCOMM_VENDOR_ID: u16 = 0x17cb;
@@ -37,6 +38,8 @@ impl Backend for Qualcomm {
         let host = ctx.host();
         let cards: Vec<(&PciFunction, Option<u16>)> = ctx
             .pci_by_vendor(QUALCOMM_VENDOR_ID)
+            // Qualcomm Wi-Fi and modem functions are network class.
+            .filter(|f| !is_plumbing(f.class_code()))
             .filter_map(|f| {
                 let device_id = f.device_id(host);
                 let known = device_id.is_some_and(|id| model_for(id).is_some());

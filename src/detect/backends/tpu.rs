@@ -21,6 +21,7 @@ use crate::hardware::{
 };
 
 use super::accel_node;
+use super::pci::is_plumbing;
 
 /// Google's PCI vendor id.
 pub const GOOGLE_VENDOR_ID: u16 = 0x1ae0;
@@ -41,6 +42,8 @@ impl Backend for Tpu {
         let host = ctx.host();
         let chips: Vec<(&PciFunction, TpuGeneration)> = ctx
             .pci_by_vendor(GOOGLE_VENDOR_ID)
+            // gVNIC and NVMe functions need no device-id read.
+            .filter(|f| !is_plumbing(f.class_code()))
             .filter_map(|function| Some((function, generation_of(host, function)?)))
             .collect();
         if chips.is_empty() {
