@@ -40,9 +40,9 @@ pub enum Vendor {
     Apple,
     /// Cerebras (PCI 0x1f75 is not public; matched by name where a driver exposes one).
     Cerebras,
-    /// Graphcore (PCI 0x1e91).
+    /// Graphcore (PCI 0x1d95).
     Graphcore,
-    /// Groq (PCI 0x1e6b).
+    /// Groq (PCI 0x1de0).
     Groq,
     /// Tenstorrent (PCI 0x1e52).
     Tenstorrent,
@@ -141,8 +141,8 @@ pub fn vendor_from_pci_id(id: u16) -> Vendor {
         0x1ae0 => Vendor::Google,
         0x1d0f => Vendor::Aws,
         0x17cb => Vendor::Qualcomm,
-        0x1e91 => Vendor::Graphcore,
-        0x1e6b => Vendor::Groq,
+        0x1d95 => Vendor::Graphcore,
+        0x1de0 => Vendor::Groq,
         0x1e52 => Vendor::Tenstorrent,
         0x144d => Vendor::Samsung,
         0x14c3 => Vendor::Mediatek,
@@ -175,6 +175,10 @@ mod tests {
     fn pci_vendor_ids() {
         assert_eq!(vendor_from_pci_id(0x10de), Vendor::Nvidia);
         assert_eq!(vendor_from_pci_id(0x1da3), Vendor::Intel);
+        assert_eq!(vendor_from_pci_id(0x1de0), Vendor::Groq);
+        assert_eq!(vendor_from_pci_id(0x1d95), Vendor::Graphcore);
+        // 0x1e6b is Axiado, not Groq (pci.ids).
+        assert_eq!(vendor_from_pci_id(0x1e6b), Vendor::Other);
         assert_eq!(vendor_from_pci_id(0x1234), Vendor::Other);
     }
 }

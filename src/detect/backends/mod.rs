@@ -4,6 +4,7 @@
 
 use super::Backend;
 
+mod accel_node;
 pub mod amd;
 pub mod apple;
 pub mod cpu;
