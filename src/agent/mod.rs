@@ -1,6 +1,14 @@
 //! The node agent: detect, then publish node labels and the node's AcceleratorInventory.
+//!
+//! [`run::Agent`] does one cycle (detect → debounce → publish where changed) and
+//! [`run::run`] loops it on an interval and on hot-plug. The pieces are separate so each can be
+//! tested alone: [`presence`] (pure debouncing), [`node_labels`] (server-side apply of labels),
+//! [`hotplug`] (device-directory fingerprint), [`metrics`].
 
 pub mod hotplug;
 pub mod metrics;
 pub mod node_labels;
 pub mod presence;
+pub mod run;
+
+pub use run::{Agent, AgentConfig, FIELD_MANAGER, PublishOutcome};
