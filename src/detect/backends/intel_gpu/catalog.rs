@@ -42,8 +42,8 @@ pub fn architecture(device_id: u16) -> Option<Architecture> {
     match device_id {
         // Ponte Vecchio.
         0x0b69 | 0x0bd0..=0x0bdb => Some(XE_HPC),
-        // Alchemist (Arc A, Arc Pro A) and Arctic Sound-M (Flex).
-        0x5690..=0x56bf | 0x56c0..=0x56c2 => Some(XE_HPG),
+        // Alchemist (Arc A, Arc Pro A: 0x5690-0x56bf) and Arctic Sound-M (Flex: 0x56c0-0x56c2).
+        0x5690..=0x56c2 => Some(XE_HPG),
         // Battlemage (Arc B, Arc Pro B).
         0xe202..=0xe212 => Some(XE2_HPG),
         _ => None,

@@ -146,7 +146,7 @@ fn parse_size(text: &str) -> Option<u64> {
     };
     let bytes = amount * scale as f64;
     // Sizes past 2^63 bytes are not memory sizes; refuse them rather than saturate.
-    (bytes.is_finite() && bytes >= 1.0 && bytes < 9.2e18).then(|| bytes.round() as u64)
+    (1.0..9.2e18).contains(&bytes).then(|| bytes.round() as u64)
 }
 
 /// Pairs of xpu-smi device ids whose tiles are joined directly by Xe Link, from
