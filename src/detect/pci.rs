@@ -158,6 +158,21 @@ pub fn bound_driver(host: &HostRoot, address: &str) -> Option<String> {
     driver(host, address).or_else(|| uevent(host, &format!("{PCI_DEVICES}/{address}"), "DRIVER"))
 }
 
+/// DRM cards (`card0`, not connectors like `card0-DP-1`) by the bus id of their PCI device.
+pub fn drm_cards(host: &HostRoot) -> std::collections::BTreeMap<String, String> {
+    host.list("/sys/class/drm")
+        .into_iter()
+        .filter(|name| {
+            name.strip_prefix("card")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|card| {
+            let bus = bus_id_of(host, &format!("/sys/class/drm/{card}/device"))?;
+            Some((bus, card))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +237,9 @@ mod tests {
         );
         assert_eq!(bound_driver(&host, "0000:0a:00.0").as_deref(), Some("xe"));
         assert_eq!(bound_driver(&host, "0000:05:00.0"), None);
+        std::fs::create_dir_all(root.join("sys/class/drm/card0-DP-1")).unwrap();
+        let cards = drm_cards(&host);
+        assert_eq!(cards.len(), 2);
+        assert_eq!(cards["0000:0a:00.0"], "card1");
     }
 }

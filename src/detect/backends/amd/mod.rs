@@ -51,7 +51,7 @@ impl Backend for Amd {
         let topology = kfd::read(host);
         let host_facts = HostFacts {
             driver_version: host.read_trimmed(MODULE_VERSION),
-            cards: drm_cards(host),
+            cards: pci::drm_cards(host),
         };
         findings.devices = gpus
             .iter()
@@ -133,21 +133,6 @@ fn run_parsed(
             None
         }
     }
-}
-
-/// DRM cards by the bus id of their device.
-fn drm_cards(host: &HostRoot) -> BTreeMap<String, String> {
-    host.list("/sys/class/drm")
-        .into_iter()
-        .filter(|name| {
-            name.strip_prefix("card")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter_map(|card| {
-            let bus = pci::bus_id_of(host, &format!("/sys/class/drm/{card}/device"))?;
-            Some((bus, card))
-        })
-        .collect()
 }
 
 fn build_device(

@@ -192,6 +192,62 @@ fn garbage_from_the_tool_is_a_warning() {
     assert_eq!(findings.devices[0].model, "AMD Instinct MI300X");
 }
 
+/// Writes a file under a hand-built host root.
+fn write(root: &Path, path: &str, text: &str) {
+    let path = root.join(path);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, text).unwrap();
+}
+
+#[test]
+fn a_cpx_partitioned_gpu_is_one_device_with_eight_kfd_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let pci = "sys/bus/pci/devices/0000:05:00.0";
+    write(root, &format!("{pci}/vendor"), "0x1002\n");
+    write(root, &format!("{pci}/device"), "0x74a1\n");
+    write(root, &format!("{pci}/class"), "0x120000\n");
+    write(
+        root,
+        &format!("{pci}/uevent"),
+        "DRIVER=amdgpu\nPCI_SLOT_NAME=0000:05:00.0\n",
+    );
+    write(
+        root,
+        &format!("{pci}/mem_info_vram_total"),
+        "206141652992\n",
+    );
+    write(root, &format!("{pci}/current_compute_partition"), "CPX\n");
+    write(root, &format!("{pci}/current_memory_partition"), "NPS4\n");
+    // In CPX mode each of the eight XCDs is its own KFD node, all on the same PCI function.
+    for xcp in 0..8 {
+        write(
+            root,
+            &format!("sys/class/kfd/kfd/topology/nodes/{}/properties", xcp + 1),
+            &format!(
+                "cpu_cores_count 0\nsimd_count 152\nsimd_per_cu 4\ngfx_target_version 90402\n\
+                 location_id 1280\ndomain 0\ndrm_render_minor {}\nhive_id 0\nnum_xcc 1\n",
+                128 + xcp
+            ),
+        );
+    }
+    let findings = Amd.detect(&Context::new(
+        HostRoot::new(root),
+        CommandRunner::new(Vec::new()),
+    ));
+    assert_eq!(findings.devices.len(), 1);
+    let gpu = &findings.devices[0];
+    assert_eq!(gpu.compute_units, Some(304));
+    assert_eq!(gpu.attributes["kfd_nodes"], "8");
+    assert_eq!(gpu.attributes["xcc_count"], "8");
+    assert!(gpu.attributes["render_nodes"].ends_with(",renderD135"));
+    let profiles: Vec<_> = gpu.partitions.iter().map(|p| p.profile.as_str()).collect();
+    assert_eq!(profiles, ["CPX", "NPS4"]);
+    // Without RAS files there is no health verdict to give.
+    assert_eq!(gpu.health.status, HealthStatus::Unknown);
+    assert!(findings.interconnects.is_empty());
+}
+
 #[test]
 fn a_host_without_amd_gpus_finds_nothing() {
     let dir = tempfile::tempdir().unwrap();

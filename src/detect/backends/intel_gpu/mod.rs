@@ -50,7 +50,7 @@ impl Backend for IntelGpu {
         }
         let mut findings = Findings::default();
         let tool = run_dump(ctx, &mut findings.warnings);
-        let cards = drm_cards(host);
+        let cards = pci::drm_cards(host);
         findings.devices = gpus
             .iter()
             .map(|(function, driver)| {
@@ -160,21 +160,6 @@ fn components(links: &BTreeSet<(String, String)>) -> Vec<BTreeSet<String>> {
     }
     groups.sort();
     groups
-}
-
-/// DRM cards by the bus id of their device.
-fn drm_cards(host: &HostRoot) -> BTreeMap<String, String> {
-    host.list("/sys/class/drm")
-        .into_iter()
-        .filter(|name| {
-            name.strip_prefix("card")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .filter_map(|card| {
-            let bus = pci::bus_id_of(host, &format!("/sys/class/drm/{card}/device"))?;
-            Some((bus, card))
-        })
-        .collect()
 }
 
 fn build_device(
