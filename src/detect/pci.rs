@@ -135,6 +135,44 @@ pub fn fill_bus_facts(host: &HostRoot, device: &mut crate::hardware::Device) {
     }
 }
 
+/// A `KEY=value` entry of a sysfs `uevent` file (`DRIVER`, `PCI_SLOT_NAME`).
+pub fn uevent(host: &HostRoot, dir: &str, key: &str) -> Option<String> {
+    let text = host.read(format!("{dir}/uevent"))?;
+    text.lines().find_map(|line| {
+        let (name, value) = line.split_once('=')?;
+        (name == key && !value.trim().is_empty()).then(|| value.trim().to_string())
+    })
+}
+
+/// The PCI bus id of the device behind a class device's `device` entry
+/// (`/sys/class/drm/card0/device`): the symlink's target, or `PCI_SLOT_NAME` from its `uevent`
+/// where the entry is a plain directory (copied sysfs trees, fixtures).
+pub fn bus_id_of(host: &HostRoot, device_dir: &str) -> Option<String> {
+    host.link_name(device_dir)
+        .and_then(|name| canonical_bus_id(&name))
+        .or_else(|| uevent(host, device_dir, "PCI_SLOT_NAME").and_then(|s| canonical_bus_id(&s)))
+}
+
+/// The driver bound to a function: the `driver` link, or `DRIVER` from its `uevent`.
+pub fn bound_driver(host: &HostRoot, address: &str) -> Option<String> {
+    driver(host, address).or_else(|| uevent(host, &format!("{PCI_DEVICES}/{address}"), "DRIVER"))
+}
+
+/// DRM cards (`card0`, not connectors like `card0-DP-1`) by the bus id of their PCI device.
+pub fn drm_cards(host: &HostRoot) -> std::collections::BTreeMap<String, String> {
+    host.list("/sys/class/drm")
+        .into_iter()
+        .filter(|name| {
+            name.strip_prefix("card")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|card| {
+            let bus = bus_id_of(host, &format!("/sys/class/drm/{card}/device"))?;
+            Some((bus, card))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +202,44 @@ mod tests {
         assert!(f(0x030200).is_accelerator_class());
         assert!(f(0x120000).is_accelerator_class());
         assert!(!f(0x020000).is_accelerator_class());
+    }
+
+    #[test]
+    fn bus_ids_and_drivers_from_links_or_uevent() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let fs = |p: &str, text: &str| {
+            let path = root.join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        // card0's device is a link; card1's is a plain copy with only its uevent.
+        fs("sys/bus/pci/devices/0000:05:00.0/vendor", "0x1002\n");
+        std::fs::create_dir_all(root.join("sys/class/drm/card0")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../../bus/pci/devices/0000:05:00.0",
+            root.join("sys/class/drm/card0/device"),
+        )
+        .unwrap();
+        fs(
+            "sys/class/drm/card1/device/uevent",
+            "DRIVER=xe\nPCI_SLOT_NAME=0000:0A:00.0\n",
+        );
+        fs("sys/bus/pci/devices/0000:0a:00.0/uevent", "DRIVER=xe\n");
+        let host = HostRoot::new(root);
+        assert_eq!(
+            bus_id_of(&host, "/sys/class/drm/card0/device").as_deref(),
+            Some("0000:05:00.0")
+        );
+        assert_eq!(
+            bus_id_of(&host, "/sys/class/drm/card1/device").as_deref(),
+            Some("0000:0a:00.0")
+        );
+        assert_eq!(bound_driver(&host, "0000:0a:00.0").as_deref(), Some("xe"));
+        assert_eq!(bound_driver(&host, "0000:05:00.0"), None);
+        std::fs::create_dir_all(root.join("sys/class/drm/card0-DP-1")).unwrap();
+        let cards = drm_cards(&host);
+        assert_eq!(cards.len(), 2);
+        assert_eq!(cards["0000:0a:00.0"], "card1");
     }
 }
