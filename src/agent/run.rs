@@ -84,7 +84,9 @@ pub struct Agent {
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Agent")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -129,10 +131,17 @@ impl Agent {
         };
         self.metrics.detections.inc();
         for timing in timings {
-            let label = super::metrics::BackendLabel { backend: timing.backend };
-            self.metrics.backend_seconds.get_or_create(&label).observe(timing.micros as f64 / 1e6);
+            let label = super::metrics::BackendLabel {
+                backend: timing.backend,
+            };
+            self.metrics
+                .backend_seconds
+                .get_or_create(&label)
+                .observe(timing.micros as f64 / 1e6);
         }
-        self.metrics.warnings.set(i64::try_from(report.warnings.len()).unwrap_or(i64::MAX));
+        self.metrics
+            .warnings
+            .set(i64::try_from(report.warnings.len()).unwrap_or(i64::MAX));
         report
     }
 
@@ -147,8 +156,12 @@ impl Agent {
         self.seed_once().await?;
         let published = self.tracker.observe(detected);
         let stale: Vec<String> = self.tracker.stale_devices().map(str::to_string).collect();
-        self.metrics.devices.set(i64::try_from(published.accelerators().count()).unwrap_or(0));
-        self.metrics.stale_devices.set(i64::try_from(stale.len()).unwrap_or(0));
+        self.metrics
+            .devices
+            .set(i64::try_from(published.accelerators().count()).unwrap_or(0));
+        self.metrics
+            .stale_devices
+            .set(i64::try_from(stale.len()).unwrap_or(0));
 
         let mut outcome = PublishOutcome::default();
         let node_labels = labels::labels_for(&published);
@@ -167,8 +180,8 @@ impl Agent {
         }
 
         let uid = self.node_uid().await?;
-        let inventory =
-            AcceleratorInventory::from_report(&self.config.node_name, &published).owned_by_node(&uid);
+        let inventory = AcceleratorInventory::from_report(&self.config.node_name, &published)
+            .owned_by_node(&uid);
         if self.applied_spec.as_ref() != Some(&inventory.spec) {
             let params = PatchParams::apply(FIELD_MANAGER).force();
             let applied = self
@@ -255,7 +268,10 @@ impl Agent {
                 &now,
             ),
         );
-        conditions::set(&mut status.conditions, degraded_condition(detected, published, stale, generation, &now));
+        conditions::set(
+            &mut status.conditions,
+            degraded_condition(detected, published, stale, generation, &now),
+        );
         status.observed_generation = generation;
         status
     }
@@ -276,12 +292,20 @@ fn degraded_condition(
     let unhealthy: Vec<&str> = published
         .devices
         .iter()
-        .filter(|d| matches!(d.health.status, HealthStatus::Unhealthy | HealthStatus::Degraded))
+        .filter(|d| {
+            matches!(
+                d.health.status,
+                HealthStatus::Unhealthy | HealthStatus::Degraded
+            )
+        })
         .map(|d| d.id.as_str())
         .collect();
     let (reason, message) = if !detected.warnings.is_empty() {
-        let failing: std::collections::BTreeSet<&str> =
-            detected.warnings.iter().map(|w| w.backend.as_str()).collect();
+        let failing: std::collections::BTreeSet<&str> = detected
+            .warnings
+            .iter()
+            .map(|w| w.backend.as_str())
+            .collect();
         let first = &detected.warnings[0];
         (
             "DetectorFailed",
@@ -292,9 +316,15 @@ fn degraded_condition(
             ),
         )
     } else if !stale.is_empty() {
-        ("DevicesMissing", format!("kept while missing: {}", stale.join(", ")))
+        (
+            "DevicesMissing",
+            format!("kept while missing: {}", stale.join(", ")),
+        )
     } else if !unhealthy.is_empty() {
-        ("DevicesUnhealthy", format!("unhealthy: {}", unhealthy.join(", ")))
+        (
+            "DevicesUnhealthy",
+            format!("unhealthy: {}", unhealthy.join(", ")),
+        )
     } else {
         return conditions::condition(DEGRADED, Some(false), "Healthy", "", generation, now);
     };
@@ -304,11 +334,7 @@ fn degraded_condition(
 
 /// Runs the agent until `shutdown` flips to true: a cycle per interval, an extra cycle when the
 /// device directories change, exponential backoff while cycles fail.
-pub async fn run(
-    mut agent: Agent,
-    readiness: Arc<Readiness>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn run(mut agent: Agent, readiness: Arc<Readiness>, mut shutdown: watch::Receiver<bool>) {
     let host = HostRoot::new(&agent.config.host_root);
     let mut fingerprint = DeviceFingerprint::read(&host);
     let mut backoff = Duration::from_secs(1);
@@ -332,7 +358,10 @@ pub async fn run(
         };
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let poll = agent.config.hotplug_poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let poll = agent
+                .config
+                .hotplug_poll
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             tokio::select! {
                 _ = shutdown.changed() => {
                     tracing::info!("shutting down; published state is left in place");

@@ -11,7 +11,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::Value;
 
-use super::AcceleratorInventory;
+use super::{AcceleratorInventory, ModelPlacement};
 
 /// The line every generated file starts with.
 pub const GENERATED_HEADER: &str =
@@ -22,7 +22,7 @@ const QUANTITY_DESCRIPTION: &str = "A Kubernetes quantity: bytes as `80Gi`, coun
 
 /// Every CRD of the API; a new kind is one more entry here.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    [AcceleratorInventory::crd()]
+    [AcceleratorInventory::crd(), ModelPlacement::crd()]
         .into_iter()
         .map(tidied)
         .collect()

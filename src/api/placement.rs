@@ -218,7 +218,7 @@ pub struct ModelPlacementStatus {
     pub observed_generation: Option<i64>,
     /// `Planned`, `Ready` and `Degraded`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "conditions_schema")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// One word for `kubectl get`: `Planned`, `Pending`, `Unschedulable` or `Invalid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -309,19 +309,5 @@ fn free_form_object(_: &mut SchemaGenerator) -> Schema {
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
         "description": "An inline Hugging Face config.json.",
-    })
-}
-
-/// Schema for standard conditions, as a list-map keyed by `type` so server-side apply merges
-/// them by type.
-pub fn conditions_schema(generator: &mut SchemaGenerator) -> Schema {
-    let mut items = generator.subschema_for::<Condition>();
-    // The generated Condition schema is inlined by kube's structural rewrite; keep it as is.
-    items.remove("$schema");
-    json_schema!({
-        "type": "array",
-        "items": items,
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
     })
 }

@@ -472,7 +472,7 @@ fn neuronlink_group(
     let topology = neuronlink_topology(&degrees);
     Some(InterconnectGroup {
         kind: InterconnectKind::Neuronlink,
-        id: format!("neuronlink:{}", members.join(",")),
+        id: InterconnectGroup::local_id(InterconnectKind::Neuronlink, &members),
         devices: members,
         links_per_device: u32::try_from(max_degree).ok(),
         bandwidth_gbps: None,

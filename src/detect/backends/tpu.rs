@@ -287,7 +287,7 @@ fn ici_groups(
         members.sort();
         let id = match env.get("NODE_ID") {
             Some(node) => format!("ici:{node}"),
-            None => format!("ici:{}", members.join(",")),
+            None => InterconnectGroup::local_id(InterconnectKind::Ici, &members),
         };
         let (links_per_device, bandwidth_gbps) = generation.ici_links();
         groups.push(InterconnectGroup {

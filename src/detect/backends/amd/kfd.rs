@@ -195,7 +195,10 @@ pub fn xgmi_groups(topology: &Topology) -> Vec<InterconnectGroup> {
             continue;
         }
         let id = if hive_id == 0 {
-            members.iter().cloned().collect::<Vec<_>>().join(",")
+            InterconnectGroup::local_id(
+                InterconnectKind::Xgmi,
+                &members.iter().cloned().collect::<Vec<_>>(),
+            )
         } else {
             format!("0x{hive_id:x}")
         };
@@ -394,7 +397,7 @@ mod tests {
         };
         let groups = xgmi_groups(&topology);
         assert_eq!(groups.len(), 2);
-        assert_eq!(groups[0].id, "0000:01:00.0,0000:02:00.0");
+        assert_eq!(groups[0].id, "xgmi-0000:01:00.0");
         assert_eq!(groups[0].links_per_device, Some(1));
         assert_eq!(groups[0].bandwidth_gbps, None);
         assert_eq!(groups[1].devices, ["0000:03:00.0", "0000:04:00.0"]);

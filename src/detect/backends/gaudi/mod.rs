@@ -301,7 +301,7 @@ fn scale_up_groups(devices: &[(Device, Option<Generation>, bool)]) -> Vec<Interc
             let links = per_peer.saturating_mul(peers).min(most);
             InterconnectGroup {
                 kind: InterconnectKind::Gaudilink,
-                id: members.join(","),
+                id: InterconnectGroup::local_id(InterconnectKind::Gaudilink, &members),
                 devices: members,
                 links_per_device: Some(links),
                 // Gb/s per port to GB/s per device, one direction.

@@ -106,7 +106,7 @@ fn one_all_to_all_group_over_the_baseboard() {
     assert_eq!(group.kind, InterconnectKind::Gaudilink);
     let ids: Vec<_> = findings.devices.iter().map(|d| d.id.clone()).collect();
     assert_eq!(group.devices, ids);
-    assert_eq!(group.id, ids.join(","));
+    assert_eq!(group.id, format!("gaudilink-{}", ids[0]));
     assert_eq!(group.links_per_device, Some(21));
     assert_eq!(group.bandwidth_gbps, Some(262.5));
     assert_eq!(group.topology.as_deref(), Some("all-to-all"));

@@ -132,7 +132,10 @@ fn xe_link_groups(
             });
             InterconnectGroup {
                 kind: InterconnectKind::Xelink,
-                id: members.iter().cloned().collect::<Vec<_>>().join(","),
+                id: InterconnectGroup::local_id(
+                    InterconnectKind::Xelink,
+                    &members.iter().cloned().collect::<Vec<_>>(),
+                ),
                 devices: members.into_iter().collect(),
                 links_per_device: None,
                 bandwidth_gbps: None,
