@@ -24,4 +24,5 @@ pub mod labels;
 pub mod output;
 pub mod plan;
 pub mod server;
+pub mod signals;
 pub mod telemetry;

@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     /// Detect the accelerators of this machine (or of a host tree) and print a report.
     Detect(DetectArgs),
+    /// Run the node agent: publish this node's labels and AcceleratorInventory.
+    Agent(AgentArgs),
     /// Remove the labels our agent and controller set (the uninstall path).
     Cleanup(CleanupArgs),
     /// Print every CustomResourceDefinition as multi-document YAML, or write one file per CRD.
@@ -63,6 +65,66 @@ struct DetectArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// The Node this agent runs on (set from the downward API in the DaemonSet).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Root of the host's filesystem.
+    #[arg(long, default_value = "/", env = "HWACCEL_HOST_ROOT")]
+    host_root: PathBuf,
+    /// Backends to run: `all`, a list (`nvidia,amd`), or exclusions (`all,-vulkan`).
+    #[arg(long, default_value = "all")]
+    backends: BackendSelection,
+    /// Directory searched for vendor tools before `$PATH` (repeatable).
+    #[arg(long)]
+    tool_path: Vec<PathBuf>,
+    /// Per-tool deadline, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    tool_timeout_ms: u64,
+    /// Seconds between detections on a quiet node.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    interval: Duration,
+    /// How often the device directories are checked for hot-plug.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    hotplug_poll: Duration,
+    /// Consecutive clean detections a device must be missing from before it is removed.
+    #[arg(long, default_value_t = 3)]
+    misses_to_remove: u32,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
+    log_format: hwaccel::telemetry::LogFormat,
+}
+
+/// Parses `60s`, `5m`, `500ms` or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((text, "s"), |at| text.split_at(at));
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {text:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!("duration must be positive: {text:?}"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["node", "all_nodes"])))]
 struct CleanupArgs {
     /// A Node to clean (repeatable).
@@ -80,6 +142,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Detect(args) => detect(args),
+        Command::Agent(args) => agent(args),
         Command::Cleanup(args) => cleanup(args),
         Command::Crds(args) => crds(args),
     };
@@ -112,6 +175,54 @@ fn detect(args: DetectArgs) -> anyhow::Result<ExitCode> {
         Format::Yaml => output::to_yaml(&report)?,
     };
     write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    use std::sync::Arc;
+    hwaccel::telemetry::init(args.log_format, "info");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default().await?;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = hwaccel::agent::metrics::AgentMetrics::register(&mut registry);
+        let readiness = Arc::new(hwaccel::server::Readiness::default());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let config = hwaccel::agent::AgentConfig {
+            node_name: args.node_name,
+            host_root: args.host_root,
+            backends: args.backends,
+            tool_paths: args.tool_path,
+            tool_timeout: Duration::from_millis(args.tool_timeout_ms),
+            interval: args.interval,
+            hotplug_poll: args.hotplug_poll,
+            misses_to_remove: args.misses_to_remove,
+            max_backoff: Duration::from_secs(60),
+        };
+        tracing::info!(node = %config.node_name, "agent starting");
+        let agent = hwaccel::agent::Agent::new(config, client, metrics);
+        let mut server_stop = stopped.clone();
+        let server = tokio::spawn(hwaccel::server::serve(
+            args.metrics_addr,
+            Arc::new(registry),
+            readiness.clone(),
+            async move {
+                let _ = server_stop.wait_for(|stop| *stop).await;
+            },
+        ));
+        let worker = tokio::spawn(hwaccel::agent::run::run(agent, readiness, stopped));
+        hwaccel::signals::terminated().await;
+        tracing::info!("termination signal received");
+        let _ = stop.send(true);
+        let _ = worker.await;
+        if let Ok(Err(err)) = server.await {
+            tracing::warn!(error = %err, "metrics server failed");
+        }
+        anyhow::Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

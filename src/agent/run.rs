@@ -43,6 +43,8 @@ pub struct AgentConfig {
     pub host_root: std::path::PathBuf,
     /// Backends to run.
     pub backends: BackendSelection,
+    /// Directories searched for vendor tools before `$PATH`.
+    pub tool_paths: Vec<std::path::PathBuf>,
     /// Deadline for each vendor tool.
     pub tool_timeout: Duration,
     /// Time between detections on a quiet node.
@@ -93,7 +95,8 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// An agent for one node.
     pub fn new(config: AgentConfig, client: Client, metrics: AgentMetrics) -> Self {
-        let runner = CommandRunner::from_env().with_timeout(config.tool_timeout);
+        let runner =
+            CommandRunner::with_extra_paths(&config.tool_paths).with_timeout(config.tool_timeout);
         let detector = Detector::new(HostRoot::new(&config.host_root), runner, &config.backends);
         let nodes: Api<Node> = Api::all(client.clone());
         let labeler = NodeLabeler::new(nodes.clone(), &config.node_name, FIELD_MANAGER);
