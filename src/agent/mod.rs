@@ -1,0 +1,3 @@
+//! The node agent: detect, then publish node labels and the node's AcceleratorInventory.
+
+pub mod presence;

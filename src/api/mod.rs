@@ -1,0 +1,1 @@
+//! Custom resource types of the `hwaccel.io/v1alpha1` API.

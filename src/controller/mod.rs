@@ -1,0 +1,1 @@
+//! The ModelPlacement controller.

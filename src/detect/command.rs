@@ -1,0 +1,425 @@
+//! `CommandRunner`: the only way detection runs a process.
+//!
+//! Vendor tools misbehave: they hang on a wedged driver, print megabytes of debug output, or
+//! block on a full pipe while the caller waits for them to exit. The runner makes every run
+//! bounded: tools are looked up on a fixed search path (a missing tool is an ordinary result,
+//! not an error), the child gets no stdin, a scrubbed environment and its own process group,
+//! stdout and stderr are drained by threads while it runs and capped, and when the deadline
+//! passes or the output exceeds the cap the whole process group is killed.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Default time a tool may run.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on a tool's stdout (and separately its stderr).
+pub const DEFAULT_OUTPUT_CAP: usize = 8 << 20;
+
+/// Variables that inject code into a child process; never passed on.
+const SCRUBBED_ENV: &[&str] = &[
+    "LD_PRELOAD",
+    "LD_AUDIT",
+    "LD_DEBUG",
+    "LD_DEBUG_OUTPUT",
+    "LD_PROFILE",
+    "LD_SHOW_AUXV",
+    "DYLD_INSERT_LIBRARIES",
+    "DYLD_LIBRARY_PATH",
+    "DYLD_FRAMEWORK_PATH",
+    "MALLOC_CHECK_",
+    "GCONV_PATH",
+];
+
+/// What a finished tool printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutput {
+    /// Standard output, decoded lossily as UTF-8.
+    pub stdout: String,
+    /// Standard error, decoded lossily as UTF-8.
+    pub stderr: String,
+}
+
+/// Why a tool gave no usable output.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// The tool is not on the search path: the hardware's software is not installed.
+    #[error("{tool} is not installed")]
+    NotFound {
+        /// The tool name.
+        tool: String,
+    },
+    /// The process could not be started.
+    #[error("{tool} could not be started: {reason}")]
+    Spawn {
+        /// The tool name.
+        tool: String,
+        /// The OS error.
+        reason: String,
+    },
+    /// The tool ran past its deadline and was killed.
+    #[error("{tool} did not finish within {timeout:?} and was killed")]
+    TimedOut {
+        /// The tool name.
+        tool: String,
+        /// The deadline it missed.
+        timeout: Duration,
+    },
+    /// The tool printed more than the cap and was killed.
+    #[error("{tool} printed more than {cap} bytes and was killed")]
+    OutputTooLarge {
+        /// The tool name.
+        tool: String,
+        /// The cap it exceeded.
+        cap: usize,
+    },
+    /// The tool exited unsuccessfully.
+    #[error("{tool} failed ({status}){}", stderr_suffix(.stderr))]
+    Failed {
+        /// The tool name.
+        tool: String,
+        /// Exit code or signal, in words.
+        status: String,
+        /// The last line of its stderr (or stdout), for the warning.
+        stderr: String,
+    },
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
+    }
+}
+
+impl CommandError {
+    /// True when the tool is simply absent, which is not worth a warning.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+}
+
+/// Runs vendor tools with a search path, a deadline and an output cap.
+#[derive(Debug, Clone)]
+pub struct CommandRunner {
+    search_path: Vec<PathBuf>,
+    timeout: Duration,
+    output_cap: usize,
+}
+
+impl Default for CommandRunner {
+    fn default() -> Self {
+        Self::from_env()
+    }
+}
+
+impl CommandRunner {
+    /// A runner searching `$PATH` with the default timeout and cap.
+    pub fn from_env() -> Self {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+        Self::new(std::env::split_paths(&path).collect())
+    }
+
+    /// A runner searching the given directories, in order.
+    pub fn new(search_path: Vec<PathBuf>) -> Self {
+        Self {
+            search_path,
+            timeout: DEFAULT_TIMEOUT,
+            output_cap: DEFAULT_OUTPUT_CAP,
+        }
+    }
+
+    /// Sets the per-run deadline.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the per-stream output cap in bytes.
+    #[must_use]
+    pub fn with_output_cap(mut self, cap: usize) -> Self {
+        self.output_cap = cap;
+        self
+    }
+
+    /// The per-run deadline.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The full path of `tool` on the search path, if it is an executable file there.
+    pub fn find(&self, tool: &str) -> Option<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        if tool.contains('/') {
+            return None;
+        }
+        self.search_path
+            .iter()
+            .map(|dir| dir.join(tool))
+            .find(|candidate| {
+                candidate
+                    .metadata()
+                    .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+            })
+    }
+
+    /// True when `tool` is on the search path.
+    pub fn has(&self, tool: &str) -> bool {
+        self.find(tool).is_some()
+    }
+
+    /// Runs `tool args...` and returns its output when it exits 0.
+    pub fn run(&self, tool: &str, args: &[&str]) -> Result<CommandOutput, CommandError> {
+        let program = self.find(tool).ok_or_else(|| CommandError::NotFound {
+            tool: tool.to_string(),
+        })?;
+        self.run_program(tool, &program, args)
+    }
+
+    fn run_program(
+        &self,
+        tool: &str,
+        program: &Path,
+        args: &[&str],
+    ) -> Result<CommandOutput, CommandError> {
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Stable, parseable output regardless of the caller's locale.
+            .env("LC_ALL", "C")
+            // Its own process group, so a timeout kills the tool's children too; otherwise a
+            // grandchild holding the pipe open would keep the readers blocked.
+            .process_group(0);
+        for name in SCRUBBED_ENV {
+            command.env_remove(name);
+        }
+        let mut child = command.spawn().map_err(|err| CommandError::Spawn {
+            tool: tool.to_string(),
+            reason: err.to_string(),
+        })?;
+        let deadline = Instant::now() + self.timeout;
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let (events, finished) = mpsc::channel();
+        spawn_reader(Stream::Stdout, stdout, self.output_cap, events.clone());
+        spawn_reader(Stream::Stderr, stderr, self.output_cap, events);
+
+        let mut captured = [None, None];
+        while captured.iter().any(Option::is_none) {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match finished.recv_timeout(remaining) {
+                Ok(ReaderEvent::Done(stream, bytes)) => captured[stream as usize] = Some(bytes),
+                Ok(ReaderEvent::Overflow) => {
+                    kill_group(&mut child);
+                    return Err(CommandError::OutputTooLarge {
+                        tool: tool.to_string(),
+                        cap: self.output_cap,
+                    });
+                }
+                Err(_) => {
+                    kill_group(&mut child);
+                    return Err(CommandError::TimedOut {
+                        tool: tool.to_string(),
+                        timeout: self.timeout,
+                    });
+                }
+            }
+        }
+        // Both pipes are closed; the child has exited or is about to.
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_micros(200)),
+                Ok(None) | Err(_) => {
+                    kill_group(&mut child);
+                    return Err(CommandError::TimedOut {
+                        tool: tool.to_string(),
+                        timeout: self.timeout,
+                    });
+                }
+            }
+        };
+        let [stdout, stderr] = captured.map(|bytes| lossy(bytes.unwrap_or_default()));
+        if status.success() {
+            return Ok(CommandOutput { stdout, stderr });
+        }
+        let status = match (status.code(), status.signal()) {
+            (Some(code), _) => format!("exit code {code}"),
+            (None, Some(signal)) => format!("killed by signal {signal}"),
+            (None, None) => "unknown status".to_string(),
+        };
+        let last_line = |text: &str| {
+            text.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .map(str::to_string)
+        };
+        let message = last_line(&stderr)
+            .or_else(|| last_line(&stdout))
+            .unwrap_or_default();
+        Err(CommandError::Failed {
+            tool: tool.to_string(),
+            status,
+            stderr: message.chars().take(200).collect(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Stdout = 0,
+    Stderr = 1,
+}
+
+enum ReaderEvent {
+    Done(Stream, Vec<u8>),
+    Overflow,
+}
+
+/// Any pipe a reader thread can drain.
+trait Pipe: Read + Send + 'static {}
+impl Pipe for ChildStdout {}
+impl Pipe for ChildStderr {}
+
+fn spawn_reader<P: Pipe>(
+    stream: Stream,
+    pipe: Option<P>,
+    cap: usize,
+    events: mpsc::Sender<ReaderEvent>,
+) {
+    let Some(mut pipe) = pipe else {
+        let _ = events.send(ReaderEvent::Done(stream, Vec::new()));
+        return;
+    };
+    // A detached thread: if a tool leaks its pipe to a process outside its group, the reader
+    // may outlive the run, but the caller never waits for it past the deadline. Should the
+    // thread fail to start, the sender is dropped with the closure and the run ends at its
+    // deadline as a timeout.
+    let _ = thread::Builder::new()
+        .name("hwaccel-pipe".into())
+        .spawn(move || {
+            let mut buffer = Vec::new();
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                match pipe.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if buffer.len() + n > cap {
+                            let _ = events.send(ReaderEvent::Overflow);
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                    }
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = events.send(ReaderEvent::Done(stream, buffer));
+        });
+}
+
+fn kill_group(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // The group may already be gone; that is fine.
+        kill_process_group(pid);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[allow(unsafe_code)]
+fn kill_process_group(pgid: libc::pid_t) {
+    // SAFETY: killpg only sends a signal; `pgid` is the group of a child we spawned with
+    // `process_group(0)`, so it cannot address an unrelated group while the child is unreaped.
+    unsafe {
+        libc::killpg(pgid, libc::SIGKILL);
+    }
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes)
+        .unwrap_or_else(|err| String::from_utf8_lossy(err.as_bytes()).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tool_dir(scripts: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, body) in scripts {
+            let path = dir.path().join(name);
+            fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn missing_tool_is_not_found() {
+        let dir = tool_dir(&[]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()]);
+        let err = runner.run("nvidia-smi", &[]).unwrap_err();
+        assert!(err.is_not_found());
+    }
+
+    #[test]
+    fn captures_output_and_scrubs_preload() {
+        let dir = tool_dir(&[(
+            "show",
+            "echo \"out:$1\"; echo err >&2; echo \"preload=${LD_PRELOAD:-none}\"",
+        )]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()]);
+        // Set for this test only through the child: the runner must remove it either way.
+        let out = runner.run("show", &["x"]).unwrap();
+        assert_eq!(out.stdout, "out:x\npreload=none\n");
+        assert_eq!(out.stderr, "err\n");
+    }
+
+    #[test]
+    fn failure_carries_exit_code_and_last_stderr_line() {
+        let dir = tool_dir(&[("bad", "echo 'NVIDIA-SMI has failed' >&2; exit 9")]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()]);
+        match runner.run("bad", &[]).unwrap_err() {
+            CommandError::Failed { status, stderr, .. } => {
+                assert_eq!(status, "exit code 9");
+                assert_eq!(stderr, "NVIDIA-SMI has failed");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hanging_tool_and_its_children_are_killed_at_the_deadline() {
+        let dir = tool_dir(&[("hang", "sleep 30 & sleep 30")]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()])
+            .with_timeout(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = runner.run("hang", &[]).unwrap_err();
+        assert!(matches!(err, CommandError::TimedOut { .. }), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn flood_of_output_is_capped() {
+        let dir = tool_dir(&[("flood", "yes nvidia")]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()]).with_output_cap(1 << 20);
+        let err = runner.run("flood", &[]).unwrap_err();
+        assert!(
+            matches!(err, CommandError::OutputTooLarge { .. }),
+            "{err:?}"
+        );
+    }
+}

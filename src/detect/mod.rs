@@ -1,0 +1,238 @@
+//! Accelerator detection: backends that each know one kind of hardware, run concurrently over
+//! a host view, merged into one deterministic [`Report`].
+//!
+//! A backend never touches the host directly. It reads files through [`HostRoot`] and runs
+//! tools through [`CommandRunner`], so the same code runs on a bare machine (`/`), in the
+//! agent's pod (`/host`), and against fixture trees in tests. Detection is best effort and
+//! never fatal: a missing tool is silent, a failing one becomes a warning, and a backend that
+//! panics is reported as a warning too.
+
+pub mod backends;
+mod command;
+mod host;
+pub mod pci;
+pub mod render;
+mod report;
+mod selection;
+#[cfg(test)]
+pub mod testing;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::Instant;
+
+pub use command::{
+    CommandError, CommandOutput, CommandRunner, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT,
+};
+pub use host::{HostRoot, parse_u64};
+pub use pci::PciFunction;
+pub use report::{BackendRun, BackendTiming, Findings, Report, SCHEMA_VERSION, Warning, merge};
+pub use selection::{BackendSelection, SelectionError};
+
+/// What a backend gets to look at.
+#[derive(Debug)]
+pub struct Context {
+    host: HostRoot,
+    runner: CommandRunner,
+    pci: OnceLock<Vec<PciFunction>>,
+}
+
+impl Context {
+    /// A context over a host view and a command runner.
+    pub fn new(host: HostRoot, runner: CommandRunner) -> Self {
+        Self {
+            host,
+            runner,
+            pci: OnceLock::new(),
+        }
+    }
+
+    /// The host's files.
+    pub fn host(&self) -> &HostRoot {
+        &self.host
+    }
+
+    /// The host's tools.
+    pub fn runner(&self) -> &CommandRunner {
+        &self.runner
+    }
+
+    /// The PCI functions of the host, scanned once on first use and shared by all backends.
+    pub fn pci(&self) -> &[PciFunction] {
+        self.pci.get_or_init(|| pci::scan(&self.host))
+    }
+
+    /// PCI functions of one vendor.
+    pub fn pci_by_vendor(&self, vendor: u16) -> impl Iterator<Item = &PciFunction> {
+        self.pci().iter().filter(move |f| f.vendor == vendor)
+    }
+
+    /// Runs a tool; a missing tool gives `Ok(None)`, any other failure an error to report.
+    pub fn run_tool(
+        &self,
+        tool: &str,
+        args: &[&str],
+    ) -> Result<Option<CommandOutput>, CommandError> {
+        match self.runner.run(tool, args) {
+            Ok(output) => Ok(Some(output)),
+            Err(err) if err.is_not_found() => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// One kind of hardware detection.
+pub trait Backend: Send + Sync {
+    /// Short stable name, used in `--backends`, warnings and metrics (`nvidia`, `intel-gpu`).
+    fn name(&self) -> &'static str;
+
+    /// Looks at the host and reports what it finds. Must not panic on any input (a panic is
+    /// caught and reported, but it loses that backend's findings).
+    fn detect(&self, ctx: &Context) -> Findings;
+}
+
+/// Runs a set of backends over one host.
+pub struct Detector {
+    backends: Vec<Box<dyn Backend>>,
+    context: Context,
+}
+
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<_> = self.backends.iter().map(|b| b.name()).collect();
+        f.debug_struct("Detector")
+            .field("backends", &names)
+            .field("context", &self.context)
+            .finish()
+    }
+}
+
+impl Detector {
+    /// A detector with the selected built-in backends.
+    pub fn new(host: HostRoot, runner: CommandRunner, selection: &BackendSelection) -> Self {
+        let backends = backends::all()
+            .into_iter()
+            .filter(|b| selection.includes(b.name()))
+            .collect();
+        Self::with_backends(host, runner, backends)
+    }
+
+    /// A detector with explicit backends, in priority order (earlier wins duplicate devices).
+    pub fn with_backends(
+        host: HostRoot,
+        runner: CommandRunner,
+        backends: Vec<Box<dyn Backend>>,
+    ) -> Self {
+        Self {
+            backends,
+            context: Context::new(host, runner),
+        }
+    }
+
+    /// Runs every backend concurrently and merges their findings. Per-backend timings are
+    /// always returned; they go into the report only when `with_timings`.
+    pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
+        let runs: Vec<BackendRun> = thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .backends
+                .iter()
+                .map(|backend| {
+                    let context = &self.context;
+                    scope.spawn(move || run_one(backend.as_ref(), context))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .zip(&self.backends)
+                .map(|(handle, backend)| {
+                    handle.join().unwrap_or_else(|_| BackendRun {
+                        backend: backend.name(),
+                        findings: Findings::warning("backend thread failed"),
+                        elapsed: std::time::Duration::ZERO,
+                    })
+                })
+                .collect()
+        });
+        let timings = runs
+            .iter()
+            .map(|run| BackendTiming {
+                backend: run.backend.to_string(),
+                micros: u64::try_from(run.elapsed.as_micros()).unwrap_or(u64::MAX),
+            })
+            .collect();
+        (merge(runs, with_timings), timings)
+    }
+}
+
+fn run_one(backend: &dyn Backend, context: &Context) -> BackendRun {
+    let started = Instant::now();
+    let findings =
+        catch_unwind(AssertUnwindSafe(|| backend.detect(context))).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Findings::warning(format!("backend failed unexpectedly: {what}"))
+        });
+    let mut findings = findings;
+    // Bus facts are the same for every PCI backend; fill the gaps once here.
+    for device in &mut findings.devices {
+        pci::fill_bus_facts(context.host(), device);
+    }
+    BackendRun {
+        backend: backend.name(),
+        findings,
+        elapsed: started.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::{Device, Family, Vendor};
+
+    struct Fixed(&'static str, Vec<&'static str>);
+    impl Backend for Fixed {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn detect(&self, _: &Context) -> Findings {
+            let devices = self
+                .1
+                .iter()
+                .map(|id| Device::new(*id, Vendor::Nvidia, Family::Gpu, "GPU", self.0))
+                .collect();
+            Findings {
+                devices,
+                ..Findings::default()
+            }
+        }
+    }
+
+    struct Panics;
+    impl Backend for Panics {
+        fn name(&self) -> &'static str {
+            "panics"
+        }
+        fn detect(&self, _: &Context) -> Findings {
+            panic!("parser bug")
+        }
+    }
+
+    #[test]
+    fn a_panicking_backend_becomes_a_warning() {
+        let detector = Detector::with_backends(
+            HostRoot::new("/nonexistent"),
+            CommandRunner::new(Vec::new()),
+            vec![Box::new(Fixed("a", vec!["0000:01:00.0"])), Box::new(Panics)],
+        );
+        let (report, timings) = detector.run(false);
+        assert_eq!(report.devices.len(), 1);
+        assert_eq!(report.warnings.len(), 1);
+        assert!(report.warnings[0].message.contains("parser bug"));
+        assert_eq!(timings.len(), 2);
+        assert_eq!(report.backends, ["a", "panics"]);
+    }
+}

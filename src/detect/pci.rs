@@ -1,0 +1,168 @@
+//! The PCI bus as sysfs shows it: one cheap scan shared by all backends, plus per-device
+//! details (link, NUMA node, driver) read only for the devices a backend cares about.
+//!
+//! The scan reads two attributes per function (`vendor`, `class`) because a bare VM has dozens
+//! of functions and detection on a host without accelerators must stay within a couple of
+//! milliseconds.
+
+use crate::hardware::PcieLink;
+
+use super::HostRoot;
+
+/// Where sysfs lists PCI functions.
+pub const PCI_DEVICES: &str = "/sys/bus/pci/devices";
+
+/// One PCI function: enough to decide whether a backend cares about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciFunction {
+    /// Canonical bus id, `dddd:bb:dd.f`, lowercase.
+    pub address: String,
+    /// PCI vendor id.
+    pub vendor: u16,
+    /// PCI class code, 24 bits (`0x030200` is a 3D controller).
+    pub class: u32,
+}
+
+impl PciFunction {
+    /// The class without the programming interface (`0x0302`).
+    pub fn class_code(&self) -> u16 {
+        // The low byte is the programming interface; the upper 16 bits are class and subclass.
+        u16::try_from(self.class >> 8).unwrap_or(u16::MAX)
+    }
+
+    /// True for display controllers (0x03xx), processing accelerators (0x1200) and
+    /// co-processors (0x0b40): the classes accelerators use.
+    pub fn is_accelerator_class(&self) -> bool {
+        let code = self.class_code();
+        code >> 8 == 0x03 || code == 0x1200 || code == 0x0b40
+    }
+
+    /// The sysfs directory of this function (host-absolute).
+    pub fn sysfs_dir(&self) -> String {
+        format!("{PCI_DEVICES}/{}", self.address)
+    }
+
+    /// Reads the PCI device id.
+    pub fn device_id(&self, host: &HostRoot) -> Option<u16> {
+        let id = host.read_u64(format!("{}/device", self.sysfs_dir()))?;
+        u16::try_from(id).ok()
+    }
+}
+
+/// Lists the PCI functions, sorted by address. Empty when sysfs has no PCI bus.
+pub fn scan(host: &HostRoot) -> Vec<PciFunction> {
+    host.list(PCI_DEVICES)
+        .into_iter()
+        .filter_map(|name| {
+            let address = canonical_bus_id(&name)?;
+            let dir = format!("{PCI_DEVICES}/{name}");
+            let vendor = u16::try_from(host.read_u64(format!("{dir}/vendor"))?).ok()?;
+            let class = u32::try_from(host.read_u64(format!("{dir}/class"))?).ok()?;
+            Some(PciFunction {
+                address,
+                vendor,
+                class,
+            })
+        })
+        .collect()
+}
+
+/// Normalises a PCI bus id to `dddd:bb:dd.f` lowercase. `nvidia-smi` prints an 8-digit domain
+/// (`00000000:18:00.0`), others omit the domain (`18:00.0`). `None` when it is not a bus id.
+pub fn canonical_bus_id(text: &str) -> Option<String> {
+    let text = text.trim();
+    let (rest, function) = text.rsplit_once('.')?;
+    let mut parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() == 2 {
+        parts.insert(0, "0");
+    }
+    let [domain, bus, device] = parts.as_slice() else {
+        return None;
+    };
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let bus = u8::from_str_radix(bus, 16).ok()?;
+    let device = u8::from_str_radix(device, 16).ok()?;
+    let function = u8::from_str_radix(function, 16).ok()?;
+    if domain > 0xffff || device > 0x1f || function > 7 {
+        return None;
+    }
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function:x}"))
+}
+
+/// The PCIe link of a function, from `current_link_speed`/`width` and their `max_` twins.
+pub fn link(host: &HostRoot, address: &str) -> Option<PcieLink> {
+    let dir = format!("{PCI_DEVICES}/{address}");
+    let speed = |name: &str| {
+        host.read_trimmed(format!("{dir}/{name}"))
+            .and_then(|s| PcieLink::generation_from_speed(&s))
+    };
+    let width = |name: &str| {
+        host.read_u64(format!("{dir}/{name}"))
+            .and_then(|w| u8::try_from(w).ok())
+            .filter(|&w| w > 0)
+    };
+    let link = PcieLink {
+        generation: speed("current_link_speed"),
+        width: width("current_link_width"),
+        max_generation: speed("max_link_speed"),
+        max_width: width("max_link_width"),
+    };
+    (link != PcieLink::default()).then_some(link)
+}
+
+/// The NUMA node of a function (`numa_node` is -1 on single-node machines: `None`).
+pub fn numa_node(host: &HostRoot, address: &str) -> Option<u32> {
+    let text = host.read_trimmed(format!("{PCI_DEVICES}/{address}/numa_node"))?;
+    text.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
+}
+
+/// The kernel driver bound to a function (`nvidia`, `amdgpu`, `neuron`).
+pub fn driver(host: &HostRoot, address: &str) -> Option<String> {
+    host.link_name(format!("{PCI_DEVICES}/{address}/driver"))
+}
+
+/// Fills a device's PCIe link and NUMA node from sysfs when it has a PCI bus id and the
+/// backend did not learn them elsewhere.
+pub fn fill_bus_facts(host: &HostRoot, device: &mut crate::hardware::Device) {
+    if canonical_bus_id(&device.id).as_deref() != Some(device.id.as_str()) {
+        return;
+    }
+    if device.pcie.is_none() {
+        device.pcie = link(host, &device.id);
+    }
+    if device.numa_node.is_none() {
+        device.numa_node = numa_node(host, &device.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonicalises_bus_ids() {
+        assert_eq!(
+            canonical_bus_id("00000000:18:00.0").as_deref(),
+            Some("0000:18:00.0")
+        );
+        assert_eq!(
+            canonical_bus_id("0000:C1:00.0").as_deref(),
+            Some("0000:c1:00.0")
+        );
+        assert_eq!(canonical_bus_id("18:00.0").as_deref(), Some("0000:18:00.0"));
+        assert_eq!(canonical_bus_id("GPU-1234"), None);
+        assert_eq!(canonical_bus_id("0000:18:40.0"), None);
+    }
+
+    #[test]
+    fn accelerator_classes() {
+        let f = |class| PciFunction {
+            address: "0000:00:00.0".into(),
+            vendor: 0x10de,
+            class,
+        };
+        assert!(f(0x030200).is_accelerator_class());
+        assert!(f(0x120000).is_accelerator_class());
+        assert!(!f(0x020000).is_accelerator_class());
+    }
+}

@@ -1,0 +1,1 @@
+//! Turns a detection report into node labels under `hwaccel.io/`. Pure.

@@ -1,0 +1,26 @@
+//! hwaccel-operator: finds every AI accelerator on every Kubernetes node and decides where and
+//! how a model should run on them.
+//!
+//! The crate is one library behind one binary, `hwaccel`. Its modules split along one line:
+//! the pure core never imports `kube`, and only the Kubernetes-facing modules do.
+//!
+//! | module | job | talks to Kubernetes |
+//! |---|---|---|
+//! | [`hardware`] | accelerator types, precisions, device profile | no |
+//! | [`detect`] | backends over a host view, merged into a report | no |
+//! | [`plan`] | model memory, precision and parallelism search, placement | no |
+//! | [`labels`] | report to node labels | no |
+//! | [`api`] | CRD types | types only |
+//! | [`agent`] | node loop: detect, label, publish the inventory | yes |
+//! | [`controller`] | ModelPlacement reconciler | yes |
+
+pub mod agent;
+pub mod api;
+pub mod controller;
+pub mod detect;
+pub mod hardware;
+pub mod labels;
+pub mod output;
+pub mod plan;
+pub mod server;
+pub mod telemetry;

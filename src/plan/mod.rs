@@ -1,0 +1,2 @@
+//! The placement planner: model memory, precision choice, parallelism search and fleet
+//! placement. Pure: no I/O, no Kubernetes.
