@@ -68,23 +68,25 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LDF+=" -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 
-# Build into a temp dir next to the target, then rename atomically. An existing
-# minimal build is copied in so --full only builds what is missing.
+# Build into a temp dir next to the target, then rename into place: a dir that
+# exists is complete for the tier its marker names (.minimal / .full). --full
+# after a minimal build only builds the missing binaries.
+rm -rf "$CACHE"/.build.* 2>/dev/null || true      # leftovers of killed builds (we hold the lock)
 TMP=$(mktemp -d "$CACHE/.build.$KEY.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-if [ -d "$OUT" ]; then cp -a "$OUT/." "$TMP/"; fi
+have() { [ -x "$OUT/$1" ]; }
 
 want_k8s=()
-[ -x "$TMP/etcd" ]           || want_k8s+=(./cmd/etcd)
-[ -x "$TMP/kube-apiserver" ] || want_k8s+=(k8s.io/kubernetes/cmd/kube-apiserver)
-[ -x "$TMP/kubectl" ]        || want_k8s+=(k8s.io/kubernetes/cmd/kubectl)
+have etcd || want_k8s+=(./cmd/etcd)
+have kube-apiserver || want_k8s+=(k8s.io/kubernetes/cmd/kube-apiserver)
+have kubectl || want_k8s+=(k8s.io/kubernetes/cmd/kubectl)
 want_tools=()
 if [ $FULL = 1 ]; then
-  [ -x "$TMP/kube-controller-manager" ] || want_k8s+=(k8s.io/kubernetes/cmd/kube-controller-manager)
-  [ -x "$TMP/kube-scheduler" ]          || want_k8s+=(k8s.io/kubernetes/cmd/kube-scheduler)
-  [ -x "$TMP/helm" ]    || want_tools+=(helm.sh/helm/v4/cmd/helm)
-  [ -x "$TMP/kwok" ]    || want_tools+=(sigs.k8s.io/kwok/cmd/kwok)
-  [ -x "$TMP/kwokctl" ] || want_tools+=(sigs.k8s.io/kwok/cmd/kwokctl)
+  have kube-controller-manager || want_k8s+=(k8s.io/kubernetes/cmd/kube-controller-manager)
+  have kube-scheduler || want_k8s+=(k8s.io/kubernetes/cmd/kube-scheduler)
+  have helm || want_tools+=(helm.sh/helm/v4/cmd/helm)
+  have kwok || want_tools+=(sigs.k8s.io/kwok/cmd/kwok)
+  have kwokctl || want_tools+=(sigs.k8s.io/kwok/cmd/kwokctl)
 fi
 
 now() { date +%s; }
@@ -107,17 +109,21 @@ if [ ${#want_tools[@]} -gt 0 ]; then
   log "tools module built in $(( $(now) - t0 ))s"
 fi
 
-got=$("$TMP/kube-apiserver" --version)
+api=$TMP/kube-apiserver; [ -x "$api" ] || api=$OUT/kube-apiserver
+got=$("$api" --version)
 log "kube-apiserver --version: $got"
 case $got in *"$KV"*) ;; *) log "ERROR: version stamping failed (expected $KV)"; exit 1 ;; esac
 
 touch "$TMP/.minimal"
 [ $FULL = 1 ] && touch "$TMP/.full"
 chmod 755 "$TMP"
-# Atomic publish: rename over a previous (partial) dir via a side name.
 if [ -d "$OUT" ]; then
-  OLD=$(mktemp -d "$CACHE/.old.$KEY.XXXXXX"); rmdir "$OLD"
-  mv "$OUT" "$OLD"; mv "$TMP" "$OUT"; rm -rf "$OLD"
+  # Each rename is atomic; markers go last so a reader never sees a marker
+  # without its binaries.
+  for f in "$TMP"/*; do [ -e "$f" ] && mv -f "$f" "$OUT/"; done
+  mv -f "$TMP/.minimal" "$OUT/"
+  if [ $FULL = 1 ]; then mv -f "$TMP/.full" "$OUT/"; fi
+  rm -rf "$TMP"
 else
   mv "$TMP" "$OUT"
 fi

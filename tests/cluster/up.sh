@@ -65,7 +65,7 @@ if [ -d "$WORK/run" ] || [ -f "$WORK/env" ]; then
   tc_log "cleaning up previous cluster state in $WORK"
 fi
 rm -f "$WORK/env"
-for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do tc_stop "${TC_COMPONENTS[i]}" 15; done
+for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do tc_stop "${TC_COMPONENTS[i]}" 5; done
 rm -rf "$WORK/run" "$WORK/pki" "$WORK/etcd-data" "$WORK/logs" "$WORK/kwok" "$WORK/certs" \
        "$WORK/admin.kubeconfig"
 mkdir -p "$WORK/run" "$WORK/logs" "$WORK/pki" "$WORK/certs"
@@ -150,7 +150,7 @@ tc_launch etcd "$BIN/etcd" --name=testcluster --data-dir="$WORK/etcd-data" \
   --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster="testcluster=http://127.0.0.1:$ETCD_PEER_PORT" --initial-cluster-state=new \
-  --unsafe-no-fsync=true --log-level=warn
+  --unsafe-no-fsync=true --log-level=info
 TC_WAIT_FOR=etcd tc_wait 60 "etcd /health" curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" \
   || fail "etcd did not become healthy"
 
