@@ -107,6 +107,19 @@ P=$WORK/pki
   sign apiserver "/CN=kube-apiserver" serverAuth \
     "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1"
   sign admin "/O=system:masters/CN=testcluster-admin" clientAuth
+  # Aggregation layer (front proxy): its own CA, so a client cert from ca.crt can
+  # never pose as the front proxy. Also lets kcm/scheduler delegate authentication
+  # without complaining about a missing requestheader CA.
+  openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout front-proxy-ca.key \
+    -sha256 -days 3650 -subj "/CN=hwaccel-testcluster-front-proxy-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" -out front-proxy-ca.crt 2>/dev/null
+  ec front-proxy-client.key
+  openssl req -new -key front-proxy-client.key -subj "/CN=front-proxy-client" -out fp.csr
+  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' >fp.ext
+  openssl x509 -req -in fp.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial \
+    -days 3650 -sha256 -extfile fp.ext -out front-proxy-client.crt 2>/dev/null
+  rm -f fp.csr fp.ext
   openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
   openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
   chmod 600 ./*.key
@@ -164,6 +177,10 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --advertise-address=127.0.0.1 --endpoint-reconciler-type=none
   --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key"
   --client-ca-file="$P/ca.crt"
+  --requestheader-client-ca-file="$P/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client
+  --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group
+  --requestheader-extra-headers-prefix=X-Remote-Extra-
+  --proxy-client-cert-file="$P/front-proxy-client.crt" --proxy-client-key-file="$P/front-proxy-client.key"
   --service-account-issuer=https://kubernetes.default.svc.cluster.local
   --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key"
   --service-cluster-ip-range=10.0.0.0/24
