@@ -23,7 +23,7 @@ start() {
   tc_pid etcd >/dev/null || tc_die "etcd is not running; use up.sh"
   local cmd
   eval "cmd=($(cat "$WORK/run/kube-apiserver.cmd"))"
-  tc_launch kube-apiserver "${cmd[@]}"
+  tc_launch kube-apiserver "${cmd[@]}" || exit 1
   TC_WAIT_FOR=kube-apiserver tc_wait 240 "kube-apiserver /readyz" tc_api_get /readyz || {
     tail -n 40 "$WORK/logs/kube-apiserver.log" >&2; exit 1; }
   tc_log "kube-apiserver ready"

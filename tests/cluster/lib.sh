@@ -14,18 +14,18 @@ tc_log() { echo "${TC_SCRIPT:-testcluster}: $*" >&2; }
 tc_die() { tc_log "ERROR: $*"; exit 1; }
 
 # tc_pid NAME -> prints the recorded pid (also the process group id) if that
-# process is still alive and still runs the recorded binary; fails otherwise.
+# process is alive and is the recorded binary (argv[0] ends in /NAME); fails otherwise.
 tc_pid() {
-  local f="$WORK/run/$1.pid" pid exe
+  local f="$WORK/run/$1.pid" pid argv0 state
   [ -f "$f" ] || return 1
   pid=$(cat "$f" 2>/dev/null) || return 1
   case $pid in ''|*[!0-9]*) return 1 ;; esac
-  [ -d "/proc/$pid" ] || return 1
-  # Guard against pid reuse: the process must still be our binary.
-  exe=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
-  case $exe in *"/$1 "*|*"/$1") ;; *) return 1 ;; esac
+  # Guard against pid reuse (and a child that has not exec'd yet): argv[0] must be our binary.
+  IFS= read -r -d '' argv0 <"/proc/$pid/cmdline" 2>/dev/null || return 1
+  [ "${argv0##*/}" = "$1" ] || return 1
   # A zombie is as good as gone.
-  [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
+  read -r _ _ state _ <"/proc/$pid/stat" 2>/dev/null || return 1
+  [ "$state" != Z ] || return 1
   echo "$pid"
 }
 
@@ -39,7 +39,17 @@ tc_launch() {
   # calls setsid(2) in place and execs -> $! is the pid, pgid and sid.
   # fds 8/9 are the up/down and build locks: the daemons must not inherit them.
   setsid "$@" </dev/null >>"$WORK/logs/$name.log" 2>&1 8>&- 9>&- &
-  echo $! >"$WORK/run/$name.pid"
+  local pid=$! i
+  echo "$pid" >"$WORK/run/$name.pid"
+  # Until the forked shell has exec'd (setsid, maybe env, then the binary) the pid
+  # does not look like NAME yet; wait for that so tc_pid is meaningful afterwards.
+  for ((i = 0; i < 300; i++)); do
+    tc_pid "$name" >/dev/null && return 0
+    [ -d "/proc/$pid" ] || break
+    sleep 0.05
+  done
+  tc_log "failed to start $name (see $WORK/logs/$name.log)"
+  return 1
 }
 
 # tc_stop NAME [TIMEOUT_S] : SIGTERM the process group, wait, then SIGKILL.

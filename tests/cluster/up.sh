@@ -163,7 +163,8 @@ tc_launch etcd "$BIN/etcd" --name=testcluster --data-dir="$WORK/etcd-data" \
   --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster="testcluster=http://127.0.0.1:$ETCD_PEER_PORT" --initial-cluster-state=new \
-  --unsafe-no-fsync=true --log-level=info
+  --unsafe-no-fsync=true --log-level=info \
+  || fail "could not start etcd"
 TC_WAIT_FOR=etcd tc_wait 60 "etcd /health" curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" \
   || fail "etcd did not become healthy"
 
@@ -197,7 +198,8 @@ printf '%q ' "${APISERVER_CMD[@]}" >"$WORK/run/kube-apiserver.cmd"
 echo >>"$WORK/run/kube-apiserver.cmd"
 
 tc_log "starting kube-apiserver on $SERVER"
-tc_launch kube-apiserver "${APISERVER_CMD[@]}"
+tc_launch kube-apiserver "${APISERVER_CMD[@]}" \
+  || fail "could not start kube-apiserver"
 TC_WAIT_FOR=kube-apiserver tc_wait 240 "kube-apiserver /readyz" tc_api_get /readyz \
   || fail "kube-apiserver did not become ready"
 tc_log "kube-apiserver ready after $(elapsed)"
@@ -214,13 +216,15 @@ if [ $FULL = 1 ]; then
     --cert-dir="$WORK/certs/kcm" \
     --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
     --cluster-signing-cert-file="$P/ca.crt" --cluster-signing-key-file="$P/ca.key" \
-    --use-service-account-credentials=false --profiling=false
+    --use-service-account-credentials=false --profiling=false \
+    || fail "could not start kube-controller-manager"
 
   tc_log "starting kube-scheduler (127.0.0.1:$SCHED_PORT)"
   tc_launch kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig="$KC" --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" \
-    --cert-dir="$WORK/certs/scheduler" --profiling=false
+    --cert-dir="$WORK/certs/scheduler" --profiling=false \
+    || fail "could not start kube-scheduler"
 
   # kwok's stock stages, read from the kwok module in the Go module cache.
   KWOK_DIR=$(cd "$TC_HERE/tools" && GOFLAGS=-mod=readonly GOTOOLCHAIN=local go list -m -f '{{.Dir}}' sigs.k8s.io/kwok) \
@@ -237,7 +241,8 @@ if [ $FULL = 1 ]; then
     --kubeconfig="$KC" --config="$WORK/kwok/stages.yaml" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \
-    --cidr=10.244.0.0/16 --node-lease-duration-seconds=40
+    --cidr=10.244.0.0/16 --node-lease-duration-seconds=40 \
+    || fail "could not start kwok"
 
   TC_WAIT_FOR=kube-controller-manager tc_wait 180 "kube-controller-manager /healthz" \
     curl -fsSk --max-time 2 "https://127.0.0.1:$KCM_PORT/healthz" || fail "kube-controller-manager not healthy"

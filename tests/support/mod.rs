@@ -263,6 +263,27 @@ impl TestCluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Stop, start or restart the cluster's kube-apiserver (same flags, port and etcd)
+    /// via `tests/cluster/apiserver.sh`. `start` returns once `/readyz` answers.
+    /// Tests in one test binary run in parallel and share the apiserver: put a test
+    /// that uses this in its own `tests/*.rs` file (cargo runs test binaries one at a time).
+    pub async fn apiserver_ctl(&self, action: &str) -> Result<()> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/apiserver.sh");
+        let mut cmd = std::process::Command::new(&script);
+        cmd.arg(action).arg(&self.env.work);
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await?
+            .with_context(|| format!("running {}", script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "apiserver.sh {action} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
     /// A client authenticating with a bearer token.
     pub async fn client_with_token(&self, token: &str) -> Result<Client> {
         self.env.client_with_token(token).await
