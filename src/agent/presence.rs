@@ -7,6 +7,10 @@
 //! where the backend failed (raised a warning) or did not run is no evidence at all: the device
 //! stays and its miss count does not move. Interconnect groups follow their member devices.
 //!
+//! While a backend is failing it may still report its devices from a poorer source (sysfs
+//! without the vendor tool: no memory, no links); the tracker then publishes the last good copy
+//! of each such device, so a broken tool never strips labels.
+//!
 //! The tracker can be seeded with what was published before a restart, so a restarted agent
 //! whose first detection fails removes nothing.
 
@@ -63,11 +67,16 @@ impl PresenceTracker {
     /// Folds one detection in and returns the report to publish: the detection plus the
     /// devices (and their interconnect groups) that are missing but not yet considered gone.
     pub fn observe(&mut self, detected: &Report) -> Report {
+        let failed: BTreeSet<&str> = detected
+            .warnings
+            .iter()
+            .map(|w| w.backend.as_str())
+            .collect();
         let ran_cleanly: BTreeSet<&str> = detected
             .backends
             .iter()
             .map(String::as_str)
-            .filter(|backend| !detected.warnings.iter().any(|w| w.backend == *backend))
+            .filter(|backend| !failed.contains(backend))
             .collect();
         let seen: BTreeSet<&str> = detected.devices.iter().map(|d| d.id.as_str()).collect();
 
@@ -85,28 +94,45 @@ impl PresenceTracker {
             }
             keep
         });
+        let mut current = Vec::with_capacity(detected.devices.len());
         for device in &detected.devices {
-            self.devices.insert(
-                device.id.clone(),
-                Tracked {
+            let tracked = self
+                .devices
+                .entry(device.id.clone())
+                .or_insert_with(|| Tracked {
                     device: device.clone(),
                     misses: 0,
-                },
-            );
+                });
+            // A failing backend's report is the poorer one: keep the last good copy.
+            if !failed.contains(device.backend.as_str()) {
+                tracked.device = device.clone();
+            }
+            tracked.misses = 0;
+            current.push(tracked.device.clone());
         }
 
         let mut published = detected.clone();
+        published.devices = current;
         published.devices.extend(kept_missing);
         published.devices.sort_by(|a, b| a.id.cmp(&b.id));
 
-        // Keep a previous group when some of its members are only kept, not seen, and the
-        // detection has no group of that kind and id any more.
+        // Keep a previous group when some of its members are only kept (not seen, or seen only
+        // by a failing backend) and the detection has no group of that kind and id any more.
         let kept: BTreeSet<&str> = self.devices.keys().map(String::as_str).collect();
+        let freshly_seen: BTreeSet<&str> = detected
+            .devices
+            .iter()
+            .filter(|d| !failed.contains(d.backend.as_str()))
+            .map(|d| d.id.as_str())
+            .collect();
         let carried: Vec<InterconnectGroup> = self
             .interconnects
             .iter()
             .filter(|group| {
-                let has_stale_member = group.devices.iter().any(|d| !seen.contains(d.as_str()));
+                let has_stale_member = group
+                    .devices
+                    .iter()
+                    .any(|d| !freshly_seen.contains(d.as_str()));
                 let all_members_kept = group.devices.iter().all(|d| kept.contains(d.as_str()));
                 let replaced = published
                     .interconnects
@@ -181,6 +207,17 @@ mod tests {
     }
 
     #[test]
+    fn a_failing_backend_that_still_reports_devices_publishes_the_last_good_copies() {
+        let mut tracker = PresenceTracker::new(2);
+        let mut good = report(&["a"], false);
+        good.devices[0].memory_bytes = Some(80 << 30);
+        tracker.observe(&good);
+        // The tool broke; sysfs still shows the GPU, but without memory.
+        let published = tracker.observe(&report(&["a"], true));
+        assert_eq!(published.devices[0].memory_bytes, Some(80 << 30));
+    }
+
+    #[test]
     fn a_backend_that_did_not_run_keeps_its_devices() {
         let mut tracker = PresenceTracker::new(1);
         tracker.observe(&report(&["a"], false));
@@ -218,7 +255,21 @@ mod tests {
             topology: None,
         });
         tracker.observe(&first);
-        let published = tracker.observe(&report(&[], true));
-        assert_eq!(published.interconnects.len(), 1);
+        assert_eq!(tracker.observe(&report(&[], true)).interconnects.len(), 1);
+        // Also when the failing backend still lists the devices but no longer their links.
+        assert_eq!(
+            tracker
+                .observe(&report(&["a", "b"], true))
+                .interconnects
+                .len(),
+            1
+        );
+        // A clean detection without the group drops it.
+        assert!(
+            tracker
+                .observe(&report(&["a", "b"], false))
+                .interconnects
+                .is_empty()
+        );
     }
 }

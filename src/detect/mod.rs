@@ -93,9 +93,13 @@ pub trait Backend: Send + Sync {
 }
 
 /// Runs a set of backends over one host.
+///
+/// A detector can run many times (the agent keeps one); each run gets a fresh [`Context`], so
+/// nothing read from the host — the PCI scan above all — outlives the run that read it.
 pub struct Detector {
     backends: Vec<Box<dyn Backend>>,
-    context: Context,
+    host: HostRoot,
+    runner: CommandRunner,
 }
 
 impl std::fmt::Debug for Detector {
@@ -103,7 +107,8 @@ impl std::fmt::Debug for Detector {
         let names: Vec<_> = self.backends.iter().map(|b| b.name()).collect();
         f.debug_struct("Detector")
             .field("backends", &names)
-            .field("context", &self.context)
+            .field("host", &self.host)
+            .field("runner", &self.runner)
             .finish()
     }
 }
@@ -126,19 +131,21 @@ impl Detector {
     ) -> Self {
         Self {
             backends,
-            context: Context::new(host, runner),
+            host,
+            runner,
         }
     }
 
     /// Runs every backend concurrently and merges their findings. Per-backend timings are
     /// always returned; they go into the report only when `with_timings`.
     pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
+        let context = Context::new(self.host.clone(), self.runner.clone());
         let runs: Vec<BackendRun> = thread::scope(|scope| {
             let handles: Vec<_> = self
                 .backends
                 .iter()
                 .map(|backend| {
-                    let context = &self.context;
+                    let context = &context;
                     scope.spawn(move || run_one(backend.as_ref(), context))
                 })
                 .collect();
@@ -219,6 +226,39 @@ mod tests {
         fn detect(&self, _: &Context) -> Findings {
             panic!("parser bug")
         }
+    }
+
+    struct CountsPci;
+    impl Backend for CountsPci {
+        fn name(&self) -> &'static str {
+            "counts-pci"
+        }
+        fn detect(&self, ctx: &Context) -> Findings {
+            ctx.pci()
+                .iter()
+                .map(|f| Device::new(&f.address, Vendor::Other, Family::Asic, "x", "counts-pci"))
+                .fold(Findings::default(), |mut findings, device| {
+                    findings.devices.push(device);
+                    findings
+                })
+        }
+    }
+
+    #[test]
+    fn every_run_rescans_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let function = dir.path().join("sys/bus/pci/devices/0000:01:00.0");
+        std::fs::create_dir_all(&function).unwrap();
+        std::fs::write(function.join("vendor"), "0x1e52\n").unwrap();
+        std::fs::write(function.join("class"), "0x120000\n").unwrap();
+        let detector = Detector::with_backends(
+            HostRoot::new(dir.path()),
+            CommandRunner::new(Vec::new()),
+            vec![Box::new(CountsPci)],
+        );
+        assert_eq!(detector.run(false).0.devices.len(), 1);
+        std::fs::remove_dir_all(&function).unwrap();
+        assert_eq!(detector.run(false).0.devices.len(), 0);
     }
 
     #[test]

@@ -1,0 +1,383 @@
+//! The node agent against a real kube-apiserver: labels and inventory appear, a steady node
+//! causes no writes, devices leave only after the configured misses, a failing detector keeps
+//! the last good state and sets Degraded, foreign labels are untouched, long product names
+//! stay valid, and a deleted Node takes its inventory with it.
+//!
+//! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test cluster_agent --
+//! --ignored`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use hwaccel::agent::{Agent, AgentConfig, PublishOutcome, metrics::AgentMetrics};
+use hwaccel::api::{AcceleratorInventory, conditions};
+use hwaccel::detect::BackendSelection;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use support::{DEFAULT_TIMEOUT, TestCluster, wait_for};
+
+/// Installs (or updates) the generated CRDs and waits until they are served.
+async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in hwaccel::api::crds::all() {
+        let name = crd.metadata.name.clone().context("CRD without a name")?;
+        crds.patch(
+            &name,
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("installing CRD {name}"))?;
+        wait_for(DEFAULT_TIMEOUT, "CRD established", || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Creates a Node carrying a label of its own and one under our prefix owned by someone else.
+async fn create_node(client: &Client, name: &str) -> Result<Node> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+                ("team".to_string(), "ml-platform".to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    nodes.create(&PostParams::default(), &node).await?;
+    // An administrator pins one of our keys with kubectl's field manager.
+    let pinned = serde_json::json!({
+        "metadata": { "labels": { "hwaccel.io/pinned-by-admin": "yes" } }
+    });
+    Ok(nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&pinned))
+        .await?)
+}
+
+/// Copies a fixture host into a temp dir so a test can change it.
+fn copy_fixture(scenario: &str) -> Result<tempfile::TempDir> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/hosts")
+        .join(scenario);
+    let dir = tempfile::tempdir()?;
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", source.display()))
+        .arg(dir.path())
+        .status()?;
+    anyhow::ensure!(status.success(), "copying fixture {scenario}");
+    Ok(dir)
+}
+
+fn agent_for(client: &Client, node: &str, host: &Path, misses: u32) -> Agent {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let config = AgentConfig {
+        node_name: node.to_string(),
+        host_root: host.to_path_buf(),
+        backends: "all,-vulkan"
+            .parse::<BackendSelection>()
+            .expect("valid selection"),
+        tool_paths: vec![host.join("commands")],
+        tool_timeout: Duration::from_secs(10),
+        interval: Duration::from_secs(60),
+        hotplug_poll: Duration::from_secs(5),
+        misses_to_remove: misses,
+        max_backoff: Duration::from_secs(2),
+    };
+    Agent::new(
+        config,
+        client.clone(),
+        AgentMetrics::register(&mut registry),
+    )
+}
+
+async fn node_labels(client: &Client, node: &str) -> Result<BTreeMap<String, String>> {
+    let node: Node = Api::all(client.clone()).get(node).await?;
+    Ok(node.metadata.labels.unwrap_or_default())
+}
+
+fn ours(labels: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    labels
+        .iter()
+        .filter(|(k, _)| k.starts_with("hwaccel.io/") && *k != "hwaccel.io/pinned-by-admin")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn labels_and_inventory_appear_and_a_steady_node_writes_nothing() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("h100");
+    create_node(&client, &node).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let mut agent = agent_for(&client, &node, host.path(), 3);
+
+    let first = agent.cycle().await?;
+    assert_eq!(
+        first,
+        PublishOutcome {
+            labels_written: true,
+            inventory_written: true,
+            status_written: true
+        }
+    );
+    let labels = node_labels(&client, &node).await?;
+    assert_eq!(
+        labels.get("hwaccel.io/present").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        labels.get("hwaccel.io/count").map(String::as_str),
+        Some("8")
+    );
+    assert_eq!(labels.get("team").map(String::as_str), Some("ml-platform"));
+    assert_eq!(
+        labels.get("hwaccel.io/pinned-by-admin").map(String::as_str),
+        Some("yes")
+    );
+
+    let inventories: Api<AcceleratorInventory> = Api::all(client.clone());
+    let inventory = inventories.get(&node).await?;
+    let accelerators: Vec<_> = inventory
+        .spec
+        .devices
+        .iter()
+        .filter(|d| d.name.starts_with("gpu-"))
+        .collect();
+    assert_eq!(accelerators.len(), 8, "{:#?}", inventory.spec.devices);
+    let owner = &inventory
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Node", node.as_str())
+    );
+    let status = inventory.status.clone().unwrap_or_default();
+    assert!(conditions::is_true(&status.conditions, conditions::READY));
+
+    let table = cluster.kubectl_ok(&["get", "accinv", &node]).await?;
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "NODE", "ACCELERATORS", "PRODUCT", "MEMORY", "AGE"],
+        "{table}"
+    );
+    assert!(table.contains("NVIDIA H100 80GB HBM3"), "{table}");
+
+    // Ten more cycles on the unchanged host: nothing is written, so nothing moves.
+    let node_rv = Api::<Node>::all(client.clone())
+        .get(&node)
+        .await?
+        .metadata
+        .resource_version;
+    let inventory_rv = inventory.metadata.resource_version.clone();
+    for _ in 0..10 {
+        assert_eq!(agent.cycle().await?, PublishOutcome::default());
+    }
+    // A fresh agent (a restart) reads what is there and still writes nothing.
+    let mut restarted = agent_for(&client, &node, host.path(), 3);
+    assert_eq!(restarted.cycle().await?, PublishOutcome::default());
+    let after = Api::<Node>::all(client.clone()).get(&node).await?;
+    assert_eq!(after.metadata.resource_version, node_rv);
+    assert_eq!(
+        inventories.get(&node).await?.metadata.resource_version,
+        inventory_rv
+    );
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_removed_device_goes_only_after_the_misses_and_a_failing_detector_keeps_labels()
+-> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("a100");
+    create_node(&client, &node).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let misses = 2;
+    let mut agent = agent_for(&client, &node, host.path(), misses);
+    agent.cycle().await?;
+    let before = node_labels(&client, &node).await?;
+    assert_eq!(
+        before.get("hwaccel.io/count").map(String::as_str),
+        Some("8")
+    );
+
+    // The tool stops listing a GPU and sysfs loses its PCI function.
+    remove_gpu(host.path(), "0000:df:00.0")?;
+    agent.cycle().await?;
+    assert_eq!(
+        node_labels(&client, &node).await?.get("hwaccel.io/count"),
+        before.get("hwaccel.io/count")
+    );
+    agent.cycle().await?;
+    let after = node_labels(&client, &node).await?;
+    assert_eq!(
+        after.get("hwaccel.io/count").map(String::as_str),
+        Some("7"),
+        "{after:?}"
+    );
+
+    // Now the vendor tool breaks: labels stay as they were and Degraded is raised.
+    let tool = host.path().join("commands/nvidia-smi");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho 'Failed to initialize NVML: Driver/library version mismatch' >&2\nexit 18\n",
+    )?;
+    for _ in 0..(misses + 2) {
+        agent.cycle().await?;
+    }
+    let during = node_labels(&client, &node).await?;
+    assert_eq!(ours(&during), ours(&after));
+    let status = Api::<AcceleratorInventory>::all(client.clone())
+        .get(&node)
+        .await?
+        .status
+        .unwrap_or_default();
+    let degraded =
+        conditions::find(&status.conditions, conditions::DEGRADED).context("no Degraded")?;
+    assert_eq!(degraded.status, "True");
+    assert_eq!(degraded.reason, "DetectorFailed");
+    assert!(degraded.message.contains("nvidia"), "{}", degraded.message);
+    Ok(())
+}
+
+/// Removes one GPU from a fixture host copy: its sysfs function and its `nvidia-smi` rows.
+fn remove_gpu(host: &Path, bus_id: &str) -> Result<()> {
+    let function = host.join("sys/bus/pci/devices").join(bus_id);
+    if function.is_symlink() || function.is_file() {
+        std::fs::remove_file(&function)?;
+    } else {
+        std::fs::remove_dir_all(&function)?;
+    }
+    let short = bus_id.trim_start_matches("0000:").to_ascii_uppercase();
+    for capture in files_under(&host.join("commands"))? {
+        let text = std::fs::read_to_string(&capture).unwrap_or_default();
+        if text.to_ascii_uppercase().contains(&short) {
+            let kept: String = text
+                .lines()
+                .filter(|line| !line.to_ascii_uppercase().contains(&short))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            std::fs::write(&capture, kept)?;
+        }
+    }
+    Ok(())
+}
+
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            files.extend(files_under(&path)?);
+        } else if path.is_file() && path.extension().is_some_and(|e| e != "sh") {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_product_name_over_63_characters_gives_valid_labels_and_the_full_name_is_kept()
+-> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("long");
+    create_node(&client, &node).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let long_name = "NVIDIA H100 80GB HBM3 Engineering Sample Revision B with an extraordinarily long marketing name";
+    for capture in files_under(&host.path().join("commands"))? {
+        let text = std::fs::read_to_string(&capture).unwrap_or_default();
+        if text.contains("NVIDIA H100 80GB HBM3") {
+            std::fs::write(&capture, text.replace("NVIDIA H100 80GB HBM3", long_name))?;
+        }
+    }
+    let mut agent = agent_for(&client, &node, host.path(), 3);
+    agent.cycle().await?;
+
+    let labels = node_labels(&client, &node).await?;
+    let product = labels
+        .get("hwaccel.io/product")
+        .context("no product label")?;
+    assert!(product.len() <= 63, "{product}");
+    assert!(
+        product.starts_with("nvidia-h100-80gb-hbm3-engineering"),
+        "{product}"
+    );
+    let inventory = Api::<AcceleratorInventory>::all(client.clone())
+        .get(&node)
+        .await?;
+    let text = serde_json::to_string(&inventory.spec)?;
+    assert!(
+        text.contains(long_name),
+        "full name missing from the inventory"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn deleting_the_node_deletes_its_inventory() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-controller-manager's garbage collector)");
+        return Ok(());
+    }
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("gone");
+    create_node(&client, &node).await?;
+    let host = copy_fixture("cpu-only-vm").or_else(|_| copy_fixture("h100-8x-nvswitch"))?;
+    agent_for(&client, &node, host.path(), 3).cycle().await?;
+    let inventories: Api<AcceleratorInventory> = Api::all(client.clone());
+    inventories.get(&node).await?;
+
+    Api::<Node>::all(client.clone())
+        .delete(&node, &DeleteParams::default())
+        .await?;
+    wait_for(DEFAULT_TIMEOUT, "inventory garbage-collected", || {
+        let inventories = inventories.clone();
+        let node = node.clone();
+        async move { Ok(inventories.get_opt(&node).await?.is_none().then_some(())) }
+    })
+    .await?;
+    Ok(())
+}
