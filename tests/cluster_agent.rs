@@ -6,6 +6,8 @@
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test cluster_agent --
 //! --ignored`.
 
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -8,6 +8,8 @@
 //! Its own test binary, because it stops the shared apiserver (cargo runs test binaries one at
 //! a time).
 
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
 mod support;
 
 use std::collections::BTreeMap;
