@@ -670,18 +670,18 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// A copy of the chart whose files/crds/ holds exactly `crds` (file name, YAML).
-fn chart_with_crds(crds: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn chart_with_crds(crds: &[(&str, &str)]) -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir()?;
     let chart = dir.path().join("hwaccel-operator");
-    copy_tree(&chart_dir(), &chart).expect("copy chart");
+    copy_tree(&chart_dir(), &chart)?;
     let crd_dir = chart.join("files/crds");
-    for entry in std::fs::read_dir(&crd_dir).expect("files/crds") {
-        std::fs::remove_file(entry.expect("entry").path()).expect("clear files/crds");
+    for entry in std::fs::read_dir(&crd_dir)? {
+        std::fs::remove_file(entry?.path())?;
     }
     for (name, yaml) in crds {
-        std::fs::write(crd_dir.join(name), yaml).expect("write CRD");
+        std::fs::write(crd_dir.join(name), yaml)?;
     }
-    (dir, chart)
+    Ok((dir, chart))
 }
 
 const TEST_CRD: &str = "\
@@ -712,7 +712,7 @@ spec:
 #[test]
 fn crds_are_templates_kept_on_uninstall() {
     let test = "crds_are_templates_kept_on_uninstall";
-    let (_dir, chart) = chart_with_crds(&[("widgets.yaml", TEST_CRD)]);
+    let (_dir, chart) = chart_with_crds(&[("widgets.yaml", TEST_CRD)]).expect("chart copy");
     let Some(docs) = render_chart(test, &chart, "hwaccel", NAMESPACE, &[]) else {
         return;
     };
@@ -771,7 +771,8 @@ fn crds_dir_accepts_only_crds() {
     let (_dir, chart) = chart_with_crds(&[(
         "oops.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
-    )]);
+    )])
+    .expect("chart copy");
     let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &[]);
     assert!(result.is_err_and(|err| err.contains("other than a CustomResourceDefinition")));
 }
