@@ -369,10 +369,10 @@ fn rbac_is_least_privilege() {
                     );
                 }
             }
-            for escalation in ["escalate", "bind", "impersonate"] {
+            for forbidden_verb in ["escalate", "bind", "impersonate", "delete", "deletecollection"] {
                 assert!(
-                    !verbs.contains(&Value::from(escalation)),
-                    "{}: {escalation}",
+                    !verbs.contains(&Value::from(forbidden_verb)),
+                    "{}: {forbidden_verb}",
                     name_of(role)
                 );
             }
