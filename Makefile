@@ -59,8 +59,13 @@ manifests: chart-crds
 	@mv manifests/hwaccel-operator.yaml.tmp manifests/hwaccel-operator.yaml
 
 ## check-manifests: the chart lints clean and its CRD copy and manifests/ are up to date
+## (without helm: a warning locally, an error in CI)
 check-manifests:
-	@helm=$$($(FIND_HELM)) && "$$helm" lint --strict $(CHART) && \
+	@if ! helm=$$($(FIND_HELM)) || [ ! -x "$$helm" ]; then \
+	  if [ "$${CI:-}" = true ]; then echo "error: no helm binary to check the chart with" >&2; exit 1; fi; \
+	  echo "warning: no helm binary; skipping the chart checks" >&2; exit 0; \
+	fi; \
+	"$$helm" lint --strict $(CHART) && \
 	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	mkdir -p "$$tmp/crds" && { cp crds/*.yaml "$$tmp/crds/" 2>/dev/null || true; } && \
 	if ! diff -r -x .gitkeep "$$tmp/crds" $(CHART)/files/crds; then \

@@ -369,7 +369,13 @@ fn rbac_is_least_privilege() {
                     );
                 }
             }
-            for forbidden_verb in ["escalate", "bind", "impersonate", "delete", "deletecollection"] {
+            for forbidden_verb in [
+                "escalate",
+                "bind",
+                "impersonate",
+                "delete",
+                "deletecollection",
+            ] {
                 assert!(
                     !verbs.contains(&Value::from(forbidden_verb)),
                     "{}: {forbidden_verb}",
