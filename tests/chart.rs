@@ -1,0 +1,784 @@
+//! The Helm chart's security invariants, checked on `helm template` output: every container
+//! hardened, every host mount read-only and on the narrow list, RBAC without wildcards, the
+//! admission policies bound to the chart's own service accounts, optional parts rendered only
+//! when asked. Skipped with a notice when no helm binary is found (see `tests/helm/mod.rs`).
+
+mod helm;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use helm::{chart_dir, documents, find_helm, name_of, of_kind, skip_notice};
+
+const NAMESPACE: &str = "hwaccel-system";
+const NODE_NAME_CLAIM: &str = "authentication.kubernetes.io/node-name";
+
+/// Renders the repository's chart as release `hwaccel` in `hwaccel-system`, or `None` without
+/// helm. Panics with helm's message when rendering fails.
+fn render(test: &str, extra: &[&str]) -> Option<Vec<Value>> {
+    render_chart(test, &chart_dir(), "hwaccel", NAMESPACE, extra)
+}
+
+fn render_chart(
+    test: &str,
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    extra: &[&str],
+) -> Option<Vec<Value>> {
+    let Some(helm) = find_helm() else {
+        skip_notice(test);
+        return None;
+    };
+    match helm::template(&helm, chart, release, namespace, extra) {
+        Ok(yaml) => Some(documents(&yaml)),
+        Err(err) => panic!("helm template {extra:?} failed:\n{err}"),
+    }
+}
+
+/// Every pod template in the rendered objects, with the name of the workload it belongs to.
+fn pod_specs(docs: &[Value]) -> Vec<(String, &Value)> {
+    docs.iter()
+        .filter(|doc| {
+            matches!(
+                doc["kind"].as_str(),
+                Some("DaemonSet" | "Deployment" | "Job")
+            )
+        })
+        .map(|doc| {
+            let label = format!("{}/{}", doc["kind"].as_str().unwrap_or("?"), name_of(doc));
+            (label, &doc["spec"]["template"]["spec"])
+        })
+        .collect()
+}
+
+fn containers(pod: &Value) -> Vec<&Value> {
+    ["initContainers", "containers"]
+        .iter()
+        .filter_map(|field| pod[field].as_array())
+        .flatten()
+        .collect()
+}
+
+/// A container's setting, falling back to the pod's security context (Kubernetes' own rule
+/// for the fields both levels have).
+fn effective<'a>(pod: &'a Value, container: &'a Value, field: &str) -> &'a Value {
+    let own = &container["securityContext"][field];
+    if own.is_null() {
+        &pod["securityContext"][field]
+    } else {
+        own
+    }
+}
+
+fn assert_hardened(docs: &[Value], expect_non_root: bool) {
+    let pods = pod_specs(docs);
+    assert!(
+        pods.len() >= 3,
+        "expected agent, controller and cleanup pods, got {pods:?}"
+    );
+    for (workload, pod) in pods {
+        for flag in ["hostNetwork", "hostPID", "hostIPC"] {
+            assert_ne!(pod[flag], true, "{workload}: {flag}");
+        }
+        let all = containers(pod);
+        assert!(!all.is_empty(), "{workload} has no containers");
+        for container in all {
+            let what = format!("{workload} container {}", container["name"]);
+            let security = &container["securityContext"];
+            assert_eq!(
+                security["readOnlyRootFilesystem"], true,
+                "{what}: readOnlyRootFilesystem"
+            );
+            assert_eq!(
+                security["allowPrivilegeEscalation"], false,
+                "{what}: allowPrivilegeEscalation"
+            );
+            assert_ne!(security["privileged"], true, "{what}: privileged");
+            let dropped: Vec<&Value> = security["capabilities"]["drop"]
+                .as_array()
+                .map(|list| list.iter().collect())
+                .unwrap_or_default();
+            assert!(
+                dropped.contains(&&Value::from("ALL")),
+                "{what}: capabilities.drop lacks ALL"
+            );
+            let added = &security["capabilities"]["add"];
+            assert!(
+                added.is_null() || added.as_array().is_some_and(Vec::is_empty),
+                "{what}: adds capabilities {added}"
+            );
+            assert_eq!(
+                effective(pod, container, "seccompProfile")["type"],
+                "RuntimeDefault",
+                "{what}: seccomp"
+            );
+            if expect_non_root {
+                assert_eq!(
+                    effective(pod, container, "runAsNonRoot"),
+                    true,
+                    "{what}: runAsNonRoot"
+                );
+                let uid = effective(pod, container, "runAsUser");
+                assert!(
+                    uid.as_u64().is_some_and(|uid| uid > 0),
+                    "{what}: runAsUser {uid}"
+                );
+            }
+        }
+    }
+}
+
+fn agent_daemonset(docs: &[Value]) -> &Value {
+    let daemonsets = of_kind(docs, "DaemonSet");
+    assert_eq!(daemonsets.len(), 1, "exactly one DaemonSet (the agent)");
+    daemonsets[0]
+}
+
+#[test]
+fn default_render_has_every_component() {
+    let Some(docs) = render("default_render_has_every_component", &[]) else {
+        return;
+    };
+    let kinds: BTreeSet<&str> = docs.iter().filter_map(|doc| doc["kind"].as_str()).collect();
+    for kind in [
+        "DaemonSet",
+        "Deployment",
+        "PodDisruptionBudget",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "Service",
+        "Job",
+    ] {
+        assert!(
+            kinds.contains(kind),
+            "no {kind} in the default render: {kinds:?}"
+        );
+    }
+    assert!(
+        !kinds.contains("ServiceMonitor"),
+        "ServiceMonitor must be opt-in"
+    );
+
+    let agent = agent_daemonset(&docs);
+    let container = &agent["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().expect("agent env");
+    let node_name = env
+        .iter()
+        .find(|var| var["name"] == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(args.first(), Some(&"agent"));
+    assert!(args.contains(&"--node-name=$(NODE_NAME)"), "{args:?}");
+    assert!(args.contains(&"--host-root=/host"), "{args:?}");
+
+    let tolerations = &agent["spec"]["template"]["spec"]["tolerations"];
+    assert_eq!(
+        tolerations[0]["operator"], "Exists",
+        "the agent must run on tainted GPU nodes"
+    );
+    assert!(
+        tolerations[0]["key"].is_null(),
+        "tolerate every taint by default"
+    );
+
+    let deployments = of_kind(&docs, "Deployment");
+    let controller = deployments[0];
+    assert_eq!(controller["spec"]["replicas"], 2);
+    let pod = &controller["spec"]["template"]["spec"];
+    assert!(
+        pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            .is_array(),
+        "controller replicas should prefer different nodes"
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        for (workload, pod) in [
+            ("agent", &agent["spec"]["template"]["spec"]),
+            ("controller", pod),
+        ] {
+            assert_eq!(
+                pod["containers"][0][probe]["httpGet"]["port"], "metrics",
+                "{workload} {probe}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_container_is_hardened() {
+    let Some(docs) = render("every_container_is_hardened", &[]) else {
+        return;
+    };
+    assert_hardened(&docs, true);
+    let Some(docs) = render(
+        "every_container_is_hardened",
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "agent.supplementalGroups={44,109}",
+        ],
+    ) else {
+        return;
+    };
+    assert_hardened(&docs, true);
+    let pod = &agent_daemonset(&docs)["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["securityContext"]["supplementalGroups"],
+        serde_json::json!([44, 109])
+    );
+}
+
+#[test]
+fn run_as_root_switch_changes_only_the_agent_uid() {
+    let Some(docs) = render(
+        "run_as_root_switch_changes_only_the_agent_uid",
+        &["--set", "agent.runAsRoot=true"],
+    ) else {
+        return;
+    };
+    // Capabilities, read-only root and no privilege escalation stay for every container.
+    assert_hardened(&docs, false);
+    let agent = &agent_daemonset(&docs)["spec"]["template"]["spec"];
+    assert_eq!(agent["securityContext"]["runAsUser"], 0);
+    assert_eq!(agent["securityContext"]["runAsNonRoot"], false);
+    let controller = &of_kind(&docs, "Deployment")[0]["spec"]["template"]["spec"];
+    assert_eq!(
+        controller["securityContext"]["runAsNonRoot"], true,
+        "only the agent may run as root"
+    );
+}
+
+#[test]
+fn host_mounts_are_read_only_and_narrow() {
+    let Some(docs) = render("host_mounts_are_read_only_and_narrow", &[]) else {
+        return;
+    };
+    let mut host_paths = BTreeSet::new();
+    for (workload, pod) in pod_specs(&docs) {
+        let host_volumes: Vec<&Value> = pod["volumes"]
+            .as_array()
+            .map(|volumes| {
+                volumes
+                    .iter()
+                    .filter(|volume| volume["hostPath"].is_object())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !workload.starts_with("DaemonSet/") {
+            assert!(
+                host_volumes.is_empty(),
+                "{workload} mounts host paths: {host_volumes:?}"
+            );
+        }
+        for volume in host_volumes {
+            let path = volume["hostPath"]["path"].as_str().expect("hostPath.path");
+            host_paths.insert(path.to_string());
+            let mounts: Vec<&Value> = containers(pod)
+                .into_iter()
+                .filter_map(|container| container["volumeMounts"].as_array())
+                .flatten()
+                .filter(|mount| mount["name"] == volume["name"])
+                .collect();
+            assert!(
+                !mounts.is_empty(),
+                "{workload}: host volume {path} is never mounted"
+            );
+            for mount in mounts {
+                assert_eq!(
+                    mount["readOnly"], true,
+                    "{workload}: {path} must be mounted read-only"
+                );
+                let target = mount["mountPath"].as_str().unwrap_or_default();
+                assert!(
+                    target.starts_with("/host/"),
+                    "{workload}: {path} mounted at {target}"
+                );
+                assert!(
+                    mount["mountPropagation"].is_null(),
+                    "{workload}: {path} propagates mounts"
+                );
+            }
+        }
+    }
+    // The whole host /proc would show every host process; only single files are mounted.
+    let expected: BTreeSet<String> = [
+        "/sys",
+        "/dev",
+        "/proc/cpuinfo",
+        "/proc/meminfo",
+        "/proc/sys/kernel/osrelease",
+        "/etc/os-release",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(host_paths, expected);
+}
+
+#[test]
+fn rbac_is_least_privilege() {
+    let Some(docs) = render("rbac_is_least_privilege", &[]) else {
+        return;
+    };
+    let mut roles = of_kind(&docs, "ClusterRole");
+    roles.extend(of_kind(&docs, "Role"));
+    assert!(
+        roles.len() >= 4,
+        "agent, controller, cleanup and leader-election roles"
+    );
+    for role in &roles {
+        for rule in role["rules"].as_array().expect("rules") {
+            for field in ["apiGroups", "resources", "verbs"] {
+                let values = rule[field].as_array().expect(field);
+                assert!(
+                    !values.contains(&Value::from("*")),
+                    "{}: wildcard {field}",
+                    name_of(role)
+                );
+            }
+            let resources = rule["resources"].as_array().expect("resources");
+            let verbs = rule["verbs"].as_array().expect("verbs");
+            assert!(
+                !resources.contains(&Value::from("secrets")),
+                "{}: secrets",
+                name_of(role)
+            );
+            if resources.contains(&Value::from("nodes")) {
+                for forbidden in ["create", "delete", "deletecollection", "update"] {
+                    assert!(
+                        !verbs.contains(&Value::from(forbidden)),
+                        "{}: {forbidden} nodes",
+                        name_of(role)
+                    );
+                }
+            }
+            for forbidden_verb in [
+                "escalate",
+                "bind",
+                "impersonate",
+                "delete",
+                "deletecollection",
+            ] {
+                assert!(
+                    !verbs.contains(&Value::from(forbidden_verb)),
+                    "{}: {forbidden_verb}",
+                    name_of(role)
+                );
+            }
+        }
+    }
+    let agent = roles
+        .iter()
+        .find(|role| name_of(role) == "hwaccel-agent")
+        .expect("agent ClusterRole");
+    let node_rule = agent["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|rule| rule["resources"] == serde_json::json!(["nodes"]))
+        .expect("agent node rule");
+    assert_eq!(
+        node_rule["verbs"],
+        serde_json::json!(["get", "patch"]),
+        "the agent never lists or watches Nodes"
+    );
+}
+
+#[test]
+fn admission_policies_match_the_chart_service_accounts() {
+    // A release name and namespace other than the defaults, so a hard-coded name would show.
+    let Some(docs) = render_chart(
+        "admission_policies_match_the_chart_service_accounts",
+        &chart_dir(),
+        "gpu-labels",
+        "platform-ops",
+        &[],
+    ) else {
+        return;
+    };
+    let agent = agent_daemonset(&docs);
+    let namespace = agent["metadata"]["namespace"].as_str().expect("namespace");
+    let service_account = agent["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("SA");
+    assert_eq!(namespace, "platform-ops");
+    let agent_user = format!("system:serviceaccount:{namespace}:{service_account}");
+
+    let policies = of_kind(&docs, "ValidatingAdmissionPolicy");
+    assert_eq!(policies.len(), 2, "node writes and agent inventory writes");
+    for policy in &policies {
+        let spec = &policy["spec"];
+        assert_eq!(spec["failurePolicy"], "Fail", "{}", name_of(policy));
+        let conditions = spec["matchConditions"].to_string();
+        assert!(
+            conditions.contains(&format!("'{agent_user}'")),
+            "{} does not match {agent_user}: {conditions}",
+            name_of(policy)
+        );
+        let checks = format!("{}{}", spec["variables"], spec["validations"]);
+        assert!(
+            checks.contains(NODE_NAME_CLAIM),
+            "{} ignores the node-name claim",
+            name_of(policy)
+        );
+        let resources = spec["matchConstraints"]["resourceRules"].to_string();
+        let operations = spec["matchConstraints"]["resourceRules"][0]["operations"].to_string();
+        assert!(
+            operations.contains("UPDATE") && operations.contains("CREATE"),
+            "{}: {operations}",
+            name_of(policy)
+        );
+        assert!(
+            resources.contains("nodes") || resources.contains("acceleratorinventories"),
+            "{resources}"
+        );
+    }
+    let inventory = policies
+        .iter()
+        .find(|policy| {
+            policy["spec"]["matchConstraints"]["resourceRules"]
+                .to_string()
+                .contains("acceleratorinventories/status")
+        })
+        .expect("a policy over acceleratorinventories and their status");
+    assert!(
+        inventory["spec"]["validations"]
+            .to_string()
+            .contains("object.metadata.name == variables.boundNode")
+    );
+    let nodes = policies
+        .iter()
+        .find(|policy| {
+            policy["spec"]["matchConstraints"]["resourceRules"]
+                .to_string()
+                .contains("\"nodes\"")
+        })
+        .expect("a policy over nodes");
+    let prefixes = nodes["spec"]["variables"].to_string();
+    assert!(
+        prefixes.contains("['hwaccel.io/']"),
+        "the agent's label prefix: {prefixes}"
+    );
+
+    let bindings = of_kind(&docs, "ValidatingAdmissionPolicyBinding");
+    let policy_names: BTreeSet<&str> = policies.iter().map(|policy| name_of(policy)).collect();
+    let bound: BTreeSet<&str> = bindings
+        .iter()
+        .filter_map(|binding| binding["spec"]["policyName"].as_str())
+        .collect();
+    assert_eq!(policy_names, bound, "every policy has a binding");
+    for binding in bindings {
+        assert_eq!(
+            binding["spec"]["validationActions"],
+            serde_json::json!(["Deny"])
+        );
+    }
+}
+
+#[test]
+fn admission_policies_can_be_turned_off() {
+    let Some(docs) = render(
+        "admission_policies_can_be_turned_off",
+        &["--set", "admissionPolicy.enabled=false"],
+    ) else {
+        return;
+    };
+    assert!(of_kind(&docs, "ValidatingAdmissionPolicy").is_empty());
+    assert!(of_kind(&docs, "ValidatingAdmissionPolicyBinding").is_empty());
+}
+
+#[test]
+fn service_monitors_select_the_metrics_services() {
+    let Some(docs) = render(
+        "service_monitors_select_the_metrics_services",
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.labels.release=prom",
+        ],
+    ) else {
+        return;
+    };
+    let monitors = of_kind(&docs, "ServiceMonitor");
+    assert_eq!(
+        monitors.len(),
+        2,
+        "one for the agents, one for the controller"
+    );
+    let services = of_kind(&docs, "Service");
+    for monitor in monitors {
+        assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+        assert_eq!(monitor["metadata"]["labels"]["release"], "prom");
+        let selector = monitor["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .expect("matchLabels");
+        let selected: Vec<&&Value> = services
+            .iter()
+            .filter(|service| {
+                selector
+                    .iter()
+                    .all(|(key, value)| &service["metadata"]["labels"][key] == value)
+            })
+            .collect();
+        assert_eq!(
+            selected.len(),
+            1,
+            "{} selects {} Services",
+            name_of(monitor),
+            selected.len()
+        );
+        let port = &monitor["spec"]["endpoints"][0]["port"];
+        assert_eq!(port, "metrics");
+        assert!(
+            selected[0]["spec"]["ports"]
+                .to_string()
+                .contains("\"metrics\"")
+        );
+    }
+}
+
+#[test]
+fn schema_rejects_unknown_and_unsafe_values() {
+    let Some(helm) = find_helm() else {
+        skip_notice("schema_rejects_unknown_and_unsafe_values");
+        return;
+    };
+    let chart = chart_dir();
+    for bad in [
+        "agent.bogus=1",
+        "agent.hostMounts.extra[0].name=x,agent.hostMounts.extra[0].hostPath=/etc,agent.hostMounts.extra[0].mountPath=/etc",
+        "logFormat=xml",
+        "admissionPolicy.failurePolicy=Maybe",
+    ] {
+        let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", bad]);
+        assert!(
+            result.is_err(),
+            "--set {bad} should be rejected by values.schema.json"
+        );
+    }
+}
+
+#[test]
+fn pdb_only_with_two_or_more_replicas() {
+    let Some(docs) = render(
+        "pdb_only_with_two_or_more_replicas",
+        &["--set", "controller.replicas=1"],
+    ) else {
+        return;
+    };
+    assert!(
+        of_kind(&docs, "PodDisruptionBudget").is_empty(),
+        "minAvailable 1 of 1 would block drains"
+    );
+}
+
+#[test]
+fn cleanup_rights_exist_only_while_the_hook_runs() {
+    let Some(docs) = render("cleanup_rights_exist_only_while_the_hook_runs", &[]) else {
+        return;
+    };
+    let cleanup: Vec<&Value> = docs
+        .iter()
+        .filter(|doc| doc["metadata"]["labels"]["app.kubernetes.io/component"] == "cleanup")
+        .collect();
+    let kinds: BTreeSet<&str> = cleanup
+        .iter()
+        .filter_map(|doc| doc["kind"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"])
+    );
+    for doc in cleanup {
+        let annotations = &doc["metadata"]["annotations"];
+        assert_eq!(annotations["helm.sh/hook"], "pre-delete", "{}", doc["kind"]);
+        let policy = annotations["helm.sh/hook-delete-policy"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            policy.contains("hook-succeeded"),
+            "{}: {policy}",
+            doc["kind"]
+        );
+        if doc["kind"] != "Job" {
+            assert!(
+                policy.contains("hook-failed"),
+                "{} outlives a failed cleanup: {policy}",
+                doc["kind"]
+            );
+        }
+    }
+    let job = of_kind(&docs, "Job")[0];
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["args"],
+        serde_json::json!(["cleanup", "--all-nodes"])
+    );
+    let Some(docs) = render(
+        "cleanup_rights_exist_only_while_the_hook_runs",
+        &["--set", "cleanup.enabled=false"],
+    ) else {
+        return;
+    };
+    assert!(of_kind(&docs, "Job").is_empty());
+}
+
+#[test]
+fn committed_manifests_have_no_hooks() {
+    // kubectl apply would run a hook Job at once: the uninstall cleanup must not be in there.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/hwaccel-operator.yaml");
+    let text =
+        std::fs::read_to_string(&path).expect("manifests/hwaccel-operator.yaml (make manifests)");
+    let docs = documents(&text);
+    assert!(!of_kind(&docs, "DaemonSet").is_empty());
+    for doc in &docs {
+        assert!(
+            doc["metadata"]["annotations"]["helm.sh/hook"].is_null(),
+            "hook in manifests: {}",
+            name_of(doc)
+        );
+        if doc["metadata"]["namespace"].is_string() {
+            assert_eq!(doc["metadata"]["namespace"], NAMESPACE);
+        }
+    }
+}
+
+/// Copies a directory tree (the chart) so a test can add files to its copy.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// A copy of the chart whose files/crds/ holds exactly `crds` (file name, YAML).
+fn chart_with_crds(crds: &[(&str, &str)]) -> std::io::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let chart = dir.path().join("hwaccel-operator");
+    copy_tree(&chart_dir(), &chart)?;
+    let crd_dir = chart.join("files/crds");
+    for entry in std::fs::read_dir(&crd_dir)? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    for (name, yaml) in crds {
+        std::fs::write(crd_dir.join(name), yaml)?;
+    }
+    Ok((dir, chart))
+}
+
+const TEST_CRD: &str = "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.hwaccel.io
+  annotations:
+    generated-by: hwaccel crds
+spec:
+  group: hwaccel.io
+  names: {kind: Widget, plural: widgets}
+  scope: Cluster
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              count: {type: integer, minimum: 0, maximum: 4096}
+";
+
+#[test]
+fn crds_are_templates_kept_on_uninstall() {
+    let test = "crds_are_templates_kept_on_uninstall";
+    let (_dir, chart) = chart_with_crds(&[("widgets.yaml", TEST_CRD)]).expect("chart copy");
+    let Some(docs) = render_chart(test, &chart, "hwaccel", NAMESPACE, &[]) else {
+        return;
+    };
+    let crds = of_kind(&docs, "CustomResourceDefinition");
+    assert_eq!(crds.len(), 1);
+    let crd = crds[0];
+    assert_eq!(
+        crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    assert_eq!(
+        crd["metadata"]["annotations"]["generated-by"], "hwaccel crds",
+        "own annotations survive"
+    );
+    assert_eq!(
+        crd["metadata"]["labels"]["app.kubernetes.io/part-of"],
+        "hwaccel-operator"
+    );
+    let count = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["count"];
+    assert_eq!(
+        count["maximum"], 4096,
+        "the schema passes through unchanged"
+    );
+
+    let Some(docs) = render_chart(
+        test,
+        &chart,
+        "hwaccel",
+        NAMESPACE,
+        &["--set", "crds.keep=false"],
+    ) else {
+        return;
+    };
+    let crd = of_kind(&docs, "CustomResourceDefinition")[0];
+    assert!(crd["metadata"]["annotations"]["helm.sh/resource-policy"].is_null());
+
+    let Some(docs) = render_chart(
+        test,
+        &chart,
+        "hwaccel",
+        NAMESPACE,
+        &["--set", "crds.install=false"],
+    ) else {
+        return;
+    };
+    assert!(of_kind(&docs, "CustomResourceDefinition").is_empty());
+}
+
+#[test]
+fn crds_dir_accepts_only_crds() {
+    let Some(helm) = find_helm() else {
+        skip_notice("crds_dir_accepts_only_crds");
+        return;
+    };
+    let (_dir, chart) = chart_with_crds(&[(
+        "oops.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+    )])
+    .expect("chart copy");
+    let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &[]);
+    assert!(result.is_err_and(|err| err.contains("other than a CustomResourceDefinition")));
+}

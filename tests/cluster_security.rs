@@ -1,0 +1,698 @@
+//! The chart's security model against a real kube-apiserver: the RBAC and admission objects
+//! rendered by `helm template` are applied, then requests are made with real ServiceAccount
+//! tokens. An agent token bound to a pod on node A may label node A under `hwaccel.io/` and
+//! write inventory A, and is denied node B, inventory B, labels outside its prefix, taints,
+//! and everything when the token is not bound to a pod. The controller's token may only touch
+//! `placement.hwaccel.io/` labels.
+//!
+//! Needs a cluster: `tests/cluster/up.sh` then `source target/testcluster/env` (KUBECONFIG),
+//! and `cargo test --test cluster_security -- --include-ignored`. Each test renders the chart
+//! under its own name prefix (release, namespace, object names), so tests can share a cluster.
+
+mod helm;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+use helm::{documents, find_helm, name_of, skip_notice};
+
+const AGENT_MANAGER: &str = "hwaccel-agent";
+const CONTROLLER_MANAGER: &str = "hwaccel-controller";
+const TEST_MANAGER: &str = "hwaccel-tests";
+/// Field manager of the warm-up probes, kept apart so later applies never inherit their fields.
+const PROBE_MANAGER: &str = "hwaccel-probe";
+const INVENTORY_CRD: &str = "acceleratorinventories.hwaccel.io";
+/// RBAC and admission policies reach the API server's caches a moment after they are written.
+const PROPAGATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The kinds of the chart that make up its security model (no workloads: nothing here runs
+/// the operator, the test makes the requests the operator would).
+const SECURITY_KINDS: [&str; 7] = [
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+/// One test's slice of the cluster: a name prefix used as release name, namespace,
+/// `fullnameOverride` and node-name prefix.
+struct Fixture {
+    admin: Client,
+    prefix: String,
+    cluster_scoped: Vec<(ApiResource, String)>,
+}
+
+impl Fixture {
+    /// Renders the chart under a fresh prefix and applies its security objects. `None` when
+    /// there is no helm binary.
+    async fn install(tag: &str) -> Result<Option<Self>> {
+        let Some(helm) = find_helm() else {
+            skip_notice(tag);
+            return Ok(None);
+        };
+        let admin = Client::try_default()
+            .await
+            .context("no cluster: run tests/cluster/up.sh and source its env file (KUBECONFIG)")?;
+        let prefix = unique_prefix(tag);
+        let namespaces: Api<Namespace> = Api::all(admin.clone());
+        let namespace = serde_json::from_value(json!({"metadata": {"name": prefix}}))?;
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await?;
+
+        let rendered = helm::template(
+            &helm,
+            &helm::chart_dir(),
+            &prefix,
+            &prefix,
+            &[
+                "--set",
+                &format!("fullnameOverride={prefix}"),
+                "--set",
+                "crds.install=false",
+            ],
+        )
+        .map_err(|err| anyhow!("helm template failed: {err}"))?;
+        let mut fixture = Self {
+            admin,
+            prefix,
+            cluster_scoped: Vec::new(),
+        };
+        for doc in documents(&rendered) {
+            let kind = doc["kind"].as_str().unwrap_or_default();
+            let is_hook = !doc["metadata"]["annotations"]["helm.sh/hook"].is_null();
+            if SECURITY_KINDS.contains(&kind) && !is_hook {
+                fixture.apply(&doc).await?;
+            }
+        }
+        Ok(Some(fixture))
+    }
+
+    /// Server-side applies one rendered object as the admin.
+    async fn apply(&mut self, doc: &Value) -> Result<()> {
+        let (resource, scope) = resource_of(&self.admin, doc).await?;
+        let name = name_of(doc).to_string();
+        let api: Api<DynamicObject> = match scope {
+            Scope::Cluster => {
+                self.cluster_scoped.push((resource.clone(), name.clone()));
+                Api::all_with(self.admin.clone(), &resource)
+            }
+            Scope::Namespaced => {
+                let namespace = doc["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or(&self.prefix);
+                Api::namespaced_with(self.admin.clone(), namespace, &resource)
+            }
+        };
+        let params = PatchParams::apply(TEST_MANAGER).force();
+        api.patch(&name, &params, &Patch::Apply(doc))
+            .await
+            .with_context(|| format!("applying {} {name}", resource.kind))?;
+        Ok(())
+    }
+
+    fn user(&self, component: &str) -> String {
+        format!("{}-{component}", self.prefix)
+    }
+
+    fn policy(&self, which: &str) -> String {
+        format!("{}-{which}", self.prefix)
+    }
+
+    /// A Node (not run by anything; kwok, when present, marks it Ready).
+    async fn create_node(&mut self, suffix: &str) -> Result<Node> {
+        let name = format!("{}-{suffix}", self.prefix);
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "labels": {"team": "ml", "kubernetes.io/hostname": name},
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+            },
+        }))?;
+        let created = Api::<Node>::all(self.admin.clone())
+            .create(&PostParams::default(), &node)
+            .await?;
+        self.cluster_scoped
+            .push((ApiResource::erase::<Node>(&()), name));
+        Ok(created)
+    }
+
+    /// A pod of `service_account` bound to `node` (never started: spec.nodeName is all the
+    /// API server needs to put the node into the pod's tokens).
+    async fn create_pod_on(&self, node: &str, service_account: &str) -> Result<Pod> {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("agent-on-{node}")},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": service_account,
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "agent", "image": "registry.invalid/hwaccel:test"}],
+            },
+        }))?;
+        Ok(Api::<Pod>::namespaced(self.admin.clone(), &self.prefix)
+            .create(&PostParams::default(), &pod)
+            .await?)
+    }
+
+    /// A client authenticated with a fresh token of `service_account`, bound to `pod` if given.
+    async fn client_as(&self, service_account: &str, pod: Option<&Pod>) -> Result<Client> {
+        let bound_object_ref = pod.map(|pod| BoundObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+        });
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                // None: the API server's own audience.
+                audiences: None,
+                bound_object_ref,
+                expiration_seconds: Some(600),
+            }),
+            ..TokenRequest::default()
+        };
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), &self.prefix);
+        let response = accounts
+            .create_token_request(service_account, &PostParams::default(), &request)
+            .await?;
+        let token = response
+            .status
+            .map(|status| status.token)
+            .context("TokenRequest without a token")?;
+        let mut config = Config::infer().await?;
+        // Drop the admin's client certificate; the bearer token is the only identity.
+        config.auth_info = serde_json::from_value(json!({"token": token}))?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Best-effort removal of what the test created outside its namespace.
+    async fn clean_up(self) {
+        for (resource, name) in self.cluster_scoped.iter().rev() {
+            let api: Api<DynamicObject> = Api::all_with(self.admin.clone(), resource);
+            let _ = api.delete(name, &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// `hwsec-<tag>-<hex>`: unique per run, a valid DNS label, at most 40 characters.
+fn unique_prefix(tag: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let seconds = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let tag: String = tag
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    format!(
+        "hwsec-{}-{:x}",
+        tag.to_ascii_lowercase(),
+        (seconds << 20) ^ u64::from(nanos) ^ u64::from(std::process::id())
+    )
+}
+
+/// Finds the API resource and scope of a rendered object through discovery.
+async fn resource_of(client: &Client, doc: &Value) -> Result<(ApiResource, Scope)> {
+    let api_version = doc["apiVersion"].as_str().context("apiVersion")?;
+    let kind = doc["kind"].as_str().context("kind")?;
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let (resource, capabilities) =
+        pinned_kind(client, &GroupVersionKind::gvk(group, version, kind)).await?;
+    Ok((resource, capabilities.scope))
+}
+
+fn label_patch(node: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}})
+}
+
+/// Server-side applies labels to a node as `manager`.
+async fn apply_labels(
+    client: &Client,
+    manager: &str,
+    node: &str,
+    labels: Value,
+) -> kube::Result<Node> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::apply(manager),
+            &Patch::Apply(label_patch(node, labels)),
+        )
+        .await
+}
+
+/// Fails unless `result` is a 403 from the named admission policy.
+fn assert_denied_by<T>(result: kube::Result<T>, policy: &str, what: &str) -> Result<()> {
+    match result {
+        Ok(_) => bail!("{what}: allowed, but policy {policy} should deny it"),
+        Err(kube::Error::Api(status))
+            if status.code == 403 && status.message.contains(&format!("'{policy}'")) =>
+        {
+            Ok(())
+        }
+        Err(err) => bail!("{what}: expected a denial by {policy}, got {err}"),
+    }
+}
+
+/// Repeats `attempt` until the policy denies it, proving RBAC and the policy are both live.
+/// Each attempt gets a new number to write: the policies judge changes, so re-applying a
+/// value that an early attempt (before the policy was live) stored would pass.
+async fn wait_until_enforced<T, F, Fut>(policy: &str, mut attempt: F) -> Result<()>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = kube::Result<T>>,
+{
+    let deadline = Instant::now() + PROPAGATION_TIMEOUT;
+    for round in 0.. {
+        let outcome = attempt(round).await;
+        let Err(not_yet) = assert_denied_by(outcome, policy, "probe") else {
+            return Ok(());
+        };
+        ensure!(
+            Instant::now() < deadline,
+            "policy {policy} not enforced after {PROPAGATION_TIMEOUT:?}; last outcome: {not_yet:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+fn labels_of(node: &Node) -> std::collections::BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn agent_token_is_confined_to_its_own_node() -> Result<()> {
+    let Some(mut fixture) = Fixture::install("agent").await? else {
+        return Ok(());
+    };
+    let node_a = fixture.create_node("a").await?;
+    let node_b = fixture.create_node("b").await?;
+    let (a, b) = (
+        node_a.metadata.name.clone().unwrap_or_default(),
+        node_b.metadata.name.clone().unwrap_or_default(),
+    );
+    let agent_sa = fixture.user("agent");
+    let pod = fixture.create_pod_on(&a, &agent_sa).await?;
+    let agent = fixture.client_as(&agent_sa, Some(&pod)).await?;
+    let node_policy = fixture.policy("node-writes");
+    let nodes_as_agent: Api<Node> = Api::all(agent.clone());
+
+    wait_until_enforced(&node_policy, |round| {
+        apply_labels(
+            &agent,
+            PROBE_MANAGER,
+            &b,
+            json!({"hwaccel.io/probe": round.to_string()}),
+        )
+    })
+    .await?;
+
+    // Its own node, its own prefix: allowed, and removable again by applying without it.
+    apply_labels(
+        &agent,
+        AGENT_MANAGER,
+        &a,
+        json!({"hwaccel.io/x": "1", "hwaccel.io/product": "h100"}),
+    )
+    .await?;
+    let labels = labels_of(&Api::<Node>::all(fixture.admin.clone()).get(&a).await?);
+    ensure!(
+        labels.get("hwaccel.io/x").map(String::as_str) == Some("1"),
+        "label not written: {labels:?}"
+    );
+    apply_labels(
+        &agent,
+        AGENT_MANAGER,
+        &a,
+        json!({"hwaccel.io/product": "h100"}),
+    )
+    .await?;
+    let labels = labels_of(&Api::<Node>::all(fixture.admin.clone()).get(&a).await?);
+    ensure!(
+        !labels.contains_key("hwaccel.io/x"),
+        "server-side apply did not remove the label: {labels:?}"
+    );
+    ensure!(
+        labels.get("team").map(String::as_str) == Some("ml"),
+        "someone else's label changed: {labels:?}"
+    );
+
+    assert_denied_by(
+        apply_labels(&agent, AGENT_MANAGER, &b, json!({"hwaccel.io/x": "1"})).await,
+        &node_policy,
+        "agent on A labels node B",
+    )?;
+    assert_denied_by(
+        apply_labels(&agent, AGENT_MANAGER, &a, json!({"example.com/x": "1"})).await,
+        &node_policy,
+        "agent adds a label outside hwaccel.io/",
+    )?;
+    assert_denied_by(
+        apply_labels(
+            &agent,
+            AGENT_MANAGER,
+            &a,
+            json!({"placement.hwaccel.io/x": "1"}),
+        )
+        .await,
+        &node_policy,
+        "agent adds a controller label",
+    )?;
+    let relabel = json!({"metadata": {"labels": {"team": "other"}}});
+    assert_denied_by(
+        nodes_as_agent
+            .patch(&a, &PatchParams::default(), &Patch::Merge(&relabel))
+            .await,
+        &node_policy,
+        "agent changes a label it does not own",
+    )?;
+    let taint = json!({"spec": {"taints": [{"key": "x", "value": "y", "effect": "NoSchedule"}]}});
+    assert_denied_by(
+        nodes_as_agent
+            .patch(&a, &PatchParams::default(), &Patch::Merge(&taint))
+            .await,
+        &node_policy,
+        "agent taints its node",
+    )?;
+    let annotate = json!({"metadata": {"annotations": {"example.com/x": "1"}}});
+    assert_denied_by(
+        nodes_as_agent
+            .patch(&a, &PatchParams::default(), &Patch::Merge(&annotate))
+            .await,
+        &node_policy,
+        "agent annotates its node",
+    )?;
+    let new_node = format!("{}-c", fixture.prefix);
+    match apply_labels(
+        &agent,
+        AGENT_MANAGER,
+        &new_node,
+        json!({"hwaccel.io/x": "1"}),
+    )
+    .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        other => bail!("agent creating a Node: expected 403, got {other:?}"),
+    }
+
+    // A token of the same account that is not bound to a pod carries no node: denied outright.
+    let unbound = fixture.client_as(&agent_sa, None).await?;
+    assert_denied_by(
+        apply_labels(&unbound, AGENT_MANAGER, &a, json!({"hwaccel.io/x": "1"})).await,
+        &node_policy,
+        "agent token without a node-name claim",
+    )?;
+
+    check_inventories(&fixture, &agent, &node_a, &node_b).await?;
+    fixture.clean_up().await;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn controller_token_may_only_touch_placement_labels() -> Result<()> {
+    let Some(mut fixture) = Fixture::install("ctrl").await? else {
+        return Ok(());
+    };
+    let node = fixture
+        .create_node("a")
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    let controller = fixture.client_as(&fixture.user("controller"), None).await?;
+    let node_policy = fixture.policy("node-writes");
+
+    wait_until_enforced(&node_policy, |round| {
+        apply_labels(
+            &controller,
+            PROBE_MANAGER,
+            &node,
+            json!({"hwaccel.io/probe": round.to_string()}),
+        )
+    })
+    .await?;
+    apply_labels(
+        &controller,
+        CONTROLLER_MANAGER,
+        &node,
+        json!({"placement.hwaccel.io/serve-llama": "true"}),
+    )
+    .await?;
+    let taint = json!({"spec": {"unschedulable": true}});
+    assert_denied_by(
+        Api::<Node>::all(controller.clone())
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&taint))
+            .await,
+        &node_policy,
+        "controller cordons a node",
+    )?;
+    let labels = labels_of(&Api::<Node>::all(fixture.admin.clone()).get(&node).await?);
+    ensure!(
+        labels
+            .get("placement.hwaccel.io/serve-llama")
+            .map(String::as_str)
+            == Some("true"),
+        "{labels:?}"
+    );
+    assert_denied_by(
+        apply_labels(
+            &controller,
+            CONTROLLER_MANAGER,
+            &node,
+            json!({"placement.hwaccel.io/serve-llama": "true", "hwaccel.io/product": "h100"}),
+        )
+        .await,
+        &node_policy,
+        "controller writes an agent label",
+    )?;
+    fixture.clean_up().await;
+    Ok(())
+}
+
+/// Inventory A is the agent's to write (object and status); inventory B is not. Needs the
+/// AcceleratorInventory CRD from the repository's generated `crds/`; without it this part is
+/// skipped with a notice.
+async fn check_inventories(
+    fixture: &Fixture,
+    agent: &Client,
+    node_a: &Node,
+    node_b: &Node,
+) -> Result<()> {
+    let Some(crd) = repository_crd(INVENTORY_CRD)? else {
+        eprintln!(
+            "NOTICE: crds/ has no {INVENTORY_CRD}: inventory checks skipped (run `make generate`)"
+        );
+        return Ok(());
+    };
+    let resource = install_crd(&fixture.admin, &crd).await?;
+    let inventories: Api<DynamicObject> = Api::all_with(agent.clone(), &resource);
+    let policy = fixture.policy("agent-inventory");
+    let schema = storage_schema(&crd).context("CRD without a storage version schema")?;
+    let inventory_for = |node: &Node| -> Result<Value> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let mut object = minimal_instance(schema, &name);
+        object["apiVersion"] = json!(resource.api_version);
+        object["kind"] = json!(resource.kind);
+        object["metadata"] = json!({
+            "name": name,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.metadata.uid}],
+        });
+        if let Some(object) = object.as_object_mut() {
+            object.remove("status");
+        }
+        Ok(object)
+    };
+    let a = node_a.metadata.name.clone().unwrap_or_default();
+    let b = node_b.metadata.name.clone().unwrap_or_default();
+    let apply = PatchParams::apply(AGENT_MANAGER);
+
+    // Denied by name, so repeating the same object is a fair probe.
+    wait_until_enforced(&policy, |_| async {
+        let object = inventory_for(node_b).map_err(|err| kube::Error::Service(err.into()))?;
+        inventories.patch(&b, &apply, &Patch::Apply(&object)).await
+    })
+    .await?;
+    inventories
+        .patch(&a, &apply, &Patch::Apply(&inventory_for(node_a)?))
+        .await
+        .with_context(|| {
+            format!(
+                "agent writes its own inventory {a} (if 422: adjust minimal_instance to the CRD)"
+            )
+        })?;
+    if let Some(status_schema) = schema.get("properties").and_then(|p| p.get("status")) {
+        let status = json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {"name": a},
+            "status": minimal_instance(status_schema, &a),
+        });
+        inventories
+            .patch_status(&a, &apply, &Patch::Apply(&status))
+            .await
+            .context("agent writes its inventory's status")?;
+    }
+    let mut stolen = inventory_for(node_a)?;
+    stolen["metadata"]["ownerReferences"][0] =
+        json!({"apiVersion": "v1", "kind": "Node", "name": b, "uid": node_b.metadata.uid});
+    assert_denied_by(
+        inventories.patch(&a, &apply, &Patch::Apply(&stolen)).await,
+        &policy,
+        "agent makes its inventory owned by another node",
+    )?;
+    assert_denied_by(
+        inventories
+            .patch(&b, &apply, &Patch::Apply(&inventory_for(node_b)?))
+            .await,
+        &policy,
+        "agent on A writes inventory B",
+    )?;
+    match inventories.delete(&a, &DeleteParams::default()).await {
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+        other => {
+            bail!("agent deleting its inventory: expected 403 (no delete right), got {other:?}")
+        }
+    }
+}
+
+/// The CRD named `name` from the repository's `crds/*.yaml`, if generated.
+fn repository_crd(name: &str) -> Result<Option<Value>> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(None);
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == "yaml") {
+            let text = std::fs::read_to_string(&path)?;
+            if let Some(crd) = documents(&text)
+                .into_iter()
+                .find(|doc| name_of(doc) == name)
+            {
+                return Ok(Some(crd));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Applies a CRD and waits until it is established and served.
+async fn install_crd(admin: &Client, crd: &Value) -> Result<ApiResource> {
+    let name = name_of(crd).to_string();
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        &name,
+        &PatchParams::apply(TEST_MANAGER).force(),
+        &Patch::Apply(crd),
+    )
+    .await?;
+    let deadline = Instant::now() + PROPAGATION_TIMEOUT;
+    loop {
+        let established = crds
+            .get(&name)
+            .await?
+            .status
+            .and_then(|status| status.conditions)
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|condition| condition.type_ == "Established" && condition.status == "True")
+            });
+        if established {
+            let group = crd["spec"]["group"].as_str().unwrap_or_default();
+            let version = storage_version(crd).context("CRD without a storage version")?;
+            let kind = crd["spec"]["names"]["kind"].as_str().unwrap_or_default();
+            if let Ok((resource, _)) =
+                pinned_kind(admin, &GroupVersionKind::gvk(group, version, kind)).await
+            {
+                return Ok(resource);
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "CRD {name} not served after {PROPAGATION_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn storage_version(crd: &Value) -> Option<&str> {
+    crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|version| version["storage"] == true)?["name"]
+        .as_str()
+}
+
+fn storage_schema(crd: &Value) -> Option<&Value> {
+    let version = crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|version| version["storage"] == true)?;
+    version.get("schema")?.get("openAPIV3Schema")
+}
+
+/// The smallest object the schema accepts, as far as a test can guess one: required fields
+/// only, enums and defaults honoured, minimums met; strings are `text` (the node name, which
+/// also satisfies DNS-style patterns).
+fn minimal_instance(schema: &Value, text: &str) -> Value {
+    if let Some(first) = schema["enum"].as_array().and_then(|values| values.first()) {
+        return first.clone();
+    }
+    if !schema["default"].is_null() {
+        return schema["default"].clone();
+    }
+    match schema["type"].as_str() {
+        Some("object") => {
+            let mut object = serde_json::Map::new();
+            for field in schema["required"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                object.insert(
+                    field.to_string(),
+                    minimal_instance(&schema["properties"][field], text),
+                );
+            }
+            Value::Object(object)
+        }
+        Some("array") => {
+            let count = schema["minItems"].as_u64().unwrap_or(0);
+            Value::Array(
+                (0..count)
+                    .map(|_| minimal_instance(&schema["items"], text))
+                    .collect(),
+            )
+        }
+        Some("string") if schema["format"] == "date-time" => json!("1970-01-01T00:00:00Z"),
+        Some("string") => json!(text),
+        Some("integer" | "number") => schema["minimum"]
+            .as_f64()
+            .map_or(json!(0), |minimum| json!(minimum.ceil() as i64)),
+        Some("boolean") => json!(false),
+        _ => json!({}),
+    }
+}
