@@ -38,5 +38,5 @@ pub mod weights;
 pub use error::{PlanError, Result};
 pub use inventory::{DeviceSpec, NodeSpec, Reservations};
 pub use model::Model;
-// pub use search::{Goal, PlanRequest, plan};
+pub use search::{Goal, PlanRequest, plan};
 pub use units::Bytes;
