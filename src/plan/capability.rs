@@ -50,25 +50,30 @@ impl std::str::FromStr for PrecisionChoice {
     }
 }
 
-/// The serving ladder, widest first: the model's 16-bit type, then FP8, INT8, the FP4 formats
-/// and INT4 (`planner-formulas.md` §4). FP32 and NF4 are used only when asked for by name.
+/// The serving ladder in order of preference: the model's 16-bit type, then FP8, INT8, the
+/// FP4 formats and INT4 (`planner-formulas.md` §4); a checkpoint that ships in another format
+/// is tried as shipped too. FP32 comes last, as the only way to run a model that must not see
+/// FP16 on a device without BF16; NF4 only when asked for by name.
 pub fn serving_candidates(choice: PrecisionChoice, model: &Model) -> Vec<Precision> {
     match choice {
         PrecisionChoice::Exact(precision) => vec![precision],
         PrecisionChoice::AnyFp4 => vec![Precision::Nvfp4, Precision::Mxfp4],
         PrecisionChoice::Auto => {
-            let mut ladder = vec![Precision::Bf16, Precision::Fp16];
-            ladder.extend([
+            let mut ladder = vec![
+                Precision::Bf16,
+                Precision::Fp16,
                 Precision::Fp8,
                 Precision::Int8,
                 Precision::Nvfp4,
                 Precision::Mxfp4,
                 Precision::Int4,
-            ]);
-            // A checkpoint that ships narrower than 16 bits is tried as shipped too.
-            if !ladder.contains(&model.native.precision) {
+            ];
+            if !ladder.contains(&model.native.precision) && model.native.precision != Precision::Fp32 {
                 ladder.push(model.native.precision);
                 ladder.sort();
+            }
+            if model.fp16_unsafe {
+                ladder.push(Precision::Fp32);
             }
             ladder
         }
@@ -84,6 +89,14 @@ pub fn serving_support(
     let lists = |p: Precision| device.precisions.contains(&p);
     let name = &device.product;
     let weight_only_gpu = is_modern_gpu(device);
+    // Without BF16 the activations run in FP16, which these models cannot take whatever the
+    // weights are stored in; only FP32 is left.
+    if model.fp16_unsafe && !lists(Precision::Bf16) && precision != Precision::Fp32 {
+        return Err(format!(
+            "{} ({}) needs bf16 or fp32 activations and {name} has no bf16",
+            model.name, model.arch.model_type
+        ));
+    }
     match precision {
         Precision::Tf32 => Err("tf32 is a compute mode, not a storage format".to_string()),
         Precision::Fp16 if model.fp16_unsafe => Err(format!(
@@ -155,8 +168,10 @@ mod tests {
         let err = serving_support(&gemma, &device("H100"), Precision::Fp16).unwrap_err();
         assert!(err.contains("fp16"), "{err}");
         assert!(serving_support(&gemma, &device("H100"), Precision::Bf16).is_ok());
-        // T4 has no BF16, so on a T4 Gemma 2 has no 16-bit option at all.
+        // T4 has no BF16, so on a T4 Gemma 2 runs in FP32 or not at all.
         assert!(serving_support(&gemma, &device("T4"), Precision::Bf16).is_err());
+        assert!(serving_support(&gemma, &device("T4"), Precision::Int8).is_err());
+        assert!(serving_support(&gemma, &device("T4"), Precision::Fp32).is_ok());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::model::{parse_param_count, presets, Model};
 use super::report::Plan;
 use super::search::{plan, Goal, PlanRequest};
 use super::shorthand::parse_hardware;
-use super::training::{LoraTarget, Method, TrainingTarget};
+use super::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
 
 /// Flags of `hwaccel plan`.
 #[derive(Debug, Clone, clap::Args)]
@@ -74,7 +74,7 @@ pub struct PlanArgs {
     /// Most nodes the plan may use.
     #[arg(long)]
     pub max_nodes: Option<u32>,
-    /// Fraction of device memory to use (default 0.90, like vLLM).
+    /// Fraction of device memory to use (default 0.90 for serving, like vLLM; 0.95 for training).
     #[arg(long)]
     pub gpu_util: Option<f64>,
     /// A device already in use, as NODE/DEVICE_ID; repeatable.
@@ -173,7 +173,8 @@ fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
         .precision
         .parse()
         .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
-    let gpu_util = args.gpu_util.unwrap_or(DEFAULT_GPU_UTIL);
+    let default_util = if args.train.is_some() { DEFAULT_TRAINING_GPU_UTIL } else { DEFAULT_GPU_UTIL };
+    let gpu_util = args.gpu_util.unwrap_or(default_util);
     let goal = match args.train {
         Some(method) => Goal::Train(TrainingTarget {
             method,
@@ -182,7 +183,6 @@ fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
             gradient_checkpointing: !args.no_gradient_checkpointing,
             lora_rank: args.lora_rank,
             lora_targets: lora_targets(&args.lora_targets)?,
-            gpu_util,
         }),
         None => Goal::Serve { context: args.context, concurrency: args.concurrency },
     };

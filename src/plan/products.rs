@@ -5,7 +5,7 @@
 //! Bandwidth and memory figures are the vendors' datasheet values: NVIDIA H100 (SXM 3.35 TB/s,
 //! PCIe 2.0 TB/s, NVL 3.9 TB/s), H200 (4.8 TB/s), H20 (4.0 TB/s), A100 (40 GB 1.555 TB/s,
 //! 80 GB SXM 2.039 TB/s, 80 GB PCIe 1.935 TB/s), L4 (300 GB/s), L40S (864 GB/s), A10
-//! (600 GB/s), T4 (320 GB/s), V100 (900 GB/s), GeForce RTX 4090 (1,008 GB/s), B200
+//! (600 GB/s), RTX A6000 (768 GB/s), A40 (696 GB/s), T4 (320 GB/s), V100 (900 GB/s), GeForce RTX 4090 (1,008 GB/s), B200
 //! (8 TB/s) datasheets; AMD Instinct MI300X (5.3 TB/s), MI325X (6 TB/s), MI355X (8 TB/s) data
 //! sheets; Intel Gaudi 2 (2.45 TB/s) and Gaudi 3 (3.7 TB/s) product briefs; Google Cloud TPU
 //! v5e (819 GB/s), v5p (2,765 GB/s), v6e (1,640 GB/s) system-architecture pages; AWS Trainium2
@@ -95,6 +95,8 @@ pub const PRODUCTS: &[Product] = &[
     gpu("NVIDIA L4", &["l4"], NV, 23_034, 24, ADA, 0.3, PCIE),
     gpu("NVIDIA A10G", &["a10g"], NV, 23_028, 24, AMPERE, 0.6, PCIE),
     gpu("NVIDIA A10", &["a10"], NV, 23_028, 24, AMPERE, 0.6, PCIE),
+    gpu("NVIDIA RTX A6000", &["a6000"], NV, 49_140, 48, AMPERE, 0.768, PCIE),
+    gpu("NVIDIA A40", &["a40"], NV, 46_068, 48, AMPERE, 0.696, PCIE),
     gpu("NVIDIA T4", &["t4"], NV, 15_360, 16, TURING, 0.32, PCIE),
     gpu("NVIDIA V100", &["v100"], NV, 32_768, 32, VOLTA, 0.9, NVLINK),
     gpu("NVIDIA GeForce RTX 4090", &["4090"], NV, 24_564, 24, ADA, 1.008, PCIE),

@@ -28,6 +28,11 @@ use super::model::{Attention, Model};
 use super::units::Bytes;
 use crate::hardware::{MIB, Precision};
 
+/// Default fraction of device memory a training plan may use. Training frameworks reserve no
+/// share up front the way vLLM does; the 5 % left covers the caching allocator's
+/// fragmentation.
+pub const DEFAULT_TRAINING_GPU_UTIL: f64 = 0.95;
+
 /// A fine-tuning method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -101,8 +106,6 @@ pub struct TrainingTarget {
     pub lora_rank: u64,
     /// Adapted modules (LoRA and QLoRA).
     pub lora_targets: Vec<LoraTarget>,
-    /// Fraction of device memory the plan may use.
-    pub gpu_util: f64,
 }
 
 /// Model-state and activation bytes on one device.
@@ -185,13 +188,14 @@ pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
     u64::try_from(total).unwrap_or(u64::MAX)
 }
 
-/// Per-device memory for `target` with `devices` data-parallel devices at ZeRO `stage`.
+/// Per-device memory for `target` with `devices` data-parallel devices at ZeRO `stage`, on
+/// devices of `capacity` of which the fraction `gpu_util` may be used.
 pub fn training_memory(
     model: &Model,
     target: &TrainingTarget,
     devices: u32,
     stage: ZeroStage,
-    capacity: Bytes,
+    (capacity, gpu_util): (Bytes, f64),
 ) -> TrainingMemory {
     let n = u64::from(devices.max(1));
     let shard = |bytes: Bytes, from_stage: ZeroStage| {
@@ -230,7 +234,7 @@ pub fn training_memory(
         overhead,
         zero_stage: stage,
         devices: devices.max(1),
-        device: DeviceMemory::new(states, Bytes::ZERO, activations, overhead, capacity, capacity.fraction(target.gpu_util)),
+        device: DeviceMemory::new(states, Bytes::ZERO, activations, overhead, capacity, capacity.fraction(gpu_util)),
     }
 }
 
@@ -281,14 +285,13 @@ mod tests {
             gradient_checkpointing: true,
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
-            gpu_util: 0.9,
         }
     }
 
     #[test]
     fn full_fine_tuning_costs_sixteen_bytes_per_parameter_unsharded() {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
-        let m = training_memory(&model, &target(Method::Full, 512), 1, 0, Bytes::gib(80));
+        let m = training_memory(&model, &target(Method::Full, 512), 1, 0, (Bytes::gib(80), 0.9));
         let states = m.weights + m.gradients + m.optimizer;
         assert_eq!(states.0 / model.params.total(), 16);
     }
@@ -298,7 +301,7 @@ mod tests {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let t = target(Method::Full, 512);
         let states = |stage| {
-            let m = training_memory(&model, &t, 8, stage, Bytes::gib(80));
+            let m = training_memory(&model, &t, 8, stage, (Bytes::gib(80), 0.9));
             m.weights + m.gradients + m.optimizer
         };
         assert!(states(1) < states(0) && states(2) < states(1) && states(3) < states(2));
@@ -310,8 +313,8 @@ mod tests {
         // memory with ZeRO-2 on 16 x 80 GiB and fits with ZeRO-3.
         let model = presets::find("qwen3-30b-a3b").unwrap().unwrap();
         let t = target(Method::Full, 2048);
-        let zero2 = training_memory(&model, &t, 16, 2, Bytes::gib(80));
-        let zero3 = training_memory(&model, &t, 16, 3, Bytes::gib(80));
+        let zero2 = training_memory(&model, &t, 16, 2, (Bytes::gib(80), 0.9));
+        let zero3 = training_memory(&model, &t, 16, 3, (Bytes::gib(80), 0.9));
         assert!(zero2.device.total > zero2.device.capacity, "{}", zero2.device.total);
         assert!(zero3.device.within_budget(), "{}", zero3.device.total);
     }
@@ -337,8 +340,8 @@ mod tests {
     #[test]
     fn dpo_adds_a_reference_model() {
         let model = presets::find("llama-3.2-1b").unwrap().unwrap();
-        let full = training_memory(&model, &target(Method::Full, 512), 1, 0, Bytes::gib(80));
-        let dpo = training_memory(&model, &target(Method::Dpo, 512), 1, 0, Bytes::gib(80));
+        let full = training_memory(&model, &target(Method::Full, 512), 1, 0, (Bytes::gib(80), 0.9));
+        let dpo = training_memory(&model, &target(Method::Dpo, 512), 1, 0, (Bytes::gib(80), 0.9));
         assert_eq!((dpo.weights.0 - full.weights.0) / model.params.total(), 2);
         assert!(dpo.activations > full.activations);
     }

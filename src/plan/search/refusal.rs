@@ -138,10 +138,16 @@ fn suggest_alternatives(
             )
         })
     };
+    // With a pinned precision, the widest other precision that fits.
     if request.precision != PrecisionChoice::Auto {
-        let relaxed = search(model, fleet, PrecisionChoice::Auto, target, concurrency, request.max_nodes);
-        if let Some(text) = describe(&relaxed) {
-            plan.suggestions.push(format!("--precision auto: {text}"));
+        let widest = serving_candidates(PrecisionChoice::Auto, model).into_iter().find_map(|precision| {
+            let choice = PrecisionChoice::Exact(precision);
+            (choice != request.precision)
+                .then(|| search(model, fleet, choice, target, concurrency, request.max_nodes))
+                .and_then(|outcome| describe(&outcome).map(|text| (precision, text)))
+        });
+        if let Some((precision, text)) = widest {
+            plan.suggestions.push(format!("--precision {precision}: {text}"));
         }
     }
     if target.kv_dtype != KvDtype::Fp8 {
@@ -183,6 +189,33 @@ fn suggest_shorter_context(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, ch
     }
 }
 
+/// The smallest count in `1..=max` for which `attempt` succeeds, assuming success is
+/// monotone in the count.
+fn fewest_nodes<T>(max: u32, attempt: impl Fn(u32) -> Option<T>) -> Option<(u32, T)> {
+    let mut high = 1;
+    let mut found = loop {
+        if let Some(found) = attempt(high) {
+            break found;
+        }
+        if high >= max {
+            return None;
+        }
+        high = (high * 2).min(max);
+    };
+    let mut low = high / 2; // fails (or is zero)
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        match attempt(mid) {
+            Some(hit) => {
+                high = mid;
+                found = hit;
+            }
+            None => low = mid,
+        }
+    }
+    Some((high, found))
+}
+
 /// How many nodes like the roomiest one of each class would fit the goal.
 fn suggest_more_nodes(
     plan: &mut Plan,
@@ -200,34 +233,35 @@ fn suggest_more_nodes(
         };
         let mut template = template.clone();
         template.devices.retain(|d| d.product == class.sample.product && d.memory == class.sample.memory);
-        for count in 1..=MAX_EXTRA_NODES {
+        let attempt = |count: u32| {
             let virtual_nodes: Vec<NodeSpec> = (0..count)
                 .map(|i| NodeSpec { name: format!("{}#{i}", template.name), ..template.clone() })
                 .collect();
             let virtual_fleet = Fleet::new(&virtual_nodes, &Reservations::none());
-            let outcome = search(model, &virtual_fleet, request.precision, target, concurrency, None);
-            if let Some((c, _)) = outcome.best {
-                let devices = c.devices();
-                let extra = count.saturating_sub(class.nodes);
-                let action = if extra > 0 {
-                    format!("add {extra} more node(s) like {}", template.name)
-                } else {
-                    format!("free up devices: {count} node(s) like {} would do", template.name)
-                };
-                let text = format!(
-                    "{action} ({} x {}): {count} such node(s) fit it at {} with TP {} x PP {} x {} replica(s)",
-                    template.devices.len(),
-                    class.sample.product,
-                    c.precision,
-                    c.tp,
-                    c.pp,
-                    c.replicas
-                );
-                if best.as_ref().is_none_or(|(d, _)| devices < *d) {
-                    best = Some((devices, text));
-                }
-                break;
-            }
+            search(model, &virtual_fleet, request.precision, target, concurrency, None).best.map(|(c, _)| c)
+        };
+        // More identical nodes never hurt, so double until it fits, then bisect.
+        let Some((count, c)) = fewest_nodes(MAX_EXTRA_NODES, attempt) else {
+            continue;
+        };
+        let devices = c.devices();
+        let extra = count.saturating_sub(class.nodes);
+        let action = if extra > 0 {
+            format!("add {extra} more node(s) like {}", template.name)
+        } else {
+            format!("free up devices: {count} node(s) like {} would do", template.name)
+        };
+        let text = format!(
+            "{action} ({} x {}): {count} such node(s) fit it at {} with TP {} x PP {} x {} replica(s)",
+            template.devices.len(),
+            class.sample.product,
+            c.precision,
+            c.tp,
+            c.pp,
+            c.replicas
+        );
+        if best.as_ref().is_none_or(|(d, _)| devices < *d) {
+            best = Some((devices, text));
         }
     }
     if let Some((_, text)) = best {

@@ -23,6 +23,8 @@ const MAX_PIPELINE: u32 = 64;
 pub(super) struct Candidate {
     pub class: usize,
     pub precision: Precision,
+    /// Position of `precision` in the ladder: lower is preferred.
+    pub precision_rank: usize,
     pub execution: Execution,
     pub tp: u32,
     pub pp: u32,
@@ -41,12 +43,8 @@ impl Candidate {
         let fast_tp = fleet.classes[self.class].largest_fast_domain >= self.tp;
         // With an NVLink-class domain, TP beats PP; over PCIe, PP beats TP (vLLM docs).
         let layout = if fast_tp { self.pp } else { self.tp };
-        (precision_rank(self.precision), layout, self.class, self.tp, self.pp)
+        (self.precision_rank, layout, self.class, self.tp, self.pp)
     }
-}
-
-fn precision_rank(precision: Precision) -> usize {
-    Precision::ALL.iter().position(|p| *p == precision).unwrap_or(usize::MAX)
 }
 
 /// The winner and what it took to find it.
@@ -71,11 +69,11 @@ pub(super) fn search(
     let mut refusals = Vec::new();
     let mut candidates = Vec::new();
     for (index, class) in fleet.classes.iter().enumerate() {
-        for precision in serving_candidates(choice, model) {
+        for (precision_rank, precision) in serving_candidates(choice, model).into_iter().enumerate() {
             match serving_support(model, class.sample, precision) {
                 Ok(execution) => {
                     let weights = WeightBytes::of(model, precision);
-                    let ctx = ClassContext { index, class, precision, execution, weights: &weights };
+                    let ctx = ClassContext { index, class, precision, precision_rank, execution, weights: &weights };
                     candidates.extend(layouts(model, &ctx, target, concurrency));
                 }
                 Err(why) if !matches!(choice, PrecisionChoice::Auto) || is_notable(precision) => {
@@ -122,6 +120,7 @@ struct ClassContext<'c, 'a> {
     index: usize,
     class: &'c DeviceClass<'a>,
     precision: Precision,
+    precision_rank: usize,
     execution: Execution,
     weights: &'c WeightBytes,
 }
@@ -170,6 +169,7 @@ fn layouts_where(
             found.push(Candidate {
                 class: ctx.index,
                 precision: ctx.precision,
+                precision_rank: ctx.precision_rank,
                 execution: ctx.execution,
                 tp,
                 pp,

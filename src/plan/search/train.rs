@@ -8,6 +8,7 @@ use crate::plan::fleet::{Fleet, Placement};
 use crate::plan::model::Model;
 use crate::plan::report::{Plan, TrainingSummary};
 use crate::plan::training::{training_memory, Method, TrainingMemory, TrainingTarget, ZeroStage};
+use crate::plan::units::Bytes;
 
 /// ZeRO stages, cheapest communication first.
 const STAGES: [ZeroStage; 4] = [0, 1, 2, 3];
@@ -44,9 +45,9 @@ fn training_precision(model: &Model, fleet: &Fleet<'_>, class: usize, method: Me
 }
 
 /// The fewest devices (then the lowest stage) that fit on one class.
-fn cheapest(model: &Model, target: &TrainingTarget, capacity: crate::plan::units::Bytes, free: u32) -> Option<TrainingMemory> {
+fn cheapest(model: &Model, target: &TrainingTarget, device: (Bytes, f64), free: u32) -> Option<TrainingMemory> {
     let fits = |devices: u32, stage: ZeroStage| {
-        let memory = training_memory(model, target, devices, stage, capacity);
+        let memory = training_memory(model, target, devices, stage, device);
         memory.device.within_budget().then_some(memory)
     };
     let mut best: Option<TrainingMemory> = None;
@@ -82,7 +83,7 @@ pub(super) fn plan(model: &Model, fleet: &Fleet<'_>, request: &PlanRequest, targ
     for (index, class) in fleet.classes.iter().enumerate() {
         match training_precision(model, fleet, index, target.method, request.precision) {
             Ok(precision) => {
-                if let Some(memory) = cheapest(model, target, class.sample.memory, class.free) {
+                if let Some(memory) = cheapest(model, target, (class.sample.memory, request.gpu_util), class.free) {
                     candidates.push(Candidate { class: index, precision, memory });
                 }
             }
@@ -152,7 +153,8 @@ fn refuse(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, request: &PlanReque
         if training_precision(model, fleet, index, target.method, request.precision).is_err() {
             continue;
         }
-        let all = training_memory(model, target, class.free, 3, class.sample.memory);
+        let device = (class.sample.memory, request.gpu_util);
+        let all = training_memory(model, target, class.free, 3, device);
         plan.reasons.push(format!(
             "{} x{}: even ZeRO-3 over all {} devices needs {} per device (budget {})",
             class.sample.product, class.free, class.free, all.device.total, all.device.budget
@@ -161,9 +163,7 @@ fn refuse(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, request: &PlanReque
             closest = Some((all, index as u32));
         }
         // The fewest devices of this class that would do, ignoring what is free.
-        let mut unbounded = target.clone();
-        unbounded.gpu_util = request.gpu_util;
-        if let Some(needed) = cheapest(model, &unbounded, class.sample.memory, 1 << 16) {
+        if let Some(needed) = cheapest(model, target, device, 1 << 16) {
             let per_node = class.largest_node.max(1);
             plan.suggestions.push(format!(
                 "{} x {} at ZeRO-{} would fit: {} node(s) like {}",
