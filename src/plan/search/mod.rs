@@ -124,6 +124,7 @@ fn validate(request: &PlanRequest) -> Result<()> {
             if target.lora_rank == 0 {
                 return Err(PlanError::constraint("--lora-rank must be at least 1"));
             }
+            train::check_precision(target.method, request.precision).map_err(PlanError::constraint)?;
         }
     }
     Ok(())

@@ -21,21 +21,31 @@ struct Candidate {
     memory: TrainingMemory,
 }
 
+/// The precisions a method trains in: an NF4 base for QLoRA, mixed BF16/FP16 otherwise.
+fn method_precisions(method: Method, choice: PrecisionChoice) -> Result<&'static [Precision], String> {
+    match (method, choice) {
+        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Exact(Precision::Nf4)) => Ok(&[Precision::Nf4]),
+        (Method::Qlora, _) => Err("--train qlora trains on an NF4 base: use --precision nf4 or auto".to_string()),
+        (_, PrecisionChoice::Auto) => Ok(&[Precision::Bf16, Precision::Fp16]),
+        (_, PrecisionChoice::Exact(Precision::Bf16)) => Ok(&[Precision::Bf16]),
+        (_, PrecisionChoice::Exact(Precision::Fp16)) => Ok(&[Precision::Fp16]),
+        (_, _) => Err(format!(
+            "--train {} trains in mixed precision: use --precision bf16, fp16 or auto",
+            format!("{method:?}").to_lowercase()
+        )),
+    }
+}
+
+/// Rejects a precision the method cannot train in at all (bad input, not a misfit).
+pub(super) fn check_precision(method: Method, choice: PrecisionChoice) -> Result<(), String> {
+    method_precisions(method, choice).map(|_| ())
+}
+
 /// The precision the method trains in on a device, or why it cannot.
 fn training_precision(model: &Model, fleet: &Fleet<'_>, class: usize, method: Method, choice: PrecisionChoice) -> Result<Precision, String> {
     let device = fleet.classes[class].sample;
-    let wanted: &[Precision] = match (method, choice) {
-        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Exact(Precision::Nf4)) => &[Precision::Nf4],
-        (Method::Qlora, _) => return Err("QLoRA trains on an NF4 base: use --precision nf4 or auto".to_string()),
-        (_, PrecisionChoice::Auto) => &[Precision::Bf16, Precision::Fp16],
-        (_, PrecisionChoice::Exact(p @ (Precision::Bf16 | Precision::Fp16))) => std::slice::from_ref(match p {
-            Precision::Bf16 => &Precision::Bf16,
-            _ => &Precision::Fp16,
-        }),
-        (_, _) => return Err(format!("{method:?} fine-tuning trains in bf16 or fp16 (mixed precision)").to_lowercase()),
-    };
     let mut last_error = String::new();
-    for precision in wanted {
+    for precision in method_precisions(method, choice)? {
         match serving_support(model, device, *precision) {
             Ok(_) => return Ok(*precision),
             Err(why) => last_error = why,
