@@ -23,7 +23,7 @@ enum Command {
     /// Detect the accelerators of this machine (or of a host tree) and print a report.
     Detect(DetectArgs),
     /// Plan how a model runs on an inventory: precision, TP/PP/replicas, nodes and devices.
-    Plan(hwaccel::plan::cli::PlanArgs),
+    Plan(Box<hwaccel::plan::cli::PlanArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Detect(args) => detect(args),
-        Command::Plan(args) => return hwaccel::plan::cli::run(args),
+        Command::Plan(args) => return hwaccel::plan::cli::run(*args),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,9 @@
 //! Published deployments the planner must reproduce: each case names the model, the hardware
 //! and the source that ran (or sized) it that way.
 
+// Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use hwaccel::hardware::Precision;
 use hwaccel::plan::capability::{Execution, PrecisionChoice};
 use hwaccel::plan::kv::KvDtype;
@@ -11,7 +14,13 @@ use hwaccel::plan::shorthand::parse_hardware;
 use hwaccel::plan::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
 use hwaccel::plan::{Bytes, Reservations};
 
-fn serve_with(model: &str, hardware: &str, precision: Option<Precision>, context: Option<u64>, tweak: impl FnOnce(&mut PlanRequest)) -> Plan {
+fn serve_with(
+    model: &str,
+    hardware: &str,
+    precision: Option<Precision>,
+    context: Option<u64>,
+    tweak: impl FnOnce(&mut PlanRequest),
+) -> Plan {
     let model = load_model(model).unwrap();
     let nodes = parse_hardware(hardware).unwrap();
     let mut request = PlanRequest::serve(context, 1);
@@ -27,13 +36,32 @@ fn serve(model: &str, hardware: &str, precision: Option<Precision>, context: Opt
 }
 
 /// (fits, precision, tp, pp, devices, nodes)
-fn shape(plan: &Plan) -> (bool, Option<Precision>, Option<u32>, Option<u32>, Option<u32>, Option<u32>) {
-    (plan.fits, plan.precision, plan.tp, plan.pp, plan.devices, plan.nodes)
+type Shape = (
+    bool,
+    Option<Precision>,
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+);
+
+fn shape(plan: &Plan) -> Shape {
+    (
+        plan.fits,
+        plan.precision,
+        plan.tp,
+        plan.pp,
+        plan.devices,
+        plan.nodes,
+    )
 }
 
 fn fits_within_budget(plan: &Plan) {
     let memory = plan.per_device.expect("a breakdown");
-    assert!(memory.total <= memory.budget && memory.budget <= memory.capacity, "{memory:?}");
+    assert!(
+        memory.total <= memory.budget && memory.budget <= memory.capacity,
+        "{memory:?}"
+    );
 }
 
 // --- Llama 3.1 ----------------------------------------------------------------------------
@@ -43,16 +71,46 @@ fn fits_within_budget(plan: &Plan) {
 /// divide 64 heads, so 4 x H100 with TP 4.
 #[test]
 fn llama_70b_bf16_takes_four_h100s() {
-    let plan = serve("llama-3.1-70b", "1x8xH100-80GB+nvswitch", Some(Precision::Bf16), None);
-    assert_eq!(shape(&plan), (true, Some(Precision::Bf16), Some(4), Some(1), Some(4), Some(1)));
+    let plan = serve(
+        "llama-3.1-70b",
+        "1x8xH100-80GB+nvswitch",
+        Some(Precision::Bf16),
+        None,
+    );
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Bf16),
+            Some(4),
+            Some(1),
+            Some(4),
+            Some(1)
+        )
+    );
     fits_within_budget(&plan);
 }
 
 /// Same model on A100 40GB parts: 141 GB over 36 GiB budgets needs all eight, TP 8.
 #[test]
 fn llama_70b_bf16_takes_eight_a100_40gb() {
-    let plan = serve("llama-3.1-70b", "1x8xA100-40GB", Some(Precision::Bf16), None);
-    assert_eq!(shape(&plan), (true, Some(Precision::Bf16), Some(8), Some(1), Some(8), Some(1)));
+    let plan = serve(
+        "llama-3.1-70b",
+        "1x8xA100-40GB",
+        Some(Precision::Bf16),
+        None,
+    );
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Bf16),
+            Some(8),
+            Some(1),
+            Some(8),
+            Some(1)
+        )
+    );
 }
 
 /// Llama-3-70B on 8 x L4 at its 8k context (`kubernetes-sigs/wg-serving`
@@ -63,7 +121,11 @@ fn llama_70b_bf16_on_eight_l4s() {
     let plan = serve("llama-3.1-70b", "1x8xL4", Some(Precision::Bf16), Some(8192));
     assert!(plan.fits);
     assert_eq!(plan.devices, Some(8));
-    assert_eq!(plan.pp, Some(8), "over PCIe, PP beats TP (vLLM parallelism docs)");
+    assert_eq!(
+        plan.pp,
+        Some(8),
+        "over PCIe, PP beats TP (vLLM parallelism docs)"
+    );
     assert!(!serve("llama-3.1-70b", "1x7xL4", Some(Precision::Bf16), Some(8192)).fits);
 }
 
@@ -74,15 +136,35 @@ fn llama_70b_bf16_on_eight_l4s() {
 #[test]
 fn llama_8b_on_one_l4() {
     let plan = serve("llama-3.1-8b", "1xL4", Some(Precision::Bf16), Some(8192));
-    assert_eq!(shape(&plan), (true, Some(Precision::Bf16), Some(1), Some(1), Some(1), Some(1)));
-    assert!(plan.max_concurrency.unwrap() >= 3, "{:?}", plan.max_concurrency);
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Bf16),
+            Some(1),
+            Some(1),
+            Some(1),
+            Some(1)
+        )
+    );
+    assert!(
+        plan.max_concurrency.unwrap() >= 3,
+        "{:?}",
+        plan.max_concurrency
+    );
 
     let full = serve("llama-3.1-8b", "1xL4", Some(Precision::Bf16), None);
     assert!(!full.fits);
     let context = full
         .suggestions
         .iter()
-        .find_map(|s| s.strip_prefix("--context ")?.split(':').next()?.parse::<u64>().ok())
+        .find_map(|s| {
+            s.strip_prefix("--context ")?
+                .split(':')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .expect("a shorter context is suggested");
     assert!((30_000..40_000).contains(&context), "{context}");
     assert!(serve("llama-3.1-8b", "1xL4", Some(Precision::Bf16), Some(context)).fits);
@@ -92,13 +174,47 @@ fn llama_8b_on_one_l4() {
 /// (`vllm-project/vllm-project.github.io` `_posts/2024-07-23-llama31.md`).
 #[test]
 fn llama_405b_fp8_on_one_node_of_h100_or_a100() {
-    let h100 = serve("llama-3.1-405b", "1x8xH100-80GB+nvswitch", Some(Precision::Fp8), None);
-    assert_eq!(shape(&h100), (true, Some(Precision::Fp8), Some(8), Some(1), Some(8), Some(1)));
+    let h100 = serve(
+        "llama-3.1-405b",
+        "1x8xH100-80GB+nvswitch",
+        Some(Precision::Fp8),
+        None,
+    );
+    assert_eq!(
+        shape(&h100),
+        (
+            true,
+            Some(Precision::Fp8),
+            Some(8),
+            Some(1),
+            Some(8),
+            Some(1)
+        )
+    );
     assert_eq!(h100.execution, Some(Execution::Native));
 
-    let a100 = serve("llama-3.1-405b", "1x8xA100-80GB", Some(Precision::Fp8), Some(8192));
-    assert_eq!(shape(&a100), (true, Some(Precision::Fp8), Some(8), Some(1), Some(8), Some(1)));
-    assert_eq!(a100.execution, Some(Execution::WeightOnly), "A100 has no FP8 compute");
+    let a100 = serve(
+        "llama-3.1-405b",
+        "1x8xA100-80GB",
+        Some(Precision::Fp8),
+        Some(8192),
+    );
+    assert_eq!(
+        shape(&a100),
+        (
+            true,
+            Some(Precision::Fp8),
+            Some(8),
+            Some(1),
+            Some(8),
+            Some(1)
+        )
+    );
+    assert_eq!(
+        a100.execution,
+        Some(Execution::WeightOnly),
+        "A100 has no FP8 compute"
+    );
 }
 
 /// Meta's FP8 405B keeps attention in BF16 and loads 57.75 GB per GPU, 462 GB in all (vLLM
@@ -120,14 +236,52 @@ fn llama_405b_fp8_with_the_measured_checkpoint_size() {
 /// does not fit 8 x 80 GB, so two nodes with TP 8 and PP 2 (same blog post).
 #[test]
 fn llama_405b_bf16_needs_two_h100_nodes() {
-    let plan = serve("llama-3.1-405b", "2x8xH100-80GB+nvswitch+ib", Some(Precision::Bf16), None);
-    assert_eq!(shape(&plan), (true, Some(Precision::Bf16), Some(8), Some(2), Some(16), Some(2)));
-    assert!(plan.reasons.iter().any(|r| r.contains("InfiniBand")), "{:?}", plan.reasons);
+    let plan = serve(
+        "llama-3.1-405b",
+        "2x8xH100-80GB+nvswitch+ib",
+        Some(Precision::Bf16),
+        None,
+    );
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Bf16),
+            Some(8),
+            Some(2),
+            Some(16),
+            Some(2)
+        )
+    );
+    assert!(
+        plan.reasons.iter().any(|r| r.contains("InfiniBand")),
+        "{:?}",
+        plan.reasons
+    );
 
-    let one_node = serve("llama-3.1-405b", "1x8xH100-80GB+nvswitch", Some(Precision::Bf16), None);
+    let one_node = serve(
+        "llama-3.1-405b",
+        "1x8xH100-80GB+nvswitch",
+        Some(Precision::Bf16),
+        None,
+    );
     assert!(!one_node.fits);
-    assert!(one_node.suggestions.iter().any(|s| s.contains("add 1 more node")), "{:?}", one_node.suggestions);
-    assert!(one_node.suggestions.iter().any(|s| s.starts_with("--precision fp8")), "{:?}", one_node.suggestions);
+    assert!(
+        one_node
+            .suggestions
+            .iter()
+            .any(|s| s.contains("add 1 more node")),
+        "{:?}",
+        one_node.suggestions
+    );
+    assert!(
+        one_node
+            .suggestions
+            .iter()
+            .any(|s| s.starts_with("--precision fp8")),
+        "{:?}",
+        one_node.suggestions
+    );
 }
 
 /// "vLLM can run the model on a single 8xMI300x or 8xH200 machine" (same blog post).
@@ -135,7 +289,11 @@ fn llama_405b_bf16_needs_two_h100_nodes() {
 fn llama_405b_bf16_on_one_h200_or_mi300x_node() {
     for hardware in ["1x8xH200", "1x8xMI300X"] {
         let plan = serve("llama-3.1-405b", hardware, Some(Precision::Bf16), None);
-        assert!(plan.fits && plan.nodes == Some(1), "{hardware}: {:?}", plan.reasons);
+        assert!(
+            plan.fits && plan.nodes == Some(1),
+            "{hardware}: {:?}",
+            plan.reasons
+        );
     }
 }
 
@@ -149,12 +307,41 @@ fn llama_70b_fp8_on_one_h100() {
         request.kv_dtype = KvDtype::Fp8;
         request.gpu_util = 0.92;
     };
-    let plan = serve_with("llama-3.1-70b", "1x1xH100", Some(Precision::Fp8), Some(10_240), fp8_kv);
-    assert_eq!(shape(&plan), (true, Some(Precision::Fp8), Some(1), Some(1), Some(1), Some(1)));
+    let plan = serve_with(
+        "llama-3.1-70b",
+        "1x1xH100",
+        Some(Precision::Fp8),
+        Some(10_240),
+        fp8_kv,
+    );
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Fp8),
+            Some(1),
+            Some(1),
+            Some(1),
+            Some(1)
+        )
+    );
 
-    let tighter = serve_with("llama-3.1-70b", "1x1xH100", Some(Precision::Fp8), Some(10_240), |r| r.kv_dtype = KvDtype::Fp8);
+    let tighter = serve_with(
+        "llama-3.1-70b",
+        "1x1xH100",
+        Some(Precision::Fp8),
+        Some(10_240),
+        |r| r.kv_dtype = KvDtype::Fp8,
+    );
     assert!(!tighter.fits);
-    assert!(tighter.suggestions.iter().any(|s| s.starts_with("--context 6")), "{:?}", tighter.suggestions);
+    assert!(
+        tighter
+            .suggestions
+            .iter()
+            .any(|s| s.starts_with("--context 6")),
+        "{:?}",
+        tighter.suggestions
+    );
 }
 
 // --- MoE ----------------------------------------------------------------------------------
@@ -166,8 +353,23 @@ fn llama_70b_fp8_on_one_h100() {
 fn gpt_oss_120b_on_one_80gb_gpu() {
     for hardware in ["1x1xH100-80GB", "1x1xA100-80GB"] {
         let plan = serve("gpt-oss-120b", hardware, None, None);
-        assert_eq!(shape(&plan), (true, Some(Precision::Mxfp4), Some(1), Some(1), Some(1), Some(1)), "{hardware}");
-        assert_eq!(plan.execution, Some(Execution::WeightOnly), "{hardware}: no FP4 hardware");
+        assert_eq!(
+            shape(&plan),
+            (
+                true,
+                Some(Precision::Mxfp4),
+                Some(1),
+                Some(1),
+                Some(1),
+                Some(1)
+            ),
+            "{hardware}"
+        );
+        assert_eq!(
+            plan.execution,
+            Some(Execution::WeightOnly),
+            "{hardware}: no FP4 hardware"
+        );
     }
 }
 
@@ -178,8 +380,23 @@ fn gpt_oss_120b_on_one_80gb_gpu() {
 #[test]
 fn deepseek_v3_deployments() {
     let ctx = Some(32_768);
-    let h200 = serve("deepseek-v3", "1x8xH200+nvswitch", Some(Precision::Fp8), ctx);
-    assert_eq!(shape(&h200), (true, Some(Precision::Fp8), Some(8), Some(1), Some(8), Some(1)));
+    let h200 = serve(
+        "deepseek-v3",
+        "1x8xH200+nvswitch",
+        Some(Precision::Fp8),
+        ctx,
+    );
+    assert_eq!(
+        shape(&h200),
+        (
+            true,
+            Some(Precision::Fp8),
+            Some(8),
+            Some(1),
+            Some(8),
+            Some(1)
+        )
+    );
     let mi300x = serve("deepseek-v3", "1x8xMI300X", Some(Precision::Fp8), ctx);
     assert!(mi300x.fits && mi300x.nodes == Some(1));
     assert!(!serve("deepseek-v3", "1x8xH100", Some(Precision::Fp8), ctx).fits);
@@ -189,8 +406,17 @@ fn deepseek_v3_deployments() {
     assert!(!serve("deepseek-v3", "1x8xH200", Some(Precision::Bf16), ctx).fits);
     let bf16_h200 = serve("deepseek-v3", "2x8xH200+ib", Some(Precision::Bf16), ctx);
     assert_eq!((bf16_h200.fits, bf16_h200.nodes), (true, Some(2)));
-    let bf16_a100 = serve("deepseek-v3", "4x8xA100-80GB+ib", Some(Precision::Bf16), ctx);
-    assert!(bf16_a100.fits && (3..=4).contains(&bf16_a100.nodes.unwrap()), "{:?}", bf16_a100.nodes);
+    let bf16_a100 = serve(
+        "deepseek-v3",
+        "4x8xA100-80GB+ib",
+        Some(Precision::Bf16),
+        ctx,
+    );
+    assert!(
+        bf16_a100.fits && (3..=4).contains(&bf16_a100.nodes.unwrap()),
+        "{:?}",
+        bf16_a100.nodes
+    );
 
     let awq = serve("deepseek-v3", "1x8xA100-80GB", Some(Precision::Int4), ctx);
     assert!(awq.fits && awq.nodes == Some(1));
@@ -199,8 +425,19 @@ fn deepseek_v3_deployments() {
 /// MLA caches one latent replicated on every TP rank: the KV per token does not shrink with TP.
 #[test]
 fn deepseek_v3_kv_is_replicated_under_tp() {
-    let plan = serve("deepseek-v3", "1x8xH200", Some(Precision::Fp8), Some(32_768));
-    assert!(plan.reasons.iter().any(|r| r.contains("68.6 KiB per token")), "{:?}", plan.reasons);
+    let plan = serve(
+        "deepseek-v3",
+        "1x8xH200",
+        Some(Precision::Fp8),
+        Some(32_768),
+    );
+    assert!(
+        plan.reasons
+            .iter()
+            .any(|r| r.contains("68.6 KiB per token")),
+        "{:?}",
+        plan.reasons
+    );
 }
 
 /// "Mixtral requires 90GB of VRAM in half-precision" (`huggingface/blog` `mixtral.md`): two
@@ -208,7 +445,17 @@ fn deepseek_v3_kv_is_replicated_under_tp() {
 #[test]
 fn mixtral_8x7b_bf16_on_two_h100s() {
     let plan = serve("mixtral-8x7b", "1x8xH100", Some(Precision::Bf16), None);
-    assert_eq!(shape(&plan), (true, Some(Precision::Bf16), Some(2), Some(1), Some(2), Some(1)));
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Bf16),
+            Some(2),
+            Some(1),
+            Some(2),
+            Some(1)
+        )
+    );
 }
 
 /// Memory follows total, not active, parameters: Qwen3-235B-A22B in BF16 (470 GB) needs eight
@@ -219,10 +466,30 @@ fn mixtral_8x7b_bf16_on_two_h100s() {
 fn qwen3_235b_memory_follows_total_parameters() {
     let ctx = Some(32_768);
     let eight = serve("qwen3-235b-a22b", "1x8xH20", Some(Precision::Bf16), ctx);
-    assert_eq!(shape(&eight), (true, Some(Precision::Bf16), Some(8), Some(1), Some(8), Some(1)));
+    assert_eq!(
+        shape(&eight),
+        (
+            true,
+            Some(Precision::Bf16),
+            Some(8),
+            Some(1),
+            Some(8),
+            Some(1)
+        )
+    );
     assert!(!serve("qwen3-235b-a22b", "1x4xH20", Some(Precision::Bf16), ctx).fits);
     let fp8 = serve("qwen3-235b-a22b", "1x8xH100", Some(Precision::Fp8), ctx);
-    assert_eq!(shape(&fp8), (true, Some(Precision::Fp8), Some(4), Some(1), Some(4), Some(1)));
+    assert_eq!(
+        shape(&fp8),
+        (
+            true,
+            Some(Precision::Fp8),
+            Some(4),
+            Some(1),
+            Some(4),
+            Some(1)
+        )
+    );
 }
 
 // --- Precision rules ------------------------------------------------------------------------
@@ -234,8 +501,22 @@ fn qwen3_235b_memory_follows_total_parameters() {
 fn gemma2_27b_never_runs_in_fp16() {
     let pinned = serve("gemma-2-27b", "1x8xH100", Some(Precision::Fp16), None);
     assert!(!pinned.fits);
-    assert!(pinned.reasons.iter().any(|r| r.contains("numerically unstable in fp16")), "{:?}", pinned.reasons);
-    assert!(pinned.suggestions.iter().any(|s| s.starts_with("--precision bf16")), "{:?}", pinned.suggestions);
+    assert!(
+        pinned
+            .reasons
+            .iter()
+            .any(|r| r.contains("numerically unstable in fp16")),
+        "{:?}",
+        pinned.reasons
+    );
+    assert!(
+        pinned
+            .suggestions
+            .iter()
+            .any(|s| s.starts_with("--precision bf16")),
+        "{:?}",
+        pinned.suggestions
+    );
 
     let auto = serve("gemma-2-27b", "1x8xH100", None, None);
     assert_eq!(auto.precision, Some(Precision::Bf16));
@@ -247,11 +528,38 @@ fn gemma2_27b_never_runs_in_fp16() {
 /// `Llama/Llama3.3-70B.md`, which runs the NVFP4 checkpoint on one B200).
 #[test]
 fn fp4_only_where_the_hardware_has_it() {
-    let hopper = serve("llama-3.1-70b", "1x8xH100", Some(Precision::Nvfp4), Some(10_240));
+    let hopper = serve(
+        "llama-3.1-70b",
+        "1x8xH100",
+        Some(Precision::Nvfp4),
+        Some(10_240),
+    );
     assert!(!hopper.fits);
-    assert!(hopper.reasons.iter().any(|r| r.contains("FP4 needs Blackwell")), "{:?}", hopper.reasons);
-    let blackwell = serve("llama-3.1-70b", "1x8xB200", Some(Precision::Nvfp4), Some(10_240));
-    assert_eq!(shape(&blackwell), (true, Some(Precision::Nvfp4), Some(1), Some(1), Some(1), Some(1)));
+    assert!(
+        hopper
+            .reasons
+            .iter()
+            .any(|r| r.contains("FP4 needs Blackwell")),
+        "{:?}",
+        hopper.reasons
+    );
+    let blackwell = serve(
+        "llama-3.1-70b",
+        "1x8xB200",
+        Some(Precision::Nvfp4),
+        Some(10_240),
+    );
+    assert_eq!(
+        shape(&blackwell),
+        (
+            true,
+            Some(Precision::Nvfp4),
+            Some(1),
+            Some(1),
+            Some(1),
+            Some(1)
+        )
+    );
 }
 
 // --- Training -------------------------------------------------------------------------------
@@ -277,9 +585,17 @@ fn train(model: &str, hardware: &str, method: Method, seq_len: u64, rank: u64) -
 /// The config is huggyllama/llama-65b's; 16-bit LoRA on the same GPU does not fit.
 #[test]
 fn qlora_65b_on_one_48gb_gpu() {
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/llama-65b/config.json");
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/models/llama-65b/config.json"
+    );
     let plan = train(config, "1x1xA6000-48GB", Method::Qlora, 512, 64);
-    assert_eq!((plan.fits, plan.precision, plan.devices), (true, Some(Precision::Nf4), Some(1)), "{:?}", plan.reasons);
+    assert_eq!(
+        (plan.fits, plan.precision, plan.devices),
+        (true, Some(Precision::Nf4), Some(1)),
+        "{:?}",
+        plan.reasons
+    );
     fits_within_budget(&plan);
     assert!(!train(config, "1x1xA6000-48GB", Method::Lora, 512, 64).fits);
 }

@@ -2,6 +2,9 @@
 //! device, respect the parallelism rules, never double-book or use reserved devices, come out
 //! the same every time, and memory never grows as the precision narrows.
 
+// Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 
 use hwaccel::hardware::Precision;
@@ -17,11 +20,24 @@ use hwaccel::plan::weights::WeightBytes;
 use hwaccel::plan::{Bytes, Model, NodeSpec, Reservations};
 use proptest::prelude::*;
 
-const PRODUCTS: [&str; 8] = ["H100", "A100-40GB", "A100-80GB", "L4", "MI300X", "H200", "T4", "B200"];
+const PRODUCTS: [&str; 8] = [
+    "H100",
+    "A100-40GB",
+    "A100-80GB",
+    "L4",
+    "MI300X",
+    "H200",
+    "T4",
+    "B200",
+];
 const LINKS: [&str; 3] = ["", "+nvswitch", "+pcie"];
 
 fn preset_keys() -> Vec<String> {
-    presets::list().unwrap().into_iter().map(|p| p.key).collect()
+    presets::list()
+        .unwrap()
+        .into_iter()
+        .map(|p| p.key)
+        .collect()
 }
 
 fn model(index: usize) -> Model {
@@ -31,11 +47,26 @@ fn model(index: usize) -> Model {
 
 /// A random fleet as `--hardware` shorthand groups.
 fn fleet() -> impl Strategy<Value = String> {
-    prop::collection::vec((0..PRODUCTS.len(), 1u32..4, 1u32..9, 0..LINKS.len(), any::<bool>()), 1..4).prop_map(|groups| {
+    prop::collection::vec(
+        (
+            0..PRODUCTS.len(),
+            1u32..4,
+            1u32..9,
+            0..LINKS.len(),
+            any::<bool>(),
+        ),
+        1..4,
+    )
+    .prop_map(|groups| {
         groups
             .into_iter()
             .map(|(product, nodes, devices, link, ib)| {
-                format!("{nodes}x{devices}x{}{}{}", PRODUCTS[product], LINKS[link], if ib { "+ib" } else { "" })
+                format!(
+                    "{nodes}x{devices}x{}{}{}",
+                    PRODUCTS[product],
+                    LINKS[link],
+                    if ib { "+ib" } else { "" }
+                )
             })
             .collect::<Vec<_>>()
             .join(",")
@@ -57,7 +88,11 @@ fn reserve(nodes: &[NodeSpec], stride: usize) -> Reservations {
     if stride == 0 {
         return reserved;
     }
-    for (i, (node, device)) in nodes.iter().flat_map(|n| n.devices.iter().map(move |d| (n, d))).enumerate() {
+    for (i, (node, device)) in nodes
+        .iter()
+        .flat_map(|n| n.devices.iter().map(move |d| (n, d)))
+        .enumerate()
+    {
         if i % stride == 0 {
             reserved.insert(&node.name, &device.id);
         }
@@ -65,7 +100,13 @@ fn reserve(nodes: &[NodeSpec], stride: usize) -> Reservations {
     reserved
 }
 
-fn check_plan(plan: &Plan, model: &Model, nodes: &[NodeSpec], reserved: &Reservations, max_nodes: Option<u32>) {
+fn check_plan(
+    plan: &Plan,
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    max_nodes: Option<u32>,
+) {
     if !plan.fits {
         assert!(!plan.reasons.is_empty(), "a refusal must say why");
         return;
@@ -77,17 +118,33 @@ fn check_plan(plan: &Plan, model: &Model, nodes: &[NodeSpec], reserved: &Reserva
     assert_eq!(plan.devices, Some(tp * pp * replicas));
     let heads = model.arch.heads;
     let kv = model.arch.kv_heads;
-    assert_eq!(heads % tp, 0, "TP {tp} must divide {heads} heads");
-    assert!(kv % tp == 0 || tp % kv == 0, "TP {tp} vs {kv} KV heads");
+    assert!(
+        heads.is_multiple_of(tp),
+        "TP {tp} must divide {heads} heads"
+    );
+    assert!(
+        kv.is_multiple_of(tp) || tp.is_multiple_of(kv),
+        "TP {tp} vs {kv} KV heads"
+    );
     let mut used = BTreeSet::new();
     for assignment in &plan.assignments {
-        let node = nodes.iter().find(|n| n.name == assignment.node).expect("assigned node exists");
+        let node = nodes
+            .iter()
+            .find(|n| n.name == assignment.node)
+            .expect("assigned node exists");
         for id in &assignment.devices {
-            let device = node.devices.iter().find(|d| &d.id == id).expect("assigned device exists");
+            let device = node
+                .devices
+                .iter()
+                .find(|d| &d.id == id)
+                .expect("assigned device exists");
             assert_eq!(Some(&device.product), plan.device.as_ref());
             assert!(memory.total <= device.memory);
             assert!(!reserved.contains(&node.name, id), "reserved {id} used");
-            assert!(used.insert((node.name.clone(), id.clone())), "{id} assigned twice");
+            assert!(
+                used.insert((node.name.clone(), id.clone())),
+                "{id} assigned twice"
+            );
         }
     }
     assert_eq!(used.len() as u32, plan.devices.unwrap());

@@ -68,7 +68,9 @@ pub fn serving_candidates(choice: PrecisionChoice, model: &Model) -> Vec<Precisi
                 Precision::Mxfp4,
                 Precision::Int4,
             ];
-            if !ladder.contains(&model.native.precision) && model.native.precision != Precision::Fp32 {
+            if !ladder.contains(&model.native.precision)
+                && model.native.precision != Precision::Fp32
+            {
                 ladder.push(model.native.precision);
                 ladder.sort();
             }
@@ -103,23 +105,29 @@ pub fn serving_support(
             "{} ({}) is numerically unstable in fp16; vLLM refuses it",
             model.name, model.arch.model_type
         )),
-        Precision::Fp32 | Precision::Bf16 | Precision::Fp16 if lists(precision) => Ok(Execution::Native),
+        Precision::Fp32 | Precision::Bf16 | Precision::Fp16 if lists(precision) => {
+            Ok(Execution::Native)
+        }
         Precision::Fp32 | Precision::Bf16 | Precision::Fp16 => {
             Err(format!("{name} does not compute in {precision}"))
         }
-        Precision::Fp8 | Precision::Int8 | Precision::Int4 if lists(precision) => Ok(Execution::Native),
-        Precision::Fp8 if weight_only_gpu && device.vendor == Vendor::Nvidia => Ok(Execution::WeightOnly),
-        Precision::Int8 | Precision::Int4 if weight_only_gpu => Ok(Execution::WeightOnly),
-        Precision::Fp8 | Precision::Int8 | Precision::Int4 => {
-            Err(format!("{name} has no {precision} compute and no weight-only kernels for it"))
+        Precision::Fp8 | Precision::Int8 | Precision::Int4 if lists(precision) => {
+            Ok(Execution::Native)
         }
+        Precision::Fp8 if weight_only_gpu && device.vendor == Vendor::Nvidia => {
+            Ok(Execution::WeightOnly)
+        }
+        Precision::Int8 | Precision::Int4 if weight_only_gpu => Ok(Execution::WeightOnly),
+        Precision::Fp8 | Precision::Int8 | Precision::Int4 => Err(format!(
+            "{name} has no {precision} compute and no weight-only kernels for it"
+        )),
         Precision::Nvfp4 | Precision::Mxfp4 if lists(precision) => Ok(Execution::Native),
         Precision::Mxfp4 if model.native.precision == Precision::Mxfp4 && weight_only_gpu => {
             Ok(Execution::WeightOnly)
         }
-        Precision::Nvfp4 | Precision::Mxfp4 => {
-            Err(format!("{name} has no {precision} support (FP4 needs Blackwell-class hardware)"))
-        }
+        Precision::Nvfp4 | Precision::Mxfp4 => Err(format!(
+            "{name} has no {precision} support (FP4 needs Blackwell-class hardware)"
+        )),
         Precision::Nf4 if device.family == Family::Gpu => Ok(Execution::WeightOnly),
         Precision::Nf4 => Err(format!("{name} has no bitsandbytes NF4 kernels")),
     }
@@ -141,14 +149,22 @@ mod tests {
     use crate::plan::products;
 
     fn device(product: &str) -> DeviceSpec {
-        products::lookup(product, None).unwrap().device_spec("d0".to_string(), None)
+        products::lookup(product, None)
+            .unwrap()
+            .device_spec("d0".to_string(), None)
     }
 
     #[test]
     fn ampere_runs_fp8_weight_only_and_hopper_natively() {
         let model = presets::find("llama-3.1-405b").unwrap().unwrap();
-        assert_eq!(serving_support(&model, &device("A100-80GB"), Precision::Fp8), Ok(Execution::WeightOnly));
-        assert_eq!(serving_support(&model, &device("H100"), Precision::Fp8), Ok(Execution::Native));
+        assert_eq!(
+            serving_support(&model, &device("A100-80GB"), Precision::Fp8),
+            Ok(Execution::WeightOnly)
+        );
+        assert_eq!(
+            serving_support(&model, &device("H100"), Precision::Fp8),
+            Ok(Execution::Native)
+        );
         assert!(serving_support(&model, &device("TPU-v5e"), Precision::Fp8).is_err());
     }
 
@@ -158,8 +174,14 @@ mod tests {
         let gpt_oss = presets::find("gpt-oss-120b").unwrap().unwrap();
         assert!(serving_support(&llama, &device("H100"), Precision::Nvfp4).is_err());
         assert!(serving_support(&llama, &device("H100"), Precision::Mxfp4).is_err());
-        assert_eq!(serving_support(&llama, &device("B200"), Precision::Nvfp4), Ok(Execution::Native));
-        assert_eq!(serving_support(&gpt_oss, &device("H100"), Precision::Mxfp4), Ok(Execution::WeightOnly));
+        assert_eq!(
+            serving_support(&llama, &device("B200"), Precision::Nvfp4),
+            Ok(Execution::Native)
+        );
+        assert_eq!(
+            serving_support(&gpt_oss, &device("H100"), Precision::Mxfp4),
+            Ok(Execution::WeightOnly)
+        );
     }
 
     #[test]

@@ -13,9 +13,9 @@ use super::inventory::{NodeSpec, Reservations};
 use super::kv::KvDtype;
 use super::load::{load_inventories, load_model, parse_bytes};
 use super::memory::DEFAULT_GPU_UTIL;
-use super::model::{parse_param_count, presets, Model};
+use super::model::{Model, parse_param_count, presets};
 use super::report::Plan;
-use super::search::{plan, Goal, PlanRequest};
+use super::search::{Goal, PlanRequest, plan};
 use super::shorthand::parse_hardware;
 use super::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
 
@@ -93,7 +93,9 @@ pub fn run(args: PlanArgs) -> ExitCode {
     if args.list_models {
         return finish(list_models());
     }
-    match plan_from_args(&args).and_then(|plan| render(&plan, args.output).map(|text| (plan.fits, text))) {
+    match plan_from_args(&args)
+        .and_then(|plan| render(&plan, args.output).map(|text| (plan.fits, text)))
+    {
         Ok((fits, text)) => match write_stdout(&text) {
             Ok(()) if fits => ExitCode::SUCCESS,
             Ok(()) => ExitCode::from(2),
@@ -142,7 +144,9 @@ fn model_from_args(args: &PlanArgs) -> Result<Model> {
     };
     let checkpoint = match &args.checkpoint_bytes {
         Some(text) => Some(parse_bytes(text).ok_or_else(|| {
-            PlanError::constraint(format!("--checkpoint-bytes {text:?} is not a size (e.g. 462GB, 430GiB)"))
+            PlanError::constraint(format!(
+                "--checkpoint-bytes {text:?} is not a size (e.g. 462GB, 430GiB)"
+            ))
         })?),
         None => None,
     };
@@ -162,7 +166,9 @@ fn reservations(entries: &[String]) -> Result<Reservations> {
         let (node, device) = entry
             .split_once('/')
             .filter(|(n, d)| !n.is_empty() && !d.is_empty())
-            .ok_or_else(|| PlanError::constraint(format!("--reserved {entry:?}: expected NODE/DEVICE_ID")))?;
+            .ok_or_else(|| {
+                PlanError::constraint(format!("--reserved {entry:?}: expected NODE/DEVICE_ID"))
+            })?;
         reserved.insert(node, device);
     }
     Ok(reserved)
@@ -173,7 +179,11 @@ fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
         .precision
         .parse()
         .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
-    let default_util = if args.train.is_some() { DEFAULT_TRAINING_GPU_UTIL } else { DEFAULT_GPU_UTIL };
+    let default_util = if args.train.is_some() {
+        DEFAULT_TRAINING_GPU_UTIL
+    } else {
+        DEFAULT_GPU_UTIL
+    };
     let gpu_util = args.gpu_util.unwrap_or(default_util);
     let goal = match args.train {
         Some(method) => Goal::Train(TrainingTarget {
@@ -184,9 +194,18 @@ fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
             lora_rank: args.lora_rank,
             lora_targets: lora_targets(&args.lora_targets)?,
         }),
-        None => Goal::Serve { context: args.context, concurrency: args.concurrency },
+        None => Goal::Serve {
+            context: args.context,
+            concurrency: args.concurrency,
+        },
     };
-    Ok(PlanRequest { goal, precision, kv_dtype: args.kv_dtype, max_nodes: args.max_nodes, gpu_util })
+    Ok(PlanRequest {
+        goal,
+        precision,
+        kv_dtype: args.kv_dtype,
+        max_nodes: args.max_nodes,
+        gpu_util,
+    })
 }
 
 fn lora_targets(text: &str) -> Result<Vec<LoraTarget>> {
@@ -195,7 +214,9 @@ fn lora_targets(text: &str) -> Result<Vec<LoraTarget>> {
         .filter(|t| !t.trim().is_empty())
         .map(|t| {
             LoraTarget::parse(t).ok_or_else(|| {
-                PlanError::constraint(format!("--lora-targets: unknown module {t:?} (q, k, v, o, gate, up, down)"))
+                PlanError::constraint(format!(
+                    "--lora-targets: unknown module {t:?} (q, k, v, o, gate, up, down)"
+                ))
             })
         })
         .collect::<Result<_>>()?;
@@ -219,10 +240,14 @@ fn render(plan: &Plan, format: Format) -> Result<String> {
 /// Writes to stdout; a closed pipe (`hwaccel plan | head`) is not an error.
 fn write_stdout(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(PlanError::Io { path: PathBuf::from("<stdout>"), source: err })
-        }
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(PlanError::Io {
+            path: PathBuf::from("<stdout>"),
+            source: err,
+        }),
         _ => Ok(()),
     }
 }

@@ -23,7 +23,9 @@ pub enum PlanError {
         reason: String,
     },
     /// A bare parameter count that does not parse or is out of range.
-    #[error("invalid parameter count {0:?}: expected a positive number with an optional K/M/B/T suffix, e.g. 70B or 8e9")]
+    #[error(
+        "invalid parameter count {0:?}: expected a positive number with an optional K/M/B/T suffix, e.g. 70B or 8e9"
+    )]
     InvalidParamCount(String),
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]

@@ -162,11 +162,18 @@ impl<'a> Fleet<'a> {
                     replica,
                     stage: u32::try_from(stage).unwrap_or(u32::MAX),
                     node: node.name.clone(),
-                    devices: devices.iter().map(|&d| node.devices[usize::from(d)].id.clone()).collect(),
+                    devices: devices
+                        .iter()
+                        .map(|&d| node.devices[usize::from(d)].id.clone())
+                        .collect(),
                 });
             }
         }
-        let nodes = assignments.iter().map(|a| a.node.as_str()).collect::<BTreeSet<_>>().len();
+        let nodes = assignments
+            .iter()
+            .map(|a| a.node.as_str())
+            .collect::<BTreeSet<_>>()
+            .len();
         let nodes = u32::try_from(nodes).unwrap_or(u32::MAX);
         if max_nodes.is_some_and(|max| nodes > max) {
             return None;
@@ -181,13 +188,29 @@ impl<'a> Fleet<'a> {
 
     /// Places `count` data-parallel devices (training): one node when one has room, else as
     /// few nodes as possible. Devices on one node form one assignment.
-    pub fn place_devices(&self, class: usize, count: u32, max_nodes: Option<u32>) -> Option<Placement> {
-        let mut placement = self.place(class, Shape { tp: 1, pp: count, replicas: 1 }, max_nodes)?;
+    pub fn place_devices(
+        &self,
+        class: usize,
+        count: u32,
+        max_nodes: Option<u32>,
+    ) -> Option<Placement> {
+        let mut placement = self.place(
+            class,
+            Shape {
+                tp: 1,
+                pp: count,
+                replicas: 1,
+            },
+            max_nodes,
+        )?;
         let mut merged: Vec<Assignment> = Vec::new();
         for assignment in placement.assignments {
             match merged.iter_mut().find(|a| a.node == assignment.node) {
                 Some(existing) => existing.devices.extend(assignment.devices),
-                None => merged.push(Assignment { stage: 0, ..assignment }),
+                None => merged.push(Assignment {
+                    stage: 0,
+                    ..assignment
+                }),
             }
         }
         placement.assignments = merged;
@@ -215,7 +238,10 @@ fn index_node<'a>(
     // (class key, domain) -> device indices; a node has a handful of devices.
     let mut groups: Vec<(ClassKey<'a>, Option<&'a str>, Vec<u16>)> = Vec::new();
     for (index, device) in node.devices.iter().enumerate().take(usize::from(u16::MAX)) {
-        if device.family == Family::Cpu || device.memory == Bytes::ZERO || reserved.contains(&node.name, &device.id) {
+        if device.family == Family::Cpu
+            || device.memory == Bytes::ZERO
+            || reserved.contains(&node.name, &device.id)
+        {
             continue;
         }
         let key = ClassKey {
@@ -227,7 +253,10 @@ fn index_node<'a>(
         };
         let domain = device.domain.as_deref();
         let index = u16::try_from(index).unwrap_or(u16::MAX);
-        match groups.iter_mut().find(|(k, d, _)| *k == key && *d == domain) {
+        match groups
+            .iter_mut()
+            .find(|(k, d, _)| *k == key && *d == domain)
+        {
             Some((_, _, list)) => list.push(index),
             None => groups.push((key, domain, vec![index])),
         }
@@ -241,13 +270,22 @@ fn index_node<'a>(
             .iter()
             .map(|(_, domain, list)| {
                 let mut list = list.clone();
-                list.sort_by(|&a, &b| node.devices[usize::from(a)].id.cmp(&node.devices[usize::from(b)].id));
+                list.sort_by(|&a, &b| {
+                    node.devices[usize::from(a)]
+                        .id
+                        .cmp(&node.devices[usize::from(b)].id)
+                });
                 (domain.is_some(), list)
             })
             .collect();
         domains.sort_by_key(|(fast, list)| (!fast, list.first().copied()));
         let free = domains.iter().map(|(_, l)| l.len() as u32).sum::<u32>();
-        let fast = domains.iter().filter(|(f, _)| *f).map(|(_, l)| l.len() as u32).max().unwrap_or(0);
+        let fast = domains
+            .iter()
+            .filter(|(f, _)| *f)
+            .map(|(_, l)| l.len() as u32)
+            .max()
+            .unwrap_or(0);
         let sample = &node.devices[usize::from(domains[0].1[0])];
         let class = classes.entry(key).or_insert_with(|| DeviceClass {
             sample,
@@ -265,10 +303,17 @@ fn index_node<'a>(
             class.template_node = &node.name;
         }
         class.largest_fast_domain = class.largest_fast_domain.max(fast);
-        class.bins.push(Bin { node: node_index, domains, free });
+        class.bins.push(Bin {
+            node: node_index,
+            domains,
+            free,
+        });
         start = end;
     }
 }
+
+/// A TP group: the bin it came from and the device indices taken.
+type Group = (usize, Vec<u16>);
 
 /// Mutable state of one placement: free devices per bin and an ordered index of node
 /// capacities (in TP groups).
@@ -302,16 +347,22 @@ impl<'f, 'a> PlacementState<'f, 'a> {
     }
 
     fn capacity(&self, bin: usize) -> u32 {
-        self.free[bin].iter().map(|(_, l)| l.len() as u32).sum::<u32>() / self.tp
+        self.free[bin]
+            .iter()
+            .map(|(_, l)| l.len() as u32)
+            .sum::<u32>()
+            / self.tp
     }
 
     /// Places one replica of `pp` groups; also says whether a multi-node replica stayed on one
     /// fabric.
-    fn place_replica(&mut self, pp: u32) -> Option<(Vec<(usize, Vec<u16>)>, bool)> {
+    fn place_replica(&mut self, pp: u32) -> Option<(Vec<Group>, bool)> {
         // Best fit: the bin with the smallest capacity that still holds every stage; bins are
         // indexed in node-name order, so ties go to the first name.
         if let Some(&(_, bin)) = self.by_capacity.range((pp, 0)..).next() {
-            let groups = (0..pp).map(|_| self.take_group(bin)).collect::<Option<Vec<_>>>()?;
+            let groups = (0..pp)
+                .map(|_| self.take_group(bin))
+                .collect::<Option<Vec<_>>>()?;
             return Some((groups, true));
         }
         let (bins, on_fabric) = self.spanning_bins(pp)?;
@@ -359,12 +410,15 @@ impl<'f, 'a> PlacementState<'f, 'a> {
         if groups < u64::from(pp) {
             return None;
         }
-        Some((chosen.into_iter().map(|(_, bin)| bin).collect(), fabric.is_some()))
+        Some((
+            chosen.into_iter().map(|(_, bin)| bin).collect(),
+            fabric.is_some(),
+        ))
     }
 
     /// Takes `tp` devices from `bin`: the smallest domain that holds them all, else the
     /// largest domains first.
-    fn take_group(&mut self, bin: usize) -> Option<(usize, Vec<u16>)> {
+    fn take_group(&mut self, bin: usize) -> Option<Group> {
         let tp = self.tp as usize;
         let before = self.capacity(bin);
         let domains = &mut self.free[bin];
@@ -421,7 +475,11 @@ mod tests {
         let nodes = fleet_of("2x8xH100,1x4xL4,1x2xA100-40GB");
         let fleet = Fleet::new(&nodes, &Reservations::none());
         assert_eq!(fleet.classes.len(), 3);
-        let h100 = fleet.classes.iter().find(|c| c.sample.product.contains("H100")).unwrap();
+        let h100 = fleet
+            .classes
+            .iter()
+            .find(|c| c.sample.product.contains("H100"))
+            .unwrap();
         assert_eq!((h100.free, h100.largest_node, h100.nodes), (16, 8, 2));
         assert_eq!(fleet.free_devices(), 22);
     }
@@ -436,7 +494,17 @@ mod tests {
             reserved.insert("small", format!("gpu{d}"));
         }
         let fleet = Fleet::new(&nodes, &reserved);
-        let placement = fleet.place(0, Shape { tp: 2, pp: 1, replicas: 1 }, None).unwrap();
+        let placement = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 2,
+                    pp: 1,
+                    replicas: 1,
+                },
+                None,
+            )
+            .unwrap();
         assert_eq!(placement.assignments[0].node, "small");
         assert_eq!(placement.assignments[0].devices, ["gpu6", "gpu7"]);
     }
@@ -445,7 +513,17 @@ mod tests {
     fn ties_go_to_the_first_name() {
         let nodes = fleet_of("3x8xH100");
         let fleet = Fleet::new(&nodes, &Reservations::none());
-        let placement = fleet.place(0, Shape { tp: 8, pp: 1, replicas: 1 }, None).unwrap();
+        let placement = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 8,
+                    pp: 1,
+                    replicas: 1,
+                },
+                None,
+            )
+            .unwrap();
         assert_eq!(placement.assignments[0].node, "h100-0-0");
     }
 
@@ -454,25 +532,78 @@ mod tests {
         let mut nodes = fleet_of("2x8xH100+ib,2x8xH100");
         nodes[2].fabric = Some("other".into());
         let fleet = Fleet::new(&nodes, &Reservations::none());
-        let placement = fleet.place(0, Shape { tp: 8, pp: 2, replicas: 1 }, None).unwrap();
+        let placement = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 8,
+                    pp: 2,
+                    replicas: 1,
+                },
+                None,
+            )
+            .unwrap();
         assert_eq!(placement.nodes, 2);
         assert!(placement.pipeline_on_fabric);
-        let used: Vec<_> = placement.assignments.iter().map(|a| a.node.as_str()).collect();
+        let used: Vec<_> = placement
+            .assignments
+            .iter()
+            .map(|a| a.node.as_str())
+            .collect();
         assert_eq!(used, ["h100-0-0", "h100-0-1"]);
-        assert!(fleet.place(0, Shape { tp: 8, pp: 2, replicas: 1 }, Some(1)).is_none());
+        assert!(
+            fleet
+                .place(
+                    0,
+                    Shape {
+                        tp: 8,
+                        pp: 2,
+                        replicas: 1
+                    },
+                    Some(1)
+                )
+                .is_none()
+        );
     }
 
     #[test]
     fn tp_groups_prefer_one_fast_domain() {
         let mut nodes = fleet_of("1x8xH100");
         for (i, device) in nodes[0].devices.iter_mut().enumerate() {
-            device.domain = Some(if i < 4 { "nvlink:a".into() } else { "nvlink:b".into() });
+            device.domain = Some(if i < 4 {
+                "nvlink:a".into()
+            } else {
+                "nvlink:b".into()
+            });
         }
         let fleet = Fleet::new(&nodes, &Reservations::none());
-        let four = fleet.place(0, Shape { tp: 4, pp: 1, replicas: 2 }, None).unwrap();
+        let four = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 4,
+                    pp: 1,
+                    replicas: 2,
+                },
+                None,
+            )
+            .unwrap();
         assert!(four.tp_in_fast_domain);
-        assert_eq!(four.assignments[0].devices, ["gpu0", "gpu1", "gpu2", "gpu3"]);
-        let eight = fleet.place(0, Shape { tp: 8, pp: 1, replicas: 1 }, None).unwrap();
+        assert_eq!(
+            four.assignments[0].devices,
+            ["gpu0", "gpu1", "gpu2", "gpu3"]
+        );
+        let eight = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 8,
+                    pp: 1,
+                    replicas: 1,
+                },
+                None,
+            )
+            .unwrap();
         assert!(!eight.tp_in_fast_domain);
     }
 
@@ -480,7 +611,17 @@ mod tests {
     fn placement_never_reuses_a_device_and_respects_capacity() {
         let nodes = fleet_of("3x8xH100,2x4xH100");
         let fleet = Fleet::new(&nodes, &Reservations::none());
-        let placement = fleet.place(0, Shape { tp: 4, pp: 2, replicas: 4 }, None).unwrap();
+        let placement = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 4,
+                    pp: 2,
+                    replicas: 4,
+                },
+                None,
+            )
+            .unwrap();
         let mut seen = BTreeSet::new();
         for a in &placement.assignments {
             assert_eq!(a.devices.len(), 4);
@@ -489,7 +630,19 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), 32);
-        assert!(fleet.place(0, Shape { tp: 4, pp: 2, replicas: 5 }, None).is_none());
+        assert!(
+            fleet
+                .place(
+                    0,
+                    Shape {
+                        tp: 4,
+                        pp: 2,
+                        replicas: 5
+                    },
+                    None
+                )
+                .is_none()
+        );
     }
 
     #[test]
@@ -498,6 +651,9 @@ mod tests {
         let fleet = Fleet::new(&nodes, &Reservations::none());
         let placement = fleet.place_devices(0, 12, None).unwrap();
         assert_eq!(placement.assignments.len(), 2);
-        assert_eq!(placement.assignments[0].devices.len() + placement.assignments[1].devices.len(), 12);
+        assert_eq!(
+            placement.assignments[0].devices.len() + placement.assignments[1].devices.len(),
+            12
+        );
     }
 }

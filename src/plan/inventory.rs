@@ -105,15 +105,25 @@ impl NodeSpec {
             .filter(|group| is_scale_up(group.kind))
             .flat_map(|group| {
                 let domain = format!("{}:{}", kind_name(group.kind), group.id);
-                group.devices.iter().map(move |id| (id.as_str(), domain.clone()))
+                group
+                    .devices
+                    .iter()
+                    .map(move |id| (id.as_str(), domain.clone()))
             })
             .collect();
         let devices = report
             .accelerators()
             .filter_map(|device| match usable(device) {
-                Ok(memory) => Some(device_spec(device, memory, domains.get(device.id.as_str()).cloned())),
+                Ok(memory) => Some(device_spec(
+                    device,
+                    memory,
+                    domains.get(device.id.as_str()).cloned(),
+                )),
                 Err(why) => {
-                    notes.push(format!("{name}: skipped {} ({}): {why}", device.id, device.model));
+                    notes.push(format!(
+                        "{name}: skipped {} ({}): {why}",
+                        device.id, device.model
+                    ));
                     None
                 }
             })
@@ -133,7 +143,11 @@ fn usable(device: &Device) -> Result<Bytes, &'static str> {
     if device.health.status == HealthStatus::Unhealthy {
         return Err("unhealthy");
     }
-    if device.partitions.iter().any(|p| p.kind == "mig" && p.id.is_some()) {
+    if device
+        .partitions
+        .iter()
+        .any(|p| p.kind == "mig" && p.id.is_some())
+    {
         return Err("split into MIG instances");
     }
     match device.memory_bytes {
@@ -194,7 +208,13 @@ mod tests {
     use crate::hardware::{Health, InterconnectGroup, NetworkAdapter, Partition};
 
     fn gpu(id: &str, memory: Option<u64>) -> Device {
-        let mut device = Device::new(id, Vendor::Nvidia, Family::Gpu, "NVIDIA H100 80GB HBM3", "nvidia");
+        let mut device = Device::new(
+            id,
+            Vendor::Nvidia,
+            Family::Gpu,
+            "NVIDIA H100 80GB HBM3",
+            "nvidia",
+        );
         device.memory_bytes = memory;
         device
     }
@@ -205,10 +225,24 @@ mod tests {
         let mut cpu = Device::new("cpu0", Vendor::Intel, Family::Cpu, "Xeon", "cpu");
         cpu.memory_bytes = Some(1 << 40);
         let mut sick = gpu("0000:03:00.0", Some(85_520_809_984));
-        sick.health = Health { status: HealthStatus::Unhealthy, ..Health::default() };
+        sick.health = Health {
+            status: HealthStatus::Unhealthy,
+            ..Health::default()
+        };
         let mut mig = gpu("0000:04:00.0", Some(85_520_809_984));
-        mig.partitions.push(Partition { kind: "mig".into(), profile: "1g.10gb".into(), id: Some("1".into()), memory_bytes: None });
-        report.devices = vec![gpu("0000:01:00.0", Some(85_520_809_984)), gpu("0000:02:00.0", None), sick, mig, cpu];
+        mig.partitions.push(Partition {
+            kind: "mig".into(),
+            profile: "1g.10gb".into(),
+            id: Some("1".into()),
+            memory_bytes: None,
+        });
+        report.devices = vec![
+            gpu("0000:01:00.0", Some(85_520_809_984)),
+            gpu("0000:02:00.0", None),
+            sick,
+            mig,
+            cpu,
+        ];
         report.interconnects.push(InterconnectGroup {
             kind: InterconnectKind::Nvswitch,
             id: "0".into(),
@@ -230,7 +264,10 @@ mod tests {
         assert_eq!(node.devices.len(), 1);
         let device = &node.devices[0];
         assert_eq!(device.domain.as_deref(), Some("nvswitch:0"));
-        assert!(device.precisions.contains(&Precision::Fp8), "filled from the product table");
+        assert!(
+            device.precisions.contains(&Precision::Fp8),
+            "filled from the product table"
+        );
         assert_eq!(device.bandwidth_tbps, Some(3.35));
         assert_eq!(node.fabric.as_deref(), Some("fe80:0000:0000:0000"));
         assert_eq!(notes.len(), 3, "{notes:?}");
@@ -241,7 +278,11 @@ mod tests {
     fn node_specs_round_trip_through_json() {
         let node = NodeSpec {
             name: "a".into(),
-            devices: vec![products::lookup("L4", None).unwrap().device_spec("gpu0".into(), None)],
+            devices: vec![
+                products::lookup("L4", None)
+                    .unwrap()
+                    .device_spec("gpu0".into(), None),
+            ],
             fabric: None,
             labels: BTreeMap::new(),
         };

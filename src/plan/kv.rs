@@ -128,7 +128,8 @@ impl<'a> KvLayout<'a> {
         let per_layer = self.bytes_per_token_layer();
         Bytes::from_f64(
             per_layer
-                * (f64::from(full) * full_tokens as f64 + f64::from(windowed) * window_tokens as f64),
+                * (f64::from(full) * full_tokens as f64
+                    + f64::from(windowed) * window_tokens as f64),
         )
     }
 
@@ -164,9 +165,17 @@ mod tests {
     #[test]
     fn per_token_bytes_match_the_formulas_doc() {
         // planner-formulas.md §1.2: 8B 131,072 B; 70B 327,680 B; Llama-2-7B (MHA) 524,288 B.
-        for (key, expected) in [("llama-3.1-8b", 131_072), ("llama-3.1-70b", 327_680), ("llama-2-7b", 524_288)] {
+        for (key, expected) in [
+            ("llama-3.1-8b", 131_072),
+            ("llama-3.1-70b", 327_680),
+            ("llama-2-7b", 524_288),
+        ] {
             let (model, dtype, tp) = layout(key, KvDtype::Auto, 1);
-            assert_eq!(KvLayout::new(&model, dtype, tp, 1).bytes_per_token(), Bytes(expected), "{key}");
+            assert_eq!(
+                KvLayout::new(&model, dtype, tp, 1).bytes_per_token(),
+                Bytes(expected),
+                "{key}"
+            );
         }
     }
 
@@ -190,8 +199,14 @@ mod tests {
     fn mla_caches_one_latent_replicated_on_every_rank() {
         // 576 values x 61 layers x 2 bytes = 70,272 B per token; fp8_ds_mla 656 B per layer.
         let (model, _, _) = layout("deepseek-v3", KvDtype::Auto, 1);
-        assert_eq!(KvLayout::new(&model, KvDtype::Auto, 8, 1).bytes_per_token(), Bytes(70_272));
-        assert_eq!(KvLayout::new(&model, KvDtype::Fp8, 8, 1).bytes_per_token(), Bytes(656 * 61));
+        assert_eq!(
+            KvLayout::new(&model, KvDtype::Auto, 8, 1).bytes_per_token(),
+            Bytes(70_272)
+        );
+        assert_eq!(
+            KvLayout::new(&model, KvDtype::Fp8, 8, 1).bytes_per_token(),
+            Bytes(656 * 61)
+        );
     }
 
     #[test]
@@ -200,7 +215,10 @@ mod tests {
         let kv = KvLayout::new(&model, KvDtype::Auto, 1, 1);
         let long = kv.per_request(131_072, 8192);
         let full_only = Bytes::from_f64(kv.bytes_per_token_layer() * 18.0 * 131_072.0);
-        assert!(long > full_only && long.as_f64() < full_only.as_f64() * 1.07, "{long} {full_only}");
+        assert!(
+            long > full_only && long.as_f64() < full_only.as_f64() * 1.07,
+            "{long} {full_only}"
+        );
     }
 
     #[test]
@@ -208,7 +226,10 @@ mod tests {
         let (model, _, _) = layout("llama-3.1-8b", KvDtype::Auto, 1);
         let bf16 = KvLayout::new(&model, KvDtype::Auto, 1, 1);
         let fp8 = KvLayout::new(&model, KvDtype::Fp8, 1, 1);
-        assert_eq!(fp8.per_request(4096, 2048).0 * 2, bf16.per_request(4096, 2048).0);
+        assert_eq!(
+            fp8.per_request(4096, 2048).0 * 2,
+            bf16.per_request(4096, 2048).0
+        );
         let budget = Bytes::gib(4);
         let max = bf16.max_context(budget, 2048, 1 << 20);
         assert_eq!(max, 32_768);

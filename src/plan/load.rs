@@ -17,7 +17,7 @@ use crate::detect::Report;
 use super::error::{PlanError, Result};
 use super::inventory::NodeSpec;
 use super::model::config::parse_config_text;
-use super::model::{presets, Model, ModelSource};
+use super::model::{Model, ModelSource, presets};
 use super::units::Bytes;
 
 /// Reads `--model`: a preset key, a `config.json` file, or a directory holding one.
@@ -26,7 +26,11 @@ pub fn load_model(spec: &str) -> Result<Model> {
         return Ok(model);
     }
     let path = Path::new(spec);
-    let file = if path.is_dir() { path.join("config.json") } else { path.to_path_buf() };
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
     if !file.is_file() {
         let similar = presets::similar(spec);
         let hint = if similar.is_empty() {
@@ -34,7 +38,10 @@ pub fn load_model(spec: &str) -> Result<Model> {
         } else {
             format!("; did you mean {}?", similar.join(", "))
         };
-        return Err(PlanError::UnknownModel { name: spec.to_string(), hint });
+        return Err(PlanError::UnknownModel {
+            name: spec.to_string(),
+            hint,
+        });
     }
     let text = read(&file)?;
     let origin = file.display().to_string();
@@ -45,7 +52,12 @@ pub fn load_model(spec: &str) -> Result<Model> {
         .filter(|_| file.file_name().is_some_and(|n| n == "config.json"))
         .or_else(|| file.file_stem())
         .map_or_else(|| origin.clone(), |n| n.to_string_lossy().into_owned());
-    let mut model = Model::new(name, ModelSource::Config(origin), parsed.arch, parsed.native);
+    let mut model = Model::new(
+        name,
+        ModelSource::Config(origin),
+        parsed.arch,
+        parsed.native,
+    );
     model.max_context = parsed.max_context;
     model.notes = parsed.notes;
     Ok(model)
@@ -69,7 +81,7 @@ pub fn parse_bytes(text: &str) -> Option<Bytes> {
         .unwrap_or((lower.as_str(), 1.0));
     let value: f64 = number.parse().ok()?;
     let bytes = value * scale;
-    (bytes.is_finite() && bytes >= 1.0 && bytes < 1e18).then(|| Bytes::from_f64(bytes))
+    (1.0..1e18).contains(&bytes).then(|| Bytes::from_f64(bytes))
 }
 
 /// Reads every `--inventory` path. Directories contribute their `.json`, `.yaml` and `.yml`
@@ -99,35 +111,53 @@ fn inventory_files(path: &Path) -> Result<Vec<PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let entries = std::fs::read_dir(path).map_err(|source| PlanError::Io { path: path.to_path_buf(), source })?;
+    let entries = std::fs::read_dir(path).map_err(|source| PlanError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "json" || e == "yaml" || e == "yml"))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
+        })
         .collect();
     files.sort();
     Ok(files)
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| PlanError::Io { path: path.to_path_buf(), source })
+    std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Decodes JSON, or YAML when the text is not JSON.
 fn decode(path: &Path, text: &str) -> Result<Value> {
-    let invalid = |reason: String| PlanError::InvalidInventory { path: path.to_path_buf(), reason };
+    let invalid = |reason: String| PlanError::InvalidInventory {
+        path: path.to_path_buf(),
+        reason,
+    };
     match serde_json::from_str(text) {
         Ok(value) => Ok(value),
-        Err(json_err) => serde_saphyr::from_str::<Value>(text)
-            .map_err(|yaml_err| invalid(format!("neither JSON ({json_err}) nor YAML ({yaml_err})"))),
+        Err(json_err) => serde_saphyr::from_str::<Value>(text).map_err(|yaml_err| {
+            invalid(format!("neither JSON ({json_err}) nor YAML ({yaml_err})"))
+        }),
     }
 }
 
 /// Turns one decoded file into nodes.
 fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     let value = decode(path, text)?;
-    let invalid = |reason: String| PlanError::InvalidInventory { path: path.to_path_buf(), reason };
+    let invalid = |reason: String| PlanError::InvalidInventory {
+        path: path.to_path_buf(),
+        reason,
+    };
     let node_list = |list: &Value| {
-        serde_json::from_value::<Vec<NodeSpec>>(list.clone()).map_err(|err| invalid(format!("node list: {err}")))
+        serde_json::from_value::<Vec<NodeSpec>>(list.clone())
+            .map_err(|err| invalid(format!("node list: {err}")))
     };
     match &value {
         Value::Array(_) => Ok((node_list(&value)?, Vec::new())),
@@ -187,9 +217,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cases = [
             ("garbage.json", "{not json: [", "neither JSON"),
-            ("inv.yaml", "kind: AcceleratorInventory\n", "not supported yet"),
+            (
+                "inv.yaml",
+                "kind: AcceleratorInventory\n",
+                "not supported yet",
+            ),
             ("other.json", "{\"a\": 1}", "expected a detection report"),
-            ("dup.json", "[{\"name\":\"a\",\"devices\":[]},{\"name\":\"a\",\"devices\":[]}]", "appears twice"),
+            (
+                "dup.json",
+                "[{\"name\":\"a\",\"devices\":[]},{\"name\":\"a\",\"devices\":[]}]",
+                "appears twice",
+            ),
         ];
         for (name, text, expected) in cases {
             let path = dir.path().join(name);
@@ -204,7 +242,15 @@ mod tests {
     #[test]
     fn unknown_models_get_hints() {
         let err = load_model("llama-3.1-7b").unwrap_err().to_string();
-        assert!(err.contains("did you mean") && err.contains("llama-3.1-8b"), "{err}");
-        assert!(load_model("zzz").unwrap_err().to_string().contains("--list-models"));
+        assert!(
+            err.contains("did you mean") && err.contains("llama-3.1-8b"),
+            "{err}"
+        );
+        assert!(
+            load_model("zzz")
+                .unwrap_err()
+                .to_string()
+                .contains("--list-models")
+        );
     }
 }

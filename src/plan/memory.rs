@@ -130,7 +130,14 @@ impl ServingFit {
     pub fn with_concurrency(&self, concurrency: u64) -> DeviceMemory {
         let m = self.memory;
         let kv = self.per_request.times(concurrency.max(1));
-        DeviceMemory::new(m.weights, kv, m.activations, m.overhead, m.capacity, m.budget)
+        DeviceMemory::new(
+            m.weights,
+            kv,
+            m.activations,
+            m.overhead,
+            m.capacity,
+            m.budget,
+        )
     }
 }
 
@@ -156,13 +163,16 @@ pub fn serving_fit(
     let kv = KvLayout::new(model, target.kv_dtype, tp, pp);
     let per_request = kv.per_request(target.context, batched_tokens);
     let kv_free = budget.saturating_sub(weights_here + activations + overhead);
-    let max_concurrency = if per_request.0 == 0 {
-        0
-    } else {
-        kv_free.0 / per_request.0
-    };
+    let max_concurrency = kv_free.0.checked_div(per_request.0).unwrap_or(0);
     ServingFit {
-        memory: DeviceMemory::new(weights_here, per_request, activations, overhead, capacity, budget),
+        memory: DeviceMemory::new(
+            weights_here,
+            per_request,
+            activations,
+            overhead,
+            capacity,
+            budget,
+        ),
         kv_free,
         per_request,
         max_concurrency,
@@ -173,13 +183,28 @@ pub fn serving_fit(
 pub fn activation_peak(model: &Model, tp: u32, batched_tokens: u64, sequences: u64) -> Bytes {
     let arch = &model.arch;
     let effective_intermediate = arch.moe.map_or(arch.intermediate, |moe| {
-        let routed = moe.experts_per_token.saturating_mul(moe.expert_intermediate) + moe.shared_intermediate;
+        let routed = moe
+            .experts_per_token
+            .saturating_mul(moe.expert_intermediate)
+            + moe.shared_intermediate;
         let has_dense = moe.moe_layers < arch.layers;
-        if has_dense { routed.max(arch.intermediate) } else { routed }
+        if has_dense {
+            routed.max(arch.intermediate)
+        } else {
+            routed
+        }
     });
     let per_token = 2 * arch.hidden + 3 * effective_intermediate / u64::from(tp.max(1));
-    let mlp = Bytes(batched_tokens.saturating_mul(per_token).saturating_mul(ACTIVATION_BYTES));
-    let sampler = Bytes(sequences.saturating_mul(arch.vocab).saturating_mul(SAMPLER_BYTES_PER_LOGIT));
+    let mlp = Bytes(
+        batched_tokens
+            .saturating_mul(per_token)
+            .saturating_mul(ACTIVATION_BYTES),
+    );
+    let sampler = Bytes(
+        sequences
+            .saturating_mul(arch.vocab)
+            .saturating_mul(SAMPLER_BYTES_PER_LOGIT),
+    );
     mlp + sampler
 }
 
@@ -204,8 +229,19 @@ mod tests {
         // and overhead leave ~4.3 GiB, i.e. ~35k tokens of 128 KiB each.
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let weights = WeightBytes::of(&model, Precision::Bf16);
-        let target = ServingTarget { context: 8192, kv_dtype: KvDtype::Auto, gpu_util: 0.9 };
-        let fit = serving_fit(&model, &weights, (Bytes(23_034 * MIB), "NVIDIA L4"), 1, 1, &target);
+        let target = ServingTarget {
+            context: 8192,
+            kv_dtype: KvDtype::Auto,
+            gpu_util: 0.9,
+        };
+        let fit = serving_fit(
+            &model,
+            &weights,
+            (Bytes(23_034 * MIB), "NVIDIA L4"),
+            1,
+            1,
+            &target,
+        );
         assert!(fit.fits());
         let tokens = fit.kv_free.0 / 131_072;
         assert!((30_000..40_000).contains(&tokens), "{tokens}");
@@ -215,8 +251,14 @@ mod tests {
 
     #[test]
     fn scheduler_defaults_follow_vllm() {
-        assert_eq!(scheduler_defaults(Bytes::gib(80), "NVIDIA H100 80GB HBM3"), (8192, 1024));
-        assert_eq!(scheduler_defaults(Bytes::gib(80), "NVIDIA A100-SXM4-80GB"), (2048, 256));
+        assert_eq!(
+            scheduler_defaults(Bytes::gib(80), "NVIDIA H100 80GB HBM3"),
+            (8192, 1024)
+        );
+        assert_eq!(
+            scheduler_defaults(Bytes::gib(80), "NVIDIA A100-SXM4-80GB"),
+            (2048, 256)
+        );
         assert_eq!(scheduler_defaults(Bytes::gib(24), "NVIDIA L4"), (2048, 256));
     }
 }

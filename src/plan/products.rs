@@ -62,17 +62,27 @@ pub struct Product {
     pub link: Option<InterconnectKind>,
 }
 
+/// A GPU entry; `memory` is (MiB as reported, nominal GB).
 const fn gpu(
     name: &'static str,
     patterns: &'static [&'static str],
     vendor: Vendor,
-    memory_mib: u64,
-    nominal_gb: u64,
+    (memory_mib, nominal_gb): (u64, u64),
     precisions: &'static [Precision],
     bandwidth_tbps: f64,
     link: Option<InterconnectKind>,
 ) -> Product {
-    Product { name, patterns, vendor, family: Family::Gpu, memory_mib, nominal_gb, precisions, bandwidth_tbps, link }
+    Product {
+        name,
+        patterns,
+        vendor,
+        family: Family::Gpu,
+        memory_mib,
+        nominal_gb,
+        precisions,
+        bandwidth_tbps,
+        link,
+    }
 }
 
 const NV: Vendor = Vendor::Nvidia;
@@ -83,35 +93,251 @@ const PCIE: Option<InterconnectKind> = None;
 /// The table. More specific patterns come first: the first product whose patterns all match
 /// (and, when a memory size is known, whose size matches) wins.
 pub const PRODUCTS: &[Product] = &[
-    gpu("NVIDIA H100 NVL", &["h100", "nvl"], NV, 95_830, 94, HOPPER, 3.9, NVLINK),
-    gpu("NVIDIA H100 PCIe", &["h100", "pcie"], NV, 81_559, 80, HOPPER, 2.0, PCIE),
-    gpu("NVIDIA H100 80GB HBM3", &["h100"], NV, 81_559, 80, HOPPER, 3.35, NVSWITCH),
-    gpu("NVIDIA H200", &["h200"], NV, 143_771, 141, HOPPER, 4.8, NVSWITCH),
-    gpu("NVIDIA H20", &["h20"], NV, 97_871, 96, HOPPER, 4.0, NVSWITCH),
-    gpu("NVIDIA A100 80GB PCIe", &["a100", "pcie"], NV, 81_920, 80, AMPERE, 1.935, PCIE),
-    gpu("NVIDIA A100-SXM4-80GB", &["a100"], NV, 81_920, 80, AMPERE, 2.039, NVSWITCH),
-    gpu("NVIDIA A100-SXM4-40GB", &["a100"], NV, 40_960, 40, AMPERE, 1.555, NVSWITCH),
-    gpu("NVIDIA L40S", &["l40s"], NV, 46_068, 48, ADA, 0.864, PCIE),
-    gpu("NVIDIA L4", &["l4"], NV, 23_034, 24, ADA, 0.3, PCIE),
-    gpu("NVIDIA A10G", &["a10g"], NV, 23_028, 24, AMPERE, 0.6, PCIE),
-    gpu("NVIDIA A10", &["a10"], NV, 23_028, 24, AMPERE, 0.6, PCIE),
-    gpu("NVIDIA RTX A6000", &["a6000"], NV, 49_140, 48, AMPERE, 0.768, PCIE),
-    gpu("NVIDIA A40", &["a40"], NV, 46_068, 48, AMPERE, 0.696, PCIE),
-    gpu("NVIDIA T4", &["t4"], NV, 15_360, 16, TURING, 0.32, PCIE),
-    gpu("NVIDIA V100", &["v100"], NV, 32_768, 32, VOLTA, 0.9, NVLINK),
-    gpu("NVIDIA GeForce RTX 4090", &["4090"], NV, 24_564, 24, ADA, 1.008, PCIE),
-    gpu("NVIDIA B200", &["b200"], NV, 183_359, 180, BLACKWELL, 8.0, NVSWITCH),
-    gpu("AMD Instinct MI300X", &["mi300x"], Vendor::Amd, 196_608, 192, CDNA3, 5.3, Some(InterconnectKind::Xgmi)),
-    gpu("AMD Instinct MI325X", &["mi325x"], Vendor::Amd, 262_144, 256, CDNA3, 6.0, Some(InterconnectKind::Xgmi)),
-    gpu("AMD Instinct MI355X", &["mi355x"], Vendor::Amd, 294_912, 288, CDNA4, 8.0, Some(InterconnectKind::Xgmi)),
-    Product { name: "Intel Gaudi 2", patterns: &["gaudi2"], vendor: Vendor::Intel, family: Family::Asic, memory_mib: 98_304, nominal_gb: 96, precisions: GAUDI, bandwidth_tbps: 2.45, link: Some(InterconnectKind::Gaudilink) },
-    Product { name: "Intel Gaudi 2", patterns: &["hl 225"], vendor: Vendor::Intel, family: Family::Asic, memory_mib: 98_304, nominal_gb: 96, precisions: GAUDI, bandwidth_tbps: 2.45, link: Some(InterconnectKind::Gaudilink) },
-    Product { name: "Intel Gaudi 3", patterns: &["gaudi3"], vendor: Vendor::Intel, family: Family::Asic, memory_mib: 131_072, nominal_gb: 128, precisions: GAUDI, bandwidth_tbps: 3.7, link: Some(InterconnectKind::Gaudilink) },
-    Product { name: "Google TPU v5e", patterns: &["v5e"], vendor: Vendor::Google, family: Family::Tpu, memory_mib: 16_384, nominal_gb: 16, precisions: TPU, bandwidth_tbps: 0.819, link: Some(InterconnectKind::Ici) },
-    Product { name: "Google TPU v5e", patterns: &["v5 lite"], vendor: Vendor::Google, family: Family::Tpu, memory_mib: 16_384, nominal_gb: 16, precisions: TPU, bandwidth_tbps: 0.819, link: Some(InterconnectKind::Ici) },
-    Product { name: "Google TPU v5p", patterns: &["v5p"], vendor: Vendor::Google, family: Family::Tpu, memory_mib: 97_280, nominal_gb: 95, precisions: TPU, bandwidth_tbps: 2.765, link: Some(InterconnectKind::Ici) },
-    Product { name: "Google TPU v6e", patterns: &["v6e"], vendor: Vendor::Google, family: Family::Tpu, memory_mib: 32_768, nominal_gb: 32, precisions: TPU, bandwidth_tbps: 1.64, link: Some(InterconnectKind::Ici) },
-    Product { name: "AWS Trainium2", patterns: &["trainium2"], vendor: Vendor::Aws, family: Family::Asic, memory_mib: 98_304, nominal_gb: 96, precisions: TRAINIUM2, bandwidth_tbps: 2.9, link: Some(InterconnectKind::Neuronlink) },
+    gpu(
+        "NVIDIA H100 NVL",
+        &["h100", "nvl"],
+        NV,
+        (95_830, 94),
+        HOPPER,
+        3.9,
+        NVLINK,
+    ),
+    gpu(
+        "NVIDIA H100 PCIe",
+        &["h100", "pcie"],
+        NV,
+        (81_559, 80),
+        HOPPER,
+        2.0,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA H100 80GB HBM3",
+        &["h100"],
+        NV,
+        (81_559, 80),
+        HOPPER,
+        3.35,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA H200",
+        &["h200"],
+        NV,
+        (143_771, 141),
+        HOPPER,
+        4.8,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA H20",
+        &["h20"],
+        NV,
+        (97_871, 96),
+        HOPPER,
+        4.0,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA A100 80GB PCIe",
+        &["a100", "pcie"],
+        NV,
+        (81_920, 80),
+        AMPERE,
+        1.935,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA A100-SXM4-80GB",
+        &["a100"],
+        NV,
+        (81_920, 80),
+        AMPERE,
+        2.039,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA A100-SXM4-40GB",
+        &["a100"],
+        NV,
+        (40_960, 40),
+        AMPERE,
+        1.555,
+        NVSWITCH,
+    ),
+    gpu("NVIDIA L40S", &["l40s"], NV, (46_068, 48), ADA, 0.864, PCIE),
+    gpu("NVIDIA L4", &["l4"], NV, (23_034, 24), ADA, 0.3, PCIE),
+    gpu(
+        "NVIDIA A10G",
+        &["a10g"],
+        NV,
+        (23_028, 24),
+        AMPERE,
+        0.6,
+        PCIE,
+    ),
+    gpu("NVIDIA A10", &["a10"], NV, (23_028, 24), AMPERE, 0.6, PCIE),
+    gpu(
+        "NVIDIA RTX A6000",
+        &["a6000"],
+        NV,
+        (49_140, 48),
+        AMPERE,
+        0.768,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA A40",
+        &["a40"],
+        NV,
+        (46_068, 48),
+        AMPERE,
+        0.696,
+        PCIE,
+    ),
+    gpu("NVIDIA T4", &["t4"], NV, (15_360, 16), TURING, 0.32, PCIE),
+    gpu(
+        "NVIDIA V100",
+        &["v100"],
+        NV,
+        (32_768, 32),
+        VOLTA,
+        0.9,
+        NVLINK,
+    ),
+    gpu(
+        "NVIDIA GeForce RTX 4090",
+        &["4090"],
+        NV,
+        (24_564, 24),
+        ADA,
+        1.008,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA B200",
+        &["b200"],
+        NV,
+        (183_359, 180),
+        BLACKWELL,
+        8.0,
+        NVSWITCH,
+    ),
+    gpu(
+        "AMD Instinct MI300X",
+        &["mi300x"],
+        Vendor::Amd,
+        (196_608, 192),
+        CDNA3,
+        5.3,
+        Some(InterconnectKind::Xgmi),
+    ),
+    gpu(
+        "AMD Instinct MI325X",
+        &["mi325x"],
+        Vendor::Amd,
+        (262_144, 256),
+        CDNA3,
+        6.0,
+        Some(InterconnectKind::Xgmi),
+    ),
+    gpu(
+        "AMD Instinct MI355X",
+        &["mi355x"],
+        Vendor::Amd,
+        (294_912, 288),
+        CDNA4,
+        8.0,
+        Some(InterconnectKind::Xgmi),
+    ),
+    Product {
+        name: "Intel Gaudi 2",
+        patterns: &["gaudi2"],
+        vendor: Vendor::Intel,
+        family: Family::Asic,
+        memory_mib: 98_304,
+        nominal_gb: 96,
+        precisions: GAUDI,
+        bandwidth_tbps: 2.45,
+        link: Some(InterconnectKind::Gaudilink),
+    },
+    Product {
+        name: "Intel Gaudi 2",
+        patterns: &["hl 225"],
+        vendor: Vendor::Intel,
+        family: Family::Asic,
+        memory_mib: 98_304,
+        nominal_gb: 96,
+        precisions: GAUDI,
+        bandwidth_tbps: 2.45,
+        link: Some(InterconnectKind::Gaudilink),
+    },
+    Product {
+        name: "Intel Gaudi 3",
+        patterns: &["gaudi3"],
+        vendor: Vendor::Intel,
+        family: Family::Asic,
+        memory_mib: 131_072,
+        nominal_gb: 128,
+        precisions: GAUDI,
+        bandwidth_tbps: 3.7,
+        link: Some(InterconnectKind::Gaudilink),
+    },
+    Product {
+        name: "Google TPU v5e",
+        patterns: &["v5e"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 16_384,
+        nominal_gb: 16,
+        precisions: TPU,
+        bandwidth_tbps: 0.819,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "Google TPU v5e",
+        patterns: &["v5 lite"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 16_384,
+        nominal_gb: 16,
+        precisions: TPU,
+        bandwidth_tbps: 0.819,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "Google TPU v5p",
+        patterns: &["v5p"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 97_280,
+        nominal_gb: 95,
+        precisions: TPU,
+        bandwidth_tbps: 2.765,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "Google TPU v6e",
+        patterns: &["v6e"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 32_768,
+        nominal_gb: 32,
+        precisions: TPU,
+        bandwidth_tbps: 1.64,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "AWS Trainium2",
+        patterns: &["trainium2"],
+        vendor: Vendor::Aws,
+        family: Family::Asic,
+        memory_mib: 98_304,
+        nominal_gb: 96,
+        precisions: TRAINIUM2,
+        bandwidth_tbps: 2.9,
+        link: Some(InterconnectKind::Neuronlink),
+    },
 ];
 
 /// Lowercase, with every run of non-alphanumerics turned into one space, so
@@ -119,7 +345,13 @@ pub const PRODUCTS: &[Product] = &[
 fn normalise(text: &str) -> String {
     let spaced: String = text
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { ' ' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                ' '
+            }
+        })
         .collect();
     spaced.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -130,7 +362,11 @@ pub fn lookup(name: &str, memory_gb: Option<f64>) -> Option<&'static Product> {
     let key = normalise(name);
     let candidates: Vec<&Product> = PRODUCTS
         .iter()
-        .filter(|p| p.patterns.iter().all(|pattern| contains_model(&key, pattern)))
+        .filter(|p| {
+            p.patterns
+                .iter()
+                .all(|pattern| contains_model(&key, pattern))
+        })
         .collect();
     let sized = memory_gb.and_then(|gb| {
         candidates
@@ -180,16 +416,25 @@ mod tests {
     #[test]
     fn detected_names_map_to_products() {
         let name = |n: &str, gb: Option<f64>| lookup(n, gb).map(|p| p.name);
-        assert_eq!(name("NVIDIA H100 80GB HBM3", Some(79.6)), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(
+            name("NVIDIA H100 80GB HBM3", Some(79.6)),
+            Some("NVIDIA H100 80GB HBM3")
+        );
         assert_eq!(name("NVIDIA H100 PCIe", None), Some("NVIDIA H100 PCIe"));
-        assert_eq!(name("NVIDIA A100-SXM4-40GB", Some(40.0)), Some("NVIDIA A100-SXM4-40GB"));
+        assert_eq!(
+            name("NVIDIA A100-SXM4-40GB", Some(40.0)),
+            Some("NVIDIA A100-SXM4-40GB")
+        );
         assert_eq!(name("A100", Some(80.0)), Some("NVIDIA A100-SXM4-80GB"));
         assert_eq!(name("NVIDIA L4", None), Some("NVIDIA L4"));
         assert_eq!(name("NVIDIA L40S", None), Some("NVIDIA L40S"));
         assert_eq!(name("NVIDIA A10G", None), Some("NVIDIA A10G"));
         assert_eq!(name("h20", None), Some("NVIDIA H20"));
         assert_eq!(name("H200", None), Some("NVIDIA H200"));
-        assert_eq!(name("AMD Instinct MI300X", None), Some("AMD Instinct MI300X"));
+        assert_eq!(
+            name("AMD Instinct MI300X", None),
+            Some("AMD Instinct MI300X")
+        );
         assert_eq!(name("TPU-v5e", None), Some("Google TPU v5e"));
         assert_eq!(name("tpu-v5-lite-podslice", None), Some("Google TPU v5e"));
         assert_eq!(name("HL-225", None), Some("Intel Gaudi 2"));
@@ -200,7 +445,11 @@ mod tests {
     #[test]
     fn table_is_sane() {
         for p in PRODUCTS {
-            assert!(p.memory_mib > 0 && p.bandwidth_tbps > 0.0 && !p.precisions.is_empty(), "{}", p.name);
+            assert!(
+                p.memory_mib > 0 && p.bandwidth_tbps > 0.0 && !p.precisions.is_empty(),
+                "{}",
+                p.name
+            );
             let gib = p.memory_mib as f64 / 1024.0;
             assert!((gib / p.nominal_gb as f64 - 1.0).abs() < 0.1, "{}", p.name);
         }

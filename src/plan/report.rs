@@ -155,13 +155,23 @@ impl Plan {
     pub fn to_table(&self) -> String {
         let mut out = String::new();
         let verdict = if self.fits { "FITS" } else { "DOES NOT FIT" };
-        let _ = writeln!(out, "{verdict}: {} {} ({:.1}B params)", self.goal, self.model.name, self.model.params as f64 / 1e9);
+        let _ = writeln!(
+            out,
+            "{verdict}: {} {} ({:.1}B params)",
+            self.goal,
+            self.model.name,
+            self.model.params as f64 / 1e9
+        );
         if let (Some(device), Some(precision)) = (&self.device, self.precision) {
             let layout = format!(
                 "{} x {} | precision {precision}{} | TP {} x PP {} x {} replica(s) on {} node(s)",
                 self.devices.unwrap_or(0),
                 device,
-                if self.execution == Some(Execution::WeightOnly) { " (weight-only)" } else { "" },
+                if self.execution == Some(Execution::WeightOnly) {
+                    " (weight-only)"
+                } else {
+                    ""
+                },
                 self.tp.unwrap_or(0),
                 self.pp.unwrap_or(0),
                 self.replicas.unwrap_or(0),
@@ -174,7 +184,10 @@ impl Plan {
             out.push_str(&memory_table(memory, self.fits));
         }
         if let (Some(context), Some(max)) = (self.context, self.max_concurrency) {
-            let _ = writeln!(out, "\ncontext {context} tokens, {max} concurrent full-context request(s) fit");
+            let _ = writeln!(
+                out,
+                "\ncontext {context} tokens, {max} concurrent full-context request(s) fit"
+            );
         }
         if let Some(t) = &self.throughput {
             let _ = writeln!(
@@ -187,7 +200,12 @@ impl Plan {
             out.push('\n');
             let mut table = Table::new(["REPLICA", "STAGE", "NODE", "DEVICES"]);
             for a in &self.assignments {
-                table.row([a.replica.to_string(), a.stage.to_string(), a.node.clone(), a.devices.join(",")]);
+                table.row([
+                    a.replica.to_string(),
+                    a.stage.to_string(),
+                    a.node.clone(),
+                    a.devices.join(","),
+                ]);
             }
             out.push_str(&table.render());
         }
@@ -216,7 +234,10 @@ fn memory_table(memory: &DeviceMemory, fits: bool) -> String {
     ];
     for (name, bytes) in rows {
         let share = if memory.budget.0 > 0 && name != "capacity" && name != "budget" {
-            format!("{:.0}% of budget", 100.0 * bytes.as_f64() / memory.budget.as_f64())
+            format!(
+                "{:.0}% of budget",
+                100.0 * bytes.as_f64() / memory.budget.as_f64()
+            )
         } else {
             String::new()
         };
@@ -224,7 +245,11 @@ fn memory_table(memory: &DeviceMemory, fits: bool) -> String {
     }
     let mut text = table.render();
     if !fits && memory.total > memory.budget {
-        let _ = writeln!(text, "over budget by {}", memory.total.saturating_sub(memory.budget));
+        let _ = writeln!(
+            text,
+            "over budget by {}",
+            memory.total.saturating_sub(memory.budget)
+        );
     }
     text
 }

@@ -57,7 +57,12 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
             "xgmi" => links.domain = Some(Some(InterconnectKind::Xgmi)),
             "pcie" => links.domain = Some(None),
             "ib" | "infiniband" => links.infiniband = true,
-            other => return Err(invalid(spec, format!("unknown link {other:?} (nvswitch, nvlink, xgmi, pcie, ib)"))),
+            other => {
+                return Err(invalid(
+                    spec,
+                    format!("unknown link {other:?} (nvswitch, nvlink, xgmi, pcie, ib)"),
+                ));
+            }
         }
     }
     let (counts, product_text) = leading_counts(body);
@@ -65,13 +70,23 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
         [] => (1, 1),
         [devices] => (1, *devices),
         [nodes, devices] => (*nodes, *devices),
-        _ => return Err(invalid(spec, format!("{body:?}: at most NODESxDEVICESxPRODUCT"))),
+        _ => {
+            return Err(invalid(
+                spec,
+                format!("{body:?}: at most NODESxDEVICESxPRODUCT"),
+            ));
+        }
     };
     if nodes == 0 || devices == 0 {
-        return Err(PlanError::NoDevices(format!("--hardware {spec:?} describes zero devices")));
+        return Err(PlanError::NoDevices(format!(
+            "--hardware {spec:?} describes zero devices"
+        )));
     }
     if nodes > MAX_NODES || devices > MAX_DEVICES_PER_NODE {
-        return Err(invalid(spec, format!("at most {MAX_NODES} nodes of {MAX_DEVICES_PER_NODE} devices")));
+        return Err(invalid(
+            spec,
+            format!("at most {MAX_NODES} nodes of {MAX_DEVICES_PER_NODE} devices"),
+        ));
     }
     let (product_name, memory) = split_memory(spec, product_text)?;
     if product_name.is_empty() {
@@ -123,7 +138,10 @@ fn split_memory<'a>(spec: &str, text: &'a str) -> Result<(&'a str, Option<Bytes>
         return Ok((text, None));
     };
     let lower = last.to_ascii_lowercase();
-    let Some(number) = ["gib", "gb", "g"].iter().find_map(|unit| lower.strip_suffix(unit)) else {
+    let Some(number) = ["gib", "gb", "g"]
+        .iter()
+        .find_map(|unit| lower.strip_suffix(unit))
+    else {
         return Ok((text, None));
     };
     let Ok(gb) = number.parse::<f64>() else {
@@ -139,11 +157,16 @@ fn split_memory<'a>(spec: &str, text: &'a str) -> Result<(&'a str, Option<Bytes>
 fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<DeviceSpec> {
     if let Some(product) = products::lookup(name, memory.map(Bytes::as_gib)) {
         // The table's exact size when the given one is the nominal size of this product.
-        let exact = memory.filter(|m| (m.as_gib() - product.nominal_gb as f64).abs() > product.nominal_gb as f64 * 0.1);
+        let exact = memory.filter(|m| {
+            (m.as_gib() - product.nominal_gb as f64).abs() > product.nominal_gb as f64 * 0.1
+        });
         return Ok(product.device_spec(String::new(), exact));
     }
     let memory = memory.ok_or_else(|| {
-        invalid(spec, format!("unknown product {name:?}: give its memory, e.g. {name}-48GB"))
+        invalid(
+            spec,
+            format!("unknown product {name:?}: give its memory, e.g. {name}-48GB"),
+        )
     })?;
     Ok(DeviceSpec {
         id: String::new(),
@@ -160,7 +183,13 @@ fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<Devi
 fn slug(name: &str) -> String {
     let slug: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     slug.trim_matches('-').to_string()
 }
@@ -174,7 +203,11 @@ mod tests {
     fn nodes_devices_product_and_links() {
         let nodes = parse_hardware("2x8xH100-80GB+nvswitch+ib").unwrap();
         assert_eq!(nodes.len(), 2);
-        assert!(nodes.iter().all(|n| n.devices.len() == 8 && n.fabric.as_deref() == Some("ib-0")));
+        assert!(
+            nodes
+                .iter()
+                .all(|n| n.devices.len() == 8 && n.fabric.as_deref() == Some("ib-0"))
+        );
         let device = &nodes[0].devices[0];
         assert_eq!(device.memory, Bytes(81_559 * crate::hardware::MIB));
         assert_eq!(device.domain.as_deref(), Some("nvswitch:0"));
@@ -189,7 +222,12 @@ mod tests {
         assert_eq!(nodes[0].devices.len(), 8);
         assert_eq!(nodes[0].devices[0].domain.as_deref(), Some("xgmi:0"));
         assert_eq!(nodes[1].devices[0].domain, None, "L4s are PCIe cards");
-        assert_eq!(parse_hardware("A100-40GB").unwrap()[0].devices[0].memory.as_gib(), 40.0);
+        assert_eq!(
+            parse_hardware("A100-40GB").unwrap()[0].devices[0]
+                .memory
+                .as_gib(),
+            40.0
+        );
         let pcie = parse_hardware("8xH100+pcie").unwrap();
         assert_eq!(pcie[0].devices[0].domain, None);
     }
@@ -205,7 +243,16 @@ mod tests {
 
     #[test]
     fn bad_shorthand_is_an_error() {
-        for bad in ["", "0x8xH100", "2x0xH100", "8xH100+warp", "1x2x3xH100", "8x", "8xH100-0GB", "999999x8xH100"] {
+        for bad in [
+            "",
+            "0x8xH100",
+            "2x0xH100",
+            "8xH100+warp",
+            "1x2x3xH100",
+            "8x",
+            "8xH100-0GB",
+            "999999x8xH100",
+        ] {
             assert!(parse_hardware(bad).is_err(), "{bad:?}");
         }
     }

@@ -51,7 +51,11 @@ pub fn estimate(
         let weights_read = read_per_step(model, weights, sequences).as_f64() / (tp * pp);
         let kv_read = kv_per_request.as_f64() * sequences as f64;
         let step_seconds = pp * (weights_read + kv_read) / device_bandwidth;
-        if step_seconds > 0.0 { sequences as f64 / step_seconds } else { 0.0 }
+        if step_seconds > 0.0 {
+            sequences as f64 / step_seconds
+        } else {
+            0.0
+        }
     };
     Some(ThroughputEstimate {
         kind: "estimate",
@@ -68,7 +72,9 @@ fn read_per_step(model: &Model, weights: &WeightBytes, sequences: u64) -> Bytes 
     let Some(moe) = model.arch.moe else {
         return dense + weights.experts;
     };
-    let touched = (sequences.saturating_mul(moe.experts_per_token) as f64 / moe.experts.max(1) as f64).min(1.0);
+    let touched = (sequences.saturating_mul(moe.experts_per_token) as f64
+        / moe.experts.max(1) as f64)
+        .min(1.0);
     dense + Bytes::from_f64(weights.experts.as_f64() * touched)
 }
 
@@ -88,7 +94,10 @@ mod tests {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let weights = WeightBytes::of(&model, Precision::Bf16);
         let e = estimate(&model, &weights, (1, 1), Bytes::ZERO, 3.35, 1).unwrap();
-        assert!((190.0..230.0).contains(&e.single_stream_tokens_per_s), "{e:?}");
+        assert!(
+            (190.0..230.0).contains(&e.single_stream_tokens_per_s),
+            "{e:?}"
+        );
         assert_eq!(e.kind, "estimate");
     }
 
@@ -98,7 +107,10 @@ mod tests {
         let weights = WeightBytes::of(&model, Precision::Bf16);
         let e = estimate(&model, &weights, (2, 1), Bytes(1 << 20), 3.35, 64).unwrap();
         // Active 12.9B params = 25.8 GB read over 2 x 3.35 TB/s -> ~260 tokens/s.
-        assert!((200.0..300.0).contains(&e.single_stream_tokens_per_s), "{e:?}");
+        assert!(
+            (200.0..300.0).contains(&e.single_stream_tokens_per_s),
+            "{e:?}"
+        );
         assert!(e.batched_tokens_per_s > e.single_stream_tokens_per_s * 10.0);
         assert!(estimate(&model, &weights, (2, 1), Bytes::ZERO, 0.0, 1).is_none());
     }

@@ -72,7 +72,15 @@ pub enum LoraTarget {
 
 impl LoraTarget {
     /// Every linear module ("all-linear").
-    pub const ALL: [Self; 7] = [Self::Q, Self::K, Self::V, Self::O, Self::Gate, Self::Up, Self::Down];
+    pub const ALL: [Self; 7] = [
+        Self::Q,
+        Self::K,
+        Self::V,
+        Self::O,
+        Self::Gate,
+        Self::Up,
+        Self::Down,
+    ];
 
     /// Parses `q`, `q_proj`, `gate_proj`...
     pub fn parse(text: &str) -> Option<Self> {
@@ -154,13 +162,21 @@ pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
     let (q_out, kv_out, o_in) = match arch.attention {
         Attention::Standard => {
             let hd = u128::from(arch.head_dim);
-            (u128::from(arch.heads) * hd, u128::from(arch.kv_heads) * hd, u128::from(arch.heads) * hd)
+            (
+                u128::from(arch.heads) * hd,
+                u128::from(arch.kv_heads) * hd,
+                u128::from(arch.heads) * hd,
+            )
         }
         // MLA: q maps to all heads' query dims, k/v to the latent, o from the value heads.
         Attention::Mla(mla) => {
             let heads = u128::from(arch.heads);
             let qk = u128::from(mla.qk_nope_head_dim + mla.qk_rope_head_dim);
-            (heads * qk, u128::from(mla.kv_lora_rank + mla.qk_rope_head_dim), heads * u128::from(mla.v_head_dim))
+            (
+                heads * qk,
+                u128::from(mla.kv_lora_rank + mla.qk_rope_head_dim),
+                heads * u128::from(mla.v_head_dim),
+            )
         }
     };
     let layers = u128::from(arch.layers);
@@ -199,31 +215,63 @@ pub fn training_memory(
 ) -> TrainingMemory {
     let n = u64::from(devices.max(1));
     let shard = |bytes: Bytes, from_stage: ZeroStage| {
-        if stage >= from_stage { bytes.div_ceil(n) } else { bytes }
+        if stage >= from_stage {
+            bytes.div_ceil(n)
+        } else {
+            bytes
+        }
     };
     let trainable = trainable_params(model, target);
     let total = model.params.total();
     let per_param = |count: u64, bytes: f64| Bytes::from_f64(count as f64 * bytes);
     // DeepSpeed budgets 4 bytes per parameter of the largest layer for ZeRO-3's gathers.
-    let gather_buffer = if stage >= 3 { Bytes(largest_layer_params(model)).times(4) } else { Bytes::ZERO };
+    let gather_buffer = if stage >= 3 {
+        Bytes(largest_layer_params(model)).times(4)
+    } else {
+        Bytes::ZERO
+    };
     let (weights, gradients, optimizer) = match target.method {
         Method::Full | Method::Dpo => {
             let policy = shard(per_param(total, 2.0), 3);
-            let reference = if target.method == Method::Dpo { shard(per_param(total, 2.0), 3) } else { Bytes::ZERO };
-            (policy + reference + gather_buffer, shard(per_param(total, 2.0), 2), shard(per_param(total, 12.0), 1))
+            let reference = if target.method == Method::Dpo {
+                shard(per_param(total, 2.0), 3)
+            } else {
+                Bytes::ZERO
+            };
+            (
+                policy + reference + gather_buffer,
+                shard(per_param(total, 2.0), 2),
+                shard(per_param(total, 12.0), 1),
+            )
         }
         Method::Lora => {
             let base = shard(per_param(total, 2.0), 3);
-            (base + per_param(trainable, 4.0) + gather_buffer, shard(per_param(trainable, 4.0), 2), shard(per_param(trainable, 8.0), 1))
+            (
+                base + per_param(trainable, 4.0) + gather_buffer,
+                shard(per_param(trainable, 4.0), 2),
+                shard(per_param(trainable, 8.0), 1),
+            )
         }
         Method::Qlora => {
             let base = shard(qlora_base_bytes(model), 3);
-            (base + per_param(trainable, 2.0) + gather_buffer, shard(per_param(trainable, 2.0), 2), shard(per_param(trainable, 8.0), 1))
+            (
+                base + per_param(trainable, 2.0) + gather_buffer,
+                shard(per_param(trainable, 2.0), 2),
+                shard(per_param(trainable, 8.0), 1),
+            )
         }
     };
-    let batch = if target.method == Method::Dpo { target.micro_batch.saturating_mul(2) } else { target.micro_batch };
+    let batch = if target.method == Method::Dpo {
+        target.micro_batch.saturating_mul(2)
+    } else {
+        target.micro_batch
+    };
     let activations = activation_bytes(model, target.seq_len, batch, target.gradient_checkpointing);
-    let overhead = if devices > 1 { BASE_OVERHEAD + COLLECTIVE_OVERHEAD } else { BASE_OVERHEAD };
+    let overhead = if devices > 1 {
+        BASE_OVERHEAD + COLLECTIVE_OVERHEAD
+    } else {
+        BASE_OVERHEAD
+    };
     let states = weights + gradients + optimizer;
     TrainingMemory {
         trainable_params: trainable,
@@ -234,7 +282,14 @@ pub fn training_memory(
         overhead,
         zero_stage: stage,
         devices: devices.max(1),
-        device: DeviceMemory::new(states, Bytes::ZERO, activations, overhead, capacity, capacity.fraction(gpu_util)),
+        device: DeviceMemory::new(
+            states,
+            Bytes::ZERO,
+            activations,
+            overhead,
+            capacity,
+            capacity.fraction(gpu_util),
+        ),
     }
 }
 
@@ -259,7 +314,9 @@ pub fn activation_bytes(model: &Model, seq_len: u64, batch: u64, checkpointing: 
     let tokens = u128::from(seq_len) * u128::from(batch);
     let h = u128::from(arch.hidden);
     let intermediate = u128::from(arch.moe.map_or(arch.intermediate, |moe| {
-        moe.experts_per_token.saturating_mul(moe.expert_intermediate) + moe.shared_intermediate
+        moe.experts_per_token
+            .saturating_mul(moe.expert_intermediate)
+            + moe.shared_intermediate
     }));
     let full_layer = tokens * (17 * h + 8 * intermediate);
     let layers = u128::from(arch.layers);
@@ -291,7 +348,13 @@ mod tests {
     #[test]
     fn full_fine_tuning_costs_sixteen_bytes_per_parameter_unsharded() {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
-        let m = training_memory(&model, &target(Method::Full, 512), 1, 0, (Bytes::gib(80), 0.9));
+        let m = training_memory(
+            &model,
+            &target(Method::Full, 512),
+            1,
+            0,
+            (Bytes::gib(80), 0.9),
+        );
         let states = m.weights + m.gradients + m.optimizer;
         assert_eq!(states.0 / model.params.total(), 16);
     }
@@ -315,7 +378,11 @@ mod tests {
         let t = target(Method::Full, 2048);
         let zero2 = training_memory(&model, &t, 16, 2, (Bytes::gib(80), 0.9));
         let zero3 = training_memory(&model, &t, 16, 3, (Bytes::gib(80), 0.9));
-        assert!(zero2.device.total > zero2.device.capacity, "{}", zero2.device.total);
+        assert!(
+            zero2.device.total > zero2.device.capacity,
+            "{}",
+            zero2.device.total
+        );
         assert!(zero3.device.within_budget(), "{}", zero3.device.total);
     }
 
@@ -334,14 +401,29 @@ mod tests {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let with = activation_bytes(&model, 4096, 1, true);
         let without = activation_bytes(&model, 4096, 1, false);
-        assert!(with.as_f64() * 4.0 < without.as_f64(), "{with} vs {without}");
+        assert!(
+            with.as_f64() * 4.0 < without.as_f64(),
+            "{with} vs {without}"
+        );
     }
 
     #[test]
     fn dpo_adds_a_reference_model() {
         let model = presets::find("llama-3.2-1b").unwrap().unwrap();
-        let full = training_memory(&model, &target(Method::Full, 512), 1, 0, (Bytes::gib(80), 0.9));
-        let dpo = training_memory(&model, &target(Method::Dpo, 512), 1, 0, (Bytes::gib(80), 0.9));
+        let full = training_memory(
+            &model,
+            &target(Method::Full, 512),
+            1,
+            0,
+            (Bytes::gib(80), 0.9),
+        );
+        let dpo = training_memory(
+            &model,
+            &target(Method::Dpo, 512),
+            1,
+            0,
+            (Bytes::gib(80), 0.9),
+        );
         assert_eq!((dpo.weights.0 - full.weights.0) / model.params.total(), 2);
         assert!(dpo.activations > full.activations);
     }

@@ -51,7 +51,11 @@ impl WeightBytes {
                 QuantScope::ExpertsOnly => (SIXTEEN_BIT, width),
             }
         };
-        let kept = if width >= SIXTEEN_BIT { width } else { SIXTEEN_BIT };
+        let kept = if width >= SIXTEEN_BIT {
+            width
+        } else {
+            SIXTEEN_BIT
+        };
         let bytes = |count: u64, per: f64| Bytes::from_f64(count as f64 * per);
         let other_linear = p
             .attention
@@ -63,7 +67,8 @@ impl WeightBytes {
             lm_head: bytes(p.lm_head, kept),
             kv_projection: bytes(p.kv_projection, linear),
             experts: bytes(p.experts, experts),
-            other_layers: bytes(other_linear, linear) + bytes(p.router.saturating_add(p.norms), kept),
+            other_layers: bytes(other_linear, linear)
+                + bytes(p.router.saturating_add(p.norms), kept),
         };
         match model.checkpoint_bytes {
             Some(exact) if precision == model.native.precision => computed.scaled_to(exact),
@@ -104,9 +109,8 @@ impl WeightBytes {
         let tp = u64::from(tp.max(1));
         let pp = u64::from(pp.max(1));
         let stage_layers = layers.div_ceil(pp).min(layers);
-        let stage_share = |bytes: Bytes| {
-            Bytes::from_f64(bytes.as_f64() * stage_layers as f64 / layers as f64)
-        };
+        let stage_share =
+            |bytes: Bytes| Bytes::from_f64(bytes.as_f64() * stage_layers as f64 / layers as f64);
         let kv_heads = u64::from(model.arch.kv_heads.max(1));
         let kv_heads_per_rank = (kv_heads / tp).max(1);
         let kv = Bytes::from_f64(
@@ -150,7 +154,11 @@ mod tests {
     #[test]
     fn sixteen_bit_weights_are_two_bytes_per_parameter() {
         // HF Llama 3.1 blog table: 8B 16 GB, 70B 140 GB, 405B 810 GB in BF16.
-        for (key, expected) in [("llama-3.1-8b", 16.06), ("llama-3.1-70b", 141.1), ("llama-3.1-405b", 811.7)] {
+        for (key, expected) in [
+            ("llama-3.1-8b", 16.06),
+            ("llama-3.1-70b", 141.1),
+            ("llama-3.1-405b", 811.7),
+        ] {
             let model = presets::find(key).unwrap().unwrap();
             let total = gb(WeightBytes::of(&model, Precision::Bf16).total());
             assert!((total - expected).abs() / expected < 0.01, "{key}: {total}");
@@ -172,7 +180,11 @@ mod tests {
         // openai/gpt-oss README: the 117B model fits one 80 GB GPU thanks to MXFP4 experts.
         let model = presets::find("gpt-oss-120b").unwrap().unwrap();
         let native = WeightBytes::of(&model, Precision::Mxfp4);
-        assert!(gb(native.total()) > 60.0 && gb(native.total()) < 68.0, "{}", gb(native.total()));
+        assert!(
+            gb(native.total()) > 60.0 && gb(native.total()) < 68.0,
+            "{}",
+            gb(native.total())
+        );
         assert_eq!(native.kv_projection, Bytes(model.params.kv_projection * 2));
     }
 
@@ -182,7 +194,10 @@ mod tests {
         let mut model = presets::find("llama-3.1-405b").unwrap().unwrap();
         model.native.precision = Precision::Fp8;
         let model = model.with_checkpoint_bytes(Some(Bytes(462_000_000_000)));
-        assert_eq!(WeightBytes::of(&model, Precision::Fp8).total().0 / 1_000_000, 462_000);
+        assert_eq!(
+            WeightBytes::of(&model, Precision::Fp8).total().0 / 1_000_000,
+            462_000
+        );
         assert!(gb(WeightBytes::of(&model, Precision::Bf16).total()) > 800.0);
     }
 
@@ -201,6 +216,9 @@ mod tests {
         let weights = WeightBytes::of(&model, Precision::Bf16);
         let one_stage = weights.per_device(&model, 8, 1);
         let two_stages = weights.per_device(&model, 8, 2);
-        assert!(two_stages.as_f64() < one_stage.as_f64() * 0.52, "{two_stages} vs {one_stage}");
+        assert!(
+            two_stages.as_f64() < one_stage.as_f64() * 0.52,
+            "{two_stages} vs {one_stage}"
+        );
     }
 }

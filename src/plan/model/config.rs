@@ -51,11 +51,7 @@ pub fn parse_config(origin: &str, value: &Value) -> Result<ParsedConfig> {
         Some(Value::Object(inner)) => inner,
         _ => top,
     };
-    let fields = Fields {
-        origin,
-        text,
-        top,
-    };
+    let fields = Fields { origin, text, top };
     let mut notes = Vec::new();
     let arch = architecture(&fields, &mut notes)?;
     let native = native_format(&fields, &mut notes)?;
@@ -96,9 +92,9 @@ impl Fields<'_> {
     fn u64_any(&self, names: &[&str]) -> Result<Option<u64>> {
         for name in names {
             if let Some(value) = self.get(name) {
-                return as_count(value)
-                    .map(Some)
-                    .ok_or_else(|| self.error(format!("{name} is not a non-negative integer: {value}")));
+                return as_count(value).map(Some).ok_or_else(|| {
+                    self.error(format!("{name} is not a non-negative integer: {value}"))
+                });
             }
         }
         Ok(None)
@@ -160,7 +156,12 @@ fn architecture(fields: &Fields<'_>, notes: &mut Vec<String>) -> Result<Architec
         )));
     }
     let moe = moe(fields, layers)?;
-    let intermediate = match fields.u64_any(&["intermediate_size_mlp", "intermediate_size", "ffn_dim", "n_inner"])? {
+    let intermediate = match fields.u64_any(&[
+        "intermediate_size_mlp",
+        "intermediate_size",
+        "ffn_dim",
+        "n_inner",
+    ])? {
         Some(size) => fields.bounded("intermediate_size", size, MAX_DIM)?,
         None if moe.is_some() => 0,
         None => {
@@ -169,7 +170,9 @@ fn architecture(fields: &Fields<'_>, notes: &mut Vec<String>) -> Result<Architec
         }
     };
     let sliding_window = sliding_window(fields, &model_type, layers, notes)?;
-    let qkv_bias = fields.bool("qkv_bias").or_else(|| fields.bool("attention_bias"))
+    let qkv_bias = fields
+        .bool("qkv_bias")
+        .or_else(|| fields.bool("attention_bias"))
         // Qwen2 always has Q/K/V biases but its config has no flag for them.
         .unwrap_or(matches!(model_type.as_str(), "qwen2" | "qwen2_moe"));
     Ok(Architecture {
@@ -204,16 +207,30 @@ fn attention(fields: &Fields<'_>) -> Result<Attention> {
 }
 
 fn moe(fields: &Fields<'_>, layers: u32) -> Result<Option<Moe>> {
-    let experts = fields.u64_any(&["num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"])?;
+    let experts = fields.u64_any(&[
+        "num_local_experts",
+        "num_experts",
+        "n_routed_experts",
+        "moe_num_experts",
+    ])?;
     let Some(experts) = experts.filter(|&e| e > 1) else {
         return Ok(None);
     };
     let experts = fields.bounded("num_experts", experts, MAX_HEADS)?;
     let per_token = fields
-        .required(&["num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k"], MAX_HEADS)?
+        .required(
+            &[
+                "num_experts_per_tok",
+                "num_experts_per_token",
+                "moe_topk",
+                "top_k",
+            ],
+            MAX_HEADS,
+        )?
         .min(experts);
     // Mixtral and gpt-oss size their experts with `intermediate_size`.
-    let expert_intermediate = fields.required(&["moe_intermediate_size", "intermediate_size"], MAX_DIM)?;
+    let expert_intermediate =
+        fields.required(&["moe_intermediate_size", "intermediate_size"], MAX_DIM)?;
     let shared_intermediate = shared_expert_size(fields, expert_intermediate)?;
     Ok(Some(Moe {
         experts,
@@ -232,11 +249,15 @@ fn shared_expert_size(fields: &Fields<'_>, expert_intermediate: u64) -> Result<u
         return Ok(count.saturating_mul(expert_intermediate));
     }
     // Llama 4 always has one shared expert of the routed experts' size.
-    Ok(if fields.str("model_type") == Some("llama4_text") || fields.str("model_type") == Some("llama4") {
-        expert_intermediate
-    } else {
-        0
-    })
+    Ok(
+        if fields.str("model_type") == Some("llama4_text")
+            || fields.str("model_type") == Some("llama4")
+        {
+            expert_intermediate
+        } else {
+            0
+        },
+    )
 }
 
 /// How many layers are MoE: stated outright, as a list, as "every k-th", or as "all but the
@@ -248,7 +269,11 @@ fn moe_layer_count(fields: &Fields<'_>, layers: u32) -> Result<u32> {
     if let Some(count) = fields.u64_any(&["moe_layers"])? {
         return Ok(u32::try_from(count).unwrap_or(u32::MAX).min(layers));
     }
-    if let Some(step) = fields.u64_any(&["interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq"])? {
+    if let Some(step) = fields.u64_any(&[
+        "interleave_moe_layer_step",
+        "decoder_sparse_step",
+        "moe_layer_freq",
+    ])? {
         let step = u32::try_from(step.max(1)).unwrap_or(u32::MAX);
         let dense_only = match fields.get("mlp_only_layers") {
             Some(Value::Array(list)) => u32::try_from(list.len()).unwrap_or(0),
@@ -271,14 +296,18 @@ fn sliding_window(
 ) -> Result<Option<SlidingWindow>> {
     if model_type.starts_with("llama4") {
         let Some(chunk) = fields.u64_any(&["attention_chunk_size"])? else {
-            notes.push("no attention_chunk_size: every layer treated as full attention".to_string());
+            notes
+                .push("no attention_chunk_size: every layer treated as full attention".to_string());
             return Ok(None);
         };
         let chunked = match fields.get("no_rope_layers") {
             Some(Value::Array(flags)) => flags.iter().filter(|f| f.as_u64() == Some(1)).count(),
             _ => (layers - layers / 4) as usize,
         };
-        return Ok(window(chunk, u32::try_from(chunked).unwrap_or(layers).min(layers)));
+        return Ok(window(
+            chunk,
+            u32::try_from(chunked).unwrap_or(layers).min(layers),
+        ));
     }
     let Some(size) = fields.u64_any(&["sliding_window"])? else {
         return Ok(None);
@@ -295,13 +324,19 @@ fn sliding_window(
         match model_type {
             "gemma2" | "gpt_oss" => layers.div_ceil(2) as usize,
             "gemma3" | "gemma3_text" => {
-                let pattern = fields.u64_any(&["sliding_window_pattern"])?.unwrap_or(6).max(1);
+                let pattern = fields
+                    .u64_any(&["sliding_window_pattern"])?
+                    .unwrap_or(6)
+                    .max(1);
                 (u64::from(layers) - u64::from(layers) / pattern) as usize
             }
             _ => layers as usize,
         }
     };
-    Ok(window(size, u32::try_from(windowed).unwrap_or(layers).min(layers)))
+    Ok(window(
+        size,
+        u32::try_from(windowed).unwrap_or(layers).min(layers),
+    ))
 }
 
 fn window(size: u64, layers: u32) -> Option<SlidingWindow> {
@@ -330,7 +365,10 @@ fn native_format(fields: &Fields<'_>, notes: &mut Vec<String>) -> Result<NativeF
     match quantization(quant) {
         Some(format) => Ok(format),
         None => {
-            let method = quant.get("quant_method").and_then(Value::as_str).unwrap_or("unnamed");
+            let method = quant
+                .get("quant_method")
+                .and_then(Value::as_str)
+                .unwrap_or("unnamed");
             notes.push(format!(
                 "quantization method {method:?} is not modelled: weights counted at 16 bits; \
                  pass --checkpoint-bytes for the exact size"
@@ -343,9 +381,17 @@ fn native_format(fields: &Fields<'_>, notes: &mut Vec<String>) -> Result<NativeF
 /// Reads the common `quantization_config` shapes (fp8, mxfp4, AWQ/GPTQ, bitsandbytes,
 /// compressed-tensors, ModelOpt).
 fn quantization(quant: &Map<String, Value>) -> Option<NativeFormat> {
-    let method = quant.get("quant_method").and_then(Value::as_str)?.to_ascii_lowercase();
+    let method = quant
+        .get("quant_method")
+        .and_then(Value::as_str)?
+        .to_ascii_lowercase();
     let bits = quant.get("bits").and_then(Value::as_u64);
-    let all = |precision| Some(NativeFormat { precision, scope: QuantScope::AllLinear });
+    let all = |precision| {
+        Some(NativeFormat {
+            precision,
+            scope: QuantScope::AllLinear,
+        })
+    };
     match method.as_str() {
         "fp8" | "fbgemm_fp8" => all(Precision::Fp8),
         "mxfp4" => Some(NativeFormat {
@@ -365,7 +411,10 @@ fn quantization(quant: &Map<String, Value>) -> Option<NativeFormat> {
             }
         }
         "modelopt" => {
-            let algo = quant.get("quant_algo").and_then(Value::as_str).unwrap_or("");
+            let algo = quant
+                .get("quant_algo")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             format_from_description(algo)
         }
         "compressed-tensors" => compressed_tensors(quant),
@@ -375,10 +424,12 @@ fn quantization(quant: &Map<String, Value>) -> Option<NativeFormat> {
 
 /// compressed-tensors names its weight format per config group; the first group decides.
 fn compressed_tensors(quant: &Map<String, Value>) -> Option<NativeFormat> {
-    if let Some(format) = quant.get("format").and_then(Value::as_str) {
-        if let Some(found) = format_from_description(format) {
-            return Some(found);
-        }
+    if let Some(found) = quant
+        .get("format")
+        .and_then(Value::as_str)
+        .and_then(format_from_description)
+    {
+        return Some(found);
     }
     let groups = quant.get("config_groups")?.as_object()?;
     let weights = groups.values().next()?.get("weights")?;
@@ -463,7 +514,10 @@ mod tests {
         )
         .unwrap();
         let moe = parsed.arch.moe.unwrap();
-        assert_eq!((moe.experts, moe.moe_layers, moe.expert_intermediate), (128, 24, 8192));
+        assert_eq!(
+            (moe.experts, moe.moe_layers, moe.expert_intermediate),
+            (128, 24, 8192)
+        );
         assert_eq!(moe.shared_intermediate, 8192);
         assert_eq!(parsed.arch.intermediate, 16384);
         assert_eq!(parsed.arch.sliding_window.unwrap().layers, 36);
@@ -482,7 +536,13 @@ mod tests {
                "quantization_config":{"quant_method":"mxfp4"}}"#,
         )
         .unwrap();
-        assert_eq!(parsed.arch.sliding_window, Some(SlidingWindow { window: 128, layers: 2 }));
+        assert_eq!(
+            parsed.arch.sliding_window,
+            Some(SlidingWindow {
+                window: 128,
+                layers: 2
+            })
+        );
         assert_eq!(parsed.native.precision, Precision::Mxfp4);
         assert_eq!(parsed.native.scope, QuantScope::ExpertsOnly);
     }
@@ -504,10 +564,16 @@ mod tests {
     fn awq_and_bitsandbytes_formats() {
         let awq = r#"{"num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4,"vocab_size":100,
             "quantization_config":{"quant_method":"awq","bits":4}}"#;
-        assert_eq!(parse_config_text("t", awq).unwrap().native.precision, Precision::Int4);
+        assert_eq!(
+            parse_config_text("t", awq).unwrap().native.precision,
+            Precision::Int4
+        );
         let bnb = r#"{"num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4,"vocab_size":100,
             "quantization_config":{"quant_method":"bitsandbytes","load_in_4bit":true}}"#;
-        assert_eq!(parse_config_text("t", bnb).unwrap().native.precision, Precision::Nf4);
+        assert_eq!(
+            parse_config_text("t", bnb).unwrap().native.precision,
+            Precision::Nf4
+        );
         let odd = r#"{"num_hidden_layers":2,"hidden_size":64,"num_attention_heads":4,"vocab_size":100,
             "quantization_config":{"quant_method":"hqq"}}"#;
         let parsed = parse_config_text("t", odd).unwrap();
@@ -520,14 +586,29 @@ mod tests {
         let cases = [
             ("{", "not valid JSON"),
             ("[]", "expected a JSON object"),
-            (r#"{"hidden_size":64,"num_attention_heads":4,"vocab_size":10}"#, "missing num_hidden_layers"),
-            (r#"{"num_hidden_layers":0,"hidden_size":64,"num_attention_heads":4,"vocab_size":10}"#, "out of range"),
-            (r#"{"num_hidden_layers":"x","hidden_size":64,"num_attention_heads":4,"vocab_size":10}"#, "not a non-negative integer"),
-            (r#"{"num_hidden_layers":2,"hidden_size":64,"num_attention_heads":6,"num_key_value_heads":4,"vocab_size":10}"#, "must divide"),
+            (
+                r#"{"hidden_size":64,"num_attention_heads":4,"vocab_size":10}"#,
+                "missing num_hidden_layers",
+            ),
+            (
+                r#"{"num_hidden_layers":0,"hidden_size":64,"num_attention_heads":4,"vocab_size":10}"#,
+                "out of range",
+            ),
+            (
+                r#"{"num_hidden_layers":"x","hidden_size":64,"num_attention_heads":4,"vocab_size":10}"#,
+                "not a non-negative integer",
+            ),
+            (
+                r#"{"num_hidden_layers":2,"hidden_size":64,"num_attention_heads":6,"num_key_value_heads":4,"vocab_size":10}"#,
+                "must divide",
+            ),
         ];
         for (text, expected) in cases {
             let err = parse_config_text("cfg.json", text).unwrap_err().to_string();
-            assert!(err.contains(expected) && err.contains("cfg.json"), "{text}: {err}");
+            assert!(
+                err.contains(expected) && err.contains("cfg.json"),
+                "{text}: {err}"
+            );
         }
     }
 

@@ -19,7 +19,7 @@ pub fn parse_param_count(text: &str) -> Result<u64> {
     };
     let value: f64 = number.trim().parse().map_err(|_| invalid())?;
     let count = value * scale;
-    if !count.is_finite() || count < 1.0 || count > MAX_PARAMS {
+    if !(1.0..=MAX_PARAMS).contains(&count) {
         return Err(invalid());
     }
     Ok(count.round() as u64)

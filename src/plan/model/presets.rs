@@ -46,7 +46,11 @@ fn source_of(entry: &Value) -> String {
     let source = entry.get("source").cloned().unwrap_or(Value::Null);
     let commit = text(&source, "commit");
     let short = commit.get(..7).unwrap_or(&commit);
-    format!("{} {} @{short}", text(&source, "repo"), text(&source, "path"))
+    format!(
+        "{} {} @{short}",
+        text(&source, "repo"),
+        text(&source, "path")
+    )
 }
 
 /// Every preset, in file order.
@@ -125,10 +129,18 @@ mod tests {
                 .unwrap();
             let expected = entry["architecture"]["params_computed_b"].as_f64().unwrap() * 1e9;
             let total = model.params.total() as f64;
-            assert!((total / expected - 1.0).abs() < 1e-3, "{}: {total} vs {expected}", info.key);
+            assert!(
+                (total / expected - 1.0).abs() < 1e-3,
+                "{}: {total} vs {expected}",
+                info.key
+            );
             if let Some(active) = entry["architecture"]["active_params_computed_b"].as_f64() {
                 let ratio = model.params.active() as f64 / (active * 1e9);
-                assert!((ratio - 1.0).abs() < 1e-3, "{}: active ratio {ratio}", info.key);
+                assert!(
+                    (ratio - 1.0).abs() < 1e-3,
+                    "{}: active ratio {ratio}",
+                    info.key
+                );
             }
             assert!(info.source.contains('@'), "{}", info.source);
         }
@@ -142,7 +154,10 @@ mod tests {
         let deepseek = find("DeepSeek-V3").unwrap().unwrap();
         assert_eq!(deepseek.native.precision, Precision::Fp8);
         assert!(deepseek.arch.is_mla());
-        assert_eq!(find("llama-2-7b").unwrap().unwrap().native.precision, Precision::Fp16);
+        assert_eq!(
+            find("llama-2-7b").unwrap().unwrap().native.precision,
+            Precision::Fp16
+        );
         assert!(find("gemma-2-27b").unwrap().unwrap().fp16_unsafe);
         assert!(!find("llama-3.1-8b").unwrap().unwrap().fp16_unsafe);
     }

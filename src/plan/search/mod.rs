@@ -64,7 +64,10 @@ impl PlanRequest {
     /// Serving `context` tokens, one request at a time, with defaults for the rest.
     pub fn serve(context: Option<u64>, concurrency: u64) -> Self {
         Self {
-            goal: Goal::Serve { context, concurrency },
+            goal: Goal::Serve {
+                context,
+                concurrency,
+            },
             precision: PrecisionChoice::Auto,
             kv_dtype: KvDtype::Auto,
             max_nodes: None,
@@ -81,21 +84,39 @@ impl PlanRequest {
 
 /// Plans `model` on the free devices of `nodes`. Errors are for unanswerable input; a goal
 /// that does not fit is a [`Plan`] with `fits: false`, reasons and suggestions.
-pub fn plan(model: &Model, nodes: &[NodeSpec], reserved: &Reservations, request: &PlanRequest) -> Result<Plan> {
+pub fn plan(
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+) -> Result<Plan> {
     validate(request)?;
     let fleet = Fleet::new(nodes, reserved);
     if fleet.classes.is_empty() {
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()
         } else {
-            format!("{} node(s) but no free accelerator with a known memory size", nodes.len())
+            format!(
+                "{} node(s) but no free accelerator with a known memory size",
+                nodes.len()
+            )
         };
         return Err(PlanError::NoDevices(reason));
     }
     match &request.goal {
-        Goal::Serve { context, concurrency } => {
+        Goal::Serve {
+            context,
+            concurrency,
+        } => {
             let context = resolve_context(model, *context)?;
-            Ok(serving::plan(model, &fleet, request, context, *concurrency, nodes))
+            Ok(serving::plan(
+                model,
+                &fleet,
+                request,
+                context,
+                *concurrency,
+                nodes,
+            ))
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
     }
@@ -103,13 +124,19 @@ pub fn plan(model: &Model, nodes: &[NodeSpec], reserved: &Reservations, request:
 
 fn validate(request: &PlanRequest) -> Result<()> {
     if !(request.gpu_util > 0.0 && request.gpu_util <= 1.0) {
-        return Err(PlanError::constraint(format!("--gpu-util {} must be in (0, 1]", request.gpu_util)));
+        return Err(PlanError::constraint(format!(
+            "--gpu-util {} must be in (0, 1]",
+            request.gpu_util
+        )));
     }
     if request.max_nodes == Some(0) {
         return Err(PlanError::constraint("--max-nodes must be at least 1"));
     }
     match &request.goal {
-        Goal::Serve { context, concurrency } => {
+        Goal::Serve {
+            context,
+            concurrency,
+        } => {
             if *context == Some(0) {
                 return Err(PlanError::constraint("--context must be at least 1 token"));
             }
@@ -119,12 +146,15 @@ fn validate(request: &PlanRequest) -> Result<()> {
         }
         Goal::Train(target) => {
             if target.seq_len == 0 || target.micro_batch == 0 {
-                return Err(PlanError::constraint("--seq-len and --micro-batch must be at least 1"));
+                return Err(PlanError::constraint(
+                    "--seq-len and --micro-batch must be at least 1",
+                ));
             }
             if target.lora_rank == 0 {
                 return Err(PlanError::constraint("--lora-rank must be at least 1"));
             }
-            train::check_precision(target.method, request.precision).map_err(PlanError::constraint)?;
+            train::check_precision(target.method, request.precision)
+                .map_err(PlanError::constraint)?;
         }
     }
     Ok(())

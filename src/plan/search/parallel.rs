@@ -15,12 +15,18 @@ pub fn valid_tensor_parallel_sizes(model: &Model, max_tp: u32) -> Vec<u32> {
     let heads = model.arch.heads.max(1);
     let kv_heads = model.arch.kv_heads.max(1);
     (1..=max_tp.min(heads))
-        .filter(|tp| heads % tp == 0 && (kv_heads % tp == 0 || tp % kv_heads == 0))
+        .filter(|&tp| {
+            heads.is_multiple_of(tp) && (kv_heads.is_multiple_of(tp) || tp.is_multiple_of(kv_heads))
+        })
         .collect()
 }
 
 /// Pipeline sizes valid for `model` with at most `max_devices` devices in total at `tp`.
-pub fn valid_pipeline_sizes(model: &Model, tp: u32, max_devices: u32) -> std::ops::RangeInclusive<u32> {
+pub fn valid_pipeline_sizes(
+    model: &Model,
+    tp: u32,
+    max_devices: u32,
+) -> std::ops::RangeInclusive<u32> {
     1..=model.arch.layers.min(max_devices / tp.max(1))
 }
 

@@ -4,15 +4,15 @@
 
 use std::collections::BTreeSet;
 
-use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
-use super::serving::{search, Outcome};
 use super::PlanRequest;
+use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
+use super::serving::{Outcome, search};
 use crate::hardware::Precision;
-use crate::plan::capability::{serving_candidates, serving_support, PrecisionChoice};
+use crate::plan::capability::{PrecisionChoice, serving_candidates, serving_support};
 use crate::plan::fleet::{DeviceClass, Fleet};
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::kv::{KvDtype, KvLayout};
-use crate::plan::memory::{scheduler_defaults, serving_fit, ServingFit, ServingTarget};
+use crate::plan::memory::{ServingFit, ServingTarget, scheduler_defaults, serving_fit};
 use crate::plan::model::Model;
 use crate::plan::report::Plan;
 use crate::plan::weights::WeightBytes;
@@ -37,13 +37,30 @@ fn allowed(model: &Model, class: &DeviceClass<'_>, choice: PrecisionChoice) -> V
 }
 
 /// The biggest TP x PP the class can form, at `precision`.
-fn largest(model: &Model, class: &DeviceClass<'_>, precision: Precision, target: &ServingTarget) -> Option<Largest> {
+fn largest(
+    model: &Model,
+    class: &DeviceClass<'_>,
+    precision: Precision,
+    target: &ServingTarget,
+) -> Option<Largest> {
     let tp = *valid_tensor_parallel_sizes(model, class.largest_node).last()?;
     let pp = *valid_pipeline_sizes(model, tp, class.free).end();
     let pp = pp.clamp(1, 64);
     let weights = WeightBytes::of(model, precision);
-    let fit = serving_fit(model, &weights, (class.sample.memory, &class.sample.product), tp, pp, target);
-    Some(Largest { precision, tp, pp, fit })
+    let fit = serving_fit(
+        model,
+        &weights,
+        (class.sample.memory, &class.sample.product),
+        tp,
+        pp,
+        target,
+    );
+    Some(Largest {
+        precision,
+        tp,
+        pp,
+        fit,
+    })
 }
 
 /// Fills in a serving refusal.
@@ -57,7 +74,13 @@ pub(super) fn serving(
     nodes: &[NodeSpec],
 ) {
     let mut seen = BTreeSet::new();
-    plan.reasons.extend(outcome.refusals.iter().filter(|r| seen.insert((*r).clone())).cloned());
+    plan.reasons.extend(
+        outcome
+            .refusals
+            .iter()
+            .filter(|r| seen.insert((*r).clone()))
+            .cloned(),
+    );
     nearest_misses(plan, model, fleet, request.precision, target);
     if let Some(c) = outcome.unplaceable.first() {
         let class = &fleet.classes[c.class];
@@ -81,14 +104,23 @@ pub(super) fn serving(
 
 /// One reason per class: the largest layout at the narrowest allowed precision, and by how
 /// much it misses. The closest miss becomes the plan's `per_device`.
-fn nearest_misses(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, choice: PrecisionChoice, target: &ServingTarget) {
+fn nearest_misses(
+    plan: &mut Plan,
+    model: &Model,
+    fleet: &Fleet<'_>,
+    choice: PrecisionChoice,
+    target: &ServingTarget,
+) {
     let mut closest: Option<(f64, ServingFit)> = None;
     for class in &fleet.classes {
         let Some(narrowest) = allowed(model, class, choice).last().copied() else {
             continue;
         };
         let Some(l) = largest(model, class, narrowest, target) else {
-            plan.reasons.push(format!("{}: no valid tensor-parallel size for {} heads", class.sample.product, model.arch.heads));
+            plan.reasons.push(format!(
+                "{}: no valid tensor-parallel size for {} heads",
+                class.sample.product, model.arch.heads
+            ));
             continue;
         };
         let m = l.fit.memory;
@@ -96,12 +128,29 @@ fn nearest_misses(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, choice: Pre
         let reason = if fixed > m.budget {
             format!(
                 "{} x{} on {} node(s): even at {} with TP {} x PP {}, weights {} + activations {} + overhead {} exceed the {} budget per device",
-                class.sample.product, class.free, class.nodes, l.precision, l.tp, l.pp, m.weights, m.activations, m.overhead, m.budget
+                class.sample.product,
+                class.free,
+                class.nodes,
+                l.precision,
+                l.tp,
+                l.pp,
+                m.weights,
+                m.activations,
+                m.overhead,
+                m.budget
             )
         } else {
             format!(
                 "{} x{} on {} node(s): at {} with TP {} x PP {}, {} is left for KV per device but one {}-token request needs {}",
-                class.sample.product, class.free, class.nodes, l.precision, l.tp, l.pp, l.fit.kv_free, target.context, l.fit.per_request
+                class.sample.product,
+                class.free,
+                class.nodes,
+                l.precision,
+                l.tp,
+                l.pp,
+                l.fit.kv_free,
+                target.context,
+                l.fit.per_request
             )
         };
         plan.reasons.push(reason);
@@ -140,32 +189,58 @@ fn suggest_alternatives(
     };
     // With a pinned precision, the widest other precision that fits.
     if request.precision != PrecisionChoice::Auto {
-        let widest = serving_candidates(PrecisionChoice::Auto, model).into_iter().find_map(|precision| {
-            let choice = PrecisionChoice::Exact(precision);
-            (choice != request.precision)
-                .then(|| search(model, fleet, choice, target, concurrency, request.max_nodes))
-                .and_then(|outcome| describe(&outcome).map(|text| (precision, text)))
-        });
+        let widest = serving_candidates(PrecisionChoice::Auto, model)
+            .into_iter()
+            .find_map(|precision| {
+                let choice = PrecisionChoice::Exact(precision);
+                (choice != request.precision)
+                    .then(|| search(model, fleet, choice, target, concurrency, request.max_nodes))
+                    .and_then(|outcome| describe(&outcome).map(|text| (precision, text)))
+            });
         if let Some((precision, text)) = widest {
-            plan.suggestions.push(format!("--precision {precision}: {text}"));
+            plan.suggestions
+                .push(format!("--precision {precision}: {text}"));
         }
     }
     if target.kv_dtype != KvDtype::Fp8 {
-        let fp8 = ServingTarget { kv_dtype: KvDtype::Fp8, ..*target };
-        if let Some(text) = describe(&search(model, fleet, request.precision, &fp8, concurrency, request.max_nodes)) {
+        let fp8 = ServingTarget {
+            kv_dtype: KvDtype::Fp8,
+            ..*target
+        };
+        if let Some(text) = describe(&search(
+            model,
+            fleet,
+            request.precision,
+            &fp8,
+            concurrency,
+            request.max_nodes,
+        )) {
             plan.suggestions.push(format!("--kv-dtype fp8: {text}"));
         }
     }
-    if request.max_nodes.is_some() {
-        if let Some(text) = describe(&search(model, fleet, request.precision, target, concurrency, None)) {
-            plan.suggestions.push(format!("raise --max-nodes: {text}"));
-        }
+    if request.max_nodes.is_some()
+        && let Some(text) = describe(&search(
+            model,
+            fleet,
+            request.precision,
+            target,
+            concurrency,
+            None,
+        ))
+    {
+        plan.suggestions.push(format!("raise --max-nodes: {text}"));
     }
 }
 
 /// The longest context one request can have on the largest layout of any class, at the
 /// widest precision that leaves room for any KV at all.
-fn suggest_shorter_context(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, choice: PrecisionChoice, target: &ServingTarget) {
+fn suggest_shorter_context(
+    plan: &mut Plan,
+    model: &Model,
+    fleet: &Fleet<'_>,
+    choice: PrecisionChoice,
+    target: &ServingTarget,
+) {
     let mut best: Option<(u64, String)> = None;
     for class in &fleet.classes {
         for precision in allowed(model, class, choice) {
@@ -176,7 +251,10 @@ fn suggest_shorter_context(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, ch
             let kv = KvLayout::new(model, target.kv_dtype, l.tp, l.pp);
             let longest = kv.max_context(l.fit.kv_free, batched, target.context.saturating_sub(1));
             if longest > 0 {
-                let text = format!("{} with TP {} x PP {} on {}", precision, l.tp, l.pp, class.sample.product);
+                let text = format!(
+                    "{} with TP {} x PP {} on {}",
+                    precision, l.tp, l.pp, class.sample.product
+                );
                 if best.as_ref().is_none_or(|(b, _)| longest > *b) {
                     best = Some((longest, text));
                 }
@@ -185,7 +263,9 @@ fn suggest_shorter_context(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, ch
         }
     }
     if let Some((longest, how)) = best {
-        plan.suggestions.push(format!("--context {longest}: the longest request that fits ({how})"));
+        plan.suggestions.push(format!(
+            "--context {longest}: the longest request that fits ({how})"
+        ));
     }
 }
 
@@ -232,13 +312,27 @@ fn suggest_more_nodes(
             continue;
         };
         let mut template = template.clone();
-        template.devices.retain(|d| d.product == class.sample.product && d.memory == class.sample.memory);
+        template
+            .devices
+            .retain(|d| d.product == class.sample.product && d.memory == class.sample.memory);
         let attempt = |count: u32| {
             let virtual_nodes: Vec<NodeSpec> = (0..count)
-                .map(|i| NodeSpec { name: format!("{}#{i}", template.name), ..template.clone() })
+                .map(|i| NodeSpec {
+                    name: format!("{}#{i}", template.name),
+                    ..template.clone()
+                })
                 .collect();
             let virtual_fleet = Fleet::new(&virtual_nodes, &Reservations::none());
-            search(model, &virtual_fleet, request.precision, target, concurrency, None).best.map(|(c, _)| c)
+            search(
+                model,
+                &virtual_fleet,
+                request.precision,
+                target,
+                concurrency,
+                None,
+            )
+            .best
+            .map(|(c, _)| c)
         };
         // More identical nodes never hurt, so double until it fits, then bisect.
         let Some((count, c)) = fewest_nodes(MAX_EXTRA_NODES, attempt) else {
@@ -249,7 +343,10 @@ fn suggest_more_nodes(
         let action = if extra > 0 {
             format!("add {extra} more node(s) like {}", template.name)
         } else {
-            format!("free up devices: {count} node(s) like {} would do", template.name)
+            format!(
+                "free up devices: {count} node(s) like {} would do",
+                template.name
+            )
         };
         let text = format!(
             "{action} ({} x {}): {count} such node(s) fit it at {} with TP {} x PP {} x {} replica(s)",

@@ -2,14 +2,14 @@
 
 use crate::hardware::Precision;
 
+use super::PlanRequest;
 use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
 use super::refusal;
-use super::PlanRequest;
-use crate::plan::capability::{serving_candidates, serving_support, Execution, PrecisionChoice};
+use crate::plan::capability::{Execution, PrecisionChoice, serving_candidates, serving_support};
 use crate::plan::fleet::{DeviceClass, Fleet, Placement, Shape};
 use crate::plan::inventory::NodeSpec;
 use crate::plan::kv::KvLayout;
-use crate::plan::memory::{scheduler_defaults, serving_fit, ServingFit, ServingTarget};
+use crate::plan::memory::{ServingFit, ServingTarget, scheduler_defaults, serving_fit};
 use crate::plan::model::Model;
 use crate::plan::report::Plan;
 use crate::plan::throughput;
@@ -69,11 +69,19 @@ pub(super) fn search(
     let mut refusals = Vec::new();
     let mut candidates = Vec::new();
     for (index, class) in fleet.classes.iter().enumerate() {
-        for (precision_rank, precision) in serving_candidates(choice, model).into_iter().enumerate() {
+        for (precision_rank, precision) in serving_candidates(choice, model).into_iter().enumerate()
+        {
             match serving_support(model, class.sample, precision) {
                 Ok(execution) => {
                     let weights = WeightBytes::of(model, precision);
-                    let ctx = ClassContext { index, class, precision, precision_rank, execution, weights: &weights };
+                    let ctx = ClassContext {
+                        index,
+                        class,
+                        precision,
+                        precision_rank,
+                        execution,
+                        weights: &weights,
+                    };
                     candidates.extend(layouts(model, &ctx, target, concurrency));
                 }
                 Err(why) if !matches!(choice, PrecisionChoice::Auto) || is_notable(precision) => {
@@ -88,11 +96,19 @@ pub(super) fn search(
     let mut start = 0;
     while start < candidates.len() {
         let devices = candidates[start].devices();
-        let end = start + candidates[start..].iter().take_while(|c| c.devices() == devices).count();
+        let end = start
+            + candidates[start..]
+                .iter()
+                .take_while(|c| c.devices() == devices)
+                .count();
         let placed = candidates[start..end]
             .iter()
             .filter_map(|c| {
-                let shape = Shape { tp: c.tp, pp: c.pp, replicas: c.replicas };
+                let shape = Shape {
+                    tp: c.tp,
+                    pp: c.pp,
+                    replicas: c.replicas,
+                };
                 match fleet.place(c.class, shape, max_nodes) {
                     Some(placement) => Some((*c, placement)),
                     None => {
@@ -103,11 +119,19 @@ pub(super) fn search(
             })
             .min_by_key(|(c, p)| (p.nodes, c.preference(fleet)));
         if let Some(best) = placed {
-            return Outcome { best: Some(best), refusals, unplaceable };
+            return Outcome {
+                best: Some(best),
+                refusals,
+                unplaceable,
+            };
         }
         start = end;
     }
-    Outcome { best: None, refusals, unplaceable }
+    Outcome {
+        best: None,
+        refusals,
+        unplaceable,
+    }
 }
 
 /// In auto mode only the refusal of 16-bit weights is worth reporting (FP4 and FP8 gaps are
@@ -130,9 +154,18 @@ struct ClassContext<'c, 'a> {
 /// in an NVLink-class domain, pipelines follow the multi-node rule (TP fills the domain, PP
 /// spans nodes) and a pipeline inside one node is the last resort (vLLM's "edge case");
 /// over PCIe any split is fair.
-fn layouts(model: &Model, ctx: &ClassContext<'_, '_>, target: &ServingTarget, concurrency: u64) -> Vec<Candidate> {
+fn layouts(
+    model: &Model,
+    ctx: &ClassContext<'_, '_>,
+    target: &ServingTarget,
+    concurrency: u64,
+) -> Vec<Candidate> {
     let found = layouts_where(model, ctx, target, concurrency, true);
-    if found.is_empty() { layouts_where(model, ctx, target, concurrency, false) } else { found }
+    if found.is_empty() {
+        layouts_where(model, ctx, target, concurrency, false)
+    } else {
+        found
+    }
 }
 
 fn layouts_where(
@@ -144,7 +177,11 @@ fn layouts_where(
 ) -> Vec<Candidate> {
     let device = (ctx.class.sample.memory, ctx.class.sample.product.as_str());
     let tps = valid_tensor_parallel_sizes(model, ctx.class.largest_node);
-    let domain_tp = tps.iter().copied().filter(|&tp| tp <= ctx.class.largest_fast_domain).max();
+    let domain_tp = tps
+        .iter()
+        .copied()
+        .filter(|&tp| tp <= ctx.class.largest_fast_domain)
+        .max();
     let allowed = |tp: u32, pp: u32| match domain_tp {
         Some(full) if conventional => pp == 1 || (tp == full && tp * pp > ctx.class.largest_node),
         _ => true,
@@ -193,15 +230,34 @@ pub(super) fn plan(
     concurrency: u64,
     nodes: &[NodeSpec],
 ) -> Plan {
-    let target = ServingTarget { context, kv_dtype: request.kv_dtype, gpu_util: request.gpu_util };
-    let outcome = search(model, fleet, request.precision, &target, concurrency, request.max_nodes);
+    let target = ServingTarget {
+        context,
+        kv_dtype: request.kv_dtype,
+        gpu_util: request.gpu_util,
+    };
+    let outcome = search(
+        model,
+        fleet,
+        request.precision,
+        &target,
+        concurrency,
+        request.max_nodes,
+    );
     let mut plan = Plan::new("serve", model);
     plan.context = Some(context);
     plan.concurrency = Some(concurrency);
     plan.kv_dtype = Some(request.kv_dtype.resolved_name());
     plan.reasons.extend(model.notes.iter().cloned());
     match &outcome.best {
-        Some((candidate, placement)) => describe(&mut plan, model, fleet, candidate, placement, &target, concurrency),
+        Some((candidate, placement)) => describe(
+            &mut plan,
+            model,
+            fleet,
+            candidate,
+            placement,
+            &target,
+            concurrency,
+        ),
         None => refusal::serving(&mut plan, model, fleet, request, &target, &outcome, nodes),
     }
     plan
@@ -230,21 +286,53 @@ fn describe(
     plan.devices = u32::try_from(candidate.devices()).ok();
     plan.nodes = Some(placement.nodes);
     plan.per_device = Some(fit.with_concurrency(per_replica.min(fit.max_concurrency)));
-    plan.max_concurrency = Some(fit.max_concurrency.saturating_mul(u64::from(candidate.replicas)));
+    plan.max_concurrency = Some(
+        fit.max_concurrency
+            .saturating_mul(u64::from(candidate.replicas)),
+    );
     plan.assignments = placement.assignments.clone();
     let weights = WeightBytes::of(model, candidate.precision);
     plan.throughput = class.sample.bandwidth_tbps.and_then(|bandwidth| {
-        throughput::estimate(model, &weights, (candidate.tp, candidate.pp), fit.per_request, bandwidth, per_replica.min(fit.max_concurrency))
+        throughput::estimate(
+            model,
+            &weights,
+            (candidate.tp, candidate.pp),
+            fit.per_request,
+            bandwidth,
+            per_replica.min(fit.max_concurrency),
+        )
     });
-    plan.reasons.extend(explain_memory(model, candidate, &weights, target, &class.sample.product));
-    plan.reasons.extend(explain_choice(model, fleet, candidate, placement, target, concurrency));
+    plan.reasons.extend(explain_memory(
+        model,
+        candidate,
+        &weights,
+        target,
+        &class.sample.product,
+    ));
+    plan.reasons.extend(explain_choice(
+        model,
+        fleet,
+        candidate,
+        placement,
+        target,
+        concurrency,
+    ));
     if target.kv_dtype.bytes() > 1.0 && fit.max_concurrency < 4 {
-        plan.suggestions.push("--kv-dtype fp8 halves the KV cache and roughly doubles the concurrency that fits".to_string());
+        plan.suggestions.push(
+            "--kv-dtype fp8 halves the KV cache and roughly doubles the concurrency that fits"
+                .to_string(),
+        );
     }
 }
 
 /// The arithmetic: weights, KV per token and per request, budget.
-fn explain_memory(model: &Model, c: &Candidate, weights: &WeightBytes, target: &ServingTarget, product: &str) -> Vec<String> {
+fn explain_memory(
+    model: &Model,
+    c: &Candidate,
+    weights: &WeightBytes,
+    target: &ServingTarget,
+    product: &str,
+) -> Vec<String> {
     let fit = c.fit;
     let mut lines = vec![format!(
         "weights: {:.2}B params in {} = {} in total, {} on each device with TP {} x PP {}",
@@ -256,7 +344,10 @@ fn explain_memory(model: &Model, c: &Candidate, weights: &WeightBytes, target: &
         c.pp
     )];
     if c.execution == Execution::WeightOnly {
-        lines.push(format!("{} weights run through weight-only kernels: the device does not compute in {}", c.precision, c.precision));
+        lines.push(format!(
+            "{} weights run through weight-only kernels: the device does not compute in {}",
+            c.precision, c.precision
+        ));
     }
     if c.precision == model.native.precision && model.checkpoint_bytes.is_some() {
         lines.push("weight bytes are the given checkpoint size, not computed".to_string());
@@ -304,9 +395,15 @@ fn explain_choice(
     }
     if c.tp > 1 {
         lines.push(if placement.tp_in_fast_domain {
-            format!("each TP group of {} sits inside one NVLink-class domain", c.tp)
+            format!(
+                "each TP group of {} sits inside one NVLink-class domain",
+                c.tp
+            )
         } else {
-            format!("TP groups of {} communicate over PCIe (no NVLink-class domain that large)", c.tp)
+            format!(
+                "TP groups of {} communicate over PCIe (no NVLink-class domain that large)",
+                c.tp
+            )
         });
     }
     if placement.nodes > 1 && c.pp > 1 {
@@ -320,7 +417,12 @@ fn explain_choice(
 }
 
 /// Why one device fewer (the next smaller valid layout) would not do.
-fn smaller_layout_shortfall(model: &Model, class: &DeviceClass<'_>, c: &Candidate, target: &ServingTarget) -> Option<String> {
+fn smaller_layout_shortfall(
+    model: &Model,
+    class: &DeviceClass<'_>,
+    c: &Candidate,
+    target: &ServingTarget,
+) -> Option<String> {
     let weights = WeightBytes::of(model, c.precision);
     let device = (class.sample.memory, class.sample.product.as_str());
     let (tp, pp) = if c.pp > 1 {

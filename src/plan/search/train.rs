@@ -3,11 +3,11 @@
 
 use super::PlanRequest;
 use crate::hardware::Precision;
-use crate::plan::capability::{serving_support, PrecisionChoice};
+use crate::plan::capability::{PrecisionChoice, serving_support};
 use crate::plan::fleet::{Fleet, Placement};
 use crate::plan::model::Model;
 use crate::plan::report::{Plan, TrainingSummary};
-use crate::plan::training::{training_memory, Method, TrainingMemory, TrainingTarget, ZeroStage};
+use crate::plan::training::{Method, TrainingMemory, TrainingTarget, ZeroStage, training_memory};
 use crate::plan::units::Bytes;
 
 /// ZeRO stages, cheapest communication first.
@@ -22,10 +22,17 @@ struct Candidate {
 }
 
 /// The precisions a method trains in: an NF4 base for QLoRA, mixed BF16/FP16 otherwise.
-fn method_precisions(method: Method, choice: PrecisionChoice) -> Result<&'static [Precision], String> {
+fn method_precisions(
+    method: Method,
+    choice: PrecisionChoice,
+) -> Result<&'static [Precision], String> {
     match (method, choice) {
-        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Exact(Precision::Nf4)) => Ok(&[Precision::Nf4]),
-        (Method::Qlora, _) => Err("--train qlora trains on an NF4 base: use --precision nf4 or auto".to_string()),
+        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Exact(Precision::Nf4)) => {
+            Ok(&[Precision::Nf4])
+        }
+        (Method::Qlora, _) => {
+            Err("--train qlora trains on an NF4 base: use --precision nf4 or auto".to_string())
+        }
         (_, PrecisionChoice::Auto) => Ok(&[Precision::Bf16, Precision::Fp16]),
         (_, PrecisionChoice::Exact(Precision::Bf16)) => Ok(&[Precision::Bf16]),
         (_, PrecisionChoice::Exact(Precision::Fp16)) => Ok(&[Precision::Fp16]),
@@ -42,7 +49,13 @@ pub(super) fn check_precision(method: Method, choice: PrecisionChoice) -> Result
 }
 
 /// The precision the method trains in on a device, or why it cannot.
-fn training_precision(model: &Model, fleet: &Fleet<'_>, class: usize, method: Method, choice: PrecisionChoice) -> Result<Precision, String> {
+fn training_precision(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    class: usize,
+    method: Method,
+    choice: PrecisionChoice,
+) -> Result<Precision, String> {
     let device = fleet.classes[class].sample;
     let mut last_error = String::new();
     for precision in method_precisions(method, choice)? {
@@ -55,7 +68,12 @@ fn training_precision(model: &Model, fleet: &Fleet<'_>, class: usize, method: Me
 }
 
 /// The fewest devices (then the lowest stage) that fit on one class.
-fn cheapest(model: &Model, target: &TrainingTarget, device: (Bytes, f64), free: u32) -> Option<TrainingMemory> {
+fn cheapest(
+    model: &Model,
+    target: &TrainingTarget,
+    device: (Bytes, f64),
+    free: u32,
+) -> Option<TrainingMemory> {
     let fits = |devices: u32, stage: ZeroStage| {
         let memory = training_memory(model, target, devices, stage, device);
         memory.device.within_budget().then_some(memory)
@@ -70,39 +88,61 @@ fn cheapest(model: &Model, target: &TrainingTarget, device: (Bytes, f64), free: 
             let (mut too_few, mut enough) = (1u32, free);
             while enough - too_few > 1 {
                 let mid = too_few + (enough - too_few) / 2;
-                if fits(mid, stage).is_some() { enough = mid } else { too_few = mid }
+                if fits(mid, stage).is_some() {
+                    enough = mid
+                } else {
+                    too_few = mid
+                }
             }
             fits(enough, stage)
         } else {
             None
         };
-        if let Some(memory) = found {
-            if best.is_none_or(|b| memory.devices < b.devices) {
-                best = Some(memory);
-            }
+        if let Some(memory) = found
+            && best.is_none_or(|b| memory.devices < b.devices)
+        {
+            best = Some(memory);
         }
     }
     best
 }
 
 /// Plans fine-tuning and explains it.
-pub(super) fn plan(model: &Model, fleet: &Fleet<'_>, request: &PlanRequest, target: &TrainingTarget) -> Plan {
+pub(super) fn plan(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    request: &PlanRequest,
+    target: &TrainingTarget,
+) -> Plan {
     let mut plan = Plan::new("train", model);
     plan.reasons.extend(model.notes.iter().cloned());
     let mut candidates = Vec::new();
     for (index, class) in fleet.classes.iter().enumerate() {
         match training_precision(model, fleet, index, target.method, request.precision) {
             Ok(precision) => {
-                if let Some(memory) = cheapest(model, target, (class.sample.memory, request.gpu_util), class.free) {
-                    candidates.push(Candidate { class: index, precision, memory });
+                if let Some(memory) = cheapest(
+                    model,
+                    target,
+                    (class.sample.memory, request.gpu_util),
+                    class.free,
+                ) {
+                    candidates.push(Candidate {
+                        class: index,
+                        precision,
+                        memory,
+                    });
                 }
             }
-            Err(why) => plan.reasons.push(format!("{}: {why}", class.sample.product)),
+            Err(why) => plan
+                .reasons
+                .push(format!("{}: {why}", class.sample.product)),
         }
     }
     candidates.sort_by_key(|c| (c.memory.devices, c.memory.zero_stage, c.class));
     let placed = candidates.iter().find_map(|c| {
-        fleet.place_devices(c.class, c.memory.devices, request.max_nodes).map(|p| (*c, p))
+        fleet
+            .place_devices(c.class, c.memory.devices, request.max_nodes)
+            .map(|p| (*c, p))
     });
     match placed {
         Some((candidate, placement)) => describe(&mut plan, fleet, target, candidate, placement),
@@ -125,7 +165,13 @@ fn summary(target: &TrainingTarget, memory: &TrainingMemory) -> TrainingSummary 
     }
 }
 
-fn describe(plan: &mut Plan, fleet: &Fleet<'_>, target: &TrainingTarget, c: Candidate, placement: Placement) {
+fn describe(
+    plan: &mut Plan,
+    fleet: &Fleet<'_>,
+    target: &TrainingTarget,
+    c: Candidate,
+    placement: Placement,
+) {
     let m = c.memory;
     plan.fits = true;
     plan.precision = Some(c.precision);
@@ -147,17 +193,29 @@ fn describe(plan: &mut Plan, fleet: &Fleet<'_>, target: &TrainingTarget, c: Cand
         m.activations,
         target.micro_batch,
         target.seq_len,
-        if target.gradient_checkpointing { " with gradient checkpointing" } else { " without gradient checkpointing" },
+        if target.gradient_checkpointing {
+            " with gradient checkpointing"
+        } else {
+            " without gradient checkpointing"
+        },
         m.overhead,
         m.device.total,
         m.device.budget
     ));
     if placement.nodes > 1 && !placement.pipeline_on_fabric {
-        plan.reasons.push("data-parallel devices span nodes without a shared InfiniBand fabric".to_string());
+        plan.reasons.push(
+            "data-parallel devices span nodes without a shared InfiniBand fabric".to_string(),
+        );
     }
 }
 
-fn refuse(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, request: &PlanRequest, target: &TrainingTarget) {
+fn refuse(
+    plan: &mut Plan,
+    model: &Model,
+    fleet: &Fleet<'_>,
+    request: &PlanRequest,
+    target: &TrainingTarget,
+) {
     let mut closest = None;
     for (index, class) in fleet.classes.iter().enumerate() {
         if training_precision(model, fleet, index, target.method, request.precision).is_err() {
@@ -187,9 +245,15 @@ fn refuse(plan: &mut Plan, model: &Model, fleet: &Fleet<'_>, request: &PlanReque
     }
     plan.per_device = closest.map(|(m, _)| m.device);
     if matches!(target.method, Method::Full | Method::Dpo | Method::Lora) {
-        plan.suggestions.push("--train qlora keeps the frozen base in NF4 (about a quarter of 16-bit memory)".to_string());
+        plan.suggestions.push(
+            "--train qlora keeps the frozen base in NF4 (about a quarter of 16-bit memory)"
+                .to_string(),
+        );
     }
     if target.seq_len > 512 {
-        plan.suggestions.push(format!("a shorter --seq-len than {} cuts activation memory", target.seq_len));
+        plan.suggestions.push(format!(
+            "a shorter --seq-len than {} cuts activation memory",
+            target.seq_len
+        ));
     }
 }
