@@ -16,9 +16,10 @@ use super::inventory::{DeviceSpec, NodeSpec, kind_name};
 use super::products::{self, CONSERVATIVE_PRECISIONS};
 use super::units::Bytes;
 
-/// Upper bounds that keep a typo from allocating a million nodes.
+/// Upper bounds that keep a typo from allocating millions of devices.
 const MAX_NODES: u64 = 100_000;
 const MAX_DEVICES_PER_NODE: u64 = 1024;
+const MAX_DEVICES: u64 = 1_000_000;
 
 /// Parses the shorthand into nodes.
 pub fn parse_hardware(spec: &str) -> Result<Vec<NodeSpec>> {
@@ -82,10 +83,13 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
             "--hardware {spec:?} describes zero devices"
         )));
     }
-    if nodes > MAX_NODES || devices > MAX_DEVICES_PER_NODE {
+    if nodes > MAX_NODES || devices > MAX_DEVICES_PER_NODE || nodes * devices > MAX_DEVICES {
         return Err(invalid(
             spec,
-            format!("at most {MAX_NODES} nodes of {MAX_DEVICES_PER_NODE} devices"),
+            format!(
+                "at most {MAX_NODES} nodes, {MAX_DEVICES_PER_NODE} devices per node and \
+                 {MAX_DEVICES} devices in a group"
+            ),
         ));
     }
     let (product_name, memory) = split_memory(spec, product_text)?;
@@ -251,7 +255,7 @@ mod tests {
             "1x2x3xH100",
             "8x",
             "8xH100-0GB",
-            "999999x8xH100",
+            "999999x8xH100", "100000x1024xH100",
         ] {
             assert!(parse_hardware(bad).is_err(), "{bad:?}");
         }
