@@ -255,7 +255,8 @@ mod tests {
             "1x2x3xH100",
             "8x",
             "8xH100-0GB",
-            "999999x8xH100", "100000x1024xH100",
+            "999999x8xH100",
+            "100000x1024xH100",
         ] {
             assert!(parse_hardware(bad).is_err(), "{bad:?}");
         }
