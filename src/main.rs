@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     /// Detect the accelerators of this machine (or of a host tree) and print a report.
     Detect(DetectArgs),
+    /// Plan how a model runs on an inventory: precision, TP/PP/replicas, nodes and devices.
+    Plan(Box<hwaccel::plan::cli::PlanArgs>),
     /// Run the node agent: publish this node's labels and AcceleratorInventory.
     Agent(AgentArgs),
     /// Remove the labels our agent and controller set (the uninstall path).
@@ -139,12 +141,20 @@ struct CleanupArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 1, not clap's default 2: `hwaccel plan` uses 2 for "does not fit".
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() { 1 } else { 0 });
+        }
+    };
     let result = match cli.command {
         Command::Detect(args) => detect(args),
         Command::Agent(args) => agent(args),
         Command::Cleanup(args) => cleanup(args),
         Command::Crds(args) => crds(args),
+        Command::Plan(args) => return hwaccel::plan::cli::run(*args),
     };
     match result {
         Ok(code) => code,

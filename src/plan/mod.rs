@@ -1,2 +1,42 @@
 //! The placement planner: model memory, precision choice, parallelism search and fleet
-//! placement. Pure: no I/O, no Kubernetes.
+//! placement. Pure: no I/O except [`load`], which reads model configs and inventories from
+//! files for the CLI; no Kubernetes.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`model`] | model description: presets, `config.json`, parameter counts |
+//! | [`weights`] | weight bytes per precision and per device under TP/PP |
+//! | [`kv`] | KV-cache bytes per request |
+//! | [`memory`] | serving memory budget per device (vLLM's equation) |
+//! | [`training`] | fine-tuning memory per method and ZeRO stage |
+//! | [`capability`] | which precisions a device and a model allow |
+//! | [`inventory`], [`products`], [`shorthand`] | hardware input |
+//! | [`fleet`] | device classes and placement on nodes |
+//! | [`search`] | the search over precision, TP, PP and replicas; refusals |
+//! | [`throughput`] | decode-throughput estimate |
+//! | [`report`] | the plan as JSON and as a table |
+//! | [`cli`] | `hwaccel plan` |
+
+pub mod capability;
+pub mod cli;
+pub mod error;
+pub mod fleet;
+pub mod inventory;
+pub mod kv;
+pub mod load;
+pub mod memory;
+pub mod model;
+pub mod products;
+pub mod report;
+pub mod search;
+pub mod shorthand;
+pub mod throughput;
+pub mod training;
+pub mod units;
+pub mod weights;
+
+pub use error::{PlanError, Result};
+pub use inventory::{DeviceSpec, NodeSpec, Reservations};
+pub use model::Model;
+pub use search::{Goal, PlanRequest, plan};
+pub use units::Bytes;

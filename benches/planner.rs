@@ -1,0 +1,162 @@
+//! One plan against synthetic fleets of 1,000 and 10,000 nodes (a mix of 8 x H100 NVSwitch
+//! nodes in InfiniBand pods, 8 x A100, 8 x MI300X, 1-4 x L4 and CPU-only nodes, a tenth of the
+//! devices already reserved). Before timing, prints the bytes allocated by one plan at each
+//! size, to show memory grows linearly with the fleet.
+//!
+//! Run: `cargo bench --bench planner -- --warm-up-time 1 --measurement-time 3`
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use criterion::Criterion;
+use hwaccel::hardware::{Family, Precision, Vendor};
+use hwaccel::plan::model::presets;
+use hwaccel::plan::products;
+use hwaccel::plan::search::{PlanRequest, plan};
+use hwaccel::plan::{Bytes, DeviceSpec, Model, NodeSpec, Reservations};
+
+/// Counts bytes allocated, to report the memory one plan needs.
+struct Counting;
+
+static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
+
+// The only unsafe code in the crate: a global allocator must implement an unsafe trait. It
+// forwards every call to the system allocator and adds a counter.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
+    let mut spec = match products::lookup(product, None) {
+        Some(p) => p.device_spec(format!("gpu{id}"), None),
+        None => DeviceSpec {
+            id: format!("cpu{id}"),
+            product: "Intel Xeon".into(),
+            vendor: Vendor::Intel,
+            family: Family::Cpu,
+            memory: Bytes::gib(512),
+            precisions: [Precision::Fp32].into_iter().collect(),
+            domain: None,
+            bandwidth_tbps: None,
+        },
+    };
+    spec.domain = domain.map(str::to_string);
+    spec
+}
+
+/// A deterministic mixed fleet of `count` nodes.
+fn fleet(count: usize) -> (Vec<NodeSpec>, Reservations) {
+    let mut reserved = Reservations::none();
+    let nodes = (0..count)
+        .map(|i| {
+            let name = format!("node-{i:05}");
+            let (devices, fabric): (Vec<DeviceSpec>, Option<String>) = match i % 10 {
+                0..=2 => (
+                    (0..8)
+                        .map(|d| device("H100", d, Some("nvswitch:0")))
+                        .collect(),
+                    Some(format!("ib-pod-{}", i / 64)),
+                ),
+                3 | 4 => (
+                    (0..8)
+                        .map(|d| device("A100-80GB", d, Some("nvswitch:0")))
+                        .collect(),
+                    None,
+                ),
+                5 => (
+                    (0..8)
+                        .map(|d| device("MI300X", d, Some("xgmi:0")))
+                        .collect(),
+                    None,
+                ),
+                6..=8 => (
+                    (0..1 + i % 4).map(|d| device("L4", d, None)).collect(),
+                    None,
+                ),
+                _ => (vec![device("cpu", 0, None)], None),
+            };
+            if i % 10 == 1 {
+                reserved.insert(&name, "gpu0");
+                reserved.insert(&name, "gpu1");
+            }
+            NodeSpec {
+                name,
+                devices,
+                fabric,
+                labels: Default::default(),
+            }
+        })
+        .collect();
+    (nodes, reserved)
+}
+
+/// Llama-3.1-70B in BF16 at 8k context for 64 concurrent requests: several TP replicas.
+fn request() -> PlanRequest {
+    PlanRequest::serve(Some(8192), 64).with_precision(Precision::Bf16)
+}
+
+fn report_memory(model: &Model) {
+    for count in [1_000, 10_000] {
+        let (nodes, reserved) = fleet(count);
+        let before = ALLOCATED.load(Ordering::Relaxed);
+        let result = plan(model, &nodes, &reserved, &request());
+        let after = ALLOCATED.load(Ordering::Relaxed);
+        let fits = result.map(|p| p.fits).unwrap_or(false);
+        println!(
+            "planner/{count}_nodes: {} bytes allocated by one plan (fits: {fits})",
+            after - before
+        );
+    }
+}
+
+fn main() {
+    let (Ok(Some(model)), Ok(Some(big))) = (
+        presets::find("llama-3.1-70b"),
+        presets::find("llama-3.1-405b"),
+    ) else {
+        eprintln!("the built-in presets are missing");
+        return;
+    };
+    report_memory(&model);
+    let mut criterion = Criterion::default().configure_from_args();
+    for count in [1_000, 10_000] {
+        let (nodes, reserved) = fleet(count);
+        let request = request();
+        criterion.bench_function(&format!("planner/serve_70b_bf16/{count}_nodes"), |b| {
+            b.iter(|| {
+                plan(
+                    black_box(&model),
+                    black_box(&nodes),
+                    black_box(&reserved),
+                    black_box(&request),
+                )
+            })
+        });
+    }
+    let (nodes, reserved) = fleet(10_000);
+    let multi_node = PlanRequest::serve(Some(8192), 1).with_precision(Precision::Bf16);
+    criterion.bench_function("planner/serve_405b_bf16_two_nodes/10000_nodes", |b| {
+        b.iter(|| {
+            plan(
+                black_box(&big),
+                black_box(&nodes),
+                black_box(&reserved),
+                black_box(&multi_node),
+            )
+        })
+    });
+    criterion.final_summary();
+}

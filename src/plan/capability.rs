@@ -1,0 +1,206 @@
+//! Which weight precisions a model may be served in on a device, and how.
+//!
+//! Memory is not the only gate. A device computes natively in the precisions it lists; some
+//! narrower weight formats still run on GPUs that cannot compute in them, through weight-only
+//! kernels that widen the weights on the fly (vLLM's Marlin kernels: FP8 weights on Ampere —
+//! "vLLM runs the official FP8 quantized model natively on 8xA100 or 8xH100",
+//! `vllm-project.github.io` `_posts/2024-07-23-llama31.md`; gpt-oss's MXFP4 experts on A100
+//! and H100, `vllm-project/recipes` `OpenAI/GPT-OSS.md`). Quantising *to* NVFP4 or MXFP4
+//! needs hardware FP4 (Blackwell, MI355X). Some models must not run in FP16 at all
+//! (`_FLOAT16_NOT_SUPPORTED_MODELS`, `vllm/config/model.py`: Gemma 2 and 3, GLM-4, PLaMo 2).
+
+use serde::Serialize;
+
+use crate::hardware::{Family, Precision, Vendor};
+
+use super::inventory::DeviceSpec;
+use super::model::Model;
+
+/// How a precision would run on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Execution {
+    /// The device computes in it.
+    Native,
+    /// Weights are stored narrow and widened by weight-only kernels.
+    WeightOnly,
+}
+
+/// What the user asked for with `--precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrecisionChoice {
+    /// Try the ladder, widest first.
+    #[default]
+    Auto,
+    /// Exactly this precision.
+    Exact(Precision),
+    /// Whichever 4-bit float the device has (NVFP4 or MXFP4).
+    AnyFp4,
+}
+
+impl std::str::FromStr for PrecisionChoice {
+    type Err = crate::hardware::UnknownPrecision;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "fp4" => Ok(Self::AnyFp4),
+            other => other.parse().map(Self::Exact),
+        }
+    }
+}
+
+/// The serving ladder in order of preference: the model's 16-bit type, then FP8, INT8, the
+/// FP4 formats and INT4 (`planner-formulas.md` §4); a checkpoint that ships in another format
+/// is tried as shipped too. FP32 comes last, as the only way to run a model that must not see
+/// FP16 on a device without BF16; NF4 only when asked for by name.
+pub fn serving_candidates(choice: PrecisionChoice, model: &Model) -> Vec<Precision> {
+    match choice {
+        PrecisionChoice::Exact(precision) => vec![precision],
+        PrecisionChoice::AnyFp4 => vec![Precision::Nvfp4, Precision::Mxfp4],
+        PrecisionChoice::Auto => {
+            let mut ladder = vec![
+                Precision::Bf16,
+                Precision::Fp16,
+                Precision::Fp8,
+                Precision::Int8,
+                Precision::Nvfp4,
+                Precision::Mxfp4,
+                Precision::Int4,
+            ];
+            if !ladder.contains(&model.native.precision)
+                && model.native.precision != Precision::Fp32
+            {
+                ladder.push(model.native.precision);
+                ladder.sort();
+            }
+            if model.fp16_unsafe {
+                ladder.push(Precision::Fp32);
+            }
+            ladder
+        }
+    }
+}
+
+/// Whether `device` can serve `model` with weights in `precision`; the error says why not.
+pub fn serving_support(
+    model: &Model,
+    device: &DeviceSpec,
+    precision: Precision,
+) -> Result<Execution, String> {
+    let lists = |p: Precision| device.precisions.contains(&p);
+    let name = &device.product;
+    let weight_only_gpu = is_modern_gpu(device);
+    // Without BF16 the activations run in FP16, which these models cannot take whatever the
+    // weights are stored in; only FP32 is left.
+    if model.fp16_unsafe && !lists(Precision::Bf16) && precision != Precision::Fp32 {
+        return Err(format!(
+            "{} ({}) needs bf16 or fp32 activations and {name} has no bf16",
+            model.name, model.arch.model_type
+        ));
+    }
+    match precision {
+        Precision::Tf32 => Err("tf32 is a compute mode, not a storage format".to_string()),
+        Precision::Fp16 if model.fp16_unsafe => Err(format!(
+            "{} ({}) is numerically unstable in fp16; vLLM refuses it",
+            model.name, model.arch.model_type
+        )),
+        Precision::Fp32 | Precision::Bf16 | Precision::Fp16 if lists(precision) => {
+            Ok(Execution::Native)
+        }
+        Precision::Fp32 | Precision::Bf16 | Precision::Fp16 => {
+            Err(format!("{name} does not compute in {precision}"))
+        }
+        Precision::Fp8 | Precision::Int8 | Precision::Int4 if lists(precision) => {
+            Ok(Execution::Native)
+        }
+        Precision::Fp8 if weight_only_gpu && device.vendor == Vendor::Nvidia => {
+            Ok(Execution::WeightOnly)
+        }
+        Precision::Int8 | Precision::Int4 if weight_only_gpu => Ok(Execution::WeightOnly),
+        Precision::Fp8 | Precision::Int8 | Precision::Int4 => Err(format!(
+            "{name} has no {precision} compute and no weight-only kernels for it"
+        )),
+        Precision::Nvfp4 | Precision::Mxfp4 if lists(precision) => Ok(Execution::Native),
+        Precision::Mxfp4 if model.native.precision == Precision::Mxfp4 && weight_only_gpu => {
+            Ok(Execution::WeightOnly)
+        }
+        Precision::Nvfp4 | Precision::Mxfp4 => Err(format!(
+            "{name} has no {precision} support (FP4 needs Blackwell-class hardware)"
+        )),
+        Precision::Nf4 if device.family == Family::Gpu => Ok(Execution::WeightOnly),
+        Precision::Nf4 => Err(format!("{name} has no bitsandbytes NF4 kernels")),
+    }
+}
+
+/// Ampere-or-newer NVIDIA and CDNA-class AMD GPUs, the ones weight-only kernels target:
+/// recognised by BF16 support, which arrived with the same generations.
+fn is_modern_gpu(device: &DeviceSpec) -> bool {
+    device.family == Family::Gpu
+        && matches!(device.vendor, Vendor::Nvidia | Vendor::Amd)
+        && device.precisions.contains(&Precision::Bf16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::inventory::DeviceSpec;
+    use crate::plan::model::presets;
+    use crate::plan::products;
+
+    fn device(product: &str) -> DeviceSpec {
+        products::lookup(product, None)
+            .unwrap()
+            .device_spec("d0".to_string(), None)
+    }
+
+    #[test]
+    fn ampere_runs_fp8_weight_only_and_hopper_natively() {
+        let model = presets::find("llama-3.1-405b").unwrap().unwrap();
+        assert_eq!(
+            serving_support(&model, &device("A100-80GB"), Precision::Fp8),
+            Ok(Execution::WeightOnly)
+        );
+        assert_eq!(
+            serving_support(&model, &device("H100"), Precision::Fp8),
+            Ok(Execution::Native)
+        );
+        assert!(serving_support(&model, &device("TPU-v5e"), Precision::Fp8).is_err());
+    }
+
+    #[test]
+    fn fp4_needs_hardware_unless_it_is_the_checkpoint_format() {
+        let llama = presets::find("llama-3.1-70b").unwrap().unwrap();
+        let gpt_oss = presets::find("gpt-oss-120b").unwrap().unwrap();
+        assert!(serving_support(&llama, &device("H100"), Precision::Nvfp4).is_err());
+        assert!(serving_support(&llama, &device("H100"), Precision::Mxfp4).is_err());
+        assert_eq!(
+            serving_support(&llama, &device("B200"), Precision::Nvfp4),
+            Ok(Execution::Native)
+        );
+        assert_eq!(
+            serving_support(&gpt_oss, &device("H100"), Precision::Mxfp4),
+            Ok(Execution::WeightOnly)
+        );
+    }
+
+    #[test]
+    fn gemma2_never_runs_in_fp16() {
+        let gemma = presets::find("gemma-2-27b").unwrap().unwrap();
+        let err = serving_support(&gemma, &device("H100"), Precision::Fp16).unwrap_err();
+        assert!(err.contains("fp16"), "{err}");
+        assert!(serving_support(&gemma, &device("H100"), Precision::Bf16).is_ok());
+        // T4 has no BF16, so on a T4 Gemma 2 runs in FP32 or not at all.
+        assert!(serving_support(&gemma, &device("T4"), Precision::Bf16).is_err());
+        assert!(serving_support(&gemma, &device("T4"), Precision::Int8).is_err());
+        assert!(serving_support(&gemma, &device("T4"), Precision::Fp32).is_ok());
+    }
+
+    #[test]
+    fn choices_parse() {
+        assert_eq!("auto".parse(), Ok(PrecisionChoice::Auto));
+        assert_eq!("FP4".parse(), Ok(PrecisionChoice::AnyFp4));
+        assert_eq!("nf4".parse(), Ok(PrecisionChoice::Exact(Precision::Nf4)));
+        assert!("fp5".parse::<PrecisionChoice>().is_err());
+    }
+}

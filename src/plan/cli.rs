@@ -1,0 +1,253 @@
+//! `hwaccel plan`: flags, input loading, and the exit-code contract — 0 when the goal fits,
+//! 2 when it does not (the output says why and what would), 1 on bad input.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::output::{self, Format};
+
+use super::capability::PrecisionChoice;
+use super::error::{PlanError, Result};
+use super::inventory::{NodeSpec, Reservations};
+use super::kv::KvDtype;
+use super::load::{load_inventories, load_model, parse_bytes};
+use super::memory::DEFAULT_GPU_UTIL;
+use super::model::{Model, parse_param_count, presets};
+use super::report::Plan;
+use super::search::{Goal, PlanRequest, plan};
+use super::shorthand::parse_hardware;
+use super::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
+
+/// Flags of `hwaccel plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanArgs {
+    /// Model: a preset key (`llama-3.1-70b`; see --list-models) or a Hugging Face config.json.
+    #[arg(long, conflicts_with = "params", required_unless_present_any = ["params", "list_models"])]
+    pub model: Option<String>,
+    /// Model given only by its parameter count (`70B`, `8e9`); a Llama-like shape is assumed.
+    #[arg(long)]
+    pub params: Option<String>,
+    /// Exact checkpoint size (`462GB`, `430GiB`, bytes), replacing computed weight bytes at the
+    /// checkpoint's precision.
+    #[arg(long)]
+    pub checkpoint_bytes: Option<String>,
+    /// Inventory file or directory (detection reports or node lists, JSON or YAML); repeatable.
+    #[arg(long = "inventory", conflicts_with = "hardware")]
+    pub inventory: Vec<PathBuf>,
+    /// Hardware shorthand: NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib].
+    #[arg(long, required_unless_present_any = ["inventory", "list_models"])]
+    pub hardware: Option<String>,
+    /// Plan serving (the default goal).
+    #[arg(long, conflicts_with = "train")]
+    pub serve: bool,
+    /// Tokens per request, prompt and output (default: the model's maximum).
+    #[arg(long)]
+    pub context: Option<u64>,
+    /// Concurrent full-context requests to hold; replicas are added to reach it.
+    #[arg(long, default_value_t = 1)]
+    pub concurrency: u64,
+    /// Plan fine-tuning with this method.
+    #[arg(long, value_enum)]
+    pub train: Option<Method>,
+    /// Training sequence length.
+    #[arg(long, default_value_t = 2048)]
+    pub seq_len: u64,
+    /// Training sequences per device per step.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: u64,
+    /// Train without gradient checkpointing (keeps every activation).
+    #[arg(long)]
+    pub no_gradient_checkpointing: bool,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 16)]
+    pub lora_rank: u64,
+    /// LoRA target modules, comma-separated (q,k,v,o,gate,up,down).
+    #[arg(long, default_value = "q,k,v,o,gate,up,down")]
+    pub lora_targets: String,
+    /// Weight precision: auto, bf16, fp16, fp8, int8, int4, nf4, fp4 (nvfp4 or mxfp4), fp32.
+    #[arg(long, default_value = "auto")]
+    pub precision: String,
+    /// KV-cache type.
+    #[arg(long, value_enum, default_value_t = KvDtype::Auto)]
+    pub kv_dtype: KvDtype,
+    /// Most nodes the plan may use.
+    #[arg(long)]
+    pub max_nodes: Option<u32>,
+    /// Fraction of device memory to use (default 0.90 for serving, like vLLM; 0.95 for training).
+    #[arg(long)]
+    pub gpu_util: Option<f64>,
+    /// A device already in use, as NODE/DEVICE_ID; repeatable.
+    #[arg(long = "reserved")]
+    pub reserved: Vec<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    /// List the built-in model presets and exit.
+    #[arg(long)]
+    pub list_models: bool,
+}
+
+/// Runs `hwaccel plan`.
+pub fn run(args: PlanArgs) -> ExitCode {
+    if args.list_models {
+        return finish(list_models());
+    }
+    match plan_from_args(&args)
+        .and_then(|plan| render(&plan, args.output).map(|text| (plan.fits, text)))
+    {
+        Ok((fits, text)) => match write_stdout(&text) {
+            Ok(()) if fits => ExitCode::SUCCESS,
+            Ok(()) => ExitCode::from(2),
+            Err(err) => fail(&err),
+        },
+        Err(err) => fail(&err),
+    }
+}
+
+fn finish(result: Result<String>) -> ExitCode {
+    match result.and_then(|text| write_stdout(&text)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => fail(&err),
+    }
+}
+
+fn fail(err: &PlanError) -> ExitCode {
+    eprintln!("hwaccel plan: {err}");
+    ExitCode::from(1)
+}
+
+fn list_models() -> Result<String> {
+    let mut table = output::Table::new(["KEY", "HUGGING FACE", "SOURCE"]);
+    for preset in presets::list()? {
+        table.row([preset.key, preset.hf_id, preset.source]);
+    }
+    Ok(table.render())
+}
+
+/// Everything from flags to a plan.
+pub fn plan_from_args(args: &PlanArgs) -> Result<Plan> {
+    let model = model_from_args(args)?;
+    let (nodes, notes) = hardware_from_args(args)?;
+    let reserved = reservations(&args.reserved)?;
+    let request = request_from_args(args)?;
+    let mut plan = plan(&model, &nodes, &reserved, &request)?;
+    plan.reasons.extend(notes);
+    Ok(plan)
+}
+
+fn model_from_args(args: &PlanArgs) -> Result<Model> {
+    let model = match (&args.model, &args.params) {
+        (Some(spec), _) => load_model(spec)?,
+        (None, Some(count)) => Model::from_param_count(count.trim(), parse_param_count(count)?),
+        (None, None) => return Err(PlanError::constraint("give --model or --params")),
+    };
+    let checkpoint = match &args.checkpoint_bytes {
+        Some(text) => Some(parse_bytes(text).ok_or_else(|| {
+            PlanError::constraint(format!(
+                "--checkpoint-bytes {text:?} is not a size (e.g. 462GB, 430GiB)"
+            ))
+        })?),
+        None => None,
+    };
+    Ok(model.with_checkpoint_bytes(checkpoint))
+}
+
+fn hardware_from_args(args: &PlanArgs) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+    match &args.hardware {
+        Some(spec) => Ok((parse_hardware(spec)?, Vec::new())),
+        None => load_inventories(&args.inventory),
+    }
+}
+
+fn reservations(entries: &[String]) -> Result<Reservations> {
+    let mut reserved = Reservations::none();
+    for entry in entries {
+        let (node, device) = entry
+            .split_once('/')
+            .filter(|(n, d)| !n.is_empty() && !d.is_empty())
+            .ok_or_else(|| {
+                PlanError::constraint(format!("--reserved {entry:?}: expected NODE/DEVICE_ID"))
+            })?;
+        reserved.insert(node, device);
+    }
+    Ok(reserved)
+}
+
+fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
+    let precision: PrecisionChoice = args
+        .precision
+        .parse()
+        .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
+    let default_util = if args.train.is_some() {
+        DEFAULT_TRAINING_GPU_UTIL
+    } else {
+        DEFAULT_GPU_UTIL
+    };
+    let gpu_util = args.gpu_util.unwrap_or(default_util);
+    let goal = match args.train {
+        Some(method) => Goal::Train(TrainingTarget {
+            method,
+            seq_len: args.seq_len,
+            micro_batch: args.micro_batch,
+            gradient_checkpointing: !args.no_gradient_checkpointing,
+            lora_rank: args.lora_rank,
+            lora_targets: lora_targets(&args.lora_targets)?,
+        }),
+        None => Goal::Serve {
+            context: args.context,
+            concurrency: args.concurrency,
+        },
+    };
+    Ok(PlanRequest {
+        goal,
+        precision,
+        kv_dtype: args.kv_dtype,
+        max_nodes: args.max_nodes,
+        gpu_util,
+    })
+}
+
+fn lora_targets(text: &str) -> Result<Vec<LoraTarget>> {
+    let mut targets: Vec<LoraTarget> = text
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            LoraTarget::parse(t).ok_or_else(|| {
+                PlanError::constraint(format!(
+                    "--lora-targets: unknown module {t:?} (q, k, v, o, gate, up, down)"
+                ))
+            })
+        })
+        .collect::<Result<_>>()?;
+    targets.sort();
+    targets.dedup();
+    if targets.is_empty() {
+        return Err(PlanError::constraint("--lora-targets names no module"));
+    }
+    Ok(targets)
+}
+
+fn render(plan: &Plan, format: Format) -> Result<String> {
+    let encode = |err: String| PlanError::constraint(format!("cannot encode the plan: {err}"));
+    match format {
+        Format::Table => Ok(plan.to_table()),
+        Format::Json => output::to_json(plan).map_err(|e| encode(e.to_string())),
+        Format::Yaml => output::to_yaml(plan).map_err(|e| encode(e.to_string())),
+    }
+}
+
+/// Writes to stdout; a closed pipe (`hwaccel plan | head`) is not an error.
+fn write_stdout(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(PlanError::Io {
+            path: PathBuf::from("<stdout>"),
+            source: err,
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,293 @@
+//! The planner's view of hardware: nodes, their accelerators, which accelerators share a
+//! scale-up domain (NVLink/NVSwitch, XGMI, ICI...), and which nodes share an InfiniBand
+//! fabric. Deliberately smaller than a detection report, so the planner can take hardware from
+//! a report ([`NodeSpec::from_report`]), from an `AcceleratorInventory` later (the same few
+//! lines over its status), or from the `--hardware` shorthand.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::detect::Report;
+use crate::hardware::{Device, Family, HealthStatus, InterconnectKind, NicKind, Precision, Vendor};
+
+use super::products::{self, CONSERVATIVE_PRECISIONS};
+use super::units::Bytes;
+
+/// One accelerator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSpec {
+    /// Identifier, unique within the node (a PCI bus id, or `gpu0` for shorthand hardware).
+    pub id: String,
+    /// Product name as reported (`NVIDIA H100 80GB HBM3`).
+    pub product: String,
+    /// Maker.
+    pub vendor: Vendor,
+    /// Kind.
+    pub family: Family,
+    /// Device memory.
+    #[serde(rename = "memoryBytes")]
+    pub memory: Bytes,
+    /// Native precisions.
+    #[serde(default)]
+    pub precisions: BTreeSet<Precision>,
+    /// The scale-up domain within the node (`nvswitch:0`); `None` when only PCIe links it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Peak memory bandwidth, TB/s, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_tbps: Option<f64>,
+}
+
+/// One node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// Node name (unique in the fleet).
+    pub name: String,
+    /// Accelerators.
+    #[serde(default)]
+    pub devices: Vec<DeviceSpec>,
+    /// InfiniBand fabric (subnet prefix) shared with other nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
+    /// Node labels (free-form; reported, not interpreted).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Devices already taken, by node name and device id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reservations(BTreeMap<String, BTreeSet<String>>);
+
+impl Reservations {
+    /// No reservations.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Marks a device as taken.
+    pub fn insert(&mut self, node: impl Into<String>, device: impl Into<String>) {
+        self.0.entry(node.into()).or_default().insert(device.into());
+    }
+
+    /// True when the device is taken (no allocation: called once per device in the fleet).
+    pub fn contains(&self, node: &str, device: &str) -> bool {
+        self.0.get(node).is_some_and(|ids| ids.contains(device))
+    }
+
+    /// Number of reserved devices.
+    pub fn len(&self) -> usize {
+        self.0.values().map(BTreeSet::len).sum()
+    }
+
+    /// True when nothing is reserved.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Interconnect kinds that form a scale-up domain for tensor parallelism.
+fn is_scale_up(kind: InterconnectKind) -> bool {
+    !matches!(kind, InterconnectKind::Other)
+}
+
+impl NodeSpec {
+    /// The planner's view of a detection report for the node `name`. Devices without a known
+    /// memory size, unhealthy devices and devices split into MIG instances cannot be planned
+    /// on; each one skipped is explained in the returned notes.
+    pub fn from_report(report: &Report, name: &str) -> (Self, Vec<String>) {
+        let mut notes = Vec::new();
+        let domains: BTreeMap<&str, String> = report
+            .interconnects
+            .iter()
+            .filter(|group| is_scale_up(group.kind))
+            .flat_map(|group| {
+                let domain = format!("{}:{}", kind_name(group.kind), group.id);
+                group
+                    .devices
+                    .iter()
+                    .map(move |id| (id.as_str(), domain.clone()))
+            })
+            .collect();
+        let devices = report
+            .accelerators()
+            .filter_map(|device| match usable(device) {
+                Ok(memory) => Some(device_spec(
+                    device,
+                    memory,
+                    domains.get(device.id.as_str()).cloned(),
+                )),
+                Err(why) => {
+                    notes.push(format!(
+                        "{name}: skipped {} ({}): {why}",
+                        device.id, device.model
+                    ));
+                    None
+                }
+            })
+            .collect();
+        let node = Self {
+            name: name.to_string(),
+            devices,
+            fabric: fabric_of(report),
+            labels: BTreeMap::new(),
+        };
+        (node, notes)
+    }
+}
+
+/// The device's memory, or why it cannot be planned on.
+fn usable(device: &Device) -> Result<Bytes, &'static str> {
+    if device.health.status == HealthStatus::Unhealthy {
+        return Err("unhealthy");
+    }
+    if device
+        .partitions
+        .iter()
+        .any(|p| p.kind == "mig" && p.id.is_some())
+    {
+        return Err("split into MIG instances");
+    }
+    match device.memory_bytes {
+        Some(bytes) if bytes > 0 => Ok(Bytes(bytes)),
+        _ => Err("memory size unknown"),
+    }
+}
+
+fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> DeviceSpec {
+    let product = products::lookup(&device.model, Some(memory.as_gib()));
+    let precisions = if device.precisions.is_empty() {
+        product.map_or_else(
+            || CONSERVATIVE_PRECISIONS.iter().copied().collect(),
+            |p| p.precisions.iter().copied().collect(),
+        )
+    } else {
+        device.precisions.clone()
+    };
+    DeviceSpec {
+        id: device.id.clone(),
+        product: device.model.clone(),
+        vendor: device.vendor,
+        family: device.family,
+        memory,
+        precisions,
+        domain,
+        bandwidth_tbps: product.map(|p| p.bandwidth_tbps),
+    }
+}
+
+/// The InfiniBand fabric: the subnet of the first active InfiniBand port that reports one,
+/// else of any port that does.
+fn fabric_of(report: &Report) -> Option<String> {
+    let with_fabric = || report.nics.iter().filter(|nic| nic.fabric.is_some());
+    with_fabric()
+        .find(|nic| nic.kind == NicKind::Infiniband && nic.state.as_deref() == Some("ACTIVE"))
+        .or_else(|| with_fabric().next())
+        .and_then(|nic| nic.fabric.clone())
+}
+
+/// The lowercase name of an interconnect kind.
+pub fn kind_name(kind: InterconnectKind) -> &'static str {
+    match kind {
+        InterconnectKind::Nvlink => "nvlink",
+        InterconnectKind::Nvswitch => "nvswitch",
+        InterconnectKind::Xgmi => "xgmi",
+        InterconnectKind::Ici => "ici",
+        InterconnectKind::Neuronlink => "neuronlink",
+        InterconnectKind::Gaudilink => "gaudilink",
+        InterconnectKind::Xelink => "xelink",
+        InterconnectKind::Other => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::{Health, InterconnectGroup, NetworkAdapter, Partition};
+
+    fn gpu(id: &str, memory: Option<u64>) -> Device {
+        let mut device = Device::new(
+            id,
+            Vendor::Nvidia,
+            Family::Gpu,
+            "NVIDIA H100 80GB HBM3",
+            "nvidia",
+        );
+        device.memory_bytes = memory;
+        device
+    }
+
+    #[test]
+    fn report_devices_domains_and_fabric() {
+        let mut report = Report::empty();
+        let mut cpu = Device::new("cpu0", Vendor::Intel, Family::Cpu, "Xeon", "cpu");
+        cpu.memory_bytes = Some(1 << 40);
+        let mut sick = gpu("0000:03:00.0", Some(85_520_809_984));
+        sick.health = Health {
+            status: HealthStatus::Unhealthy,
+            ..Health::default()
+        };
+        let mut mig = gpu("0000:04:00.0", Some(85_520_809_984));
+        mig.partitions.push(Partition {
+            kind: "mig".into(),
+            profile: "1g.10gb".into(),
+            id: Some("1".into()),
+            memory_bytes: None,
+        });
+        report.devices = vec![
+            gpu("0000:01:00.0", Some(85_520_809_984)),
+            gpu("0000:02:00.0", None),
+            sick,
+            mig,
+            cpu,
+        ];
+        report.interconnects.push(InterconnectGroup {
+            kind: InterconnectKind::Nvswitch,
+            id: "0".into(),
+            devices: vec!["0000:01:00.0".into()],
+            links_per_device: None,
+            bandwidth_gbps: None,
+            topology: None,
+        });
+        report.nics.push(NetworkAdapter {
+            name: "mlx5_0/1".into(),
+            kind: NicKind::Infiniband,
+            rate_gbps: Some(400),
+            state: Some("ACTIVE".into()),
+            pci_id: None,
+            numa_node: None,
+            fabric: Some("fe80:0000:0000:0000".into()),
+        });
+        let (node, notes) = NodeSpec::from_report(&report, "n1");
+        assert_eq!(node.devices.len(), 1);
+        let device = &node.devices[0];
+        assert_eq!(device.domain.as_deref(), Some("nvswitch:0"));
+        assert!(
+            device.precisions.contains(&Precision::Fp8),
+            "filled from the product table"
+        );
+        assert_eq!(device.bandwidth_tbps, Some(3.35));
+        assert_eq!(node.fabric.as_deref(), Some("fe80:0000:0000:0000"));
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(notes.iter().any(|n| n.contains("memory size unknown")));
+    }
+
+    #[test]
+    fn node_specs_round_trip_through_json() {
+        let node = NodeSpec {
+            name: "a".into(),
+            devices: vec![
+                products::lookup("L4", None)
+                    .unwrap()
+                    .device_spec("gpu0".into(), None),
+            ],
+            fabric: None,
+            labels: BTreeMap::new(),
+        };
+        let json = serde_json::to_string(&node).unwrap();
+        assert!(json.contains("memoryBytes"));
+        assert_eq!(serde_json::from_str::<NodeSpec>(&json).unwrap(), node);
+    }
+}

@@ -1,0 +1,312 @@
+//! The thin file layer between the CLI and the pure planner: reads a model (`config.json` or
+//! a preset name) and inventories (files or directories of JSON/YAML) and hands back plain
+//! values. Everything else in `plan` is free of I/O.
+//!
+//! An inventory file may hold a detection report (`hwaccel detect -o json|yaml`; the node is
+//! named after the file), one planner [`NodeSpec`], or a list of them (bare, or under
+//! `nodes:`). `AcceleratorInventory` objects (as `kubectl get accinv -o yaml` or
+//! `hwaccel detect --as-inventory NODE` print them, alone or in a `List`) are read too, the
+//! node named after `spec.nodeName`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::detect::Report;
+
+use super::error::{PlanError, Result};
+use super::inventory::NodeSpec;
+use super::model::config::parse_config_text;
+use super::model::{Model, ModelSource, presets};
+use super::units::Bytes;
+
+/// Reads `--model`: a preset key, a `config.json` file, or a directory holding one.
+pub fn load_model(spec: &str) -> Result<Model> {
+    if let Some(model) = presets::find(spec)? {
+        return Ok(model);
+    }
+    let path = Path::new(spec);
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    if !file.is_file() {
+        let similar = presets::similar(spec);
+        let hint = if similar.is_empty() {
+            "; run `hwaccel plan --list-models` for the presets".to_string()
+        } else {
+            format!("; did you mean {}?", similar.join(", "))
+        };
+        return Err(PlanError::UnknownModel {
+            name: spec.to_string(),
+            hint,
+        });
+    }
+    let text = read(&file)?;
+    let origin = file.display().to_string();
+    let parsed = parse_config_text(&origin, &text)?;
+    let name = file
+        .parent()
+        .and_then(Path::file_name)
+        .filter(|_| file.file_name().is_some_and(|n| n == "config.json"))
+        .or_else(|| file.file_stem())
+        .map_or_else(|| origin.clone(), |n| n.to_string_lossy().into_owned());
+    let mut model = Model::new(
+        name,
+        ModelSource::Config(origin),
+        parsed.arch,
+        parsed.native,
+    );
+    model.max_context = parsed.max_context;
+    model.notes = parsed.notes;
+    Ok(model)
+}
+
+/// Parses a byte size: `462000000000`, `462GB` (10^9), `430GiB` (2^30), `1.5TB`.
+pub fn parse_bytes(text: &str) -> Option<Bytes> {
+    let lower = text.trim().to_ascii_lowercase();
+    let units: [(&str, f64); 7] = [
+        ("tib", 1024f64.powi(4)),
+        ("gib", 1024f64.powi(3)),
+        ("mib", 1024f64.powi(2)),
+        ("tb", 1e12),
+        ("gb", 1e9),
+        ("mb", 1e6),
+        ("b", 1.0),
+    ];
+    let (number, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| lower.strip_suffix(unit).map(|n| (n.trim(), *scale)))
+        .unwrap_or((lower.as_str(), 1.0));
+    let value: f64 = number.parse().ok()?;
+    let bytes = value * scale;
+    (1.0..1e18).contains(&bytes).then(|| Bytes::from_f64(bytes))
+}
+
+/// Reads every `--inventory` path. Directories contribute their `.json`, `.yaml` and `.yml`
+/// files in name order. Returns the nodes and notes about devices that were skipped.
+pub fn load_inventories(paths: &[PathBuf]) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+    let mut nodes = Vec::new();
+    let mut notes = Vec::new();
+    for path in paths {
+        for file in inventory_files(path)? {
+            let text = read(&file)?;
+            let (found, skipped) = interpret(&file, &text)?;
+            nodes.extend(found);
+            notes.extend(skipped);
+        }
+    }
+    let mut names = BTreeSet::new();
+    if let Some(duplicate) = nodes.iter().find(|n| !names.insert(n.name.as_str())) {
+        return Err(PlanError::InvalidInventory {
+            path: paths.first().cloned().unwrap_or_default(),
+            reason: format!("node {:?} appears twice", duplicate.name),
+        });
+    }
+    Ok((nodes, notes))
+}
+
+fn inventory_files(path: &Path) -> Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(path).map_err(|source| PlanError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Decodes JSON, or YAML when the text is not JSON.
+fn decode(path: &Path, text: &str) -> Result<Value> {
+    let invalid = |reason: String| PlanError::InvalidInventory {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match serde_json::from_str(text) {
+        Ok(value) => Ok(value),
+        Err(json_err) => serde_saphyr::from_str::<Value>(text).map_err(|yaml_err| {
+            invalid(format!("neither JSON ({json_err}) nor YAML ({yaml_err})"))
+        }),
+    }
+}
+
+/// Turns one decoded file into nodes.
+fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+    let value = decode(path, text)?;
+    let invalid = |reason: String| PlanError::InvalidInventory {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let node_list = |list: &Value| {
+        serde_json::from_value::<Vec<NodeSpec>>(list.clone())
+            .map_err(|err| invalid(format!("node list: {err}")))
+    };
+    match &value {
+        Value::Array(_) => Ok((node_list(&value)?, Vec::new())),
+        Value::Object(map)
+            if map.get("kind").and_then(Value::as_str) == Some("AcceleratorInventory") =>
+        {
+            // The file edge of the planner reads the API object; the planning core only ever
+            // sees the `NodeSpec` made from it.
+            let inventory: crate::api::AcceleratorInventory = serde_json::from_value(value.clone())
+                .map_err(|err| invalid(format!("AcceleratorInventory: {err}")))?;
+            let (node, notes) =
+                NodeSpec::from_report(&inventory.to_report(), &inventory.spec.node_name);
+            Ok((vec![node], notes))
+        }
+        Value::Object(map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+            let mut nodes = Vec::new();
+            let mut notes = Vec::new();
+            for item in map
+                .get("items")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let text = serde_json::to_string(item).map_err(|err| invalid(err.to_string()))?;
+                let (mut more, mut more_notes) = interpret(path, &text)?;
+                nodes.append(&mut more);
+                notes.append(&mut more_notes);
+            }
+            Ok((nodes, notes))
+        }
+        Value::Object(map) if map.contains_key("nodes") => {
+            Ok((node_list(&map["nodes"])?, Vec::new()))
+        }
+        Value::Object(map) if map.contains_key("schemaVersion") => {
+            let report: Report = serde_json::from_value(value.clone())
+                .map_err(|err| invalid(format!("detection report: {err}")))?;
+            let name = path
+                .file_stem()
+                .map_or_else(|| "node".to_string(), |s| s.to_string_lossy().into_owned());
+            let (node, notes) = NodeSpec::from_report(&report, &name);
+            Ok((vec![node], notes))
+        }
+        Value::Object(map) if map.contains_key("name") && map.contains_key("devices") => {
+            let node = serde_json::from_value(value.clone())
+                .map_err(|err| invalid(format!("node: {err}")))?;
+            Ok((vec![node], Vec::new()))
+        }
+        _ => Err(invalid(
+            "expected a detection report, a node ({name, devices}) or a list of nodes".to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("462GB"), Some(Bytes(462_000_000_000)));
+        assert_eq!(parse_bytes("1 GiB"), Some(Bytes(1 << 30)));
+        assert_eq!(parse_bytes("1234"), Some(Bytes(1234)));
+        for bad in ["", "GB", "-1GB", "0", "1e30TB", "x"] {
+            assert_eq!(parse_bytes(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reports_nodes_and_lists_are_recognised() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = serde_json::to_string(&Report::empty()).unwrap();
+        std::fs::write(dir.path().join("n1.json"), report).unwrap();
+        std::fs::write(
+            dir.path().join("n2.yaml"),
+            "name: n2\ndevices:\n  - id: gpu0\n    product: NVIDIA L4\n    vendor: nvidia\n    family: gpu\n    memoryBytes: 24152899584\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("ignored.txt"), "x").unwrap();
+        let (nodes, _) = load_inventories(&[dir.path().to_path_buf()]).unwrap();
+        let names: Vec<_> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["n1", "n2"]);
+        assert_eq!(nodes[1].devices.len(), 1);
+    }
+
+    #[test]
+    fn reads_accelerator_inventories() {
+        let ctx = crate::detect::testing::fixture_context("h100-8x-nvswitch");
+        let runner = ctx.runner().clone();
+        let detector = crate::detect::Detector::with_backends(
+            ctx.host().clone(),
+            runner,
+            crate::detect::backends::all(),
+        );
+        let report = detector.run(false).0;
+        let inventory = crate::api::AcceleratorInventory::from_report("dgx-01", &report);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dgx.yaml");
+        std::fs::write(&path, crate::output::to_yaml(&inventory).unwrap()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (nodes, _) = interpret(&path, &text).unwrap();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].name, "dgx-01");
+        assert_eq!(nodes[0].devices.len(), 8);
+        assert!(
+            nodes[0].devices.iter().all(|d| d.domain.is_some()),
+            "NVSwitch domain kept"
+        );
+    }
+
+    #[test]
+    fn bad_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("garbage.json", "{not json: [", "neither JSON"),
+            (
+                "inv.yaml",
+                "kind: AcceleratorInventory\n",
+                "AcceleratorInventory: missing field",
+            ),
+            ("other.json", "{\"a\": 1}", "expected a detection report"),
+            (
+                "dup.json",
+                "[{\"name\":\"a\",\"devices\":[]},{\"name\":\"a\",\"devices\":[]}]",
+                "appears twice",
+            ),
+        ];
+        for (name, text, expected) in cases {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let err = load_inventories(&[path]).unwrap_err().to_string();
+            assert!(err.contains(expected), "{name}: {err}");
+        }
+        let missing = load_inventories(&[dir.path().join("absent.json")]).unwrap_err();
+        assert!(missing.to_string().contains("cannot read"));
+    }
+
+    #[test]
+    fn unknown_models_get_hints() {
+        let err = load_model("llama-3.1-7b").unwrap_err().to_string();
+        assert!(
+            err.contains("did you mean") && err.contains("llama-3.1-8b"),
+            "{err}"
+        );
+        assert!(
+            load_model("zzz")
+                .unwrap_err()
+                .to_string()
+                .contains("--list-models")
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! Accelerator products the planner knows by name: memory as the vendor tool reports it,
+//! precisions, memory bandwidth and the usual scale-up link. Used by the `--hardware`
+//! shorthand and to fill in what a detection report leaves out (bandwidth, precisions).
+//!
+//! Bandwidth and memory figures are the vendors' datasheet values: NVIDIA H100 (SXM 3.35 TB/s,
+//! PCIe 2.0 TB/s, NVL 3.9 TB/s), H200 (4.8 TB/s), H20 (4.0 TB/s), A100 (40 GB 1.555 TB/s,
+//! 80 GB SXM 2.039 TB/s, 80 GB PCIe 1.935 TB/s), L4 (300 GB/s), L40S (864 GB/s), A10
+//! (600 GB/s), RTX A6000 (768 GB/s), A40 (696 GB/s), T4 (320 GB/s), V100 (900 GB/s), GeForce RTX 4090 (1,008 GB/s), B200
+//! (8 TB/s) datasheets; AMD Instinct MI300X (5.3 TB/s), MI325X (6 TB/s), MI355X (8 TB/s) data
+//! sheets; Intel Gaudi 2 (2.45 TB/s) and Gaudi 3 (3.7 TB/s) product briefs; Google Cloud TPU
+//! v5e (819 GB/s), v5p (2,765 GB/s), v6e (1,640 GB/s) system-architecture pages; AWS Trainium2
+//! (2.9 TB/s per chip). Memory in MiB is what `nvidia-smi` / `amd-smi` print where they differ
+//! from the marketing figure (an "80 GB" H100 shows 81,559 MiB).
+//! Precisions follow the architecture (Hopper: FP8; Ada: FP8; Ampere: no FP8; Blackwell and
+//! MI355X: FP4), as the detection backends fill them.
+
+use std::collections::BTreeSet;
+
+use crate::hardware::{Family, InterconnectKind, MIB, Precision, Vendor};
+
+use super::inventory::DeviceSpec;
+use super::units::Bytes;
+
+use Precision::{Bf16, Fp8, Fp16, Fp32, Int4, Int8, Mxfp4, Nvfp4, Tf32};
+
+const HOPPER: &[Precision] = &[Fp32, Tf32, Bf16, Fp16, Fp8, Int8, Int4];
+const ADA: &[Precision] = &[Fp32, Tf32, Bf16, Fp16, Fp8, Int8, Int4];
+const AMPERE: &[Precision] = &[Fp32, Tf32, Bf16, Fp16, Int8, Int4];
+const TURING: &[Precision] = &[Fp32, Fp16, Int8, Int4];
+const VOLTA: &[Precision] = &[Fp32, Fp16];
+const BLACKWELL: &[Precision] = &[Fp32, Tf32, Bf16, Fp16, Fp8, Int8, Int4, Nvfp4, Mxfp4];
+const CDNA3: &[Precision] = &[Fp32, Bf16, Fp16, Fp8, Int8];
+const CDNA4: &[Precision] = &[Fp32, Bf16, Fp16, Fp8, Int8, Mxfp4];
+const GAUDI: &[Precision] = &[Fp32, Bf16, Fp16, Fp8, Int8];
+const TPU: &[Precision] = &[Fp32, Bf16, Int8];
+const TRAINIUM2: &[Precision] = &[Fp32, Bf16, Fp16, Fp8];
+
+/// What an unknown product is assumed to compute in: the formats every current accelerator
+/// has, and the integer formats weight-only kernels use.
+pub const CONSERVATIVE_PRECISIONS: &[Precision] = &[Fp32, Fp16, Bf16, Int8, Int4];
+
+/// One product.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Product {
+    /// Display name.
+    pub name: &'static str,
+    /// Lowercase fragments that must all occur in a device name for it to be this product.
+    pub patterns: &'static [&'static str],
+    /// The maker.
+    pub vendor: Vendor,
+    /// The kind of device.
+    pub family: Family,
+    /// Memory in MiB as reported by the vendor tool.
+    pub memory_mib: u64,
+    /// The marketing size in GB, used to tell variants apart (`A100-40GB`).
+    pub nominal_gb: u64,
+    /// Native precisions.
+    pub precisions: &'static [Precision],
+    /// Peak memory bandwidth in TB/s.
+    pub bandwidth_tbps: f64,
+    /// The scale-up link its usual servers have (`None`: PCIe only).
+    pub link: Option<InterconnectKind>,
+}
+
+/// A GPU entry; `memory` is (MiB as reported, nominal GB).
+const fn gpu(
+    name: &'static str,
+    patterns: &'static [&'static str],
+    vendor: Vendor,
+    (memory_mib, nominal_gb): (u64, u64),
+    precisions: &'static [Precision],
+    bandwidth_tbps: f64,
+    link: Option<InterconnectKind>,
+) -> Product {
+    Product {
+        name,
+        patterns,
+        vendor,
+        family: Family::Gpu,
+        memory_mib,
+        nominal_gb,
+        precisions,
+        bandwidth_tbps,
+        link,
+    }
+}
+
+const NV: Vendor = Vendor::Nvidia;
+const NVSWITCH: Option<InterconnectKind> = Some(InterconnectKind::Nvswitch);
+const NVLINK: Option<InterconnectKind> = Some(InterconnectKind::Nvlink);
+const PCIE: Option<InterconnectKind> = None;
+
+/// The table. More specific patterns come first: the first product whose patterns all match
+/// (and, when a memory size is known, whose size matches) wins.
+pub const PRODUCTS: &[Product] = &[
+    gpu(
+        "NVIDIA H100 NVL",
+        &["h100", "nvl"],
+        NV,
+        (95_830, 94),
+        HOPPER,
+        3.9,
+        NVLINK,
+    ),
+    gpu(
+        "NVIDIA H100 PCIe",
+        &["h100", "pcie"],
+        NV,
+        (81_559, 80),
+        HOPPER,
+        2.0,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA H100 80GB HBM3",
+        &["h100"],
+        NV,
+        (81_559, 80),
+        HOPPER,
+        3.35,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA H200",
+        &["h200"],
+        NV,
+        (143_771, 141),
+        HOPPER,
+        4.8,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA H20",
+        &["h20"],
+        NV,
+        (97_871, 96),
+        HOPPER,
+        4.0,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA A100 80GB PCIe",
+        &["a100", "pcie"],
+        NV,
+        (81_920, 80),
+        AMPERE,
+        1.935,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA A100-SXM4-80GB",
+        &["a100"],
+        NV,
+        (81_920, 80),
+        AMPERE,
+        2.039,
+        NVSWITCH,
+    ),
+    gpu(
+        "NVIDIA A100-SXM4-40GB",
+        &["a100"],
+        NV,
+        (40_960, 40),
+        AMPERE,
+        1.555,
+        NVSWITCH,
+    ),
+    gpu("NVIDIA L40S", &["l40s"], NV, (46_068, 48), ADA, 0.864, PCIE),
+    gpu("NVIDIA L4", &["l4"], NV, (23_034, 24), ADA, 0.3, PCIE),
+    gpu(
+        "NVIDIA A10G",
+        &["a10g"],
+        NV,
+        (23_028, 24),
+        AMPERE,
+        0.6,
+        PCIE,
+    ),
+    gpu("NVIDIA A10", &["a10"], NV, (23_028, 24), AMPERE, 0.6, PCIE),
+    gpu(
+        "NVIDIA RTX A6000",
+        &["a6000"],
+        NV,
+        (49_140, 48),
+        AMPERE,
+        0.768,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA A40",
+        &["a40"],
+        NV,
+        (46_068, 48),
+        AMPERE,
+        0.696,
+        PCIE,
+    ),
+    gpu("NVIDIA T4", &["t4"], NV, (15_360, 16), TURING, 0.32, PCIE),
+    gpu(
+        "NVIDIA V100",
+        &["v100"],
+        NV,
+        (32_768, 32),
+        VOLTA,
+        0.9,
+        NVLINK,
+    ),
+    gpu(
+        "NVIDIA GeForce RTX 4090",
+        &["4090"],
+        NV,
+        (24_564, 24),
+        ADA,
+        1.008,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA B200",
+        &["b200"],
+        NV,
+        (183_359, 180),
+        BLACKWELL,
+        8.0,
+        NVSWITCH,
+    ),
+    gpu(
+        "AMD Instinct MI300X",
+        &["mi300x"],
+        Vendor::Amd,
+        (196_608, 192),
+        CDNA3,
+        5.3,
+        Some(InterconnectKind::Xgmi),
+    ),
+    gpu(
+        "AMD Instinct MI325X",
+        &["mi325x"],
+        Vendor::Amd,
+        (262_144, 256),
+        CDNA3,
+        6.0,
+        Some(InterconnectKind::Xgmi),
+    ),
+    gpu(
+        "AMD Instinct MI355X",
+        &["mi355x"],
+        Vendor::Amd,
+        (294_912, 288),
+        CDNA4,
+        8.0,
+        Some(InterconnectKind::Xgmi),
+    ),
+    Product {
+        name: "Intel Gaudi 2",
+        patterns: &["gaudi2"],
+        vendor: Vendor::Intel,
+        family: Family::Asic,
+        memory_mib: 98_304,
+        nominal_gb: 96,
+        precisions: GAUDI,
+        bandwidth_tbps: 2.45,
+        link: Some(InterconnectKind::Gaudilink),
+    },
+    Product {
+        name: "Intel Gaudi 2",
+        patterns: &["hl 225"],
+        vendor: Vendor::Intel,
+        family: Family::Asic,
+        memory_mib: 98_304,
+        nominal_gb: 96,
+        precisions: GAUDI,
+        bandwidth_tbps: 2.45,
+        link: Some(InterconnectKind::Gaudilink),
+    },
+    Product {
+        name: "Intel Gaudi 3",
+        patterns: &["gaudi3"],
+        vendor: Vendor::Intel,
+        family: Family::Asic,
+        memory_mib: 131_072,
+        nominal_gb: 128,
+        precisions: GAUDI,
+        bandwidth_tbps: 3.7,
+        link: Some(InterconnectKind::Gaudilink),
+    },
+    Product {
+        name: "Google TPU v5e",
+        patterns: &["v5e"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 16_384,
+        nominal_gb: 16,
+        precisions: TPU,
+        bandwidth_tbps: 0.819,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "Google TPU v5e",
+        patterns: &["v5 lite"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 16_384,
+        nominal_gb: 16,
+        precisions: TPU,
+        bandwidth_tbps: 0.819,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "Google TPU v5p",
+        patterns: &["v5p"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 97_280,
+        nominal_gb: 95,
+        precisions: TPU,
+        bandwidth_tbps: 2.765,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "Google TPU v6e",
+        patterns: &["v6e"],
+        vendor: Vendor::Google,
+        family: Family::Tpu,
+        memory_mib: 32_768,
+        nominal_gb: 32,
+        precisions: TPU,
+        bandwidth_tbps: 1.64,
+        link: Some(InterconnectKind::Ici),
+    },
+    Product {
+        name: "AWS Trainium2",
+        patterns: &["trainium2"],
+        vendor: Vendor::Aws,
+        family: Family::Asic,
+        memory_mib: 98_304,
+        nominal_gb: 96,
+        precisions: TRAINIUM2,
+        bandwidth_tbps: 2.9,
+        link: Some(InterconnectKind::Neuronlink),
+    },
+];
+
+/// Lowercase, with every run of non-alphanumerics turned into one space, so
+/// `A100-SXM4-40GB`, `a100 sxm4 40gb` and `A100_SXM4_40GB` compare equal.
+fn normalise(text: &str) -> String {
+    let spaced: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                ' '
+            }
+        })
+        .collect();
+    spaced.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The product a device name denotes. With `memory_gb`, a variant of that size is preferred
+/// (within 10 %), so `A100` with 40 GB is the 40 GB part.
+pub fn lookup(name: &str, memory_gb: Option<f64>) -> Option<&'static Product> {
+    let key = normalise(name);
+    let candidates: Vec<&Product> = PRODUCTS
+        .iter()
+        .filter(|p| {
+            p.patterns
+                .iter()
+                .all(|pattern| contains_model(&key, pattern))
+        })
+        .collect();
+    let sized = memory_gb.and_then(|gb| {
+        candidates
+            .iter()
+            .find(|p| (p.nominal_gb as f64 - gb).abs() <= p.nominal_gb as f64 * 0.1)
+            .copied()
+    });
+    sized.or_else(|| candidates.first().copied())
+}
+
+/// True when `pattern` occurs in `key` and is not the prefix of a longer model number: "a10"
+/// must not match "a100", "l4" not "l40s", "h20" not "h200".
+fn contains_model(key: &str, pattern: &str) -> bool {
+    key.match_indices(pattern).any(|(at, _)| {
+        !key[at + pattern.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+impl Product {
+    /// Memory in bytes.
+    pub fn memory(&self) -> Bytes {
+        Bytes(self.memory_mib * MIB)
+    }
+
+    /// A device of this product; `memory` overrides the table's size.
+    pub fn device_spec(&self, id: String, memory: Option<Bytes>) -> DeviceSpec {
+        DeviceSpec {
+            id,
+            product: self.name.to_string(),
+            vendor: self.vendor,
+            family: self.family,
+            memory: memory.unwrap_or_else(|| self.memory()),
+            precisions: self.precisions.iter().copied().collect::<BTreeSet<_>>(),
+            domain: None,
+            bandwidth_tbps: Some(self.bandwidth_tbps),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detected_names_map_to_products() {
+        let name = |n: &str, gb: Option<f64>| lookup(n, gb).map(|p| p.name);
+        assert_eq!(
+            name("NVIDIA H100 80GB HBM3", Some(79.6)),
+            Some("NVIDIA H100 80GB HBM3")
+        );
+        assert_eq!(name("NVIDIA H100 PCIe", None), Some("NVIDIA H100 PCIe"));
+        assert_eq!(
+            name("NVIDIA A100-SXM4-40GB", Some(40.0)),
+            Some("NVIDIA A100-SXM4-40GB")
+        );
+        assert_eq!(name("A100", Some(80.0)), Some("NVIDIA A100-SXM4-80GB"));
+        assert_eq!(name("NVIDIA L4", None), Some("NVIDIA L4"));
+        assert_eq!(name("NVIDIA L40S", None), Some("NVIDIA L40S"));
+        assert_eq!(name("NVIDIA A10G", None), Some("NVIDIA A10G"));
+        assert_eq!(name("h20", None), Some("NVIDIA H20"));
+        assert_eq!(name("H200", None), Some("NVIDIA H200"));
+        assert_eq!(
+            name("AMD Instinct MI300X", None),
+            Some("AMD Instinct MI300X")
+        );
+        assert_eq!(name("TPU-v5e", None), Some("Google TPU v5e"));
+        assert_eq!(name("tpu-v5-lite-podslice", None), Some("Google TPU v5e"));
+        assert_eq!(name("HL-225", None), Some("Intel Gaudi 2"));
+        assert_eq!(name("NVIDIA A10", None), Some("NVIDIA A10"));
+        assert_eq!(name("Frobnicator 9000", None), None);
+    }
+
+    #[test]
+    fn table_is_sane() {
+        for p in PRODUCTS {
+            assert!(
+                p.memory_mib > 0 && p.bandwidth_tbps > 0.0 && !p.precisions.is_empty(),
+                "{}",
+                p.name
+            );
+            let gib = p.memory_mib as f64 / 1024.0;
+            assert!((gib / p.nominal_gb as f64 - 1.0).abs() < 0.1, "{}", p.name);
+        }
+    }
+}

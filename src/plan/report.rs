@@ -1,0 +1,255 @@
+//! The plan as the planner reports it: one serialisable [`Plan`] for `-o json` (and for the
+//! controller's status), and a table that explains the memory behind the decision.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::hardware::Precision;
+use crate::output::Table;
+
+use super::capability::Execution;
+use super::fleet::Assignment;
+use super::memory::DeviceMemory;
+use super::model::{Model, ModelSource};
+use super::throughput::ThroughputEstimate;
+use super::training::{Method, ZeroStage};
+use super::units::Bytes;
+
+/// The model, as the plan summarises it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSummary {
+    /// Name.
+    pub name: String,
+    /// Where its facts came from.
+    pub source: ModelSource,
+    /// Total parameters.
+    pub params: u64,
+    /// Parameters one token uses (MoE: fewer than `params`).
+    pub active_params: u64,
+    /// The checkpoint's own precision.
+    pub native_precision: Precision,
+    /// Layers, heads, KV heads, head dim.
+    pub layers: u32,
+    /// Query heads.
+    pub heads: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+}
+
+impl ModelSummary {
+    /// Summarises `model`.
+    pub fn of(model: &Model) -> Self {
+        Self {
+            name: model.name.clone(),
+            source: model.source.clone(),
+            params: model.params.total(),
+            active_params: model.params.active(),
+            native_precision: model.native.precision,
+            layers: model.arch.layers,
+            heads: model.arch.heads,
+            kv_heads: model.arch.kv_heads,
+        }
+    }
+}
+
+/// Training-specific facts of a training plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrainingSummary {
+    /// Method.
+    pub method: Method,
+    /// Parameters trained.
+    pub trainable_params: u64,
+    /// ZeRO stage.
+    pub zero_stage: ZeroStage,
+    /// Tokens per sequence.
+    pub seq_len: u64,
+    /// Sequences per device per step.
+    pub micro_batch: u64,
+    /// Whether activations are recomputed.
+    pub gradient_checkpointing: bool,
+    /// Per device: weights (policy, frozen base, reference, gather buffers).
+    pub weights: Bytes,
+    /// Per device: gradients.
+    pub gradients: Bytes,
+    /// Per device: optimizer states.
+    pub optimizer: Bytes,
+}
+
+/// A plan, or a refusal with the nearest miss.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// Whether the goal fits the hardware.
+    pub fits: bool,
+    /// `serve` or `train`.
+    pub goal: &'static str,
+    /// The model.
+    pub model: ModelSummary,
+    /// Weight precision (training: the compute precision of the trained weights).
+    pub precision: Option<Precision>,
+    /// Whether the device computes in `precision` or widens weights on the fly.
+    pub execution: Option<Execution>,
+    /// KV-cache type (serving).
+    pub kv_dtype: Option<&'static str>,
+    /// Tokens per request (serving).
+    pub context: Option<u64>,
+    /// Concurrent full-context requests asked for (serving).
+    pub concurrency: Option<u64>,
+    /// The device product used.
+    pub device: Option<String>,
+    /// Tensor-parallel size.
+    pub tp: Option<u32>,
+    /// Pipeline-parallel size.
+    pub pp: Option<u32>,
+    /// Data-parallel replicas.
+    pub replicas: Option<u32>,
+    /// Devices used.
+    pub devices: Option<u32>,
+    /// Nodes used.
+    pub nodes: Option<u32>,
+    /// Memory on the most loaded device (for a refusal: of the nearest miss).
+    pub per_device: Option<DeviceMemory>,
+    /// Full-context requests all replicas hold at once (serving).
+    pub max_concurrency: Option<u64>,
+    /// Where each group runs.
+    pub assignments: Vec<Assignment>,
+    /// Decode throughput per replica (serving).
+    pub throughput: Option<ThroughputEstimate>,
+    /// Training details.
+    pub training: Option<TrainingSummary>,
+    /// Why this plan (or why none).
+    pub reasons: Vec<String>,
+    /// What would make it fit, or make it better.
+    pub suggestions: Vec<String>,
+}
+
+impl Plan {
+    /// An empty plan for `model` that does not fit yet; the search fills it in.
+    pub fn new(goal: &'static str, model: &Model) -> Self {
+        Self {
+            fits: false,
+            goal,
+            model: ModelSummary::of(model),
+            precision: None,
+            execution: None,
+            kv_dtype: None,
+            context: None,
+            concurrency: None,
+            device: None,
+            tp: None,
+            pp: None,
+            replicas: None,
+            devices: None,
+            nodes: None,
+            per_device: None,
+            max_concurrency: None,
+            assignments: Vec::new(),
+            throughput: None,
+            training: None,
+            reasons: Vec::new(),
+            suggestions: Vec::new(),
+        }
+    }
+
+    /// The table people read: the decision, the memory behind it, where it runs, and why.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let verdict = if self.fits { "FITS" } else { "DOES NOT FIT" };
+        let _ = writeln!(
+            out,
+            "{verdict}: {} {} ({:.1}B params)",
+            self.goal,
+            self.model.name,
+            self.model.params as f64 / 1e9
+        );
+        if let (Some(device), Some(precision)) = (&self.device, self.precision) {
+            let layout = format!(
+                "{} x {} | precision {precision}{} | TP {} x PP {} x {} replica(s) on {} node(s)",
+                self.devices.unwrap_or(0),
+                device,
+                if self.execution == Some(Execution::WeightOnly) {
+                    " (weight-only)"
+                } else {
+                    ""
+                },
+                self.tp.unwrap_or(0),
+                self.pp.unwrap_or(0),
+                self.replicas.unwrap_or(0),
+                self.nodes.unwrap_or(0),
+            );
+            let _ = writeln!(out, "{layout}");
+        }
+        if let Some(memory) = &self.per_device {
+            out.push('\n');
+            out.push_str(&memory_table(memory, self.fits));
+        }
+        if let (Some(context), Some(max)) = (self.context, self.max_concurrency) {
+            let _ = writeln!(
+                out,
+                "\ncontext {context} tokens, {max} concurrent full-context request(s) fit"
+            );
+        }
+        if let Some(t) = &self.throughput {
+            let _ = writeln!(
+                out,
+                "decode estimate (bandwidth roofline, per replica): {:.0} tok/s single stream, {:.0} tok/s at {} streams",
+                t.single_stream_tokens_per_s, t.batched_tokens_per_s, t.batch
+            );
+        }
+        if !self.assignments.is_empty() {
+            out.push('\n');
+            let mut table = Table::new(["REPLICA", "STAGE", "NODE", "DEVICES"]);
+            for a in &self.assignments {
+                table.row([
+                    a.replica.to_string(),
+                    a.stage.to_string(),
+                    a.node.clone(),
+                    a.devices.join(","),
+                ]);
+            }
+            out.push_str(&table.render());
+        }
+        for (title, lines) in [("why", &self.reasons), ("try", &self.suggestions)] {
+            if !lines.is_empty() {
+                let _ = writeln!(out, "\n{title}:");
+                for line in lines {
+                    let _ = writeln!(out, "  - {line}");
+                }
+            }
+        }
+        out
+    }
+}
+
+fn memory_table(memory: &DeviceMemory, fits: bool) -> String {
+    let mut table = Table::new(["PER DEVICE", "BYTES", ""]);
+    let rows = [
+        ("weights", memory.weights),
+        ("kv cache", memory.kv_cache),
+        ("activations", memory.activations),
+        ("overhead", memory.overhead),
+        ("total", memory.total),
+        ("budget", memory.budget),
+        ("capacity", memory.capacity),
+    ];
+    for (name, bytes) in rows {
+        let share = if memory.budget.0 > 0 && name != "capacity" && name != "budget" {
+            format!(
+                "{:.0}% of budget",
+                100.0 * bytes.as_f64() / memory.budget.as_f64()
+            )
+        } else {
+            String::new()
+        };
+        table.row([name.to_string(), bytes.to_string(), share]);
+    }
+    let mut text = table.render();
+    if !fits && memory.total > memory.budget {
+        let _ = writeln!(
+            text,
+            "over budget by {}",
+            memory.total.saturating_sub(memory.budget)
+        );
+    }
+    text
+}

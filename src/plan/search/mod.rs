@@ -1,0 +1,175 @@
+//! The search: for every class of free devices, every precision the device and the model
+//! allow, every valid tensor-parallel size and the smallest pipeline depth that fits, how many
+//! replicas the concurrency target needs; then the cheapest candidate that the fleet can
+//! actually place.
+//!
+//! Order (`planner-formulas.md` §2 and §4): fewest devices, then fewest nodes, then the
+//! widest precision, then the layout the interconnect favours (TP inside an NVLink-class
+//! domain, PP where there is only PCIe), then device class and sizes, so the same input always
+//! yields the same plan.
+
+mod parallel;
+mod refusal;
+mod serving;
+mod train;
+
+use crate::hardware::Precision;
+
+use super::capability::PrecisionChoice;
+use super::error::{PlanError, Result};
+use super::fleet::Fleet;
+use super::inventory::{NodeSpec, Reservations};
+use super::kv::KvDtype;
+use super::memory::DEFAULT_GPU_UTIL;
+use super::model::Model;
+use super::report::Plan;
+use super::training::TrainingTarget;
+
+pub use parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
+
+/// The context used when neither the request nor the model states one.
+pub const FALLBACK_CONTEXT: u64 = 4096;
+
+/// What the model is to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Goal {
+    /// Serve requests of `context` tokens (default: the model's maximum), `concurrency` of
+    /// them at once.
+    Serve {
+        /// Tokens per request, prompt and output together.
+        context: Option<u64>,
+        /// Concurrent full-context requests.
+        concurrency: u64,
+    },
+    /// Fine-tune.
+    Train(TrainingTarget),
+}
+
+/// A planning request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRequest {
+    /// The goal.
+    pub goal: Goal,
+    /// Weight precision.
+    pub precision: PrecisionChoice,
+    /// KV-cache type (serving).
+    pub kv_dtype: KvDtype,
+    /// Most nodes the plan may use.
+    pub max_nodes: Option<u32>,
+    /// Fraction of device memory the plan may use (serving default 0.90, like vLLM).
+    pub gpu_util: f64,
+}
+
+impl PlanRequest {
+    /// Serving `context` tokens, one request at a time, with defaults for the rest.
+    pub fn serve(context: Option<u64>, concurrency: u64) -> Self {
+        Self {
+            goal: Goal::Serve {
+                context,
+                concurrency,
+            },
+            precision: PrecisionChoice::Auto,
+            kv_dtype: KvDtype::Auto,
+            max_nodes: None,
+            gpu_util: DEFAULT_GPU_UTIL,
+        }
+    }
+
+    /// The same request with the precision pinned.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = PrecisionChoice::Exact(precision);
+        self
+    }
+}
+
+/// Plans `model` on the free devices of `nodes`. Errors are for unanswerable input; a goal
+/// that does not fit is a [`Plan`] with `fits: false`, reasons and suggestions.
+pub fn plan(
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+) -> Result<Plan> {
+    validate(request)?;
+    let fleet = Fleet::new(nodes, reserved);
+    if fleet.classes.is_empty() {
+        let reason = if nodes.is_empty() {
+            "the inventory has no nodes".to_string()
+        } else {
+            format!(
+                "{} node(s) but no free accelerator with a known memory size",
+                nodes.len()
+            )
+        };
+        return Err(PlanError::NoDevices(reason));
+    }
+    match &request.goal {
+        Goal::Serve {
+            context,
+            concurrency,
+        } => {
+            let context = resolve_context(model, *context)?;
+            Ok(serving::plan(
+                model,
+                &fleet,
+                request,
+                context,
+                *concurrency,
+                nodes,
+            ))
+        }
+        Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
+    }
+}
+
+fn validate(request: &PlanRequest) -> Result<()> {
+    if !(request.gpu_util > 0.0 && request.gpu_util <= 1.0) {
+        return Err(PlanError::constraint(format!(
+            "--gpu-util {} must be in (0, 1]",
+            request.gpu_util
+        )));
+    }
+    if request.max_nodes == Some(0) {
+        return Err(PlanError::constraint("--max-nodes must be at least 1"));
+    }
+    match &request.goal {
+        Goal::Serve {
+            context,
+            concurrency,
+        } => {
+            if *context == Some(0) {
+                return Err(PlanError::constraint("--context must be at least 1 token"));
+            }
+            if *concurrency == 0 {
+                return Err(PlanError::constraint("--concurrency must be at least 1"));
+            }
+        }
+        Goal::Train(target) => {
+            if target.seq_len == 0 || target.micro_batch == 0 {
+                return Err(PlanError::constraint(
+                    "--seq-len and --micro-batch must be at least 1",
+                ));
+            }
+            if target.lora_rank == 0 {
+                return Err(PlanError::constraint("--lora-rank must be at least 1"));
+            }
+            train::check_precision(target.method, request.precision)
+                .map_err(PlanError::constraint)?;
+        }
+    }
+    Ok(())
+}
+
+/// The context to plan for: the request's, else the model's maximum, else a fallback; never
+/// more than the model supports (vLLM refuses a `max_model_len` beyond it).
+fn resolve_context(model: &Model, requested: Option<u64>) -> Result<u64> {
+    match (requested, model.max_context) {
+        (Some(context), Some(max)) if context > max => Err(PlanError::constraint(format!(
+            "--context {context} exceeds {}'s maximum of {max} tokens",
+            model.name
+        ))),
+        (Some(context), _) => Ok(context),
+        (None, Some(max)) => Ok(max),
+        (None, None) => Ok(FALLBACK_CONTEXT),
+    }
+}

@@ -1,0 +1,442 @@
+//! The serving search and the explanation of its result.
+
+use crate::hardware::Precision;
+
+use super::PlanRequest;
+use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
+use super::refusal;
+use crate::plan::capability::{Execution, PrecisionChoice, serving_candidates, serving_support};
+use crate::plan::fleet::{DeviceClass, Fleet, Placement, Shape};
+use crate::plan::inventory::NodeSpec;
+use crate::plan::kv::KvLayout;
+use crate::plan::memory::{ServingFit, ServingTarget, scheduler_defaults, serving_fit};
+use crate::plan::model::Model;
+use crate::plan::report::Plan;
+use crate::plan::throughput;
+use crate::plan::weights::WeightBytes;
+
+/// Pipeline depth beyond which the search stops looking: deeper pipelines only add latency.
+const MAX_PIPELINE: u32 = 64;
+
+/// One memory-feasible layout on one device class.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Candidate {
+    pub class: usize,
+    pub precision: Precision,
+    /// Position of `precision` in the ladder: lower is preferred.
+    pub precision_rank: usize,
+    pub execution: Execution,
+    pub tp: u32,
+    pub pp: u32,
+    pub replicas: u32,
+    pub fit: ServingFit,
+}
+
+impl Candidate {
+    pub fn devices(&self) -> u64 {
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.replicas)
+    }
+
+    /// Ranking after devices and nodes: wider precision, the layout the interconnect favours,
+    /// then class and sizes for determinism.
+    fn preference(&self, fleet: &Fleet<'_>) -> (usize, u32, usize, u32, u32) {
+        let fast_tp = fleet.classes[self.class].largest_fast_domain >= self.tp;
+        // With an NVLink-class domain, TP beats PP; over PCIe, PP beats TP (vLLM docs).
+        let layout = if fast_tp { self.pp } else { self.tp };
+        (self.precision_rank, layout, self.class, self.tp, self.pp)
+    }
+}
+
+/// The winner and what it took to find it.
+#[derive(Debug, Clone)]
+pub(super) struct Outcome {
+    pub best: Option<(Candidate, Placement)>,
+    /// Why precisions were ruled out, per class.
+    pub refusals: Vec<String>,
+    /// Memory-feasible candidates the fleet could not place (too few free devices, node cap).
+    pub unplaceable: Vec<Candidate>,
+}
+
+/// Searches `fleet` for the cheapest plan.
+pub(super) fn search(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    choice: PrecisionChoice,
+    target: &ServingTarget,
+    concurrency: u64,
+    max_nodes: Option<u32>,
+) -> Outcome {
+    let mut refusals = Vec::new();
+    let mut candidates = Vec::new();
+    for (index, class) in fleet.classes.iter().enumerate() {
+        for (precision_rank, precision) in serving_candidates(choice, model).into_iter().enumerate()
+        {
+            match serving_support(model, class.sample, precision) {
+                Ok(execution) => {
+                    let weights = WeightBytes::of(model, precision);
+                    let ctx = ClassContext {
+                        index,
+                        class,
+                        precision,
+                        precision_rank,
+                        execution,
+                        weights: &weights,
+                    };
+                    candidates.extend(layouts(model, &ctx, target, concurrency));
+                }
+                Err(why) if !matches!(choice, PrecisionChoice::Auto) || is_notable(precision) => {
+                    refusals.push(format!("{} x{}: {why}", class.sample.product, class.free));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    candidates.sort_by_key(|c| (c.devices(), c.preference(fleet)));
+    let mut unplaceable = Vec::new();
+    let mut start = 0;
+    while start < candidates.len() {
+        let devices = candidates[start].devices();
+        let end = start
+            + candidates[start..]
+                .iter()
+                .take_while(|c| c.devices() == devices)
+                .count();
+        let placed = candidates[start..end]
+            .iter()
+            .filter_map(|c| {
+                let shape = Shape {
+                    tp: c.tp,
+                    pp: c.pp,
+                    replicas: c.replicas,
+                };
+                match fleet.place(c.class, shape, max_nodes) {
+                    Some(placement) => Some((*c, placement)),
+                    None => {
+                        unplaceable.push(*c);
+                        None
+                    }
+                }
+            })
+            .min_by_key(|(c, p)| (p.nodes, c.preference(fleet)));
+        if let Some(best) = placed {
+            return Outcome {
+                best: Some(best),
+                refusals,
+                unplaceable,
+            };
+        }
+        start = end;
+    }
+    Outcome {
+        best: None,
+        refusals,
+        unplaceable,
+    }
+}
+
+/// In auto mode only the refusal of 16-bit weights is worth reporting (FP4 and FP8 gaps are
+/// routine); an explicit precision's refusal always is.
+fn is_notable(precision: Precision) -> bool {
+    matches!(precision, Precision::Bf16)
+}
+
+struct ClassContext<'c, 'a> {
+    index: usize,
+    class: &'c DeviceClass<'a>,
+    precision: Precision,
+    precision_rank: usize,
+    execution: Execution,
+    weights: &'c WeightBytes,
+}
+
+/// Memory-feasible layouts for one class and precision: per valid TP, the shallowest pipeline
+/// that fits, and deeper ones only while they cut the replicas needed. Where TP groups can sit
+/// in an NVLink-class domain, pipelines follow the multi-node rule (TP fills the domain, PP
+/// spans nodes) and a pipeline inside one node is the last resort (vLLM's "edge case");
+/// over PCIe any split is fair.
+fn layouts(
+    model: &Model,
+    ctx: &ClassContext<'_, '_>,
+    target: &ServingTarget,
+    concurrency: u64,
+) -> Vec<Candidate> {
+    let found = layouts_where(model, ctx, target, concurrency, true);
+    if found.is_empty() {
+        layouts_where(model, ctx, target, concurrency, false)
+    } else {
+        found
+    }
+}
+
+fn layouts_where(
+    model: &Model,
+    ctx: &ClassContext<'_, '_>,
+    target: &ServingTarget,
+    concurrency: u64,
+    conventional: bool,
+) -> Vec<Candidate> {
+    let device = (ctx.class.sample.memory, ctx.class.sample.product.as_str());
+    let tps = valid_tensor_parallel_sizes(model, ctx.class.largest_node);
+    let domain_tp = tps
+        .iter()
+        .copied()
+        .filter(|&tp| tp <= ctx.class.largest_fast_domain)
+        .max();
+    let allowed = |tp: u32, pp: u32| match domain_tp {
+        Some(full) if conventional => pp == 1 || (tp == full && tp * pp > ctx.class.largest_node),
+        _ => true,
+    };
+    let mut found = Vec::new();
+    for tp in tps {
+        let mut fewest = u64::MAX;
+        for pp in valid_pipeline_sizes(model, tp, ctx.class.free).take(MAX_PIPELINE as usize) {
+            if !allowed(tp, pp) {
+                continue;
+            }
+            let fit = serving_fit(model, ctx.weights, device, tp, pp, target);
+            if !fit.fits() {
+                continue;
+            }
+            let replicas = concurrency.div_ceil(fit.max_concurrency);
+            let devices = u64::from(tp * pp).saturating_mul(replicas);
+            if devices >= fewest {
+                break;
+            }
+            fewest = devices;
+            found.push(Candidate {
+                class: ctx.index,
+                precision: ctx.precision,
+                precision_rank: ctx.precision_rank,
+                execution: ctx.execution,
+                tp,
+                pp,
+                replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+                fit,
+            });
+            if replicas == 1 {
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// Plans serving and explains the result.
+pub(super) fn plan(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    request: &PlanRequest,
+    context: u64,
+    concurrency: u64,
+    nodes: &[NodeSpec],
+) -> Plan {
+    let target = ServingTarget {
+        context,
+        kv_dtype: request.kv_dtype,
+        gpu_util: request.gpu_util,
+    };
+    let outcome = search(
+        model,
+        fleet,
+        request.precision,
+        &target,
+        concurrency,
+        request.max_nodes,
+    );
+    let mut plan = Plan::new("serve", model);
+    plan.context = Some(context);
+    plan.concurrency = Some(concurrency);
+    plan.kv_dtype = Some(request.kv_dtype.resolved_name());
+    plan.reasons.extend(model.notes.iter().cloned());
+    match &outcome.best {
+        Some((candidate, placement)) => describe(
+            &mut plan,
+            model,
+            fleet,
+            candidate,
+            placement,
+            &target,
+            concurrency,
+        ),
+        None => refusal::serving(&mut plan, model, fleet, request, &target, &outcome, nodes),
+    }
+    plan
+}
+
+/// Fills in a successful plan and the reasoning behind it.
+fn describe(
+    plan: &mut Plan,
+    model: &Model,
+    fleet: &Fleet<'_>,
+    candidate: &Candidate,
+    placement: &Placement,
+    target: &ServingTarget,
+    concurrency: u64,
+) {
+    let class = &fleet.classes[candidate.class];
+    let fit = candidate.fit;
+    let per_replica = concurrency.div_ceil(u64::from(candidate.replicas.max(1)));
+    plan.fits = true;
+    plan.precision = Some(candidate.precision);
+    plan.execution = Some(candidate.execution);
+    plan.device = Some(class.sample.product.clone());
+    plan.tp = Some(candidate.tp);
+    plan.pp = Some(candidate.pp);
+    plan.replicas = Some(candidate.replicas);
+    plan.devices = u32::try_from(candidate.devices()).ok();
+    plan.nodes = Some(placement.nodes);
+    plan.per_device = Some(fit.with_concurrency(per_replica.min(fit.max_concurrency)));
+    plan.max_concurrency = Some(
+        fit.max_concurrency
+            .saturating_mul(u64::from(candidate.replicas)),
+    );
+    plan.assignments = placement.assignments.clone();
+    let weights = WeightBytes::of(model, candidate.precision);
+    plan.throughput = class.sample.bandwidth_tbps.and_then(|bandwidth| {
+        throughput::estimate(
+            model,
+            &weights,
+            (candidate.tp, candidate.pp),
+            fit.per_request,
+            bandwidth,
+            per_replica.min(fit.max_concurrency),
+        )
+    });
+    plan.reasons.extend(explain_memory(
+        model,
+        candidate,
+        &weights,
+        target,
+        &class.sample.product,
+    ));
+    plan.reasons.extend(explain_choice(
+        model,
+        fleet,
+        candidate,
+        placement,
+        target,
+        concurrency,
+    ));
+    if target.kv_dtype.bytes() > 1.0 && fit.max_concurrency < 4 {
+        plan.suggestions.push(
+            "--kv-dtype fp8 halves the KV cache and roughly doubles the concurrency that fits"
+                .to_string(),
+        );
+    }
+}
+
+/// The arithmetic: weights, KV per token and per request, budget.
+fn explain_memory(
+    model: &Model,
+    c: &Candidate,
+    weights: &WeightBytes,
+    target: &ServingTarget,
+    product: &str,
+) -> Vec<String> {
+    let fit = c.fit;
+    let mut lines = vec![format!(
+        "weights: {:.2}B params in {} = {} in total, {} on each device with TP {} x PP {}",
+        model.params.total() as f64 / 1e9,
+        c.precision,
+        weights.total(),
+        fit.memory.weights,
+        c.tp,
+        c.pp
+    )];
+    if c.execution == Execution::WeightOnly {
+        lines.push(format!(
+            "{} weights run through weight-only kernels: the device does not compute in {}",
+            c.precision, c.precision
+        ));
+    }
+    if c.precision == model.native.precision && model.checkpoint_bytes.is_some() {
+        lines.push("weight bytes are the given checkpoint size, not computed".to_string());
+    }
+    let kv = KvLayout::new(model, target.kv_dtype, c.tp, c.pp);
+    lines.push(format!(
+        "KV cache: {} per token on each device ({} KV; {} KV heads / TP {}); one {}-token request = {}",
+        kv.bytes_per_token(),
+        target.kv_dtype.resolved_name(),
+        model.arch.kv_heads,
+        c.tp,
+        target.context,
+        fit.per_request
+    ));
+    let (batched, sequences) = scheduler_defaults(fit.memory.capacity, product);
+    lines.push(format!(
+        "budget: {:.2} x {} = {}; activations {} (up to {batched} batched tokens, {sequences} sequences), overhead {}; {} left for KV = {} full-context request(s) per replica",
+        target.gpu_util, fit.memory.capacity, fit.memory.budget, fit.memory.activations, fit.memory.overhead, fit.kv_free, fit.max_concurrency
+    ));
+    lines
+}
+
+/// Why this layout and not a cheaper one, and how it sits on the fleet.
+fn explain_choice(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    c: &Candidate,
+    placement: &Placement,
+    target: &ServingTarget,
+    concurrency: u64,
+) -> Vec<String> {
+    let class = &fleet.classes[c.class];
+    let mut lines = Vec::new();
+    if c.tp * c.pp > 1 {
+        let smaller = smaller_layout_shortfall(model, class, c, target);
+        if let Some(line) = smaller {
+            lines.push(line);
+        }
+    }
+    if c.replicas > 1 {
+        lines.push(format!(
+            "{} replicas: each holds {} full-context request(s), {concurrency} requested",
+            c.replicas, c.fit.max_concurrency
+        ));
+    }
+    if c.tp > 1 {
+        lines.push(if placement.tp_in_fast_domain {
+            format!(
+                "each TP group of {} sits inside one NVLink-class domain",
+                c.tp
+            )
+        } else {
+            format!(
+                "TP groups of {} communicate over PCIe (no NVLink-class domain that large)",
+                c.tp
+            )
+        });
+    }
+    if placement.nodes > 1 && c.pp > 1 {
+        lines.push(if placement.pipeline_on_fabric {
+            "pipeline stages span nodes on one InfiniBand fabric".to_string()
+        } else {
+            "pipeline stages span nodes without a shared InfiniBand fabric: expect slow stage hand-offs".to_string()
+        });
+    }
+    lines
+}
+
+/// Why one device fewer (the next smaller valid layout) would not do.
+fn smaller_layout_shortfall(
+    model: &Model,
+    class: &DeviceClass<'_>,
+    c: &Candidate,
+    target: &ServingTarget,
+) -> Option<String> {
+    let weights = WeightBytes::of(model, c.precision);
+    let device = (class.sample.memory, class.sample.product.as_str());
+    let (tp, pp) = if c.pp > 1 {
+        (c.tp, c.pp - 1)
+    } else {
+        (*valid_tensor_parallel_sizes(model, c.tp - 1).last()?, 1)
+    };
+    let fit = serving_fit(model, &weights, device, tp, pp, target);
+    if fit.fits() {
+        return None;
+    }
+    let need = fit.memory.weights + fit.memory.activations + fit.memory.overhead + fit.per_request;
+    Some(format!(
+        "TP {tp} x PP {pp} would need {need} per device for one request (budget {})",
+        fit.memory.budget
+    ))
+}

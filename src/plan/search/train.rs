@@ -1,0 +1,259 @@
+//! The training search: the fewest data-parallel devices of one class, and the lowest ZeRO
+//! stage, whose per-device memory fits; then the placement on the fewest nodes.
+
+use super::PlanRequest;
+use crate::hardware::Precision;
+use crate::plan::capability::{PrecisionChoice, serving_support};
+use crate::plan::fleet::{Fleet, Placement};
+use crate::plan::model::Model;
+use crate::plan::report::{Plan, TrainingSummary};
+use crate::plan::training::{Method, TrainingMemory, TrainingTarget, ZeroStage, training_memory};
+use crate::plan::units::Bytes;
+
+/// ZeRO stages, cheapest communication first.
+const STAGES: [ZeroStage; 4] = [0, 1, 2, 3];
+
+/// A fitting (devices, stage) on one class.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    class: usize,
+    precision: Precision,
+    memory: TrainingMemory,
+}
+
+/// The precisions a method trains in: an NF4 base for QLoRA, mixed BF16/FP16 otherwise.
+fn method_precisions(
+    method: Method,
+    choice: PrecisionChoice,
+) -> Result<&'static [Precision], String> {
+    match (method, choice) {
+        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Exact(Precision::Nf4)) => {
+            Ok(&[Precision::Nf4])
+        }
+        (Method::Qlora, _) => {
+            Err("--train qlora trains on an NF4 base: use --precision nf4 or auto".to_string())
+        }
+        (_, PrecisionChoice::Auto) => Ok(&[Precision::Bf16, Precision::Fp16]),
+        (_, PrecisionChoice::Exact(Precision::Bf16)) => Ok(&[Precision::Bf16]),
+        (_, PrecisionChoice::Exact(Precision::Fp16)) => Ok(&[Precision::Fp16]),
+        (_, _) => Err(format!(
+            "--train {} trains in mixed precision: use --precision bf16, fp16 or auto",
+            format!("{method:?}").to_lowercase()
+        )),
+    }
+}
+
+/// Rejects a precision the method cannot train in at all (bad input, not a misfit).
+pub(super) fn check_precision(method: Method, choice: PrecisionChoice) -> Result<(), String> {
+    method_precisions(method, choice).map(|_| ())
+}
+
+/// The precision the method trains in on a device, or why it cannot.
+fn training_precision(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    class: usize,
+    method: Method,
+    choice: PrecisionChoice,
+) -> Result<Precision, String> {
+    let device = fleet.classes[class].sample;
+    let mut last_error = String::new();
+    for precision in method_precisions(method, choice)? {
+        match serving_support(model, device, *precision) {
+            Ok(_) => return Ok(*precision),
+            Err(why) => last_error = why,
+        }
+    }
+    Err(last_error)
+}
+
+/// The fewest devices (then the lowest stage) that fit on one class.
+fn cheapest(
+    model: &Model,
+    target: &TrainingTarget,
+    device: (Bytes, f64),
+    free: u32,
+) -> Option<TrainingMemory> {
+    let fits = |devices: u32, stage: ZeroStage| {
+        let memory = training_memory(model, target, devices, stage, device);
+        memory.device.within_budget().then_some(memory)
+    };
+    let mut best: Option<TrainingMemory> = None;
+    for stage in STAGES {
+        // A single device has nothing to shard: only stage 0 applies.
+        let found = if stage == 0 {
+            fits(1, 0)
+        } else if free >= 2 && fits(free, stage).is_some() {
+            // Memory per device only shrinks as devices are added: binary search the fewest.
+            let (mut too_few, mut enough) = (1u32, free);
+            while enough - too_few > 1 {
+                let mid = too_few + (enough - too_few) / 2;
+                if fits(mid, stage).is_some() {
+                    enough = mid
+                } else {
+                    too_few = mid
+                }
+            }
+            fits(enough, stage)
+        } else {
+            None
+        };
+        if let Some(memory) = found
+            && best.is_none_or(|b| memory.devices < b.devices)
+        {
+            best = Some(memory);
+        }
+    }
+    best
+}
+
+/// Plans fine-tuning and explains it.
+pub(super) fn plan(
+    model: &Model,
+    fleet: &Fleet<'_>,
+    request: &PlanRequest,
+    target: &TrainingTarget,
+) -> Plan {
+    let mut plan = Plan::new("train", model);
+    plan.reasons.extend(model.notes.iter().cloned());
+    let mut candidates = Vec::new();
+    for (index, class) in fleet.classes.iter().enumerate() {
+        match training_precision(model, fleet, index, target.method, request.precision) {
+            Ok(precision) => {
+                if let Some(memory) = cheapest(
+                    model,
+                    target,
+                    (class.sample.memory, request.gpu_util),
+                    class.free,
+                ) {
+                    candidates.push(Candidate {
+                        class: index,
+                        precision,
+                        memory,
+                    });
+                }
+            }
+            Err(why) => plan
+                .reasons
+                .push(format!("{}: {why}", class.sample.product)),
+        }
+    }
+    candidates.sort_by_key(|c| (c.memory.devices, c.memory.zero_stage, c.class));
+    let placed = candidates.iter().find_map(|c| {
+        fleet
+            .place_devices(c.class, c.memory.devices, request.max_nodes)
+            .map(|p| (*c, p))
+    });
+    match placed {
+        Some((candidate, placement)) => describe(&mut plan, fleet, target, candidate, placement),
+        None => refuse(&mut plan, model, fleet, request, target),
+    }
+    plan
+}
+
+fn summary(target: &TrainingTarget, memory: &TrainingMemory) -> TrainingSummary {
+    TrainingSummary {
+        method: target.method,
+        trainable_params: memory.trainable_params,
+        zero_stage: memory.zero_stage,
+        seq_len: target.seq_len,
+        micro_batch: target.micro_batch,
+        gradient_checkpointing: target.gradient_checkpointing,
+        weights: memory.weights,
+        gradients: memory.gradients,
+        optimizer: memory.optimizer,
+    }
+}
+
+fn describe(
+    plan: &mut Plan,
+    fleet: &Fleet<'_>,
+    target: &TrainingTarget,
+    c: Candidate,
+    placement: Placement,
+) {
+    let m = c.memory;
+    plan.fits = true;
+    plan.precision = Some(c.precision);
+    plan.device = Some(fleet.classes[c.class].sample.product.clone());
+    plan.tp = Some(1);
+    plan.pp = Some(1);
+    plan.replicas = Some(m.devices);
+    plan.devices = Some(m.devices);
+    plan.nodes = Some(placement.nodes);
+    plan.per_device = Some(m.device);
+    plan.assignments = placement.assignments;
+    plan.training = Some(summary(target, &m));
+    plan.reasons.push(format!(
+        "{:?}: {:.2}B trainable parameters; per device weights {}, gradients {}, optimizer {} (ZeRO-{} over {} device(s))",
+        target.method, m.trainable_params as f64 / 1e9, m.weights, m.gradients, m.optimizer, m.zero_stage, m.devices
+    ));
+    plan.reasons.push(format!(
+        "activations {} for {} x {} tokens{}; overhead {}; total {} of a {} budget",
+        m.activations,
+        target.micro_batch,
+        target.seq_len,
+        if target.gradient_checkpointing {
+            " with gradient checkpointing"
+        } else {
+            " without gradient checkpointing"
+        },
+        m.overhead,
+        m.device.total,
+        m.device.budget
+    ));
+    if placement.nodes > 1 && !placement.pipeline_on_fabric {
+        plan.reasons.push(
+            "data-parallel devices span nodes without a shared InfiniBand fabric".to_string(),
+        );
+    }
+}
+
+fn refuse(
+    plan: &mut Plan,
+    model: &Model,
+    fleet: &Fleet<'_>,
+    request: &PlanRequest,
+    target: &TrainingTarget,
+) {
+    let mut closest = None;
+    for (index, class) in fleet.classes.iter().enumerate() {
+        if training_precision(model, fleet, index, target.method, request.precision).is_err() {
+            continue;
+        }
+        let device = (class.sample.memory, request.gpu_util);
+        let all = training_memory(model, target, class.free, 3, device);
+        plan.reasons.push(format!(
+            "{} x{}: even ZeRO-3 over all {} devices needs {} per device (budget {})",
+            class.sample.product, class.free, class.free, all.device.total, all.device.budget
+        ));
+        if closest.is_none_or(|(m, _): (TrainingMemory, u32)| all.device.total < m.device.total) {
+            closest = Some((all, index as u32));
+        }
+        // The fewest devices of this class that would do, ignoring what is free.
+        if let Some(needed) = cheapest(model, target, device, 1 << 16) {
+            let per_node = class.largest_node.max(1);
+            plan.suggestions.push(format!(
+                "{} x {} at ZeRO-{} would fit: {} node(s) like {}",
+                needed.devices,
+                class.sample.product,
+                needed.zero_stage,
+                needed.devices.div_ceil(per_node),
+                class.template_node
+            ));
+        }
+    }
+    plan.per_device = closest.map(|(m, _)| m.device);
+    if matches!(target.method, Method::Full | Method::Dpo | Method::Lora) {
+        plan.suggestions.push(
+            "--train qlora keeps the frozen base in NF4 (about a quarter of 16-bit memory)"
+                .to_string(),
+        );
+    }
+    if target.seq_len > 512 {
+        plan.suggestions.push(format!(
+            "a shorter --seq-len than {} cuts activation memory",
+            target.seq_len
+        ));
+    }
+}

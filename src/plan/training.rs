@@ -1,0 +1,437 @@
+//! Per-device memory for fine-tuning: model states (weights, gradients, optimizer) under ZeRO
+//! sharding, activations from sequence length and micro-batch, and the trainable-parameter
+//! count of each method.
+//!
+//! * Full fine-tuning, mixed-precision Adam: 2 (16-bit weights) + 2 (16-bit gradients) + 12
+//!   (FP32 master weights, momentum, variance) = 16 bytes per parameter (ZeRO paper,
+//!   arXiv:1910.02054). ZeRO-1 shards the 12, ZeRO-2 also the gradients, ZeRO-3 also the
+//!   weights across the data-parallel devices; ZeRO-3 then gathers one layer at a time, so it
+//!   keeps `4 x largest layer` bytes of gather buffers (DeepSpeed `stage3.py`,
+//!   `estimate_zero3_model_states_mem_needs`).
+//! * LoRA: the frozen base in 16 bits; `r * (d_in + d_out)` trainable parameters per adapted
+//!   matrix (arXiv:2106.09685), kept in FP32 by PEFT with FP32 gradients and Adam: 16 bytes each.
+//! * QLoRA: the base's linear layers in NF4 with double quantisation, 4.127 bits per parameter
+//!   (arXiv:2305.14314 §3), embeddings and head in 16 bits; 16-bit adapters and gradients and
+//!   32-bit paged-Adam states: 12 bytes per trainable parameter.
+//! * DPO: the policy as in full fine-tuning plus a frozen 16-bit reference model; each step
+//!   runs the chosen and the rejected sequence, doubling activations.
+//! * Activations per layer with FlashAttention (no `s^2` term), 16-bit, after Korthikanti et
+//!   al. (arXiv:2205.05198, Table 2) with a SwiGLU MLP: `s*b*(17h + 8*I)` bytes — attention
+//!   11sbh, two norms 4sbh, MLP input 2sbh, gate, up, activation and product 8sbI. Gradient
+//!   checkpointing keeps only each layer's input (`2sbh`) plus one layer being recomputed.
+//!   Logits: `s*b*V*10` bytes (16-bit logits, FP32 upcast for the loss, FP32 gradient).
+
+use serde::Serialize;
+
+use super::memory::DeviceMemory;
+use super::model::{Attention, Model};
+use super::units::Bytes;
+use crate::hardware::{MIB, Precision};
+
+/// Default fraction of device memory a training plan may use. Training frameworks reserve no
+/// share up front the way vLLM does; the 5 % left covers the caching allocator's
+/// fragmentation.
+pub const DEFAULT_TRAINING_GPU_UTIL: f64 = 0.95;
+
+/// A fine-tuning method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Every parameter trained, mixed-precision Adam.
+    Full,
+    /// Low-rank adapters on a frozen 16-bit base.
+    Lora,
+    /// Low-rank adapters on a frozen NF4 base.
+    Qlora,
+    /// Direct preference optimisation: full fine-tuning plus a frozen reference model.
+    Dpo,
+}
+
+/// A ZeRO stage (0 is plain data parallelism).
+pub type ZeroStage = u8;
+
+/// The linear modules LoRA can adapt, by their usual short names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoraTarget {
+    /// Query projection.
+    Q,
+    /// Key projection.
+    K,
+    /// Value projection.
+    V,
+    /// Attention output projection.
+    O,
+    /// MLP gate projection.
+    Gate,
+    /// MLP up projection.
+    Up,
+    /// MLP down projection.
+    Down,
+}
+
+impl LoraTarget {
+    /// Every linear module ("all-linear").
+    pub const ALL: [Self; 7] = [
+        Self::Q,
+        Self::K,
+        Self::V,
+        Self::O,
+        Self::Gate,
+        Self::Up,
+        Self::Down,
+    ];
+
+    /// Parses `q`, `q_proj`, `gate_proj`...
+    pub fn parse(text: &str) -> Option<Self> {
+        let name = text.trim().to_ascii_lowercase();
+        let name = name.strip_suffix("_proj").unwrap_or(&name);
+        Some(match name {
+            "q" => Self::Q,
+            "k" => Self::K,
+            "v" => Self::V,
+            "o" => Self::O,
+            "gate" | "w1" => Self::Gate,
+            "up" | "w3" => Self::Up,
+            "down" | "w2" => Self::Down,
+            _ => return None,
+        })
+    }
+}
+
+/// What is being trained and how.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainingTarget {
+    /// The method.
+    pub method: Method,
+    /// Tokens per sequence.
+    pub seq_len: u64,
+    /// Sequences per device per step.
+    pub micro_batch: u64,
+    /// Whether activations are recomputed in the backward pass.
+    pub gradient_checkpointing: bool,
+    /// LoRA rank (LoRA and QLoRA).
+    pub lora_rank: u64,
+    /// Adapted modules (LoRA and QLoRA).
+    pub lora_targets: Vec<LoraTarget>,
+}
+
+/// Model-state and activation bytes on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TrainingMemory {
+    /// Parameters trained.
+    pub trainable_params: u64,
+    /// Weights held on the device (policy, frozen base, reference model, gather buffers).
+    pub weights: Bytes,
+    /// Gradients.
+    pub gradients: Bytes,
+    /// Optimizer states (and FP32 master weights).
+    pub optimizer: Bytes,
+    /// Stored activations and logits.
+    pub activations: Bytes,
+    /// Runtime overhead.
+    pub overhead: Bytes,
+    /// The ZeRO stage assumed.
+    pub zero_stage: ZeroStage,
+    /// Data-parallel devices sharing the states.
+    pub devices: u32,
+    /// The breakdown in the shape every plan reports; its `weights` holds all model states
+    /// (weights, gradients and optimizer) and its `kv_cache` is zero.
+    pub device: DeviceMemory,
+}
+
+/// Runtime memory outside the allocator (CUDA context, cuBLAS workspaces), and NCCL buffers
+/// when training spans devices; the same figures as for serving.
+const BASE_OVERHEAD: Bytes = Bytes(512 * MIB);
+const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
+
+/// Trainable parameters of `method` on `model`.
+pub fn trainable_params(model: &Model, target: &TrainingTarget) -> u64 {
+    match target.method {
+        Method::Full | Method::Dpo => model.params.total(),
+        Method::Lora | Method::Qlora => lora_params(model, target.lora_rank, &target.lora_targets),
+    }
+}
+
+/// `r * (d_in + d_out)` summed over the adapted matrices of every layer (every expert too).
+pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
+    let arch = &model.arch;
+    let h = u128::from(arch.hidden);
+    let r = u128::from(rank);
+    let adapter = |d_in: u128, d_out: u128| r * (d_in + d_out);
+    let (q_out, kv_out, o_in) = match arch.attention {
+        Attention::Standard => {
+            let hd = u128::from(arch.head_dim);
+            (
+                u128::from(arch.heads) * hd,
+                u128::from(arch.kv_heads) * hd,
+                u128::from(arch.heads) * hd,
+            )
+        }
+        // MLA: q maps to all heads' query dims, k/v to the latent, o from the value heads.
+        Attention::Mla(mla) => {
+            let heads = u128::from(arch.heads);
+            let qk = u128::from(mla.qk_nope_head_dim + mla.qk_rope_head_dim);
+            (
+                heads * qk,
+                u128::from(mla.kv_lora_rank + mla.qk_rope_head_dim),
+                heads * u128::from(mla.v_head_dim),
+            )
+        }
+    };
+    let layers = u128::from(arch.layers);
+    let (moe_layers, mlp_copies, expert_i) = match arch.moe {
+        Some(moe) => {
+            let moe_layers = u128::from(moe.moe_layers.min(arch.layers));
+            let copies = u128::from(moe.experts) + u128::from(moe.shared_intermediate > 0);
+            (moe_layers, copies, u128::from(moe.expert_intermediate))
+        }
+        None => (0, 0, 0),
+    };
+    let dense_layers = layers - moe_layers;
+    let dense_i = u128::from(arch.intermediate);
+    let mut total: u128 = 0;
+    for target in targets {
+        total += match target {
+            LoraTarget::Q => layers * adapter(h, q_out),
+            LoraTarget::K | LoraTarget::V => layers * adapter(h, kv_out),
+            LoraTarget::O => layers * adapter(o_in, h),
+            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => {
+                dense_layers * adapter(h, dense_i) + moe_layers * mlp_copies * adapter(h, expert_i)
+            }
+        };
+    }
+    u64::try_from(total).unwrap_or(u64::MAX)
+}
+
+/// Per-device memory for `target` with `devices` data-parallel devices at ZeRO `stage`, on
+/// devices of `capacity` of which the fraction `gpu_util` may be used.
+pub fn training_memory(
+    model: &Model,
+    target: &TrainingTarget,
+    devices: u32,
+    stage: ZeroStage,
+    (capacity, gpu_util): (Bytes, f64),
+) -> TrainingMemory {
+    let n = u64::from(devices.max(1));
+    let shard = |bytes: Bytes, from_stage: ZeroStage| {
+        if stage >= from_stage {
+            bytes.div_ceil(n)
+        } else {
+            bytes
+        }
+    };
+    let trainable = trainable_params(model, target);
+    let total = model.params.total();
+    let per_param = |count: u64, bytes: f64| Bytes::from_f64(count as f64 * bytes);
+    // DeepSpeed budgets 4 bytes per parameter of the largest layer for ZeRO-3's gathers.
+    let gather_buffer = if stage >= 3 {
+        Bytes(largest_layer_params(model)).times(4)
+    } else {
+        Bytes::ZERO
+    };
+    let (weights, gradients, optimizer) = match target.method {
+        Method::Full | Method::Dpo => {
+            let policy = shard(per_param(total, 2.0), 3);
+            let reference = if target.method == Method::Dpo {
+                shard(per_param(total, 2.0), 3)
+            } else {
+                Bytes::ZERO
+            };
+            (
+                policy + reference + gather_buffer,
+                shard(per_param(total, 2.0), 2),
+                shard(per_param(total, 12.0), 1),
+            )
+        }
+        Method::Lora => {
+            let base = shard(per_param(total, 2.0), 3);
+            (
+                base + per_param(trainable, 4.0) + gather_buffer,
+                shard(per_param(trainable, 4.0), 2),
+                shard(per_param(trainable, 8.0), 1),
+            )
+        }
+        Method::Qlora => {
+            let base = shard(qlora_base_bytes(model), 3);
+            (
+                base + per_param(trainable, 2.0) + gather_buffer,
+                shard(per_param(trainable, 2.0), 2),
+                shard(per_param(trainable, 8.0), 1),
+            )
+        }
+    };
+    let batch = if target.method == Method::Dpo {
+        target.micro_batch.saturating_mul(2)
+    } else {
+        target.micro_batch
+    };
+    let activations = activation_bytes(model, target.seq_len, batch, target.gradient_checkpointing);
+    let overhead = if devices > 1 {
+        BASE_OVERHEAD + COLLECTIVE_OVERHEAD
+    } else {
+        BASE_OVERHEAD
+    };
+    let states = weights + gradients + optimizer;
+    TrainingMemory {
+        trainable_params: trainable,
+        weights,
+        gradients,
+        optimizer,
+        activations,
+        overhead,
+        zero_stage: stage,
+        devices: devices.max(1),
+        device: DeviceMemory::new(
+            states,
+            Bytes::ZERO,
+            activations,
+            overhead,
+            capacity,
+            capacity.fraction(gpu_util),
+        ),
+    }
+}
+
+/// The frozen QLoRA base: linear layers in NF4, everything else in 16 bits.
+fn qlora_base_bytes(model: &Model) -> Bytes {
+    let p = &model.params;
+    let linear = Bytes::from_f64(p.linear() as f64 * Precision::Nf4.bytes_per_param());
+    let rest = p.total().saturating_sub(p.linear());
+    linear + Bytes(rest.saturating_mul(2))
+}
+
+/// Parameters of the largest unit ZeRO-3 gathers: one decoder layer, or the embedding.
+fn largest_layer_params(model: &Model) -> u64 {
+    let p = &model.params;
+    let per_layer = p.decoder_layers() / u64::from(model.arch.layers.max(1));
+    per_layer.max(p.embedding)
+}
+
+/// Stored activations and logits for one micro-batch.
+pub fn activation_bytes(model: &Model, seq_len: u64, batch: u64, checkpointing: bool) -> Bytes {
+    let arch = &model.arch;
+    let tokens = u128::from(seq_len) * u128::from(batch);
+    let h = u128::from(arch.hidden);
+    let intermediate = u128::from(arch.moe.map_or(arch.intermediate, |moe| {
+        moe.experts_per_token
+            .saturating_mul(moe.expert_intermediate)
+            + moe.shared_intermediate
+    }));
+    let full_layer = tokens * (17 * h + 8 * intermediate);
+    let layers = u128::from(arch.layers);
+    let stored = if checkpointing {
+        layers * tokens * 2 * h + full_layer
+    } else {
+        layers * full_layer
+    };
+    let logits = tokens * u128::from(arch.vocab) * 10;
+    Bytes(u64::try_from(stored + logits).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::model::presets;
+
+    fn target(method: Method, seq_len: u64) -> TrainingTarget {
+        TrainingTarget {
+            method,
+            seq_len,
+            micro_batch: 1,
+            gradient_checkpointing: true,
+            lora_rank: 16,
+            lora_targets: LoraTarget::ALL.to_vec(),
+        }
+    }
+
+    #[test]
+    fn full_fine_tuning_costs_sixteen_bytes_per_parameter_unsharded() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let m = training_memory(
+            &model,
+            &target(Method::Full, 512),
+            1,
+            0,
+            (Bytes::gib(80), 0.9),
+        );
+        let states = m.weights + m.gradients + m.optimizer;
+        assert_eq!(states.0 / model.params.total(), 16);
+    }
+
+    #[test]
+    fn zero_stages_shard_progressively() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let t = target(Method::Full, 512);
+        let states = |stage| {
+            let m = training_memory(&model, &t, 8, stage, (Bytes::gib(80), 0.9));
+            m.weights + m.gradients + m.optimizer
+        };
+        assert!(states(1) < states(0) && states(2) < states(1) && states(3) < states(2));
+    }
+
+    #[test]
+    fn qwen3_30b_a3b_needs_zero3_on_16_gpus() {
+        // QwenLM/Qwen3 docs/source/training/ms_swift.md: full SFT of Qwen3-30B-A3B runs out of
+        // memory with ZeRO-2 on 16 x 80 GiB and fits with ZeRO-3.
+        let model = presets::find("qwen3-30b-a3b").unwrap().unwrap();
+        let t = target(Method::Full, 2048);
+        let zero2 = training_memory(&model, &t, 16, 2, (Bytes::gib(80), 0.9));
+        let zero3 = training_memory(&model, &t, 16, 3, (Bytes::gib(80), 0.9));
+        assert!(
+            zero2.device.total > zero2.device.capacity,
+            "{}",
+            zero2.device.total
+        );
+        assert!(zero3.device.within_budget(), "{}", zero3.device.total);
+    }
+
+    #[test]
+    fn lora_trainable_parameters_follow_the_paper() {
+        // Llama-3.1-8B, r=16 on q,k,v,o,gate,up,down: per layer
+        // 16*(4096+4096)*2 + 16*(4096+1024)*2 + 16*(4096+14336)*3 = 1,048,576... x 32 layers.
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let per_layer = 16 * (4096 + 4096) * 2 + 16 * (4096 + 1024) * 2 + 16 * (4096 + 14336) * 3;
+        assert_eq!(lora_params(&model, 16, &LoraTarget::ALL), 32 * per_layer);
+        assert_eq!(lora_params(&model, 16, &[]), 0);
+    }
+
+    #[test]
+    fn checkpointing_cuts_activations() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let with = activation_bytes(&model, 4096, 1, true);
+        let without = activation_bytes(&model, 4096, 1, false);
+        assert!(
+            with.as_f64() * 4.0 < without.as_f64(),
+            "{with} vs {without}"
+        );
+    }
+
+    #[test]
+    fn dpo_adds_a_reference_model() {
+        let model = presets::find("llama-3.2-1b").unwrap().unwrap();
+        let full = training_memory(
+            &model,
+            &target(Method::Full, 512),
+            1,
+            0,
+            (Bytes::gib(80), 0.9),
+        );
+        let dpo = training_memory(
+            &model,
+            &target(Method::Dpo, 512),
+            1,
+            0,
+            (Bytes::gib(80), 0.9),
+        );
+        assert_eq!((dpo.weights.0 - full.weights.0) / model.params.total(), 2);
+        assert!(dpo.activations > full.activations);
+    }
+
+    #[test]
+    fn lora_targets_parse() {
+        assert_eq!(LoraTarget::parse("q_proj"), Some(LoraTarget::Q));
+        assert_eq!(LoraTarget::parse("W2"), Some(LoraTarget::Down));
+        assert_eq!(LoraTarget::parse("lm_head"), None);
+    }
+}

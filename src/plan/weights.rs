@@ -1,0 +1,224 @@
+//! Weight memory for a precision, and each device's share of it under tensor and pipeline
+//! parallelism.
+//!
+//! Quantisation never touches every weight: the published schemes (llm-compressor, AWQ, GPTQ,
+//! ModelOpt, DeepSeek's FP8) narrow the linear layers of the decoder blocks and keep the
+//! embedding, the output head, the norms and the MoE routers in 16 bits; gpt-oss narrows only
+//! its experts. Counting those at 16 bits is what makes "FP8 405B" 410 GB rather than the
+//! nominal 405 GB (`planner-formulas.md` §1.1 rule 1). An exact checkpoint size, when given,
+//! replaces the computed total at the checkpoint's own precision.
+
+use serde::Serialize;
+
+use crate::hardware::Precision;
+
+use super::model::{Model, QuantScope};
+use super::units::Bytes;
+
+/// Bytes per value of the weights that stay unquantised.
+const SIXTEEN_BIT: f64 = 2.0;
+
+/// Weight bytes by role, for the whole model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WeightBytes {
+    /// Input embedding.
+    pub embedding: Bytes,
+    /// Output head (zero when tied).
+    pub lm_head: Bytes,
+    /// K and V projections (replicated per rank once TP exceeds the KV heads).
+    pub kv_projection: Bytes,
+    /// Routed experts.
+    pub experts: Bytes,
+    /// Every other decoder weight: Q/O projections, dense and shared MLPs, routers, norms.
+    pub other_layers: Bytes,
+}
+
+impl WeightBytes {
+    /// The weights of `model` stored in `precision`.
+    pub fn of(model: &Model, precision: Precision) -> Self {
+        let p = &model.params;
+        let width = precision.bytes_per_param();
+        let (linear, experts) = if width >= SIXTEEN_BIT {
+            (width, width)
+        } else {
+            let scope = if precision == model.native.precision {
+                model.native.scope
+            } else {
+                QuantScope::AllLinear
+            };
+            match scope {
+                QuantScope::AllLinear => (width, width),
+                QuantScope::ExpertsOnly => (SIXTEEN_BIT, width),
+            }
+        };
+        let kept = if width >= SIXTEEN_BIT {
+            width
+        } else {
+            SIXTEEN_BIT
+        };
+        let bytes = |count: u64, per: f64| Bytes::from_f64(count as f64 * per);
+        let other_linear = p
+            .attention
+            .saturating_sub(p.kv_projection)
+            .saturating_add(p.dense_mlp)
+            .saturating_add(p.shared_experts);
+        let computed = Self {
+            embedding: bytes(p.embedding, kept),
+            lm_head: bytes(p.lm_head, kept),
+            kv_projection: bytes(p.kv_projection, linear),
+            experts: bytes(p.experts, experts),
+            other_layers: bytes(other_linear, linear)
+                + bytes(p.router.saturating_add(p.norms), kept),
+        };
+        match model.checkpoint_bytes {
+            Some(exact) if precision == model.native.precision => computed.scaled_to(exact),
+            _ => computed,
+        }
+    }
+
+    /// All weights.
+    pub fn total(&self) -> Bytes {
+        self.embedding + self.lm_head + self.layers()
+    }
+
+    /// The decoder blocks' weights.
+    pub fn layers(&self) -> Bytes {
+        self.kv_projection + self.experts + self.other_layers
+    }
+
+    /// The bytes one decoded token reads: everything but the embedding table (one row is read)
+    /// and the routed experts it is not sent to.
+    pub fn read_per_token(&self, model: &Model) -> Bytes {
+        let p = &model.params;
+        let active_experts = if p.experts == 0 {
+            Bytes::ZERO
+        } else {
+            Bytes::from_f64(self.experts.as_f64() * p.active_experts as f64 / p.experts as f64)
+        };
+        self.lm_head + self.kv_projection + self.other_layers + active_experts
+    }
+
+    /// The heaviest device's share with `tp`-way tensor and `pp`-way pipeline parallelism.
+    ///
+    /// Each stage holds `ceil(layers / pp)` layers; the first holds the embedding and the last
+    /// the output head (both vocabulary-parallel, so split by TP). A rank keeps
+    /// `max(1, kv_heads / tp)` KV heads, so beyond TP = KV heads the K/V projections stop
+    /// shrinking (vLLM `QKVParallelLinear` replicates them).
+    pub fn per_device(&self, model: &Model, tp: u32, pp: u32) -> Bytes {
+        let layers = u64::from(model.arch.layers.max(1));
+        let tp = u64::from(tp.max(1));
+        let pp = u64::from(pp.max(1));
+        let stage_layers = layers.div_ceil(pp).min(layers);
+        let stage_share =
+            |bytes: Bytes| Bytes::from_f64(bytes.as_f64() * stage_layers as f64 / layers as f64);
+        let kv_heads = u64::from(model.arch.kv_heads.max(1));
+        let kv_heads_per_rank = (kv_heads / tp).max(1);
+        let kv = Bytes::from_f64(
+            stage_share(self.kv_projection).as_f64() * kv_heads_per_rank as f64 / kv_heads as f64,
+        );
+        let sharded = stage_share(self.experts + self.other_layers).div_ceil(tp);
+        let ends = if pp == 1 {
+            self.embedding + self.lm_head
+        } else {
+            self.embedding.max(self.lm_head)
+        };
+        sharded + kv + ends.div_ceil(tp)
+    }
+
+    fn scaled_to(self, exact: Bytes) -> Self {
+        let total = self.total().as_f64();
+        if total <= 0.0 {
+            return self;
+        }
+        let ratio = exact.as_f64() / total;
+        let scale = |bytes: Bytes| Bytes::from_f64(bytes.as_f64() * ratio);
+        Self {
+            embedding: scale(self.embedding),
+            lm_head: scale(self.lm_head),
+            kv_projection: scale(self.kv_projection),
+            experts: scale(self.experts),
+            other_layers: scale(self.other_layers),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::model::presets;
+
+    fn gb(bytes: Bytes) -> f64 {
+        bytes.as_f64() / 1e9
+    }
+
+    #[test]
+    fn sixteen_bit_weights_are_two_bytes_per_parameter() {
+        // HF Llama 3.1 blog table: 8B 16 GB, 70B 140 GB, 405B 810 GB in BF16.
+        for (key, expected) in [
+            ("llama-3.1-8b", 16.06),
+            ("llama-3.1-70b", 141.1),
+            ("llama-3.1-405b", 811.7),
+        ] {
+            let model = presets::find(key).unwrap().unwrap();
+            let total = gb(WeightBytes::of(&model, Precision::Bf16).total());
+            assert!((total - expected).abs() / expected < 0.01, "{key}: {total}");
+        }
+    }
+
+    #[test]
+    fn fp8_keeps_embeddings_and_head_in_sixteen_bits() {
+        let model = presets::find("llama-3.1-405b").unwrap().unwrap();
+        let fp8 = WeightBytes::of(&model, Precision::Fp8);
+        // 401.6B linear at 1 byte + 2 x 2.1B embedding/head at 2 bytes = 410 GB, above the
+        // nominal 405 GB of the HF blog table.
+        assert!((gb(fp8.total()) - 410.0).abs() < 1.5, "{}", gb(fp8.total()));
+        assert_eq!(fp8.embedding, Bytes(model.params.embedding * 2));
+    }
+
+    #[test]
+    fn gpt_oss_quantises_only_its_experts() {
+        // openai/gpt-oss README: the 117B model fits one 80 GB GPU thanks to MXFP4 experts.
+        let model = presets::find("gpt-oss-120b").unwrap().unwrap();
+        let native = WeightBytes::of(&model, Precision::Mxfp4);
+        assert!(
+            gb(native.total()) > 60.0 && gb(native.total()) < 68.0,
+            "{}",
+            gb(native.total())
+        );
+        assert_eq!(native.kv_projection, Bytes(model.params.kv_projection * 2));
+    }
+
+    #[test]
+    fn checkpoint_size_overrides_at_the_native_precision_only() {
+        // vLLM issue #6746: Meta's FP8 405B loads 57.75 GB per GPU x 8 = 462 GB.
+        let mut model = presets::find("llama-3.1-405b").unwrap().unwrap();
+        model.native.precision = Precision::Fp8;
+        let model = model.with_checkpoint_bytes(Some(Bytes(462_000_000_000)));
+        assert_eq!(
+            WeightBytes::of(&model, Precision::Fp8).total().0 / 1_000_000,
+            462_000
+        );
+        assert!(gb(WeightBytes::of(&model, Precision::Bf16).total()) > 800.0);
+    }
+
+    #[test]
+    fn kv_projections_stop_shrinking_past_the_kv_heads() {
+        let model = presets::find("qwen3-235b-a22b").unwrap().unwrap(); // 4 KV heads
+        let weights = WeightBytes::of(&model, Precision::Bf16);
+        let at = |tp| weights.per_device(&model, tp, 1);
+        assert!(at(8) > weights.total().div_ceil(8));
+        assert!(at(2) < at(1) && at(4) < at(2) && at(8) < at(4));
+    }
+
+    #[test]
+    fn pipeline_stages_split_layers() {
+        let model = presets::find("llama-3.1-405b").unwrap().unwrap();
+        let weights = WeightBytes::of(&model, Precision::Bf16);
+        let one_stage = weights.per_device(&model, 8, 1);
+        let two_stages = weights.per_device(&model, 8, 2);
+        assert!(
+            two_stages.as_f64() < one_stage.as_f64() * 0.52,
+            "{two_stages} vs {one_stage}"
+        );
+    }
+}

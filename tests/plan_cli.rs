@@ -1,0 +1,417 @@
+//! `hwaccel plan` as users run it: the exit-code contract (0 fits, 2 does not fit, 1 bad input),
+//! the JSON fields tools rely on, and clear errors instead of panics.
+
+// Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use hwaccel::detect::Report;
+use hwaccel::hardware::{Device, Family, InterconnectGroup, InterconnectKind, Vendor};
+use serde_json::Value;
+
+fn hwaccel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(args: &[&str]) -> (i32, Value) {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let out = hwaccel(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout} / {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap(), value)
+}
+
+/// Asserts exit code 1, a message naming `expected`, and no panic.
+fn bad_input(args: &[&str], expected: &str) {
+    let out = hwaccel(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(expected),
+        "{args:?}: {stderr:?} lacks {expected:?}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    assert!(out.stdout.is_empty(), "{args:?} printed a plan");
+}
+
+#[test]
+fn a_plan_that_fits_exits_0_with_the_contract_fields() {
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-70b",
+        "--hardware",
+        "1x8xH100-80GB+nvswitch",
+        "--precision",
+        "bf16",
+        "--serve",
+        "--context",
+        "32768",
+        "--concurrency",
+        "4",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(plan["fits"], true);
+    assert_eq!(plan["precision"], "bf16");
+    for field in [
+        "tp",
+        "pp",
+        "replicas",
+        "devices",
+        "nodes",
+        "max_concurrency",
+    ] {
+        assert!(
+            plan[field].as_u64().is_some_and(|v| v >= 1),
+            "{field}: {}",
+            plan[field]
+        );
+    }
+    for field in [
+        "weights",
+        "kv_cache",
+        "activations",
+        "overhead",
+        "total",
+        "capacity",
+    ] {
+        assert!(
+            plan["per_device"][field].as_u64().is_some(),
+            "per_device.{field}"
+        );
+    }
+    let per_device = &plan["per_device"];
+    assert!(per_device["total"].as_u64() <= per_device["capacity"].as_u64());
+    let assignments = plan["assignments"].as_array().unwrap();
+    assert!(!assignments.is_empty());
+    for a in assignments {
+        assert!(
+            a["node"].is_string() && a["devices"].is_array() && a["stage"].is_u64(),
+            "{a}"
+        );
+    }
+    assert!(plan["max_concurrency"].as_u64().unwrap() >= 4);
+    assert!(plan["reasons"].as_array().is_some_and(|r| !r.is_empty()));
+    assert!(plan["suggestions"].is_array());
+    assert_eq!(plan["throughput"]["kind"], "estimate");
+}
+
+#[test]
+fn a_plan_that_does_not_fit_exits_2_and_says_what_would() {
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-405b",
+        "--hardware",
+        "1x8xH100",
+        "--precision",
+        "bf16",
+    ]);
+    assert_eq!(code, 2);
+    assert_eq!(plan["fits"], false);
+    assert!(plan["tp"].is_null() && plan["devices"].is_null());
+    assert!(
+        plan["per_device"]["total"].as_u64() > plan["per_device"]["budget"].as_u64(),
+        "nearest miss shown"
+    );
+    let suggestions: Vec<&str> = plan["suggestions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        suggestions.iter().any(|s| s.starts_with("--precision fp8")),
+        "{suggestions:?}"
+    );
+    assert!(
+        suggestions.iter().any(|s| s.contains("more node(s) like")),
+        "{suggestions:?}"
+    );
+}
+
+#[test]
+fn table_output_explains_the_memory() {
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1xL4",
+        "--context",
+        "8192",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for expected in [
+        "FITS",
+        "PER DEVICE",
+        "weights",
+        "kv cache",
+        "budget",
+        "why:",
+        "KV cache:",
+    ] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+}
+
+#[test]
+fn bare_parameter_counts_and_training_goals_work() {
+    let (code, plan) = json(&[
+        "--params",
+        "70B",
+        "--hardware",
+        "8xH100",
+        "--context",
+        "8192",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        plan["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("assumed"))
+    );
+
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1xL4",
+        "--train",
+        "qlora",
+        "--seq-len",
+        "1024",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["precision"], "nf4");
+    assert!(plan["training"]["trainable_params"].as_u64().unwrap() > 0);
+}
+
+fn gpu(id: &str) -> Device {
+    let mut device = Device::new(
+        id,
+        Vendor::Nvidia,
+        Family::Gpu,
+        "NVIDIA H100 80GB HBM3",
+        "nvidia",
+    );
+    device.memory_bytes = Some(81_559 << 20);
+    device
+}
+
+fn write_report(dir: &Path, name: &str, gpus: usize, yaml: bool) {
+    let mut report = Report::empty();
+    report.devices = (0..gpus)
+        .map(|i| gpu(&format!("0000:{:02x}:00.0", i + 1)))
+        .collect();
+    report.interconnects.push(InterconnectGroup {
+        kind: InterconnectKind::Nvswitch,
+        id: "0".into(),
+        devices: report.devices.iter().map(|d| d.id.clone()).collect(),
+        links_per_device: Some(18),
+        bandwidth_gbps: None,
+        topology: None,
+    });
+    let (text, ext) = if yaml {
+        (hwaccel::output::to_yaml(&report).unwrap(), "yaml")
+    } else {
+        (hwaccel::output::to_json(&report).unwrap(), "json")
+    };
+    std::fs::write(dir.join(format!("{name}.{ext}")), text).unwrap();
+}
+
+#[test]
+fn detection_reports_are_inventories() {
+    let dir = tempfile::tempdir().unwrap();
+    write_report(dir.path(), "node-a", 8, false);
+    write_report(dir.path(), "node-b", 8, true);
+    let inventory = dir.path().to_str().unwrap();
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-405b",
+        "--inventory",
+        inventory,
+        "--precision",
+        "bf16",
+        "--context",
+        "8192",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(
+        (
+            plan["tp"].as_u64(),
+            plan["pp"].as_u64(),
+            plan["nodes"].as_u64()
+        ),
+        (Some(8), Some(2), Some(2))
+    );
+    let nodes: Vec<&str> = plan["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["node-a", "node-b"]);
+    assert_eq!(plan["assignments"][0]["devices"][0], "0000:01:00.0");
+
+    // With one device of node-b reserved, TP 8 x PP 2 no longer fits the 15 free devices; the
+    // planner falls back to TP 4 x PP 3 and leaves the reserved device alone.
+    let reserved = [
+        "--model",
+        "llama-3.1-405b",
+        "--inventory",
+        inventory,
+        "--precision",
+        "bf16",
+        "--context",
+        "8192",
+        "--reserved",
+        "node-b/0000:03:00.0",
+    ];
+    let (code, plan) = json(&reserved);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(
+        (plan["tp"].as_u64(), plan["pp"].as_u64()),
+        (Some(4), Some(3))
+    );
+    for a in plan["assignments"].as_array().unwrap() {
+        assert!(
+            !(a["node"] == "node-b"
+                && a["devices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|d| d == "0000:03:00.0"))
+        );
+    }
+}
+
+#[test]
+fn bad_models_are_exit_1() {
+    bad_input(
+        &["--model", "nope-1b", "--hardware", "8xH100"],
+        "unknown model",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("config.json");
+    std::fs::write(&broken, "{\"num_hidden_layers\": 32,").unwrap();
+    bad_input(
+        &["--model", broken.to_str().unwrap(), "--hardware", "8xH100"],
+        "not valid JSON",
+    );
+    let incomplete = dir.path().join("incomplete.json");
+    std::fs::write(
+        &incomplete,
+        r#"{"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}"#,
+    )
+    .unwrap();
+    bad_input(
+        &[
+            "--model",
+            incomplete.to_str().unwrap(),
+            "--hardware",
+            "8xH100",
+        ],
+        "missing num_hidden_layers",
+    );
+    bad_input(
+        &["--params", "seventy", "--hardware", "8xH100"],
+        "invalid parameter count",
+    );
+    bad_input(
+        &[
+            "--model",
+            "llama-3.1-8b",
+            "--params",
+            "8B",
+            "--hardware",
+            "8xH100",
+        ],
+        "cannot be used with",
+    );
+}
+
+#[test]
+fn zero_devices_are_exit_1() {
+    bad_input(
+        &["--model", "llama-3.1-8b", "--hardware", "0x8xH100"],
+        "zero devices",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    write_report(dir.path(), "empty", 0, false);
+    bad_input(
+        &[
+            "--model",
+            "llama-3.1-8b",
+            "--inventory",
+            dir.path().to_str().unwrap(),
+        ],
+        "no usable accelerators",
+    );
+    bad_input(
+        &[
+            "--model",
+            "llama-3.1-8b",
+            "--inventory",
+            "/nonexistent/inventory.json",
+        ],
+        "cannot read",
+    );
+    bad_input(
+        &["--model", "llama-3.1-8b", "--hardware", "8xWarpCore"],
+        "give its memory",
+    );
+}
+
+#[test]
+fn impossible_constraints_are_exit_1() {
+    let base = ["--model", "llama-3.1-8b", "--hardware", "1xH100"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(extra).copied().collect()
+    };
+    bad_input(&with(&["--gpu-util", "1.5"]), "--gpu-util");
+    bad_input(&with(&["--gpu-util", "0"]), "--gpu-util");
+    bad_input(&with(&["--context", "0"]), "--context");
+    bad_input(
+        &with(&["--context", "1000000"]),
+        "exceeds llama-3.1-8b's maximum",
+    );
+    bad_input(&with(&["--concurrency", "0"]), "--concurrency");
+    bad_input(&with(&["--max-nodes", "0"]), "--max-nodes");
+    bad_input(&with(&["--precision", "fp5"]), "unknown precision");
+    bad_input(&with(&["--reserved", "no-slash"]), "NODE/DEVICE_ID");
+    bad_input(&with(&["--checkpoint-bytes", "lots"]), "--checkpoint-bytes");
+    bad_input(&with(&["--concurrency", "many"]), "invalid value");
+    bad_input(
+        &with(&["--train", "qlora", "--precision", "fp8"]),
+        "NF4 base",
+    );
+    bad_input(
+        &with(&["--train", "full", "--precision", "int4"]),
+        "mixed precision",
+    );
+    bad_input(
+        &with(&["--train", "lora", "--lora-targets", "lm_head"]),
+        "unknown module",
+    );
+}
+
+#[test]
+fn presets_can_be_listed() {
+    let out = hwaccel(&["--list-models"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("llama-3.1-70b")
+            && text.contains("deepseek-v3")
+            && text.contains("mlc-ai/mlc-llm")
+    );
+}

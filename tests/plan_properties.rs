@@ -1,0 +1,285 @@
+//! Properties of the planner over random fleets, models and goals: plans never exceed a
+//! device, respect the parallelism rules, never double-book or use reserved devices, come out
+//! the same every time, and memory never grows as the precision narrows.
+
+// Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+
+use hwaccel::hardware::Precision;
+use hwaccel::plan::capability::PrecisionChoice;
+use hwaccel::plan::kv::KvDtype;
+use hwaccel::plan::memory::{ServingTarget, serving_fit};
+use hwaccel::plan::model::presets;
+use hwaccel::plan::report::Plan;
+use hwaccel::plan::search::{PlanRequest, plan, valid_tensor_parallel_sizes};
+use hwaccel::plan::shorthand::parse_hardware;
+use hwaccel::plan::training::{LoraTarget, Method, TrainingTarget, training_memory};
+use hwaccel::plan::weights::WeightBytes;
+use hwaccel::plan::{Bytes, Model, NodeSpec, Reservations};
+use proptest::prelude::*;
+
+const PRODUCTS: [&str; 8] = [
+    "H100",
+    "A100-40GB",
+    "A100-80GB",
+    "L4",
+    "MI300X",
+    "H200",
+    "T4",
+    "B200",
+];
+const LINKS: [&str; 3] = ["", "+nvswitch", "+pcie"];
+
+fn preset_keys() -> Vec<String> {
+    presets::list()
+        .unwrap()
+        .into_iter()
+        .map(|p| p.key)
+        .collect()
+}
+
+fn model(index: usize) -> Model {
+    let keys = preset_keys();
+    presets::find(&keys[index % keys.len()]).unwrap().unwrap()
+}
+
+/// A random fleet as `--hardware` shorthand groups.
+fn fleet() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        (
+            0..PRODUCTS.len(),
+            1u32..4,
+            1u32..9,
+            0..LINKS.len(),
+            any::<bool>(),
+        ),
+        1..4,
+    )
+    .prop_map(|groups| {
+        groups
+            .into_iter()
+            .map(|(product, nodes, devices, link, ib)| {
+                format!(
+                    "{nodes}x{devices}x{}{}{}",
+                    PRODUCTS[product],
+                    LINKS[link],
+                    if ib { "+ib" } else { "" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+fn choice(index: usize) -> PrecisionChoice {
+    [
+        PrecisionChoice::Auto,
+        PrecisionChoice::Exact(Precision::Bf16),
+        PrecisionChoice::Exact(Precision::Fp8),
+        PrecisionChoice::Exact(Precision::Int4),
+    ][index % 4]
+}
+
+/// Reserves every `stride`-th device of the fleet.
+fn reserve(nodes: &[NodeSpec], stride: usize) -> Reservations {
+    let mut reserved = Reservations::none();
+    if stride == 0 {
+        return reserved;
+    }
+    for (i, (node, device)) in nodes
+        .iter()
+        .flat_map(|n| n.devices.iter().map(move |d| (n, d)))
+        .enumerate()
+    {
+        if i % stride == 0 {
+            reserved.insert(&node.name, &device.id);
+        }
+    }
+    reserved
+}
+
+fn check_plan(
+    plan: &Plan,
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    max_nodes: Option<u32>,
+) {
+    if !plan.fits {
+        assert!(!plan.reasons.is_empty(), "a refusal must say why");
+        return;
+    }
+    let memory = plan.per_device.unwrap();
+    assert!(memory.total <= memory.budget, "{memory:?}");
+    assert!(memory.budget <= memory.capacity, "{memory:?}");
+    let (tp, pp, replicas) = (plan.tp.unwrap(), plan.pp.unwrap(), plan.replicas.unwrap());
+    assert_eq!(plan.devices, Some(tp * pp * replicas));
+    let heads = model.arch.heads;
+    let kv = model.arch.kv_heads;
+    assert!(
+        heads.is_multiple_of(tp),
+        "TP {tp} must divide {heads} heads"
+    );
+    assert!(
+        kv.is_multiple_of(tp) || tp.is_multiple_of(kv),
+        "TP {tp} vs {kv} KV heads"
+    );
+    let mut used = BTreeSet::new();
+    for assignment in &plan.assignments {
+        let node = nodes
+            .iter()
+            .find(|n| n.name == assignment.node)
+            .expect("assigned node exists");
+        for id in &assignment.devices {
+            let device = node
+                .devices
+                .iter()
+                .find(|d| &d.id == id)
+                .expect("assigned device exists");
+            assert_eq!(Some(&device.product), plan.device.as_ref());
+            assert!(memory.total <= device.memory);
+            assert!(!reserved.contains(&node.name, id), "reserved {id} used");
+            assert!(
+                used.insert((node.name.clone(), id.clone())),
+                "{id} assigned twice"
+            );
+        }
+    }
+    assert_eq!(used.len() as u32, plan.devices.unwrap());
+    let distinct: BTreeSet<_> = plan.assignments.iter().map(|a| &a.node).collect();
+    assert_eq!(Some(distinct.len() as u32), plan.nodes);
+    if let Some(max) = max_nodes {
+        assert!(distinct.len() as u32 <= max);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn serving_plans_respect_devices_rules_and_reservations(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        context in prop::sample::select(vec![512u64, 2048, 8192, 32768]),
+        concurrency in 1u64..24,
+        precision in 0usize..4,
+        fp8_kv in any::<bool>(),
+        stride in 0usize..5,
+        max_nodes in prop::option::of(1u32..4),
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let reserved = reserve(&nodes, stride);
+        let context = model.max_context.map_or(context, |max| context.min(max));
+        let mut request = PlanRequest::serve(Some(context), concurrency);
+        request.precision = choice(precision);
+        request.kv_dtype = if fp8_kv { KvDtype::Fp8 } else { KvDtype::Auto };
+        request.max_nodes = max_nodes;
+        match plan(&model, &nodes, &reserved, &request) {
+            Ok(result) => {
+                check_plan(&result, &model, &nodes, &reserved, max_nodes);
+                if let Some(max) = result.max_concurrency {
+                    prop_assert!(max >= concurrency);
+                }
+            }
+            // Reserving every device leaves nothing to plan on: bad input, not a panic.
+            Err(err) => prop_assert!(err.to_string().contains("no usable accelerators"), "{err}"),
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_and_independent_of_node_order(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        concurrency in 1u64..8,
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let request = PlanRequest::serve(Some(model.max_context.map_or(4096, |max| max.min(4096))), concurrency);
+        let first = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+        let again = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+        let mut reversed = nodes.clone();
+        reversed.reverse();
+        let shuffled = plan(&model, &reversed, &Reservations::none(), &request).unwrap();
+        let json = |p: &Plan| serde_json::to_string(p).unwrap();
+        prop_assert_eq!(json(&first), json(&again));
+        prop_assert_eq!(json(&first), json(&shuffled));
+    }
+
+    #[test]
+    fn training_plans_fit_their_devices(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        method in prop::sample::select(vec![Method::Full, Method::Lora, Method::Qlora, Method::Dpo]),
+        seq_len in prop::sample::select(vec![256u64, 1024, 4096]),
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let mut request = PlanRequest::serve(None, 1);
+        request.goal = hwaccel::plan::Goal::Train(TrainingTarget {
+            method,
+            seq_len,
+            micro_batch: 1,
+            gradient_checkpointing: true,
+            lora_rank: 16,
+            lora_targets: LoraTarget::ALL.to_vec(),
+        });
+        let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+        if result.fits {
+            let memory = result.per_device.unwrap();
+            prop_assert!(memory.total <= memory.budget);
+            let assigned: usize = result.assignments.iter().map(|a| a.devices.len()).sum();
+            prop_assert_eq!(Some(assigned as u32), result.devices);
+        } else {
+            prop_assert!(!result.reasons.is_empty());
+        }
+    }
+
+    /// Narrower weights never need more memory, on any layout.
+    #[test]
+    fn memory_never_grows_as_precision_drops(
+        model_index in 0usize..64,
+        tp_index in 0usize..8,
+        pp in 1u32..5,
+        context in 1u64..200_000,
+        fp8_kv in any::<bool>(),
+    ) {
+        let model = model(model_index);
+        let tps = valid_tensor_parallel_sizes(&model, 8);
+        let tp = tps[tp_index % tps.len()];
+        let target = ServingTarget { context, kv_dtype: if fp8_kv { KvDtype::Fp8 } else { KvDtype::Auto }, gpu_util: 0.9 };
+        let ladder = [Precision::Fp32, Precision::Bf16, Precision::Fp8, Precision::Int8, Precision::Nvfp4, Precision::Mxfp4, Precision::Int4, Precision::Nf4];
+        let need = |precision| {
+            let weights = WeightBytes::of(&model, precision);
+            let fit = serving_fit(&model, &weights, (Bytes::gib(80), "H100"), tp, pp, &target);
+            (weights.total(), fit.memory.weights + fit.memory.activations + fit.memory.overhead + fit.per_request)
+        };
+        for pair in ladder.windows(2) {
+            let (wider, narrower) = (need(pair[0]), need(pair[1]));
+            prop_assert!(narrower.0 <= wider.0, "{}: {:?} total {} > {:?} {}", model.name, pair[1], narrower.0, pair[0], wider.0);
+            prop_assert!(narrower.1 <= wider.1, "{}: {:?} per device {} > {:?} {}", model.name, pair[1], narrower.1, pair[0], wider.1);
+        }
+    }
+
+    /// More sharding never needs more memory per device.
+    #[test]
+    fn training_memory_shrinks_with_sharding(model_index in 0usize..64, devices in 2u32..64) {
+        let model = model(model_index);
+        let target = TrainingTarget {
+            method: Method::Full,
+            seq_len: 1024,
+            micro_batch: 1,
+            gradient_checkpointing: true,
+            lora_rank: 16,
+            lora_targets: LoraTarget::ALL.to_vec(),
+        };
+        let device = (Bytes::gib(80), 0.9);
+        let total = |n: u32, stage: u8| training_memory(&model, &target, n, stage, device).device.total;
+        for stage in 1..=3u8 {
+            prop_assert!(total(devices, stage) <= total(devices, stage - 1));
+        }
+        prop_assert!(total(devices + 1, 3) <= total(devices, 3));
+    }
+}
