@@ -12,15 +12,21 @@ use super::{Backend, CommandRunner, Context, Findings, HostRoot};
 
 /// The directory of a fixture host scenario.
 pub fn fixture_dir(scenario: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/hosts").join(scenario)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/hosts")
+        .join(scenario)
 }
 
 /// A context over a fixture host, with only the fixture's `commands/` on the search path.
 pub fn fixture_context(scenario: &str) -> Context {
     let dir = fixture_dir(scenario);
-    assert!(dir.is_dir(), "no fixture host {scenario:?} at {}", dir.display());
-    let runner = CommandRunner::new(vec![dir.join("commands")])
-        .with_timeout(Duration::from_secs(10));
+    assert!(
+        dir.is_dir(),
+        "no fixture host {scenario:?} at {}",
+        dir.display()
+    );
+    let runner =
+        CommandRunner::new(vec![dir.join("commands")]).with_timeout(Duration::from_secs(10));
     Context::new(HostRoot::new(dir), runner)
 }
 
