@@ -19,7 +19,7 @@
 //! what a fixture means. The environment is not part of the host tree, so
 //! `KUBERNETES_SERVICE_HOST` is consulted only when the host root is `/`.
 
-use std::path::Path;
+use std::path::{Component, Path};
 
 use crate::detect::{Backend, Context, Findings, HostRoot};
 use crate::hardware::RuntimeEnv;
@@ -70,9 +70,11 @@ const SERVICE_ACCOUNT_DIRS: [&str; 2] = [
     "/run/secrets/kubernetes.io/serviceaccount",
 ];
 
-/// True when `root` is this machine's own root directory.
+/// True when `root` is this machine's own root directory (`/`, `/.`). Decided from the path
+/// alone, without a syscall.
 fn is_own_root(root: &Path) -> bool {
-    root == Path::new("/") || root.canonicalize().is_ok_and(|p| p == Path::new("/"))
+    let mut components = root.components();
+    components.next() == Some(Component::RootDir) && components.all(|c| c == Component::CurDir)
 }
 
 fn kubernetes_env_present() -> bool {
@@ -530,6 +532,15 @@ rw,lowerdir=/var/lib/containerd/l1,upperdir=/u,workdir=/w\n";
             "1 0 0:1 / / rw - overlay overlay rw\n",
         );
         assert_eq!(detect_in(dir.path()).container.as_deref(), Some("unknown"));
+    }
+
+    #[test]
+    fn only_slash_is_this_machine() {
+        assert!(is_own_root(Path::new("/")));
+        assert!(is_own_root(Path::new("/.")));
+        assert!(!is_own_root(Path::new("/host")));
+        assert!(!is_own_root(Path::new(".")));
+        assert!(!is_own_root(Path::new("fixtures/hosts/cpu-only-vm")));
     }
 
     #[test]
