@@ -13,6 +13,11 @@
 //! `UPDATE_EXPECT=1 cargo test --test detect_cli` rewrites every scenario's `expected.json`
 //! from the current output; review the diff before committing it.
 
+#![allow(
+    clippy::expect_used,
+    reason = "helpers of a test binary: a failed setup step should fail the test loudly"
+)]
+
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -100,14 +105,14 @@ fn check_scenario(dir: &Path, utilities: &Path) -> Result<(), String> {
     let expected_path = dir.join("expected.json");
     if std::env::var_os("UPDATE_EXPECT").is_some_and(|v| v == "1") {
         fs::write(&expected_path, &json).map_err(|err| format!("writing expected: {err}"))?;
-    } else if let Ok(expected) = fs::read_to_string(&expected_path) {
-        if expected != json {
-            return Err(format!(
-                "output differs from {}; run `UPDATE_EXPECT=1 cargo test --test detect_cli` \
-                 and review the diff\n--- got ---\n{json}",
-                expected_path.display()
-            ));
-        }
+    } else if let Ok(expected) = fs::read_to_string(&expected_path)
+        && expected != json
+    {
+        return Err(format!(
+            "output differs from {}; run `UPDATE_EXPECT=1 cargo test --test detect_cli` \
+             and review the diff\n--- got ---\n{json}",
+            expected_path.display()
+        ));
     }
 
     let yaml = stdout_of(&hwaccel(dir, utilities, &["-o", "yaml"]), "yaml run")?;

@@ -183,6 +183,7 @@ impl<'a> Scan<'a> {
             per_package
                 .zip(sockets)
                 .and_then(|(n, sockets)| n.checked_mul(sockets))
+                .filter(|&n| n > 0)
         };
         let counted_cores = u32::try_from(self.cores.len()).ok().filter(|&n| n > 0);
         let cores = counted_cores.max(per_socket(self.cpu_cores));
