@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 /// Largest file `HostRoot` reads; sysfs attributes are at most a page, config files a few KiB.
 const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Initial read buffer: a page, the most a sysfs attribute holds.
+const READ_CHUNK: usize = 4096;
 
 /// A view of the host's filesystem rooted at a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +48,9 @@ impl HostRoot {
     /// Reads a file as UTF-8 (lossy), up to 1 MiB. `None` when it is missing or unreadable.
     pub fn read(&self, host_path: impl AsRef<Path>) -> Option<String> {
         let file = fs::File::open(self.path(host_path)).ok()?;
-        let mut bytes = Vec::new();
+        // `Take` hides the file's size, so an empty buffer would be filled by a chain of
+        // doubling reads starting at 32 bytes; one page covers a sysfs attribute in one call.
+        let mut bytes = Vec::with_capacity(READ_CHUNK);
         file.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }

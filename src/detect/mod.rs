@@ -19,6 +19,7 @@ pub mod testing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Instant;
 
@@ -138,29 +139,52 @@ impl Detector {
 
     /// Runs every backend concurrently and merges their findings. Per-backend timings are
     /// always returned; they go into the report only when `with_timings`.
+    ///
+    /// Backends are taken in order by at most [`MAX_WORKERS`] threads, the caller's included,
+    /// rather than one thread each: on a host without their hardware most backends return in
+    /// microseconds, less than it costs to start a thread, while the few that wait on a slow
+    /// tool still overlap with each other and with the rest.
     pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
         let context = Context::new(self.host.clone(), self.runner.clone());
-        let runs: Vec<BackendRun> = thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .backends
-                .iter()
-                .map(|backend| {
-                    let context = &context;
-                    scope.spawn(move || run_one(backend.as_ref(), context))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .zip(&self.backends)
-                .map(|(handle, backend)| {
-                    handle.join().unwrap_or_else(|_| BackendRun {
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut done = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(backend) = self.backends.get(index) else {
+                    return done;
+                };
+                done.push((index, run_one(backend.as_ref(), &context)));
+            }
+        };
+        let workers = self.backends.len().clamp(1, MAX_WORKERS);
+        let mut finished: Vec<(usize, BackendRun)> = thread::scope(|scope| {
+            let helpers: Vec<_> = (1..workers).map(|_| scope.spawn(work)).collect();
+            let mut all = work();
+            for helper in helpers {
+                // `run_one` catches backend panics; a helper that died anyway loses its
+                // backends' findings, which are reported as failed below.
+                all.extend(helper.join().unwrap_or_default());
+            }
+            all
+        });
+        finished.sort_by_key(|(index, _)| *index);
+        let mut finished = finished.into_iter().peekable();
+        let runs: Vec<BackendRun> = self
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(index, backend)| {
+                finished
+                    .next_if(|(done, _)| *done == index)
+                    .map(|(_, run)| run)
+                    .unwrap_or_else(|| BackendRun {
                         backend: backend.name(),
                         findings: Findings::warning("backend thread failed"),
                         elapsed: std::time::Duration::ZERO,
                     })
-                })
-                .collect()
-        });
+            })
+            .collect();
         let timings = runs
             .iter()
             .map(|run| BackendTiming {
@@ -171,6 +195,9 @@ impl Detector {
         (merge(runs, with_timings), timings)
     }
 }
+
+/// Most threads a detection run uses, the caller's included.
+pub const MAX_WORKERS: usize = 4;
 
 fn run_one(backend: &dyn Backend, context: &Context) -> BackendRun {
     let started = Instant::now();
@@ -244,6 +271,17 @@ mod tests {
         }
     }
 
+    struct Sleeps(&'static str);
+    impl Backend for Sleeps {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn detect(&self, _: &Context) -> Findings {
+            thread::sleep(std::time::Duration::from_millis(300));
+            Findings::warning(self.0)
+        }
+    }
+
     #[test]
     fn every_run_rescans_the_host() {
         let dir = tempfile::tempdir().unwrap();
@@ -259,6 +297,34 @@ mod tests {
         assert_eq!(detector.run(false).0.devices.len(), 1);
         std::fs::remove_dir_all(&function).unwrap();
         assert_eq!(detector.run(false).0.devices.len(), 0);
+    }
+
+    #[test]
+    fn slow_backends_overlap_and_priority_order_is_kept() {
+        let mut backends: Vec<Box<dyn Backend>> = vec![
+            Box::new(Sleeps("slow-a")),
+            Box::new(Fixed("fast-a", vec!["0000:01:00.0"])),
+            Box::new(Sleeps("slow-b")),
+        ];
+        let names = ["f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9"];
+        backends.extend(names.map(|name| Box::new(Fixed(name, vec!["0000:01:00.0"])) as _));
+        backends.push(Box::new(Sleeps("slow-c")));
+        let detector = Detector::with_backends(
+            HostRoot::new("/nonexistent"),
+            CommandRunner::new(Vec::new()),
+            backends,
+        );
+        let started = Instant::now();
+        let (report, timings) = detector.run(false);
+        // Run one after another, the three sleepers would take 900 ms.
+        assert!(started.elapsed() < std::time::Duration::from_millis(800));
+        let order: Vec<_> = timings.iter().map(|t| t.backend.as_str()).collect();
+        assert_eq!(order, report.backends);
+        assert_eq!(order[..3], ["slow-a", "fast-a", "slow-b"]);
+        assert_eq!(order.last(), Some(&"slow-c"));
+        // The first backend in priority order keeps the duplicated device.
+        assert_eq!(report.devices[0].backend, "fast-a");
+        assert_eq!(report.warnings.len(), 3);
     }
 
     #[test]

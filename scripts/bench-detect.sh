@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Times `hwaccel detect` as a whole process, next to /bin/true and `hwaccel --version` in the
+# same run, on the fixture hosts, and measures its peak RSS. Figures go to docs/benchmarks.md.
+#
+# Usage: scripts/bench-detect.sh [--no-build]
+#   RUNS (default 300) and WARMUP (default 20) set the sample counts.
+# Results: target/bench-detect/<scenario>.json (hyperfine export, or the fallback's own JSON)
+# and a summary on stdout.
+#
+# Uses hyperfine (`apt-get install -y hyperfine`) when present, otherwise a Python timing loop.
+# The binary runs with a cleared environment and PATH set to the scenario's `commands/` plus a
+# directory of basic utilities, exactly as tests/detect_cli.rs runs it, so no tool of this
+# machine takes part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=${RUNS:-300}
+WARMUP=${WARMUP:-20}
+OUT=target/bench-detect
+BIN=$PWD/target/release/hwaccel
+mkdir -p "$OUT"
+
+if [[ "${1:-}" != "--no-build" ]]; then
+  cargo build --release --bin hwaccel
+fi
+
+# Basic utilities for the stand-in tool scripts; none of them knows about accelerators.
+UTILS=$(mktemp -d)
+trap 'rm -rf "$UTILS"' EXIT
+for tool in basename cat cut dirname echo env false grep head printf sed sh sleep tail test \
+  touch tr true yes; do
+  for dir in /usr/bin /bin; do
+    if [[ -x "$dir/$tool" ]]; then ln -sf "$dir/$tool" "$UTILS/$tool"; break; fi
+  done
+done
+
+scenarios=(cpu-only-vm)
+[[ -d fixtures/hosts/h100-8x-nvswitch ]] && scenarios+=(h100-8x-nvswitch)
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+echo "kernel: $(uname -r); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "binary: $(stat -c %s "$BIN") bytes, $("$BIN" --version)"
+
+time_with_hyperfine() {
+  local scenario=$1 path=$2
+  env -i PATH="$path" "$(command -v hyperfine)" -N --warmup "$WARMUP" --runs "$RUNS" \
+    --style basic --export-json "$OUT/$scenario.json" \
+    --command-name true /bin/true \
+    --command-name version "$BIN --version" \
+    --command-name detect "$BIN detect --host-root $PWD/fixtures/hosts/$scenario -o json"
+  python3 - "$OUT/$scenario.json" <<'EOF'
+import json, sys
+results = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
+base = results["true"]["median"]
+for name in ("true", "version", "detect"):
+    r = results[name]
+    print(f"  {name:8} median {r['median'] * 1e3:7.3f} ms  "
+          f"(+{(r['median'] - base) * 1e3:6.3f} over /bin/true)  "
+          f"mean {r['mean'] * 1e3:7.3f} ms  min {r['min'] * 1e3:7.3f} ms")
+EOF
+}
+
+time_with_python() {
+  local scenario=$1 path=$2
+  python3 - "$OUT/$scenario.json" "$RUNS" "$WARMUP" "$path" /bin/true "$BIN --version" \
+    "$BIN detect --host-root $PWD/fixtures/hosts/$scenario -o json" <<'EOF'
+import json, statistics, subprocess, sys, time
+out, runs, warmup, path, *commands = sys.argv[1:]
+env = {"PATH": path}
+results = []
+for command in commands:
+    argv = command.split()
+    for _ in range(int(warmup)):
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+    times = []
+    for _ in range(int(runs)):
+        start = time.perf_counter_ns()
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+        times.append((time.perf_counter_ns() - start) / 1e9)
+    results.append({"command": command, "median": statistics.median(times),
+                    "mean": statistics.fmean(times), "min": min(times), "times": times})
+json.dump({"results": results}, open(out, "w"))
+base = results[0]["median"]
+for r in results:
+    print(f"  {r['command'][:60]:60} median {r['median'] * 1e3:7.3f} ms "
+          f"(+{(r['median'] - base) * 1e3:6.3f} over /bin/true)")
+EOF
+}
+
+peak_rss_kib() {
+  local scenario=$1 path=$2 peak=0 rss
+  for _ in $(seq 20); do
+    env -i PATH="$path" /usr/bin/time -v -o "$OUT/time-v.txt" \
+      "$BIN" detect --host-root "$PWD/fixtures/hosts/$scenario" -o json >/dev/null
+    rss=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$OUT/time-v.txt")
+    if ((rss > peak)); then peak=$rss; fi
+  done
+  echo "$peak"
+}
+
+for scenario in "${scenarios[@]}"; do
+  path="$PWD/fixtures/hosts/$scenario/commands:$UTILS"
+  echo
+  echo "== $scenario"
+  if command -v hyperfine >/dev/null; then
+    time_with_hyperfine "$scenario" "$path"
+  else
+    time_with_python "$scenario" "$path"
+  fi
+  if [[ -x /usr/bin/time ]]; then
+    echo "  peak RSS (max of 20 runs): $(peak_rss_kib "$scenario" "$path") KiB"
+  else
+    echo "  peak RSS: /usr/bin/time missing (apt-get install -y time)"
+  fi
+done

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# `make demo`: the operator's main job end to end on a local control plane.
+#
+#   1. builds (or reuses) the local control plane from tests/cluster and starts it (full tier);
+#   2. installs the CRDs and the chart's RBAC and admission policy;
+#   3. creates three fake Nodes (kwok) and runs one real agent process per node against a
+#      fixture host: an 8x H100 NVSwitch node, an 8x MI300X node and a CPU-only node;
+#   4. runs the controller and applies the example ModelPlacements;
+#   5. prints `kubectl get accinv`, `kubectl get mp -o wide`, and a nodeSelector to use;
+#   6. stops everything it started.
+#
+# Nothing here dials anything but 127.0.0.1. Set DEMO_KEEP=1 to leave the cluster running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=${DEMO_WORK:-$ROOT/target/demo}
+BIN=$ROOT/target/debug/hwaccel
+PIDS=()
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+cleanup() {
+  local status=$?
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ "${DEMO_KEEP:-0}" != 1 ]; then
+    tests/cluster/down.sh "$WORK/cluster" >/dev/null 2>&1 || true
+  else
+    echo "cluster left running: source $WORK/cluster/env"
+  fi
+  if [ $status -ne 0 ]; then
+    echo "demo failed; process logs:" >&2
+    tail -n 20 "$WORK"/*.log 2>/dev/null >&2 || true
+  fi
+}
+trap cleanup EXIT
+
+say "Building hwaccel"
+cargo build --quiet --bin hwaccel
+
+say "Starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
+mkdir -p "$WORK"
+tests/cluster/up.sh --full "$WORK/cluster" >/dev/null
+set -a; . "$WORK/cluster/env"; set +a
+kubectl() { "$TESTCLUSTER_BIN/kubectl" "$@"; }
+
+say "Installing the CRDs and the admission policy"
+kubectl apply --server-side -f crds/ >/dev/null
+kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+kubectl create namespace hwaccel-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+"$TESTCLUSTER_BIN/helm" template hwaccel charts/hwaccel-operator --namespace hwaccel-system \
+  --show-only templates/serviceaccounts.yaml --show-only templates/agent-rbac.yaml \
+  --show-only templates/controller-rbac.yaml --show-only templates/admission-policy.yaml \
+  | kubectl apply --server-side -f - >/dev/null
+kubectl get crd -o custom-columns=CRD:.metadata.name --no-headers | sed 's/^/  /'
+
+# node name -> fixture host
+declare -A HOSTS=(
+  [dgx-h100-01]=h100-8x-nvswitch
+  [mi300x-01]=mi300x-8x
+  [cpu-01]=cpu-only-vm
+)
+
+say "Creating fake Nodes and starting one agent per node"
+for node in "${!HOSTS[@]}"; do
+  cat <<YAML | kubectl apply -f - >/dev/null
+apiVersion: v1
+kind: Node
+metadata:
+  name: $node
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {kubernetes.io/hostname: $node, type: kwok}
+YAML
+done
+for node in $(printf '%s\n' "${!HOSTS[@]}" | sort); do
+  host=fixtures/hosts/${HOSTS[$node]}
+  "$BIN" agent --node-name "$node" --host-root "$host" --tool-path "$host/commands" \
+    --backends all,-vulkan --interval 30s --metrics-addr 127.0.0.1:0 --log-format text \
+    >"$WORK/agent-$node.log" 2>&1 &
+  PIDS+=($!)
+  echo "  agent for $node reads $host"
+done
+
+for node in "${!HOSTS[@]}"; do
+  for _ in $(seq 120); do
+    kubectl get accinv "$node" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+done
+
+say "kubectl get acceleratorinventories"
+kubectl get accinv
+
+say "Node labels written by the agents (hwaccel.io/*)"
+kubectl get nodes -l type=kwok -o json \
+  | python3 -c '
+import json, sys
+for node in json.load(sys.stdin)["items"]:
+    labels = {k: v for k, v in node["metadata"]["labels"].items() if k.startswith("hwaccel.io/")}
+    keep = ["present", "product", "count", "memory-gib", "interconnect", "precision.fp8"]
+    shown = ", ".join(f"{k}={labels[f\"hwaccel.io/{k}\"]}" for k in keep if f"hwaccel.io/{k}" in labels)
+    print(f"  {node[\"metadata\"][\"name\"]:<12} {shown}")
+'
+
+if "$BIN" controller --help >/dev/null 2>&1; then
+  say "Starting the controller and applying example ModelPlacements"
+  "$BIN" controller --metrics-addr 127.0.0.1:0 --leader-election-namespace hwaccel-system \
+    --log-format text >"$WORK/controller.log" 2>&1 &
+  PIDS+=($!)
+  kubectl apply -f manifests/examples/serve-llama-3.1-8b.yaml -f manifests/examples/serve-llama-3.1-70b.yaml >/dev/null
+  cat <<'YAML' | kubectl apply -f - >/dev/null
+apiVersion: hwaccel.io/v1alpha1
+kind: ModelPlacement
+metadata: {name: serve-deepseek-v3, namespace: default}
+spec:
+  model: {preset: deepseek-v3}
+  goal: {serve: {context: 131072, concurrency: 64}}
+  constraints: {precision: bf16, maxNodes: 1}
+YAML
+  for _ in $(seq 120); do
+    pending=$(kubectl get mp -A -o jsonpath='{range .items[*]}{.status.state}{"\n"}{end}' | grep -c '^$' || true)
+    [ "$pending" = 0 ] && break
+    sleep 0.5
+  done
+  say "kubectl get modelplacements -o wide"
+  kubectl get mp -o wide
+  say "Where to run serve-llama-3-1-70b: put this nodeSelector on its pods"
+  kubectl get mp serve-llama-3-1-70b -o jsonpath='{.status.nodeSelector}'; echo
+  say "Why serve-deepseek-v3 does not fit"
+  kubectl get mp serve-deepseek-v3 -o jsonpath='{range .status.reasons[*]}  - {@}{"\n"}{end}{range .status.suggestions[*]}  + {@}{"\n"}{end}'
+else
+  say "No controller in this build; planning against the published inventories instead"
+  kubectl get accinv -o yaml >"$WORK/inventories.yaml"
+  "$BIN" plan --model llama-3.1-70b --inventory "$WORK/inventories.yaml" --serve --context 32768 --concurrency 16 || true
+fi
+
+say "Done; stopping the agents and the control plane"

@@ -1,0 +1,295 @@
+//! End-to-end detection through the built `hwaccel` binary, over every fixture host.
+//!
+//! Each directory under `fixtures/hosts/` is a scenario; new ones are picked up without
+//! touching this file. For each, `hwaccel detect --host-root <scenario> -o json` must exit 0,
+//! print a valid report, print the same bytes twice, match `expected.json` when the scenario
+//! has one, and render as YAML and as a table too.
+//!
+//! The binary runs with a cleared environment and a `PATH` of the scenario's `commands/`
+//! followed by a directory of links to a few POSIX utilities (`cat`, `sleep`, `head`...), which
+//! the stand-in scripts need to print their captures. No vendor tool of the machine running
+//! the tests can be found that way, so the host's own hardware never leaks into a report.
+//!
+//! `UPDATE_EXPECT=1 cargo test --test detect_cli` rewrites every scenario's `expected.json`
+//! from the current output; review the diff before committing it.
+
+#![allow(
+    clippy::expect_used,
+    reason = "helpers of a test binary: a failed setup step should fail the test loudly"
+)]
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use hwaccel::detect::Report;
+
+/// Utilities the stand-in scripts may call; none of them knows about accelerators.
+const SCRIPT_UTILITIES: &[&str] = &[
+    "basename", "cat", "cut", "dirname", "echo", "env", "false", "grep", "head", "printf", "sed",
+    "sh", "sleep", "tail", "test", "touch", "tr", "true", "yes",
+];
+
+fn hosts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hosts")
+}
+
+/// Every scenario directory, sorted, so failures are reported in a stable order.
+fn scenarios() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = fs::read_dir(hosts_dir())
+        .expect("fixtures/hosts exists")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// A directory of links to the utilities in [`SCRIPT_UTILITIES`] that this machine has.
+fn utilities_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in SCRIPT_UTILITIES {
+        let found = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|bin| Path::new(bin).join(name))
+            .find(|path| path.is_file());
+        if let Some(target) = found {
+            symlink(target, dir.path().join(name)).expect("link utility");
+        }
+    }
+    dir
+}
+
+/// Runs `hwaccel` with only the scenario's tools (plus basic utilities) on `PATH`.
+fn hwaccel(host_root: &Path, utilities: &Path, args: &[&str]) -> Output {
+    let path = format!(
+        "{}:{}",
+        host_root.join("commands").display(),
+        utilities.display()
+    );
+    Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+        .arg("detect")
+        .arg("--host-root")
+        .arg(host_root)
+        .args(args)
+        .env_clear()
+        .env("PATH", path)
+        .output()
+        .expect("run hwaccel")
+}
+
+fn stdout_of(output: &Output, what: &str) -> Result<String, String> {
+    if !output.status.success() {
+        return Err(format!(
+            "{what}: exit {:?}; stderr: {}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    String::from_utf8(output.stdout.clone()).map_err(|err| format!("{what}: not UTF-8: {err}"))
+}
+
+/// Checks one scenario and returns what is wrong with it.
+fn check_scenario(dir: &Path, utilities: &Path) -> Result<(), String> {
+    let json = stdout_of(&hwaccel(dir, utilities, &["-o", "json"]), "json run")?;
+    let again = stdout_of(&hwaccel(dir, utilities, &["-o", "json"]), "second json run")?;
+    if json != again {
+        return Err("two runs printed different JSON".into());
+    }
+    let report: Report =
+        serde_json::from_str(&json).map_err(|err| format!("JSON is not a report: {err}"))?;
+
+    let expected_path = dir.join("expected.json");
+    if std::env::var_os("UPDATE_EXPECT").is_some_and(|v| v == "1") {
+        fs::write(&expected_path, &json).map_err(|err| format!("writing expected: {err}"))?;
+    } else if let Ok(expected) = fs::read_to_string(&expected_path)
+        && expected != json
+    {
+        return Err(format!(
+            "output differs from {}; run `UPDATE_EXPECT=1 cargo test --test detect_cli` \
+             and review the diff\n--- got ---\n{json}",
+            expected_path.display()
+        ));
+    }
+
+    let yaml = stdout_of(&hwaccel(dir, utilities, &["-o", "yaml"]), "yaml run")?;
+    let from_yaml: Report =
+        serde_saphyr::from_str(&yaml).map_err(|err| format!("YAML is not a report: {err}"))?;
+    if from_yaml.devices.len() != report.devices.len() {
+        return Err("YAML and JSON list different devices".into());
+    }
+
+    let table = stdout_of(&hwaccel(dir, utilities, &["-o", "table"]), "table run")?;
+    let has_device_header = table
+        .lines()
+        .any(|line| line.starts_with("ID") && line.contains("VENDOR") && line.contains("MODEL"));
+    if report.devices.is_empty() {
+        if !table.contains("No accelerators found.") {
+            return Err(format!(
+                "table of a host without devices says otherwise:\n{table}"
+            ));
+        }
+    } else if !has_device_header {
+        return Err(format!("table has no device header:\n{table}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn every_fixture_host_gives_a_stable_valid_report() {
+    let utilities = utilities_dir();
+    let scenarios = scenarios();
+    assert!(!scenarios.is_empty(), "no fixture hosts found");
+    let failures: Vec<String> = scenarios
+        .iter()
+        .filter_map(|dir| {
+            check_scenario(dir, utilities.path())
+                .err()
+                .map(|why| format!("{}: {why}", dir.display()))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn the_vm_without_accelerators_reports_its_node_facts() {
+    let utilities = utilities_dir();
+    let output = hwaccel(
+        &hosts_dir().join("cpu-only-vm"),
+        utilities.path(),
+        &["-o", "json"],
+    );
+    let report: Report = serde_json::from_slice(&output.stdout).expect("a report");
+    assert_eq!(report.accelerators().count(), 0);
+    let cpu = &report.node.cpu;
+    assert_eq!(
+        cpu.model.as_deref(),
+        Some("Intel(R) Xeon(R) Platinum 8488C")
+    );
+    assert!(cpu.ai_flags.iter().any(|f| f == "amx_tile"));
+    assert_eq!(
+        report.node.runtime.instance_type.as_deref(),
+        Some("m7i.2xlarge")
+    );
+    assert_eq!(report.node.numa.len(), 1);
+}
+
+#[test]
+fn a_host_root_that_does_not_exist_reports_no_devices() {
+    let utilities = utilities_dir();
+    let missing = Path::new("/nonexistent/hwaccel-host-root");
+    let output = hwaccel(missing, utilities.path(), &["-o", "json"]);
+    assert!(output.status.success(), "{output:?}");
+    let report: Report = serde_json::from_slice(&output.stdout).expect("a report");
+    assert!(report.devices.is_empty());
+    assert!(report.nics.is_empty());
+    assert_eq!(report.node.cpu.model, None);
+}
+
+/// Copies a tree, keeping symlinks as symlinks (fixture sysfs links are relative).
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("create dir");
+    for entry in fs::read_dir(from).expect("read dir").filter_map(Result::ok) {
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type().expect("file type");
+        if kind.is_symlink() {
+            symlink(fs::read_link(&source).expect("read link"), &target).expect("link");
+        } else if kind.is_dir() {
+            copy_tree(&source, &target);
+        } else {
+            fs::copy(&source, &target).expect("copy file");
+        }
+    }
+}
+
+/// The VM fixture plus an H100 on the bus and an `nvidia-smi` that misbehaves after leaving a
+/// mark, so the test knows whether any backend ran it.
+fn host_with_broken_nvidia_smi(misbehaviour: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().join("host");
+    copy_tree(&hosts_dir().join("cpu-only-vm"), &root);
+    let _ = fs::remove_file(root.join("expected.json"));
+    let gpu = root.join("sys/devices/pci0000:16/0000:16:02.0/0000:18:00.0");
+    fs::create_dir_all(&gpu).expect("gpu dir");
+    for (name, value) in [
+        ("vendor", "0x10de"),
+        ("device", "0x2330"),
+        ("class", "0x030200"),
+        ("numa_node", "0"),
+    ] {
+        fs::write(gpu.join(name), format!("{value}\n")).expect("gpu attribute");
+    }
+    symlink(
+        "../../../devices/pci0000:16/0000:16:02.0/0000:18:00.0",
+        root.join("sys/bus/pci/devices/0000:18:00.0"),
+    )
+    .expect("pci link");
+    let marker = dir.path().join("nvidia-smi-ran");
+    let commands = root.join("commands");
+    fs::create_dir_all(&commands).expect("commands dir");
+    let script = commands.join("nvidia-smi");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\n{misbehaviour}\n",
+            marker.display()
+        ),
+    )
+    .expect("script");
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).expect("chmod");
+    (dir, root)
+}
+
+#[test]
+fn a_misbehaving_tool_is_a_warning_and_the_rest_of_the_report_survives() {
+    const TIMEOUT_MS: u64 = 500;
+    let utilities = utilities_dir();
+    let cases = [
+        ("hangs", "sleep 30"),
+        (
+            "floods",
+            "yes '| 0  NVIDIA H100 80GB HBM3  On | 00000000:18:00.0 Off |' | head -c 104857600",
+        ),
+        (
+            "fails",
+            "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA \
+             driver. Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9",
+        ),
+    ];
+    for (name, misbehaviour) in cases {
+        let (dir, root) = host_with_broken_nvidia_smi(misbehaviour);
+        let started = Instant::now();
+        let output = hwaccel(
+            &root,
+            utilities.path(),
+            &["-o", "json", "--tool-timeout-ms", &TIMEOUT_MS.to_string()],
+        );
+        let elapsed = started.elapsed();
+        assert!(output.status.success(), "{name}: {output:?}");
+        assert!(
+            elapsed < Duration::from_millis(TIMEOUT_MS * 3),
+            "{name}: took {elapsed:?}"
+        );
+        let report: Report = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|err| panic!("{name}: not a report: {err}"));
+        assert_eq!(
+            report.node.cpu.model.as_deref(),
+            Some("Intel(R) Xeon(R) Platinum 8488C"),
+            "{name}"
+        );
+        assert_eq!(report.node.runtime.cloud.as_deref(), Some("aws"), "{name}");
+        if dir.path().join("nvidia-smi-ran").exists() {
+            assert!(
+                report
+                    .warnings
+                    .iter()
+                    .any(|w| w.message.contains("nvidia-smi")),
+                "{name}: nvidia-smi ran but no warning names it: {:?}",
+                report.warnings
+            );
+        }
+    }
+}
