@@ -56,6 +56,21 @@ const NON_ACCELERATOR_DISPLAY_VENDORS: &[u16] = &[
     0x80ee, // VirtualBox VGA
 ];
 
+/// Vendors whose display-class (0x03xx) functions are compute GPUs. A display function from
+/// anyone else (a cloud VM's emulated VGA such as EC2's `1d0f:1111`, a server's BMC
+/// framebuffer) is a screen, not an accelerator.
+const GPU_VENDORS: &[u16] = &[
+    0x10de, // NVIDIA
+    0x1002, // AMD (ATI)
+    0x8086, // Intel
+    0x106b, // Apple
+    0x1ed5, // Moore Threads
+    0x1ee0, // Biren
+    0x9999, // MetaX
+    0x1e3e, // Iluvatar CoreX
+    0x1e36, // Enflame
+];
+
 /// Vendors that make AI accelerators only: any of their functions that is not a bridge,
 /// NIC, storage, audio or serial-bus controller is an accelerator, whatever class it claims.
 const AI_VENDORS: &[u16] = &[
@@ -191,7 +206,8 @@ pub fn classify(
             return Some(known.family);
         }
     }
-    if function.is_accelerator_class() {
+    let foreign_display = base_class == 0x03 && !GPU_VENDORS.contains(&vendor);
+    if function.is_accelerator_class() && !foreign_display {
         return Some(family_from_class(base_class));
     }
     (AI_VENDORS.contains(&vendor) && !plumbing).then_some(Family::Asic)
@@ -324,6 +340,9 @@ mod tests {
         let never = || -> Option<u16> { panic!("device id read for a function that needs none") };
         // ASPEED VGA, Huawei's BMC VGA is display class but Huawei is not an AI vendor.
         assert_eq!(classify(0x1a03, 0x030000, never), None);
+        // EC2's emulated VGA adapter on an instance without accelerators.
+        assert_eq!(classify(0x1d0f, 0x030000, || Some(0x1111)), None);
+        assert_eq!(classify(0x19e5, 0x030000, never), None);
         assert_eq!(classify(0x10de, 0x030200, never), Some(Family::Gpu));
         assert_eq!(
             classify(0x10de, 0x068000, never),
