@@ -95,11 +95,11 @@ say "Node labels written by the agents (hwaccel.io/*)"
 kubectl get nodes -l type=kwok -o json \
   | python3 -c '
 import json, sys
+keep = ["present", "product", "count", "memory-gib", "interconnect", "precision.fp8"]
 for node in json.load(sys.stdin)["items"]:
-    labels = {k: v for k, v in node["metadata"]["labels"].items() if k.startswith("hwaccel.io/")}
-    keep = ["present", "product", "count", "memory-gib", "interconnect", "precision.fp8"]
-    shown = ", ".join(f"{k}={labels[f\"hwaccel.io/{k}\"]}" for k in keep if f"hwaccel.io/{k}" in labels)
-    print(f"  {node[\"metadata\"][\"name\"]:<12} {shown}")
+    labels = node["metadata"]["labels"]
+    shown = [k + "=" + labels["hwaccel.io/" + k] for k in keep if "hwaccel.io/" + k in labels]
+    print("  %-12s %s" % (node["metadata"]["name"], ", ".join(shown)))
 '
 
 if "$BIN" controller --help >/dev/null 2>&1; then
