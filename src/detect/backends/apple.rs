@@ -15,6 +15,10 @@ use std::collections::BTreeSet;
 use crate::detect::{Backend, Context, Findings, HostRoot};
 use crate::hardware::{Device, Family, Precision, Vendor};
 
+/// Where the device tree is found: the procfs link on a bare machine, its sysfs target in a
+/// pod that mounts only the host's `/sys`.
+const DEVICE_TREES: [&str; 2] = ["/proc/device-tree", "/sys/firmware/devicetree/base"];
+
 /// The `apple` backend.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Apple;
@@ -26,13 +30,18 @@ impl Backend for Apple {
 
     fn detect(&self, ctx: &Context) -> Findings {
         let host = ctx.host();
-        let Some(compatible) = host.read("/proc/device-tree/compatible") else {
+        // `/proc/device-tree` is a link to the sysfs copy; the agent's pod mounts only `/sys`.
+        let tree = DEVICE_TREES
+            .iter()
+            .copied()
+            .find(|dir| host.exists(format!("{dir}/compatible")));
+        let Some(compatible) = tree.and_then(|dir| host.read(format!("{dir}/compatible"))) else {
             return Findings::default();
         };
         let Some(platform) = parse_compatible(&compatible) else {
             return Findings::default();
         };
-        let machine = host.read_trimmed("/proc/device-tree/model");
+        let machine = tree.and_then(|dir| host.read_trimmed(format!("{dir}/model")));
         let memory = host
             .read("/proc/meminfo")
             .and_then(|text| parse_mem_total(&text));
@@ -228,11 +237,27 @@ fn gpu_driver(host: &HostRoot) -> Option<(String, Option<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::testing::detect_on;
+    use crate::detect::testing::{detect_on, fixture_dir};
     use proptest::prelude::*;
 
     const COMPATIBLE: &str =
         include_str!("../../../fixtures/hosts/asahi-m2/proc/device-tree/compatible");
+
+    #[test]
+    fn reads_the_sysfs_device_tree_when_proc_is_not_mounted() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("sys/firmware/devicetree/base");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::copy(
+            fixture_dir("asahi-m2").join("proc/device-tree/compatible"),
+            tree.join("compatible"),
+        )
+        .unwrap();
+        let runner = crate::detect::CommandRunner::new(Vec::new());
+        let ctx = crate::detect::Context::new(crate::detect::HostRoot::new(dir.path()), runner);
+        let findings = Apple.detect(&ctx);
+        assert_eq!(findings.devices.len(), 2, "{findings:?}");
+    }
 
     #[test]
     fn parses_device_tree_compatible() {
