@@ -192,7 +192,8 @@ impl CommandRunner {
         self.run_program(tool, &program, args)
     }
 
-    fn run_program(
+    /// Runs a program already found with [`CommandRunner::find`].
+    pub(super) fn run_program(
         &self,
         tool: &str,
         program: &Path,

@@ -18,9 +18,9 @@ mod selection;
 pub mod testing;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
 pub use command::{
@@ -37,6 +37,8 @@ pub struct Context {
     host: HostRoot,
     runner: CommandRunner,
     pci: OnceLock<Vec<PciFunction>>,
+    /// The backends still to run, while a [`Detector`] runs over this context.
+    crew: Mutex<Option<Arc<Crew>>>,
 }
 
 impl Context {
@@ -46,6 +48,7 @@ impl Context {
             host,
             runner,
             pci: OnceLock::new(),
+            crew: Mutex::new(None),
         }
     }
 
@@ -70,16 +73,22 @@ impl Context {
     }
 
     /// Runs a tool; a missing tool gives `Ok(None)`, any other failure an error to report.
+    ///
+    /// Backends must run tools through here rather than through [`Context::runner`]: while
+    /// this thread waits for the tool, another thread takes over the backends still queued.
     pub fn run_tool(
         &self,
         tool: &str,
         args: &[&str],
     ) -> Result<Option<CommandOutput>, CommandError> {
-        match self.runner.run(tool, args) {
-            Ok(output) => Ok(Some(output)),
-            Err(err) if err.is_not_found() => Ok(None),
-            Err(err) => Err(err),
+        let Some(program) = self.runner.find(tool) else {
+            return Ok(None);
+        };
+        let crew = lock(&self.crew).clone();
+        if let Some(crew) = crew {
+            crew.add_helper();
         }
+        self.runner.run_program(tool, &program, args).map(Some)
     }
 }
 
@@ -94,11 +103,8 @@ pub trait Backend: Send + Sync {
 }
 
 /// Runs a set of backends over one host.
-///
-/// A detector can run many times (the agent keeps one); each run gets a fresh [`Context`], so
-/// nothing read from the host — the PCI scan above all — outlives the run that read it.
 pub struct Detector {
-    backends: Vec<Box<dyn Backend>>,
+    backends: Arc<[Box<dyn Backend>]>,
     host: HostRoot,
     runner: CommandRunner,
 }
@@ -131,43 +137,42 @@ impl Detector {
         backends: Vec<Box<dyn Backend>>,
     ) -> Self {
         Self {
-            backends,
+            backends: backends.into(),
             host,
             runner,
         }
     }
 
-    /// Runs every backend concurrently and merges their findings. Per-backend timings are
-    /// always returned; they go into the report only when `with_timings`.
+    /// Runs every backend and merges their findings. Per-backend timings are always returned;
+    /// they go into the report only when `with_timings`.
     ///
-    /// Backends are taken in order by at most [`MAX_WORKERS`] threads, the caller's included,
-    /// rather than one thread each: on a host without their hardware most backends return in
-    /// microseconds, less than it costs to start a thread, while the few that wait on a slow
-    /// tool still overlap with each other and with the rest.
+    /// The calling thread takes the backends in order. A thread costs more to start than most
+    /// backends take on a host without their hardware, so no thread is started until a backend
+    /// is about to wait on a tool: then a helper takes over the rest of the queue (and may
+    /// hand it on the same way), so slow tools still overlap with each other and with the
+    /// sysfs-only backends.
+    ///
+    /// Each run gets a fresh [`Context`], so nothing read from the host (the PCI scan above
+    /// all) outlives the run that read it: the agent keeps one detector for its lifetime.
     pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
-        let context = Context::new(self.host.clone(), self.runner.clone());
-        let next = AtomicUsize::new(0);
-        let work = || {
-            let mut done = Vec::new();
-            loop {
-                let index = next.fetch_add(1, Ordering::Relaxed);
-                let Some(backend) = self.backends.get(index) else {
-                    return done;
-                };
-                done.push((index, run_one(backend.as_ref(), &context)));
-            }
-        };
-        let workers = self.backends.len().clamp(1, MAX_WORKERS);
-        let mut finished: Vec<(usize, BackendRun)> = thread::scope(|scope| {
-            let helpers: Vec<_> = (1..workers).map(|_| scope.spawn(work)).collect();
-            let mut all = work();
-            for helper in helpers {
-                // `run_one` catches backend panics; a helper that died anyway loses its
-                // backends' findings, which are reported as failed below.
-                all.extend(helper.join().unwrap_or_default());
-            }
-            all
+        let context = Arc::new(Context::new(self.host.clone(), self.runner.clone()));
+        let crew = Arc::new(Crew {
+            backends: Arc::clone(&self.backends),
+            context: Arc::downgrade(&context),
+            next: AtomicUsize::new(0),
+            helpers_started: AtomicUsize::new(0),
+            helpers: Mutex::new(Vec::new()),
+            finished: Mutex::new(Vec::new()),
         });
+        *lock(&context.crew) = Some(Arc::clone(&crew));
+        crew.work(&context);
+        // Helpers may start further helpers until the queue is empty; join until none is left.
+        while let Some(helper) = lock(&crew.helpers).pop() {
+            let _ = helper.join();
+        }
+        *lock(&context.crew) = None;
+
+        let mut finished = std::mem::take(&mut *lock(&crew.finished));
         finished.sort_by_key(|(index, _)| *index);
         let mut finished = finished.into_iter().peekable();
         let runs: Vec<BackendRun> = self
@@ -196,8 +201,71 @@ impl Detector {
     }
 }
 
-/// Most threads a detection run uses, the caller's included.
-pub const MAX_WORKERS: usize = 4;
+/// Most helper threads one detection run starts, besides the caller's.
+pub const MAX_HELPERS: usize = 8;
+
+/// The shared state of one detection run: the backend queue and what has finished.
+struct Crew {
+    backends: Arc<[Box<dyn Backend>]>,
+    /// Weak, because the context holds the crew during the run.
+    context: Weak<Context>,
+    next: AtomicUsize,
+    helpers_started: AtomicUsize,
+    helpers: Mutex<Vec<JoinHandle<()>>>,
+    finished: Mutex<Vec<(usize, BackendRun)>>,
+}
+
+impl std::fmt::Debug for Crew {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Crew")
+            .field("next", &self.next)
+            .field("helpers_started", &self.helpers_started)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Crew {
+    /// Runs queued backends until the queue is empty.
+    fn work(&self, context: &Context) {
+        loop {
+            let index = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(backend) = self.backends.get(index) else {
+                return;
+            };
+            let run = run_one(backend.as_ref(), context);
+            lock(&self.finished).push((index, run));
+        }
+    }
+
+    /// Starts a helper for the rest of the queue, if anything is left and the cap allows.
+    fn add_helper(self: &Arc<Self>) {
+        if self.next.load(Ordering::Relaxed) >= self.backends.len() {
+            return;
+        }
+        let started = self.helpers_started.fetch_add(1, Ordering::Relaxed);
+        if started >= MAX_HELPERS {
+            return;
+        }
+        let crew = Arc::clone(self);
+        let spawned = thread::Builder::new()
+            .name("hwaccel-detect".into())
+            .spawn(move || {
+                if let Some(context) = crew.context.upgrade() {
+                    crew.work(&context);
+                }
+            });
+        // Without a helper the waiting thread simply takes the rest of the queue afterwards.
+        if let Ok(handle) = spawned {
+            lock(&self.helpers).push(handle);
+        }
+    }
+}
+
+/// Locks a mutex, carrying on past a panic in another holder: the data here (a queue of
+/// results, a list of handles) stays valid whatever the panicking thread was doing.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn run_one(backend: &dyn Backend, context: &Context) -> BackendRun {
     let started = Instant::now();
@@ -255,30 +323,103 @@ mod tests {
         }
     }
 
+    /// Waits on a tool that sleeps, as a backend waits on a slow vendor tool.
+    struct Sleeps(&'static str);
+    impl Backend for Sleeps {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn detect(&self, ctx: &Context) -> Findings {
+            match ctx.run_tool("slow-tool", &[]) {
+                Ok(Some(_)) => Findings::warning(self.0),
+                other => Findings::warning(format!("{other:?}")),
+            }
+        }
+    }
+
+    fn sleepy_tools() -> tempfile::TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slow-tool");
+        std::fs::write(&path, "#!/bin/sh\nsleep 0.3\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    #[test]
+    fn backends_waiting_on_tools_overlap_and_priority_order_is_kept() {
+        let tools = sleepy_tools();
+        let mut backends: Vec<Box<dyn Backend>> = vec![
+            Box::new(Sleeps("slow-a")),
+            Box::new(Fixed("fast-a", vec!["0000:01:00.0"])),
+            Box::new(Sleeps("slow-b")),
+        ];
+        let names = ["f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9"];
+        backends.extend(names.map(|name| Box::new(Fixed(name, vec!["0000:01:00.0"])) as _));
+        backends.push(Box::new(Sleeps("slow-c")));
+        let detector = Detector::with_backends(
+            HostRoot::new("/nonexistent"),
+            CommandRunner::new(vec![tools.path().to_path_buf()]),
+            backends,
+        );
+        let started = Instant::now();
+        let (report, timings) = detector.run(false);
+        // One after another, the three tools would take 900 ms.
+        assert!(started.elapsed() < std::time::Duration::from_millis(800));
+        let order: Vec<_> = timings.iter().map(|t| t.backend.as_str()).collect();
+        assert_eq!(order, report.backends);
+        assert_eq!(order[..3], ["slow-a", "fast-a", "slow-b"]);
+        assert_eq!(order.last(), Some(&"slow-c"));
+        // The first backend in priority order keeps the duplicated device.
+        assert_eq!(report.devices[0].backend, "fast-a");
+        let messages: Vec<_> = report.warnings.iter().map(|w| w.message.as_str()).collect();
+        assert_eq!(messages, ["slow-a", "slow-b", "slow-c"]);
+    }
+
+    /// Records the thread it ran on.
+    struct WhereAmI(&'static str, Arc<Mutex<Vec<thread::ThreadId>>>);
+    impl Backend for WhereAmI {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn detect(&self, _: &Context) -> Findings {
+            lock(&self.1).push(thread::current().id());
+            Findings::default()
+        }
+    }
+
+    #[test]
+    fn backends_without_tools_run_on_the_calling_thread() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let backends: Vec<Box<dyn Backend>> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| Box::new(WhereAmI(name, Arc::clone(&seen))) as _)
+            .collect();
+        let detector = Detector::with_backends(
+            HostRoot::new("/nonexistent"),
+            CommandRunner::new(Vec::new()),
+            backends,
+        );
+        let (report, _) = detector.run(false);
+        assert_eq!(report.backends, ["a", "b", "c"]);
+        assert_eq!(*lock(&seen), vec![thread::current().id(); 3]);
+    }
+
     struct CountsPci;
     impl Backend for CountsPci {
         fn name(&self) -> &'static str {
             "counts-pci"
         }
         fn detect(&self, ctx: &Context) -> Findings {
-            ctx.pci()
+            let devices = ctx
+                .pci()
                 .iter()
                 .map(|f| Device::new(&f.address, Vendor::Other, Family::Asic, "x", "counts-pci"))
-                .fold(Findings::default(), |mut findings, device| {
-                    findings.devices.push(device);
-                    findings
-                })
-        }
-    }
-
-    struct Sleeps(&'static str);
-    impl Backend for Sleeps {
-        fn name(&self) -> &'static str {
-            self.0
-        }
-        fn detect(&self, _: &Context) -> Findings {
-            thread::sleep(std::time::Duration::from_millis(300));
-            Findings::warning(self.0)
+                .collect();
+            Findings {
+                devices,
+                ..Findings::default()
+            }
         }
     }
 
@@ -297,34 +438,6 @@ mod tests {
         assert_eq!(detector.run(false).0.devices.len(), 1);
         std::fs::remove_dir_all(&function).unwrap();
         assert_eq!(detector.run(false).0.devices.len(), 0);
-    }
-
-    #[test]
-    fn slow_backends_overlap_and_priority_order_is_kept() {
-        let mut backends: Vec<Box<dyn Backend>> = vec![
-            Box::new(Sleeps("slow-a")),
-            Box::new(Fixed("fast-a", vec!["0000:01:00.0"])),
-            Box::new(Sleeps("slow-b")),
-        ];
-        let names = ["f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9"];
-        backends.extend(names.map(|name| Box::new(Fixed(name, vec!["0000:01:00.0"])) as _));
-        backends.push(Box::new(Sleeps("slow-c")));
-        let detector = Detector::with_backends(
-            HostRoot::new("/nonexistent"),
-            CommandRunner::new(Vec::new()),
-            backends,
-        );
-        let started = Instant::now();
-        let (report, timings) = detector.run(false);
-        // Run one after another, the three sleepers would take 900 ms.
-        assert!(started.elapsed() < std::time::Duration::from_millis(800));
-        let order: Vec<_> = timings.iter().map(|t| t.backend.as_str()).collect();
-        assert_eq!(order, report.backends);
-        assert_eq!(order[..3], ["slow-a", "fast-a", "slow-b"]);
-        assert_eq!(order.last(), Some(&"slow-c"));
-        // The first backend in priority order keeps the duplicated device.
-        assert_eq!(report.devices[0].backend, "fast-a");
-        assert_eq!(report.warnings.len(), 3);
     }
 
     #[test]
