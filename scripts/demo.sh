@@ -69,7 +69,7 @@ kind: Node
 metadata:
   name: $node
   annotations: {kwok.x-k8s.io/node: fake}
-  labels: {kubernetes.io/hostname: $node, type: kwok}
+  labels: {kubernetes.io/hostname: $node, kubernetes.io/os: linux, type: kwok}
 YAML
 done
 for node in $(printf '%s\n' "${!HOSTS[@]}" | sort); do
