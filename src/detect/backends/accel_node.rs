@@ -35,6 +35,35 @@ fn bus_id_of(host: &HostRoot, node: &str) -> Option<String> {
         })
 }
 
+/// Builds one device per matched PCI function, handing each its `/dev/accel` node name (when
+/// the driver created one) and its index among the matches, and wraps them as findings.
+pub(crate) fn devices_with_nodes<T: Copy>(
+    host: &HostRoot,
+    matched: &[(&crate::detect::PciFunction, T)],
+    build: impl Fn(&crate::detect::PciFunction, T, usize, Option<&str>) -> crate::hardware::Device,
+) -> crate::detect::Findings {
+    if matched.is_empty() {
+        return crate::detect::Findings::default();
+    }
+    let nodes = nodes_by_bus_id(host);
+    let devices = matched
+        .iter()
+        .enumerate()
+        .map(|(index, (function, extra))| {
+            build(
+                function,
+                *extra,
+                index,
+                nodes.get(&function.address).map(String::as_str),
+            )
+        })
+        .collect();
+    crate::detect::Findings {
+        devices,
+        ..crate::detect::Findings::default()
+    }
+}
+
 /// The canonical bus id in a uevent's `PCI_SLOT_NAME=` line.
 pub(crate) fn slot_name_from_uevent(uevent: &str) -> Option<String> {
     uevent

@@ -40,22 +40,9 @@ impl Backend for IntelNpu {
                 (generation.is_some() || bound).then_some((f, generation))
             })
             .collect();
-        if npus.is_empty() {
-            return Findings::default();
-        }
-        let nodes = accel_node::nodes_by_bus_id(host);
-        let devices = npus
-            .iter()
-            .enumerate()
-            .map(|(index, (function, generation))| {
-                let node = nodes.get(&function.address).map(String::as_str);
-                npu_device(host, function, *generation, index, node)
-            })
-            .collect();
-        Findings {
-            devices,
-            ..Findings::default()
-        }
+        accel_node::devices_with_nodes(host, &npus, |function, extra, index, node| {
+            npu_device(host, function, extra, index, node)
+        })
     }
 }
 

@@ -44,22 +44,9 @@ impl Backend for Xdna {
                 (npu.is_some() || bound).then_some((f, npu))
             })
             .collect();
-        if npus.is_empty() {
-            return Findings::default();
-        }
-        let nodes = accel_node::nodes_by_bus_id(host);
-        let devices = npus
-            .iter()
-            .enumerate()
-            .map(|(index, (function, npu))| {
-                let node = nodes.get(&function.address).map(String::as_str);
-                xdna_device(host, function, *npu, index, node)
-            })
-            .collect();
-        Findings {
-            devices,
-            ..Findings::default()
-        }
+        accel_node::devices_with_nodes(host, &npus, |function, extra, index, node| {
+            xdna_device(host, function, extra, index, node)
+        })
     }
 }
 
