@@ -91,7 +91,7 @@ fi
 
 now() { date +%s; }
 if [ ${#want_k8s[@]} -gt 0 ]; then
-  log "building ${want_k8s[*]##*/} ($KV, $GOVER) into $OUT; a cold build takes 15-40 min on 2 cores"
+  log "building ${want_k8s[*]##*/} ($KV, $GOVER) into $OUT; cold: ~5 min minimal, 10-35 min full on 2 cores, depending on load"
   t0=$(now)
   (cd "$HERE/k8s" && go build -ldflags "$LDF" -o "$TMP/" "${want_k8s[@]}")
   log "k8s module built in $(( $(now) - t0 ))s"
