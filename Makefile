@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build demo test unit cluster-test check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build demo scale test unit cluster-test check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -27,6 +27,10 @@ build:
 ## demo: the operator end to end on a local control plane with three fixture nodes
 demo:
 	scripts/demo.sh
+
+## scale: the controller against 1,000 kwok nodes and 300 ModelPlacements (docs/benchmarks.md)
+scale:
+	scripts/scale.sh
 
 ## test: unit and fixture tests, then the cluster tests against a real local control plane
 test: unit cluster-test
