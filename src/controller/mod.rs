@@ -1,1 +1,4 @@
 //! The ModelPlacement controller.
+
+pub mod labels;
+pub mod ledger;
