@@ -1,4 +1,5 @@
 //! The ModelPlacement controller.
 
+pub mod build;
 pub mod labels;
 pub mod ledger;
