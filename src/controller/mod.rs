@@ -3,3 +3,5 @@
 pub mod build;
 pub mod labels;
 pub mod ledger;
+pub mod metrics;
+pub mod reconcile;
