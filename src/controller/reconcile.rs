@@ -100,7 +100,7 @@ pub struct Context {
     pub recorder: Recorder,
     /// Placements to reconcile again (older ones planned on another's turn, waiting ones
     /// when devices are freed).
-    pub requeue: mpsc::UnboundedSender<ObjectRef<ModelPlacement>>,
+    pub requeue: mpsc::UnboundedSender<()>,
     /// Consecutive failures per placement, for the backoff.
     pub failures: std::sync::Mutex<HashMap<PlacementKey, u32>>,
 }
@@ -350,10 +350,8 @@ async fn apply(
         requeue_waiting(ctx, &state, &me.precedence.key);
     }
     drop(state);
-    for other in &decision.planned_others {
-        let _ = ctx
-            .requeue
-            .send(ObjectRef::new(&other.name).within(&other.namespace));
+    if !decision.planned_others.is_empty() {
+        let _ = ctx.requeue.send(());
     }
     write_status(placement, api, ctx, &decision).await?;
     Ok(match decision.outcome {
@@ -388,15 +386,15 @@ async fn cleanup(placement: &ModelPlacement, ctx: &Context) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
-/// Reconciles every placement that holds nothing, so freed devices go to the oldest waiter.
+/// Reconciles again when some placement other than `except` holds nothing, so freed
+/// devices go to the oldest waiter.
 fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
-    for placement in ctx.placements.state() {
-        let Ok(precedence) = precedence_of(&placement) else {
-            continue;
-        };
-        if &precedence.key != except && state.ledger.get(&precedence.key).is_none() {
-            let _ = ctx.requeue.send(ObjectRef::from_obj(&*placement));
-        }
+    let someone_waits = ctx.placements.state().iter().any(|placement| {
+        precedence_of(placement)
+            .is_ok_and(|p| &p.key != except && state.ledger.get(&p.key).is_none())
+    });
+    if someone_waits {
+        let _ = ctx.requeue.send(());
     }
 }
 
