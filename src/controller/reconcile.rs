@@ -632,3 +632,166 @@ async fn emit_event(
         tracing::warn!(error = %err, "publishing an event failed");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::placement::{
+        Constraints, Goal, ModelSource, PrecisionChoice as ApiPrecision, ServeGoal,
+    };
+    use crate::detect::testing::fixture_context;
+    use crate::detect::{Detector, backends};
+
+    fn fleet(nodes: &[&str]) -> FleetView {
+        let ctx = fixture_context("h100-8x-nvswitch");
+        let detector =
+            Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
+        let report = detector.run(false).0;
+        let inventories: Vec<AcceleratorInventory> = nodes
+            .iter()
+            .map(|n| AcceleratorInventory::from_report(n, &report))
+            .collect();
+        FleetView::new(inventories.iter(), &BTreeMap::new())
+    }
+
+    /// 70B at bf16 for 40 requests: half of an 8 x H100 node.
+    fn half_node() -> ModelPlacementSpec {
+        ModelPlacementSpec {
+            model: ModelSource {
+                preset: Some("llama-3.1-70b".into()),
+                ..ModelSource::default()
+            },
+            goal: Goal {
+                serve: Some(ServeGoal {
+                    context: 8192,
+                    concurrency: 40,
+                }),
+                train: None,
+            },
+            constraints: Some(Constraints {
+                precision: Some(ApiPrecision::Bf16),
+                ..Constraints::default()
+            }),
+            replicas: None,
+        }
+    }
+
+    fn candidate<'a>(name: &str, created: i64, spec: &'a ModelPlacementSpec) -> Candidate<'a> {
+        Candidate {
+            precedence: Precedence {
+                created,
+                key: PlacementKey::new("ml", name),
+            },
+            uid: format!("uid-{name}"),
+            generation: 1,
+            spec,
+        }
+    }
+
+    fn devices(ledger: &Ledger, name: &str) -> BTreeSet<(String, String)> {
+        ledger
+            .get(&PlacementKey::new("ml", name))
+            .map(|h| {
+                h.devices()
+                    .map(|(n, d)| (n.to_string(), d.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn older_waiting_placements_go_first() {
+        let spec = half_node();
+        let fleet = fleet(&["n1"]);
+        let mut ledger = Ledger::new();
+        let holder = candidate("holder", 1, &spec);
+        decide(&mut ledger, &holder, &[], &fleet);
+        // `old` and `young` both wait; `young` is reconciled first, but `old` gets the room.
+        let old = candidate("old", 2, &spec);
+        let young = candidate("young", 3, &spec);
+        let decision = decide(&mut ledger, &young, std::slice::from_ref(&old), &fleet);
+        assert_eq!(
+            decision.planned_others,
+            vec![PlacementKey::new("ml", "old")]
+        );
+        assert!(
+            matches!(decision.outcome, Outcome::Unschedulable(_)),
+            "{decision:?}"
+        );
+        assert_eq!(devices(&ledger, "old").len(), 4);
+        assert!(devices(&ledger, "old").is_disjoint(&devices(&ledger, "holder")));
+        assert!(devices(&ledger, "young").is_empty());
+    }
+
+    #[test]
+    fn a_valid_plan_is_kept_and_a_lost_device_replans() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let me = candidate("me", 1, &spec);
+        let both = fleet(&["n1", "n2"]);
+        let first = decide(&mut ledger, &me, &[], &both);
+        assert!(matches!(first.outcome, Outcome::Planned(_)));
+        assert!(!first.kept);
+        let held = devices(&ledger, "me");
+        let again = decide(&mut ledger, &me, &[], &both);
+        assert!(again.kept && again.changed_nodes.is_empty());
+        assert_eq!(devices(&ledger, "me"), held, "stable: no re-plan");
+        let old_node = held.iter().next().map(|(n, _)| n.clone()).unwrap();
+        let remaining = if old_node == "n1" { "n2" } else { "n1" };
+        let shrunk = fleet(&[remaining]);
+        let moved = decide(&mut ledger, &me, &[], &shrunk);
+        assert!(moved.replanned.as_deref().unwrap().contains(&old_node));
+        assert!(moved.freed && moved.changed_nodes.contains(&old_node));
+        assert!(devices(&ledger, "me").iter().all(|(n, _)| n == remaining));
+    }
+
+    #[test]
+    fn a_new_generation_is_planned_again() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let fleet = fleet(&["n1"]);
+        decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
+        let mut changed = candidate("me", 1, &spec);
+        changed.generation = 2;
+        let decision = decide(&mut ledger, &changed, &[], &fleet);
+        assert!(!decision.kept && decision.replanned.is_none());
+        assert_eq!(ledger.get(&changed.precedence.key).unwrap().generation, 2);
+    }
+
+    #[test]
+    fn status_conditions_follow_the_decision() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let fleet = fleet(&["n1"]);
+        let decision = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
+        let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+        let status = desired_status(None, &decision, Some(1), &at(10));
+        assert_eq!(status.state.as_deref(), Some("Planned"));
+        let planned = conditions::find(&status.conditions, PLANNED).unwrap();
+        assert_eq!(
+            (planned.status.as_str(), planned.reason.as_str()),
+            ("True", "Planned")
+        );
+        // Re-asserting the same decision later changes nothing, so nothing is written.
+        let kept = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
+        assert_eq!(
+            desired_status(Some(&status), &kept, Some(1), &at(99)),
+            status
+        );
+        let invalid = Decision {
+            outcome: Outcome::Invalid(ModelPlacementStatus {
+                reasons: vec!["unknown model preset".into()],
+                ..ModelPlacementStatus::default()
+            }),
+            ..kept
+        };
+        let refused = desired_status(Some(&status), &invalid, Some(2), &at(100));
+        let planned = conditions::find(&refused.conditions, PLANNED).unwrap();
+        assert_eq!(
+            (planned.status.as_str(), planned.reason.as_str()),
+            ("False", "Invalid")
+        );
+        assert_eq!(planned.last_transition_time, at(100));
+        assert!(refused.assignments.is_empty() && refused.node_selector.is_empty());
+    }
+}
