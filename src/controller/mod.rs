@@ -112,16 +112,13 @@ pub async fn run(
     )
     .default_backoff()
     .for_each(|_| async {});
-    let controller = run_controller(
-        client,
-        config,
-        metrics,
+    let watches = Watches {
         inventories,
         nodes,
-        changed_rx,
-        requeue_tx,
-        shutdown,
-    );
+        changes: changed_rx,
+        requeue: requeue_tx,
+    };
+    let controller = run_controller(client, config, metrics, watches, shutdown);
     // The watches live exactly as long as the controller: dropping this future ends them all.
     tokio::select! {
         result = controller => result,
@@ -130,16 +127,27 @@ pub async fn run(
     }
 }
 
+/// The watch caches and the "reconcile everything" trigger.
+struct Watches {
+    inventories: Store<AcceleratorInventory>,
+    nodes: Store<kube::api::PartialObjectMeta<Node>>,
+    changes: mpsc::UnboundedReceiver<()>,
+    requeue: mpsc::UnboundedSender<()>,
+}
+
 async fn run_controller(
     client: Client,
     config: Config,
     metrics: ControllerMetrics,
-    inventories: Store<AcceleratorInventory>,
-    nodes: Store<kube::api::PartialObjectMeta<Node>>,
-    inventory_changes: mpsc::UnboundedReceiver<()>,
-    requeue_tx: mpsc::UnboundedSender<()>,
+    watches: Watches,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    let Watches {
+        inventories,
+        nodes,
+        changes: inventory_changes,
+        requeue: requeue_tx,
+    } = watches;
     inventories.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
     let api: Api<ModelPlacement> = match &config.namespace {
