@@ -340,6 +340,8 @@ pub fn evaluate(
         Ok(plan) if plan.fits => {
             let mut status = planned_status(&plan, namespace, name);
             status.reasons.extend(request.notes);
+            status.reasons = in_spec_terms(status.reasons);
+            status.suggestions = in_spec_terms(status.suggestions);
             Outcome::Planned(status)
         }
         Ok(plan) => Outcome::Unschedulable(refusal(
@@ -370,10 +372,35 @@ fn refusal(
 ) -> ModelPlacementStatus {
     ModelPlacementStatus {
         model,
-        reasons,
-        suggestions,
+        reasons: in_spec_terms(reasons),
+        suggestions: in_spec_terms(suggestions),
         ..ModelPlacementStatus::default()
     }
+}
+
+/// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
+/// fields, so the flag names are rewritten to the field paths that mean the same.
+const FLAG_TO_FIELD: [(&str, &str); 9] = [
+    ("--precision ", "spec.constraints.precision="),
+    ("--kv-dtype ", "spec.constraints.kvCachePrecision="),
+    ("--max-nodes ", "spec.constraints.maxNodes="),
+    ("--gpu-util", "spec.constraints.memoryUtilizationPercent"),
+    ("--context ", "spec.goal.serve.context="),
+    ("--concurrency ", "spec.goal.serve.concurrency="),
+    ("--seq-len ", "spec.goal.train.seqLen="),
+    ("--micro-batch ", "spec.goal.train.microBatch="),
+    ("--train ", "spec.goal.train.method="),
+];
+
+fn in_spec_terms(lines: Vec<String>) -> Vec<String> {
+    lines
+        .into_iter()
+        .map(|line| {
+            FLAG_TO_FIELD
+                .iter()
+                .fold(line, |text, (flag, field)| text.replace(flag, field))
+        })
+        .collect()
 }
 
 /// The status for a plan that fits.
@@ -583,6 +610,19 @@ mod tests {
             "{status:?}"
         );
         assert!(status.assignments.is_empty() && status.plan.is_none());
+        let all = status.reasons.iter().chain(&status.suggestions);
+        assert!(
+            all.clone().all(|line| !line.contains("--")),
+            "spec terms, not CLI flags: {status:?}"
+        );
+        assert!(
+            status
+                .suggestions
+                .iter()
+                .any(|s| s.contains("spec.constraints.precision=fp8")),
+            "{:?}",
+            status.suggestions
+        );
     }
 
     #[test]
