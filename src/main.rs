@@ -120,6 +120,10 @@ struct ControllerArgs {
     /// Only watch ModelPlacements in this namespace (default: all namespaces).
     #[arg(long)]
     namespace: Option<String>,
+    /// Only consider Nodes and AcceleratorInventories with these labels (`pool=a`; default:
+    /// all). Used by the scale harness and for canaries.
+    #[arg(long)]
+    selector: Option<String>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
     log_format: hwaccel::telemetry::LogFormat,
@@ -295,6 +299,7 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         ));
         let mut config = hwaccel::controller::Config::cluster_wide(&identity);
         config.namespace = args.namespace;
+        config.selector = args.selector;
         let lease = hwaccel::controller::leader::LeaseConfig::new(
             &args.leader_election_namespace,
             &args.lease_name,

@@ -37,8 +37,10 @@ fn reconcile_histogram() -> Histogram {
 /// Every metric the controller exports.
 #[derive(Debug, Clone)]
 pub struct ControllerMetrics {
-    /// Reconcile duration in seconds.
+    /// Reconcile duration in seconds, not counting the wait for the reconcile lock.
     pub reconcile_seconds: Histogram,
+    /// Time a reconcile waited for the lock (reconciles run one at a time).
+    pub lock_wait_seconds: Histogram,
     /// Reconciles run.
     pub reconciles: Counter,
     /// Failed reconciles by reason.
@@ -56,6 +58,7 @@ impl ControllerMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             reconcile_seconds: reconcile_histogram(),
+            lock_wait_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             reconciles: Counter::default(),
             errors: Family::default(),
             placements: Family::default(),
@@ -67,6 +70,11 @@ impl ControllerMetrics {
             "reconcile_duration_seconds",
             "Time one ModelPlacement reconcile took",
             metrics.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_lock_wait_seconds",
+            "Time a reconcile waited for the others to finish",
+            metrics.lock_wait_seconds.clone(),
         );
         registry.register(
             "reconciles",

@@ -278,18 +278,21 @@ pub async fn reconcile(placement: Arc<ModelPlacement>, ctx: Arc<Context>) -> Res
         .ok_or_else(|| Error::Metadata(placement.name_any()))?;
     let api: Api<ModelPlacement> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = PlacementKey::new(namespace, placement.name_any());
+    let waited = std::sync::Mutex::new(Duration::ZERO);
     let result = finalizer::finalizer(&api, FINALIZER, placement, |event| async {
         match event {
-            FinalizerEvent::Apply(placement) => apply(&placement, &api, &ctx).await,
-            FinalizerEvent::Cleanup(placement) => cleanup(&placement, &ctx).await,
+            FinalizerEvent::Apply(placement) => apply(&placement, &api, &ctx, &waited).await,
+            FinalizerEvent::Cleanup(placement) => cleanup(&placement, &ctx, &waited).await,
         }
     })
     .await
     .map_err(|err| Error::Finalizer(Box::new(err)));
+    let waited = waited.into_inner().unwrap_or_default();
     ctx.metrics.reconciles.inc();
+    ctx.metrics.lock_wait_seconds.observe(waited.as_secs_f64());
     ctx.metrics
         .reconcile_seconds
-        .observe(started.elapsed().as_secs_f64());
+        .observe(started.elapsed().saturating_sub(waited).as_secs_f64());
     if result.is_ok()
         && let Ok(mut failures) = ctx.failures.lock()
     {
@@ -325,9 +328,10 @@ async fn apply(
     placement: &ModelPlacement,
     api: &Api<ModelPlacement>,
     ctx: &Context,
+    waited: &std::sync::Mutex<Duration>,
 ) -> Result<Action, Error> {
     let me = candidate(placement)?;
-    let mut state = ctx.state.lock().await;
+    let mut state = lock(ctx, waited).await;
     let fleet = fleet_view(ctx, &mut state);
     let waiting: Vec<Arc<ModelPlacement>> = ctx
         .placements
@@ -361,9 +365,13 @@ async fn apply(
     })
 }
 
-async fn cleanup(placement: &ModelPlacement, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(
+    placement: &ModelPlacement,
+    ctx: &Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> Result<Action, Error> {
     let key = precedence_of(placement)?.key;
-    let mut state = ctx.state.lock().await;
+    let mut state = lock(ctx, waited).await;
     let nodes = state
         .ledger
         .get(&key)
@@ -384,6 +392,19 @@ async fn cleanup(placement: &ModelPlacement, ctx: &Context) -> Result<Action, Er
         requeue_waiting(ctx, &state, &key);
     }
     Ok(Action::await_change())
+}
+
+/// Takes the reconcile lock, recording how long that took.
+async fn lock<'a>(
+    ctx: &'a Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> tokio::sync::MutexGuard<'a, State> {
+    let started = Instant::now();
+    let guard = ctx.state.lock().await;
+    if let Ok(mut waited) = waited.lock() {
+        *waited = started.elapsed();
+    }
+    guard
 }
 
 /// Reconciles again when some placement other than `except` holds nothing, so freed
@@ -588,12 +609,12 @@ async fn write_status(
     .await
     .inspect_err(|_| ctx.metrics.failed("status"))?;
     ctx.metrics.wrote("status");
-    emit_event(placement, ctx, current, &desired).await;
+    emit_event(placement, ctx, current, &desired);
     Ok(())
 }
 
 /// An Event when the state or the Planned reason changed.
-async fn emit_event(
+fn emit_event(
     placement: &ModelPlacement,
     ctx: &Context,
     before: Option<&ModelPlacementStatus>,
@@ -623,14 +644,17 @@ async fn emit_event(
         action: "Plan".to_string(),
         secondary: None,
     };
-    if let Err(err) = ctx
-        .recorder
-        .publish(&event, &placement.object_ref(&()))
-        .await
-    {
-        ctx.metrics.failed("event");
-        tracing::warn!(error = %err, "publishing an event failed");
-    }
+    // Events are informational: published in the background so the reconcile (and the
+    // placements queued behind it) do not wait for them.
+    let recorder = ctx.recorder.clone();
+    let metrics = ctx.metrics.clone();
+    let reference = placement.object_ref(&());
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            metrics.failed("event");
+            tracing::warn!(error = %err, "publishing an event failed");
+        }
+    });
 }
 
 #[cfg(test)]
