@@ -27,6 +27,8 @@ enum Command {
     Plan(Box<hwaccel::plan::cli::PlanArgs>),
     /// Run the node agent: publish this node's labels and AcceleratorInventory.
     Agent(AgentArgs),
+    /// Run the ModelPlacement controller (leader-elected).
+    Controller(ControllerArgs),
     /// Remove the labels our agent and controller set (the uninstall path).
     Cleanup(CleanupArgs),
     /// Print every CustomResourceDefinition as multi-document YAML, or write one file per CRD.
@@ -100,6 +102,33 @@ struct AgentArgs {
     log_format: hwaccel::telemetry::LogFormat,
 }
 
+#[derive(Debug, clap::Args)]
+struct ControllerArgs {
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Namespace of the leader-election Lease (the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "hwaccel-controller")]
+    lease_name: String,
+    /// This replica's identity in the Lease and in Events (default: $POD_NAME, else the
+    /// host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Only watch ModelPlacements in this namespace (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Only consider Nodes and AcceleratorInventories with these labels (`pool=a`; default:
+    /// all). Used by the scale harness and for canaries.
+    #[arg(long)]
+    selector: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
+    log_format: hwaccel::telemetry::LogFormat,
+}
+
 /// Parses `60s`, `5m`, `500ms` or a bare number of seconds.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -152,6 +181,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Detect(args) => detect(args),
         Command::Agent(args) => agent(args),
+        Command::Controller(args) => controller(args),
         Command::Cleanup(args) => cleanup(args),
         Command::Crds(args) => crds(args),
         Command::Plan(args) => return hwaccel::plan::cli::run(*args),
@@ -232,6 +262,76 @@ fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(error = %err, "metrics server failed");
         }
         anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
+    use std::sync::Arc;
+    hwaccel::telemetry::init(args.log_format, "info");
+    let identity = args
+        .identity
+        .filter(|i| !i.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|i| i.trim().to_string())
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| format!("hwaccel-controller-{}", std::process::id()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default().await?;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = hwaccel::controller::metrics::ControllerMetrics::register(&mut registry);
+        // Ready means "alive and talking to the apiserver", never "leader": a standby that is
+        // never Ready would block rollouts.
+        let readiness = Arc::new(hwaccel::server::Readiness::default());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut server_stop = stopped.clone();
+        let server = tokio::spawn(hwaccel::server::serve(
+            args.metrics_addr,
+            Arc::new(registry),
+            readiness.clone(),
+            async move {
+                let _ = server_stop.wait_for(|stop| *stop).await;
+            },
+        ));
+        let mut config = hwaccel::controller::Config::cluster_wide(&identity);
+        config.namespace = args.namespace;
+        config.selector = args.selector;
+        let lease = hwaccel::controller::leader::LeaseConfig::new(
+            &args.leader_election_namespace,
+            &args.lease_name,
+            &identity,
+        );
+        tracing::info!(%identity, "controller starting");
+        let mut worker_stop = stopped.clone();
+        let contact = readiness.clone();
+        let result = hwaccel::controller::run_elected(
+            client,
+            config,
+            lease,
+            metrics,
+            move || contact.set(true),
+            async move {
+                let _ = worker_stop.wait_for(|stop| *stop).await;
+            },
+        );
+        tokio::pin!(result);
+        let outcome = tokio::select! {
+            outcome = &mut result => outcome,
+            () = hwaccel::signals::terminated() => {
+                tracing::info!("termination signal received");
+                let _ = stop.send(true);
+                result.await
+            }
+        };
+        let _ = stop.send(true);
+        if let Ok(Err(err)) = server.await {
+            tracing::warn!(error = %err, "metrics server failed");
+        }
+        outcome
     })?;
     Ok(ExitCode::SUCCESS)
 }

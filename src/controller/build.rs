@@ -1,0 +1,664 @@
+//! The pure middle of a reconcile: a ModelPlacement spec becomes a planner request, the live
+//! inventories become the planner's nodes, and the planner's answer becomes a
+//! `ModelPlacementStatus`. No client, no clock: everything here is unit-tested.
+//!
+//! Device ids: the planner names devices by their detection id (a PCI bus id), users and the
+//! status by the inventory's DNS-label device name (`gpu-0000-18-00-0`). The nodes handed to
+//! the planner are renamed to inventory names up front, so reservations, assignments and the
+//! ledger all speak one language.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::api::AcceleratorInventory;
+use crate::api::attribute;
+use crate::api::placement::{
+    Assignment, Constraints, MemoryBreakdown, ModelPlacementSpec, ModelPlacementStatus, PlanStatus,
+    PrecisionChoice as ApiPrecision, TrainMethod,
+};
+use crate::hardware::Precision;
+use crate::plan::capability::PrecisionChoice;
+use crate::plan::kv::KvDtype;
+use crate::plan::memory::DEFAULT_GPU_UTIL;
+use crate::plan::model::config::parse_config;
+use crate::plan::model::{ModelSource, parse_param_count, presets};
+use crate::plan::report::Plan;
+use crate::plan::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
+use crate::plan::{Bytes, Goal, Model, NodeSpec, PlanError, PlanRequest, Reservations, plan};
+
+use super::labels;
+
+/// LoRA rank used for LoRA/QLoRA training (the spec does not expose it yet).
+const DEFAULT_LORA_RANK: u64 = 16;
+
+/// A spec the planner can work on.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The model.
+    pub model: Model,
+    /// Goal, precision and limits.
+    pub request: PlanRequest,
+    /// Which devices may be used.
+    pub filter: DeviceFilter,
+    /// Notes about parts of the spec that were not applied.
+    pub notes: Vec<String>,
+}
+
+/// Which devices and nodes a placement may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFilter {
+    /// Allowed families (`gpu`...); empty means any.
+    pub families: BTreeSet<String>,
+    /// Allowed product slugs; empty means any.
+    pub products: BTreeSet<String>,
+    /// Labels a node must carry.
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// The fleet as the planner sees it, with what the filter needs to know.
+#[derive(Debug, Clone, Default)]
+pub struct FleetView {
+    /// Nodes, devices named as in the inventories.
+    pub nodes: Vec<NodeSpec>,
+    /// Product slug of each (node, device name).
+    pub products: BTreeMap<(String, String), String>,
+    /// Every (node, device name) present in the inventories, usable or not.
+    pub present: BTreeSet<(String, String)>,
+}
+
+impl FleetView {
+    /// The planner's view of `inventories`; `node_labels` (by node name) fills each node's
+    /// labels for the placements' node selectors.
+    pub fn new<'a>(
+        inventories: impl IntoIterator<Item = &'a AcceleratorInventory>,
+        node_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Self {
+        let mut view = Self::default();
+        for inventory in inventories {
+            view.add(inventory, node_labels);
+        }
+        view.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        view
+    }
+
+    fn add(
+        &mut self,
+        inventory: &AcceleratorInventory,
+        node_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    ) {
+        let node_name = inventory.spec.node_name.clone();
+        let mut names_by_id = BTreeMap::new();
+        for entry in &inventory.spec.devices {
+            let text = |key: &str| {
+                entry
+                    .full_values
+                    .get(key)
+                    .cloned()
+                    .or_else(|| entry.attributes.get(key)?.as_str().map(str::to_string))
+            };
+            let id = text(attribute::ID).unwrap_or_else(|| entry.name.clone());
+            names_by_id.insert(id, entry.name.clone());
+            let key = (node_name.clone(), entry.name.clone());
+            if let Some(product) = text(attribute::PRODUCT) {
+                self.products.insert(key.clone(), product);
+            }
+            self.present.insert(key);
+        }
+        let (mut node, _skipped) = NodeSpec::from_report(&inventory.to_report(), &node_name);
+        for device in &mut node.devices {
+            if let Some(name) = names_by_id.get(&device.id) {
+                device.id = name.clone();
+            }
+        }
+        node.labels = node_labels.get(&node_name).cloned().unwrap_or_default();
+        self.nodes.push(node);
+    }
+
+    /// The nodes with only the devices `filter` allows; nodes left empty are dropped.
+    pub fn filtered(&self, filter: &DeviceFilter) -> Vec<NodeSpec> {
+        self.nodes
+            .iter()
+            .filter(|node| {
+                filter
+                    .node_selector
+                    .iter()
+                    .all(|(k, v)| node.labels.get(k) == Some(v))
+            })
+            .map(|node| {
+                let mut node = node.clone();
+                node.devices.retain(|device| {
+                    let family_ok = filter.families.is_empty()
+                        || filter.families.contains(device.family.as_str());
+                    let product_ok = filter.products.is_empty()
+                        || self
+                            .products
+                            .get(&(node.name.clone(), device.id.clone()))
+                            .is_some_and(|p| filter.products.contains(p));
+                    family_ok && product_ok
+                });
+                node
+            })
+            .filter(|node| !node.devices.is_empty())
+            .collect()
+    }
+
+    /// True when every device of `assignments` is still in the inventories.
+    pub fn holds(&self, assignments: &[Assignment]) -> Result<(), String> {
+        for assignment in assignments {
+            for device in &assignment.devices {
+                if !self
+                    .present
+                    .contains(&(assignment.node.clone(), device.clone()))
+                {
+                    return Err(format!(
+                        "device {device} on node {} is no longer in its inventory",
+                        assignment.node
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Turns a spec into a planner request; the error lists what is wrong with it.
+pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<String>> {
+    let model = model_from_spec(spec).map_err(|reason| vec![reason])?;
+    let constraints = spec.constraints.clone().unwrap_or_default();
+    let training = spec.goal.train.is_some();
+    let goal = match (&spec.goal.serve, &spec.goal.train) {
+        (Some(serve), None) => Goal::Serve {
+            context: Some(u64::from(serve.context)),
+            concurrency: u64::from(serve.concurrency),
+        },
+        (None, Some(train)) => Goal::Train(TrainingTarget {
+            method: method(train.method),
+            seq_len: u64::from(train.seq_len),
+            micro_batch: u64::from(train.micro_batch),
+            gradient_checkpointing: true,
+            lora_rank: DEFAULT_LORA_RANK,
+            lora_targets: LoraTarget::ALL.to_vec(),
+        }),
+        _ => return Err(vec!["goal: set exactly one of serve or train".to_string()]),
+    };
+    let default_util = if training {
+        DEFAULT_TRAINING_GPU_UTIL
+    } else {
+        DEFAULT_GPU_UTIL
+    };
+    let request = PlanRequest {
+        goal,
+        precision: precision(constraints.precision.unwrap_or_default()),
+        kv_dtype: kv_dtype(constraints.kv_cache_precision)?,
+        max_nodes: constraints.max_nodes,
+        gpu_util: constraints
+            .memory_utilization_percent
+            .map_or(default_util, |p| f64::from(p) / 100.0),
+    };
+    let mut notes = Vec::new();
+    if spec.replicas.is_some() {
+        notes.push(
+            "spec.replicas is not applied yet: replicas follow serve.concurrency".to_string(),
+        );
+    }
+    Ok(Request {
+        model,
+        request,
+        filter: filter(&constraints),
+        notes,
+    })
+}
+
+fn model_from_spec(spec: &ModelPlacementSpec) -> Result<Model, String> {
+    let source = &spec.model;
+    let model = match (
+        &source.preset,
+        &source.parameters,
+        &source.hugging_face_config,
+    ) {
+        (Some(key), None, None) => match presets::find(key) {
+            Ok(Some(model)) => model,
+            Ok(None) => {
+                let similar = presets::similar(key);
+                let hint = if similar.is_empty() {
+                    "; `hwaccel plan --list-models` lists the presets".to_string()
+                } else {
+                    format!("; did you mean {}?", similar.join(", "))
+                };
+                return Err(format!("unknown model preset {key:?}{hint}"));
+            }
+            Err(err) => return Err(err.to_string()),
+        },
+        (None, Some(count), None) => {
+            let params = parse_param_count(count).map_err(|err| err.to_string())?;
+            Model::from_param_count(count.trim(), params)
+        }
+        (None, None, Some(config)) => {
+            let origin = "spec.model.huggingFaceConfig";
+            let parsed = parse_config(origin, config).map_err(|err| err.to_string())?;
+            let name = config
+                .get("_name_or_path")
+                .and_then(serde_json::Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or("inline config")
+                .to_string();
+            let mut model = Model::new(
+                name,
+                ModelSource::Config(origin.to_string()),
+                parsed.arch,
+                parsed.native,
+            );
+            model.max_context = parsed.max_context;
+            model.notes = parsed.notes;
+            model
+        }
+        _ => {
+            return Err(
+                "model: set exactly one of preset, parameters or huggingFaceConfig".to_string(),
+            );
+        }
+    };
+    Ok(model.with_checkpoint_bytes(source.checkpoint_bytes.map(Bytes)))
+}
+
+fn method(method: TrainMethod) -> Method {
+    match method {
+        TrainMethod::Full => Method::Full,
+        TrainMethod::Lora => Method::Lora,
+        TrainMethod::Qlora => Method::Qlora,
+        TrainMethod::Dpo => Method::Dpo,
+    }
+}
+
+fn precision(choice: ApiPrecision) -> PrecisionChoice {
+    let exact = PrecisionChoice::Exact;
+    match choice {
+        ApiPrecision::Auto => PrecisionChoice::Auto,
+        ApiPrecision::Bf16 => exact(Precision::Bf16),
+        ApiPrecision::Fp16 => exact(Precision::Fp16),
+        ApiPrecision::Fp8 => exact(Precision::Fp8),
+        ApiPrecision::Int8 => exact(Precision::Int8),
+        ApiPrecision::Int4 => exact(Precision::Int4),
+        ApiPrecision::Nf4 => exact(Precision::Nf4),
+        ApiPrecision::Fp4 => PrecisionChoice::AnyFp4,
+    }
+}
+
+fn kv_dtype(choice: Option<ApiPrecision>) -> Result<KvDtype, Vec<String>> {
+    match choice.unwrap_or_default() {
+        ApiPrecision::Auto => Ok(KvDtype::Auto),
+        ApiPrecision::Bf16 => Ok(KvDtype::Bf16),
+        ApiPrecision::Fp16 => Ok(KvDtype::Fp16),
+        ApiPrecision::Fp8 => Ok(KvDtype::Fp8),
+        other => Err(vec![format!(
+            "constraints.kvCachePrecision {other:?} is not a KV-cache type (auto, bf16, fp16, fp8)"
+        )]),
+    }
+}
+
+fn filter(constraints: &Constraints) -> DeviceFilter {
+    DeviceFilter {
+        families: constraints.families.iter().cloned().collect(),
+        products: constraints.products.iter().cloned().collect(),
+        node_selector: constraints.node_selector.clone(),
+    }
+}
+
+/// What planning concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// It fits: the status describes the plan and its assignments.
+    Planned(ModelPlacementStatus),
+    /// Valid, but it does not fit on the free devices now.
+    Unschedulable(ModelPlacementStatus),
+    /// The spec cannot be planned whatever the hardware.
+    Invalid(ModelPlacementStatus),
+}
+
+impl Outcome {
+    /// The status part of the outcome (without conditions).
+    pub fn status(&self) -> &ModelPlacementStatus {
+        match self {
+            Self::Planned(s) | Self::Unschedulable(s) | Self::Invalid(s) => s,
+        }
+    }
+}
+
+/// Plans `spec` for `namespace/name` on `fleet` minus `reserved`.
+pub fn evaluate(
+    spec: &ModelPlacementSpec,
+    namespace: &str,
+    name: &str,
+    fleet: &FleetView,
+    reserved: &Reservations,
+) -> Outcome {
+    let request = match request_from_spec(spec) {
+        Ok(request) => request,
+        Err(reasons) => return Outcome::Invalid(refusal(None, reasons, Vec::new())),
+    };
+    let nodes = fleet.filtered(&request.filter);
+    match plan(&request.model, &nodes, reserved, &request.request) {
+        Ok(plan) if plan.fits => {
+            let mut status = planned_status(&plan, namespace, name);
+            status.reasons.extend(request.notes);
+            status.reasons = in_spec_terms(status.reasons);
+            status.suggestions = in_spec_terms(status.suggestions);
+            Outcome::Planned(status)
+        }
+        Ok(plan) => Outcome::Unschedulable(refusal(
+            Some(plan.model.name.clone()),
+            plan.reasons,
+            plan.suggestions,
+        )),
+        Err(PlanError::NoDevices(reason)) => Outcome::Unschedulable(refusal(
+            Some(request.model.name.clone()),
+            vec![format!("no free accelerator matches: {reason}")],
+            vec![
+                "wait for another placement to be deleted, add nodes, or relax constraints"
+                    .to_string(),
+            ],
+        )),
+        Err(err) => Outcome::Invalid(refusal(
+            Some(request.model.name.clone()),
+            vec![err.to_string()],
+            Vec::new(),
+        )),
+    }
+}
+
+fn refusal(
+    model: Option<String>,
+    reasons: Vec<String>,
+    suggestions: Vec<String>,
+) -> ModelPlacementStatus {
+    ModelPlacementStatus {
+        model,
+        reasons: in_spec_terms(reasons),
+        suggestions: in_spec_terms(suggestions),
+        ..ModelPlacementStatus::default()
+    }
+}
+
+/// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
+/// fields, so the flag names are rewritten to the field paths that mean the same.
+const FLAG_TO_FIELD: [(&str, &str); 9] = [
+    ("--precision ", "spec.constraints.precision="),
+    ("--kv-dtype ", "spec.constraints.kvCachePrecision="),
+    ("--max-nodes ", "spec.constraints.maxNodes="),
+    ("--gpu-util", "spec.constraints.memoryUtilizationPercent"),
+    ("--context ", "spec.goal.serve.context="),
+    ("--concurrency ", "spec.goal.serve.concurrency="),
+    ("--seq-len ", "spec.goal.train.seqLen="),
+    ("--micro-batch ", "spec.goal.train.microBatch="),
+    ("--train ", "spec.goal.train.method="),
+];
+
+fn in_spec_terms(lines: Vec<String>) -> Vec<String> {
+    lines
+        .into_iter()
+        .map(|line| {
+            FLAG_TO_FIELD
+                .iter()
+                .fold(line, |text, (flag, field)| text.replace(flag, field))
+        })
+        .collect()
+}
+
+/// The status for a plan that fits.
+pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacementStatus {
+    let assignments: Vec<Assignment> = plan
+        .assignments
+        .iter()
+        .map(|a| Assignment {
+            node: a.node.clone(),
+            devices: a.devices.clone(),
+            replica: a.replica,
+            stage: a.stage,
+        })
+        .collect();
+    let nodes: BTreeSet<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
+    let memory = plan.per_device.map(|m| MemoryBreakdown {
+        weights: m.weights.0,
+        kv_cache: m.kv_cache.0,
+        activations: m.activations.0,
+        overhead: m.overhead.0,
+        total: m.total.0,
+        capacity: m.capacity.0,
+    });
+    let plan_status = PlanStatus {
+        precision: plan.precision.map(|p| p.to_string()).unwrap_or_default(),
+        tensor_parallel: plan.tp.unwrap_or(1),
+        pipeline_parallel: plan.pp.unwrap_or(1),
+        replicas: plan.replicas.unwrap_or(1),
+        devices: plan.devices.unwrap_or(0),
+        nodes: plan.nodes.unwrap_or(0),
+        max_concurrency: plan.max_concurrency,
+        memory_per_device: memory.unwrap_or_default(),
+        estimated_tokens_per_second: plan
+            .throughput
+            .as_ref()
+            .map(|t| t.single_stream_tokens_per_s.round().max(0.0) as u64),
+    };
+    ModelPlacementStatus {
+        model: Some(plan.model.name.clone()),
+        plan: Some(plan_status),
+        node_names: Some(nodes.iter().copied().collect::<Vec<_>>().join(",")),
+        node_selector: labels::node_selector(namespace, name),
+        assignments,
+        reasons: plan.reasons.clone(),
+        suggestions: plan.suggestions.clone(),
+        ..ModelPlacementStatus::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::placement::{Goal as ApiGoal, ModelSource as ApiModel, ServeGoal};
+    use crate::detect::testing::fixture_context;
+    use crate::detect::{Detector, backends};
+
+    fn inventory(scenario: &str, node: &str) -> AcceleratorInventory {
+        let ctx = fixture_context(scenario);
+        let detector =
+            Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
+        AcceleratorInventory::from_report(node, &detector.run(false).0)
+    }
+
+    fn serve(preset: &str, context: u32) -> ModelPlacementSpec {
+        ModelPlacementSpec {
+            model: ApiModel {
+                preset: Some(preset.to_string()),
+                ..ApiModel::default()
+            },
+            goal: ApiGoal {
+                serve: Some(ServeGoal {
+                    context,
+                    concurrency: 1,
+                }),
+                train: None,
+            },
+            constraints: None,
+            replicas: None,
+        }
+    }
+
+    fn fleet() -> FleetView {
+        let inventories = [
+            inventory("h100-8x-nvswitch", "dgx-1"),
+            inventory("mi300x-8x", "mi-1"),
+        ];
+        FleetView::new(inventories.iter(), &BTreeMap::new())
+    }
+
+    #[test]
+    fn a_plan_becomes_a_status_with_inventory_device_names() {
+        let fleet = fleet();
+        let outcome = evaluate(
+            &serve("llama-3.1-70b", 8192),
+            "ml",
+            "llama",
+            &fleet,
+            &Reservations::none(),
+        );
+        let Outcome::Planned(status) = outcome else {
+            panic!("expected a plan: {outcome:?}");
+        };
+        let plan = status.plan.as_ref().unwrap();
+        assert!(plan.tensor_parallel >= 1 && plan.devices >= 1);
+        assert!(!status.assignments.is_empty());
+        for assignment in &status.assignments {
+            fleet.holds(std::slice::from_ref(assignment)).unwrap();
+            assert!(
+                assignment.devices.iter().all(|d| !d.contains(':')),
+                "{assignment:?}"
+            );
+        }
+        let nodes: BTreeSet<&str> = status.assignments.iter().map(|a| a.node.as_str()).collect();
+        assert_eq!(
+            status.node_names.as_deref(),
+            Some(nodes.into_iter().collect::<Vec<_>>().join(",").as_str())
+        );
+        assert_eq!(status.node_selector, labels::node_selector("ml", "llama"));
+        assert_eq!(status.model.as_deref(), Some("llama-3.1-70b"));
+    }
+
+    #[test]
+    fn reserved_devices_are_not_offered_again() {
+        let fleet = fleet();
+        let first = evaluate(
+            &serve("llama-3.1-70b", 8192),
+            "ml",
+            "a",
+            &fleet,
+            &Reservations::none(),
+        );
+        assert!(matches!(first, Outcome::Planned(_)), "{first:?}");
+        let mut reserved = Reservations::none();
+        for a in &first.status().assignments {
+            for d in &a.devices {
+                reserved.insert(a.node.clone(), d.clone());
+            }
+        }
+        let second = evaluate(&serve("llama-3.1-70b", 8192), "ml", "b", &fleet, &reserved);
+        let Outcome::Planned(second) = second else {
+            panic!("two nodes of 8 accelerators hold two 70B copies: {second:?}");
+        };
+        for a in &second.assignments {
+            for d in &a.devices {
+                assert!(
+                    !reserved.contains(&a.node, d),
+                    "{} {d} handed out twice",
+                    a.node
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_presets_and_bad_configs_are_invalid_with_reasons() {
+        let fleet = fleet();
+        let Outcome::Invalid(status) = evaluate(
+            &serve("llama-3.1-7b", 8192),
+            "ml",
+            "x",
+            &fleet,
+            &Reservations::none(),
+        ) else {
+            panic!("unknown preset is invalid");
+        };
+        assert!(
+            status.reasons[0].contains("unknown model preset"),
+            "{:?}",
+            status.reasons
+        );
+        assert!(
+            status.reasons[0].contains("llama-3.1-8b"),
+            "a hint: {:?}",
+            status.reasons
+        );
+        let mut spec = serve("x", 8192);
+        spec.model = ApiModel {
+            hugging_face_config: Some(serde_json::json!({"hidden_size": "big"})),
+            ..ApiModel::default()
+        };
+        let outcome = evaluate(&spec, "ml", "x", &fleet, &Reservations::none());
+        assert!(matches!(outcome, Outcome::Invalid(_)), "{outcome:?}");
+        assert!(!outcome.status().reasons.is_empty());
+        let mut two_sources = serve("llama-3.1-8b", 8192);
+        two_sources.model.parameters = Some("8B".into());
+        assert!(matches!(
+            evaluate(&two_sources, "ml", "x", &fleet, &Reservations::none()),
+            Outcome::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn too_big_reports_why_and_a_suggestion() {
+        let inventories = [inventory("h100-8x-nvswitch", "dgx-1")];
+        let fleet = FleetView::new(inventories.iter(), &BTreeMap::new());
+        let mut spec = serve("llama-3.1-405b", 131072);
+        spec.constraints = Some(Constraints {
+            precision: Some(ApiPrecision::Bf16),
+            ..Constraints::default()
+        });
+        let outcome = evaluate(&spec, "ml", "big", &fleet, &Reservations::none());
+        let Outcome::Unschedulable(status) = outcome else {
+            panic!("405B at bf16 does not fit one 8xH100: {outcome:?}");
+        };
+        assert!(
+            !status.reasons.is_empty() && !status.suggestions.is_empty(),
+            "{status:?}"
+        );
+        assert!(status.assignments.is_empty() && status.plan.is_none());
+        let all = status.reasons.iter().chain(&status.suggestions);
+        assert!(
+            all.clone().all(|line| !line.contains("--")),
+            "spec terms, not CLI flags: {status:?}"
+        );
+        assert!(
+            status
+                .suggestions
+                .iter()
+                .any(|s| s.contains("spec.constraints.precision=fp8")),
+            "{:?}",
+            status.suggestions
+        );
+    }
+
+    #[test]
+    fn constraints_filter_families_products_and_node_labels() {
+        let fleet = fleet();
+        let mut spec = serve("llama-3.1-8b", 8192);
+        spec.constraints = Some(Constraints {
+            products: vec!["no-such-product".into()],
+            ..Constraints::default()
+        });
+        assert!(matches!(
+            evaluate(&spec, "ml", "x", &fleet, &Reservations::none()),
+            Outcome::Unschedulable(_)
+        ));
+        let amd: Vec<String> = fleet
+            .products
+            .iter()
+            .filter(|((n, _), _)| n == "mi-1")
+            .map(|(_, p)| p.clone())
+            .collect();
+        spec.constraints = Some(Constraints {
+            products: vec![amd[0].clone()],
+            ..Constraints::default()
+        });
+        let Outcome::Planned(status) = evaluate(&spec, "ml", "x", &fleet, &Reservations::none())
+        else {
+            panic!("the MI300X product is allowed");
+        };
+        assert!(status.assignments.iter().all(|a| a.node == "mi-1"));
+        spec.constraints = Some(Constraints {
+            node_selector: BTreeMap::from([("pool".to_string(), "a".to_string())]),
+            ..Constraints::default()
+        });
+        assert!(matches!(
+            evaluate(&spec, "ml", "x", &fleet, &Reservations::none()),
+            Outcome::Unschedulable(_)
+        ));
+    }
+}

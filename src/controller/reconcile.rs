@@ -1,0 +1,821 @@
+//! One ModelPlacement reconcile: dereference → validate → build → apply → status.
+//!
+//! * dereference: the placement, the inventories and Node labels come from watch caches;
+//! * validate and build: [`decide`] (pure) keeps a placement's plan while it is still valid,
+//!   otherwise plans it against the inventories minus what the ledger says others hold —
+//!   giving older waiting placements their turn first — and records the result in the ledger;
+//! * apply: every Node whose set of placements changed gets its complete set of
+//!   `placement.hwaccel.io/*` labels by server-side apply (labels of placements that are gone
+//!   disappear by omission);
+//! * status: written by server-side apply on the status subresource, only when it changed,
+//!   with an Event when the state or the reason changes.
+//!
+//! All reconciles run under one async lock: planning is milliseconds, and serialising it is
+//! what makes "no device is handed out twice" and "older first" simple and certain.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{self, Event as FinalizerEvent};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::{Mutex, mpsc};
+
+use crate::api::conditions;
+use crate::api::placement::{ModelPlacementSpec, ModelPlacementStatus};
+use crate::api::{AcceleratorInventory, ModelPlacement};
+
+use super::build::{FleetView, Outcome, evaluate};
+use super::labels::{is_placement_label, labels_by_node};
+use super::ledger::{Holding, Ledger, PlacementKey, Precedence};
+use super::metrics::ControllerMetrics;
+
+/// The field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "hwaccel-controller";
+/// The finalizer that lets the controller remove a placement's Node labels.
+pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
+/// The condition the controller sets.
+pub const PLANNED: &str = "Planned";
+
+/// How often a plan that holds is re-checked without any trigger.
+const PLANNED_RESYNC: Duration = Duration::from_secs(600);
+/// How often a placement that does not fit tries again without any trigger.
+const PENDING_RETRY: Duration = Duration::from_secs(300);
+/// Longest wait after repeated failures.
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(300);
+
+/// What can make a reconcile fail (and be retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Adding or removing the finalizer, or the work inside it, failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    /// The object lacks a namespace or creation time (never for objects from the apiserver).
+    #[error("placement {0} lacks metadata the controller needs")]
+    Metadata(String),
+}
+
+/// Mutable controller state, behind one lock.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Who holds which devices.
+    pub ledger: Ledger,
+    /// Placement labels last applied per Node, to write only on change.
+    pub applied_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Last state per placement, for the gauges.
+    pub states: BTreeMap<PlacementKey, &'static str>,
+    fleet_cache: Option<(FleetKey, Arc<FleetView>)>,
+}
+
+/// What a cached [`FleetView`] was built from.
+type FleetKey = (
+    Vec<(String, String)>,
+    BTreeMap<String, BTreeMap<String, String>>,
+);
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Placements, as the controller's own watch sees them.
+    pub placements: Store<ModelPlacement>,
+    /// Inventories in scope.
+    pub inventories: Store<AcceleratorInventory>,
+    /// Node metadata in scope.
+    pub nodes: Store<PartialObjectMeta<Node>>,
+    /// The lock every reconcile holds.
+    pub state: Mutex<State>,
+    /// Metrics.
+    pub metrics: ControllerMetrics,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Placements to reconcile again (older ones planned on another's turn, waiting ones
+    /// when devices are freed).
+    pub requeue: mpsc::UnboundedSender<()>,
+    /// Consecutive failures per placement, for the backoff.
+    pub failures: std::sync::Mutex<HashMap<PlacementKey, u32>>,
+}
+
+/// A placement as [`decide`] sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    /// Order among placements.
+    pub precedence: Precedence,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// The spec.
+    pub spec: &'a ModelPlacementSpec,
+}
+
+/// What [`decide`] concluded for one placement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The outcome for the placement reconciled.
+    pub outcome: Outcome,
+    /// True when an existing plan was kept as it was.
+    pub kept: bool,
+    /// Why an earlier plan was dropped, when its devices are gone.
+    pub replanned: Option<String>,
+    /// Nodes whose placement labels change.
+    pub changed_nodes: BTreeSet<String>,
+    /// Older placements that got devices on this turn.
+    pub planned_others: Vec<PlacementKey>,
+    /// True when devices were released (waiting placements may fit now).
+    pub freed: bool,
+}
+
+/// Decides for `me`, updating the ledger. `older_pending` are placements that hold nothing,
+/// in any order; those older than `me` are tried first, in precedence order.
+pub fn decide(
+    ledger: &mut Ledger,
+    me: &Candidate<'_>,
+    older_pending: &[Candidate<'_>],
+    fleet: &FleetView,
+) -> Decision {
+    let key = &me.precedence.key;
+    let mut decision = Decision {
+        outcome: Outcome::Invalid(ModelPlacementStatus::default()),
+        kept: false,
+        replanned: None,
+        changed_nodes: BTreeSet::new(),
+        planned_others: Vec::new(),
+        freed: false,
+    };
+    if let Some(holding) = ledger.get(key) {
+        let same_object = holding.uid == me.uid && holding.generation == me.generation;
+        match fleet.holds(holding.assignments()) {
+            Ok(()) if same_object => {
+                decision.outcome = Outcome::Planned(holding.status.clone());
+                decision.kept = true;
+                return decision;
+            }
+            Ok(()) => {}
+            Err(why) => decision.replanned = Some(why),
+        }
+        if let Some(old) = ledger.remove(key) {
+            decision.changed_nodes.extend(old.nodes());
+            decision.freed = true;
+        }
+    }
+    let mut older: Vec<&Candidate<'_>> = older_pending
+        .iter()
+        .filter(|c| c.precedence < me.precedence && ledger.get(&c.precedence.key).is_none())
+        .collect();
+    older.sort_by(|a, b| a.precedence.cmp(&b.precedence));
+    for other in older {
+        let other_key = &other.precedence.key;
+        let reserved = ledger.reserved_by_others(other_key);
+        let outcome = evaluate(
+            other.spec,
+            &other_key.namespace,
+            &other_key.name,
+            fleet,
+            &reserved,
+        );
+        if let Outcome::Planned(status) = outcome {
+            let holding = holding_for(other, status);
+            let nodes = holding.nodes();
+            if ledger.insert(other_key.clone(), holding).is_ok() {
+                decision.changed_nodes.extend(nodes);
+                decision.planned_others.push(other_key.clone());
+            }
+        }
+    }
+    let reserved = ledger.reserved_by_others(key);
+    let outcome = evaluate(me.spec, &key.namespace, &key.name, fleet, &reserved);
+    if let Outcome::Planned(status) = &outcome {
+        let holding = holding_for(me, status.clone());
+        let nodes = holding.nodes();
+        match ledger.insert(key.clone(), holding) {
+            Ok(()) => decision.changed_nodes.extend(nodes),
+            Err(conflict) => {
+                // The planner was told these devices were taken; refusing is the safe answer.
+                decision.outcome = Outcome::Unschedulable(ModelPlacementStatus {
+                    reasons: vec![format!("internal: {conflict}")],
+                    ..ModelPlacementStatus::default()
+                });
+                return decision;
+            }
+        }
+    }
+    decision.outcome = outcome;
+    decision
+}
+
+fn holding_for(candidate: &Candidate<'_>, status: ModelPlacementStatus) -> Holding {
+    Holding {
+        created: candidate.precedence.created,
+        uid: candidate.uid.clone(),
+        generation: candidate.generation,
+        status,
+    }
+}
+
+/// The key and precedence of a placement.
+pub fn precedence_of(placement: &ModelPlacement) -> Result<Precedence, Error> {
+    let namespace = placement
+        .namespace()
+        .ok_or_else(|| Error::Metadata(placement.name_any()))?;
+    let created = placement
+        .meta()
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second());
+    Ok(Precedence {
+        created,
+        key: PlacementKey::new(namespace, placement.name_any()),
+    })
+}
+
+fn candidate(placement: &ModelPlacement) -> Result<Candidate<'_>, Error> {
+    Ok(Candidate {
+        precedence: precedence_of(placement)?,
+        uid: placement.uid().unwrap_or_default(),
+        generation: placement.meta().generation.unwrap_or(0),
+        spec: &placement.spec,
+    })
+}
+
+/// The holding a placement's own status describes, for rebuilding the ledger.
+pub fn holding_from_status(placement: &ModelPlacement) -> Option<(PlacementKey, Holding)> {
+    let status = placement.status.as_ref()?;
+    if status.state.as_deref() != Some("Planned") || status.assignments.is_empty() {
+        return None;
+    }
+    let precedence = precedence_of(placement).ok()?;
+    let mut kept = status.clone();
+    kept.conditions.clear();
+    kept.observed_generation = None;
+    kept.state = None;
+    let holding = Holding {
+        created: precedence.created,
+        uid: placement.uid().unwrap_or_default(),
+        generation: status
+            .observed_generation
+            .or(placement.meta().generation)
+            .unwrap_or(0),
+        status: kept,
+    };
+    Some((precedence.key, holding))
+}
+
+/// The controller's entry point for one placement.
+pub async fn reconcile(placement: Arc<ModelPlacement>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let namespace = placement
+        .namespace()
+        .ok_or_else(|| Error::Metadata(placement.name_any()))?;
+    let api: Api<ModelPlacement> = Api::namespaced(ctx.client.clone(), &namespace);
+    let key = PlacementKey::new(namespace, placement.name_any());
+    let waited = std::sync::Mutex::new(Duration::ZERO);
+    let result = finalizer::finalizer(&api, FINALIZER, placement, |event| async {
+        match event {
+            FinalizerEvent::Apply(placement) => apply(&placement, &api, &ctx, &waited).await,
+            FinalizerEvent::Cleanup(placement) => cleanup(&placement, &ctx, &waited).await,
+        }
+    })
+    .await
+    .map_err(|err| Error::Finalizer(Box::new(err)));
+    let waited = waited.into_inner().unwrap_or_default();
+    ctx.metrics.reconciles.inc();
+    ctx.metrics.lock_wait_seconds.observe(waited.as_secs_f64());
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().saturating_sub(waited).as_secs_f64());
+    if result.is_ok()
+        && let Ok(mut failures) = ctx.failures.lock()
+    {
+        failures.remove(&key);
+    }
+    result
+}
+
+/// Retries a failed reconcile with exponential backoff per placement.
+pub fn error_policy(placement: Arc<ModelPlacement>, error: &Error, ctx: Arc<Context>) -> Action {
+    let reason = match error {
+        Error::Kube(_) => "api",
+        Error::Finalizer(_) => "finalizer",
+        Error::Metadata(_) => "metadata",
+    };
+    ctx.metrics.failed(reason);
+    let key = precedence_of(&placement)
+        .map(|p| p.key)
+        .unwrap_or_else(|_| PlacementKey::new("", placement.name_any()));
+    let attempts = ctx.failures.lock().map_or(1, |mut failures| {
+        let count = failures.entry(key.clone()).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    });
+    let wait = Duration::from_millis(500)
+        .saturating_mul(2u32.saturating_pow(attempts.min(12)))
+        .min(MAX_ERROR_BACKOFF);
+    tracing::warn!(placement = %key, %error, retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
+}
+
+async fn apply(
+    placement: &ModelPlacement,
+    api: &Api<ModelPlacement>,
+    ctx: &Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> Result<Action, Error> {
+    let me = candidate(placement)?;
+    let mut state = lock(ctx, waited).await;
+    let fleet = fleet_view(ctx, &mut state);
+    let waiting: Vec<Arc<ModelPlacement>> = ctx
+        .placements
+        .state()
+        .into_iter()
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.state.as_deref()) != Some("Invalid"))
+        .collect();
+    let older: Vec<Candidate<'_>> = waiting
+        .iter()
+        .filter_map(|p| candidate(p).ok())
+        .filter(|c| c.precedence.key != me.precedence.key)
+        .collect();
+    let decision = decide(&mut state.ledger, &me, &older, &fleet);
+    sync_node_labels(ctx, &mut state, &decision.changed_nodes).await?;
+    let state_name = state_name(&decision.outcome);
+    state.states.insert(me.precedence.key.clone(), state_name);
+    publish_gauges(ctx, &state);
+    if decision.freed {
+        requeue_waiting(ctx, &state, &me.precedence.key);
+    }
+    drop(state);
+    if !decision.planned_others.is_empty() {
+        let _ = ctx.requeue.send(());
+    }
+    write_status(placement, api, ctx, &decision).await?;
+    Ok(match decision.outcome {
+        Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),
+        Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
+        Outcome::Invalid(_) => Action::await_change(),
+    })
+}
+
+async fn cleanup(
+    placement: &ModelPlacement,
+    ctx: &Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> Result<Action, Error> {
+    let key = precedence_of(placement)?.key;
+    let mut state = lock(ctx, waited).await;
+    let nodes = state
+        .ledger
+        .get(&key)
+        .map(Holding::nodes)
+        .unwrap_or_default();
+    let removed = state.ledger.remove(&key);
+    if let Err(err) = sync_node_labels(ctx, &mut state, &nodes).await {
+        // Keep the holding until the labels are gone, so a retry removes them.
+        if let Some(holding) = removed {
+            let _ = state.ledger.insert(key, holding);
+        }
+        return Err(err);
+    }
+    state.states.remove(&key);
+    publish_gauges(ctx, &state);
+    if removed.is_some() {
+        tracing::info!(placement = %key, "placement deleted; its devices are free");
+        requeue_waiting(ctx, &state, &key);
+    }
+    Ok(Action::await_change())
+}
+
+/// Takes the reconcile lock, recording how long that took.
+async fn lock<'a>(
+    ctx: &'a Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> tokio::sync::MutexGuard<'a, State> {
+    let started = Instant::now();
+    let guard = ctx.state.lock().await;
+    if let Ok(mut waited) = waited.lock() {
+        *waited = started.elapsed();
+    }
+    guard
+}
+
+/// Reconciles again when some placement other than `except` holds nothing, so freed
+/// devices go to the oldest waiter.
+fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
+    let someone_waits = ctx.placements.state().iter().any(|placement| {
+        precedence_of(placement)
+            .is_ok_and(|p| &p.key != except && state.ledger.get(&p.key).is_none())
+    });
+    if someone_waits {
+        let _ = ctx.requeue.send(());
+    }
+}
+
+fn state_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Planned(_) => "Planned",
+        Outcome::Unschedulable(_) => "Pending",
+        Outcome::Invalid(_) => "Invalid",
+    }
+}
+
+fn publish_gauges(ctx: &Context, state: &State) {
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for name in state.states.values() {
+        *counts.entry(name).or_default() += 1;
+    }
+    ctx.metrics.set_states(counts);
+    ctx.metrics
+        .devices_reserved
+        .set(i64::try_from(state.ledger.devices_reserved()).unwrap_or(i64::MAX));
+}
+
+/// The inventories (and Node labels) as the planner sees them, rebuilt only when they changed.
+fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
+    let inventories = ctx.inventories.state();
+    let mut versions: Vec<(String, String)> = inventories
+        .iter()
+        .map(|i| (i.name_any(), i.resource_version().unwrap_or_default()))
+        .collect();
+    versions.sort();
+    let node_labels: BTreeMap<String, BTreeMap<String, String>> = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|node| {
+            let labels = node
+                .labels()
+                .iter()
+                .filter(|(k, _)| !is_placement_label(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (node.name_any(), labels)
+        })
+        .collect();
+    let key = (versions, node_labels);
+    if let Some((cached_key, view)) = &state.fleet_cache
+        && *cached_key == key
+    {
+        return view.clone();
+    }
+    let view = Arc::new(FleetView::new(inventories.iter().map(|i| &**i), &key.1));
+    state.fleet_cache = Some((key, view.clone()));
+    view
+}
+
+/// Applies, to each of `nodes`, the complete set of placement labels it should carry.
+pub async fn sync_node_labels(
+    ctx: &Context,
+    state: &mut State,
+    nodes: &BTreeSet<String>,
+) -> Result<(), Error> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let holdings: Vec<(PlacementKey, BTreeSet<String>)> = state
+        .ledger
+        .iter()
+        .map(|(key, holding)| (key.clone(), holding.nodes()))
+        .filter(|(_, held)| held.iter().any(|n| nodes.contains(n)))
+        .collect();
+    let desired = labels_by_node(
+        holdings
+            .iter()
+            .map(|(key, held)| (key.namespace.as_str(), key.name.as_str(), held)),
+    );
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    for node in nodes {
+        let labels = desired.get(node).cloned().unwrap_or_default();
+        if state.applied_labels.get(node) == Some(&labels) {
+            continue;
+        }
+        // Server-side apply creates missing objects: never apply to a Node that is gone.
+        if ctx.nodes.get(&ObjectRef::new(node)).is_none() {
+            state.applied_labels.remove(node);
+            continue;
+        }
+        let patch = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": { "name": node, "labels": labels },
+        });
+        api.patch(
+            node,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .inspect_err(|_| ctx.metrics.failed("node_labels"))?;
+        ctx.metrics.wrote("node_labels");
+        state.applied_labels.insert(node.clone(), labels);
+    }
+    Ok(())
+}
+
+/// The status a decision leads to, merged into the current one so unchanged conditions keep
+/// their transition time.
+pub fn desired_status(
+    current: Option<&ModelPlacementStatus>,
+    decision: &Decision,
+    generation: Option<i64>,
+    now: &Time,
+) -> ModelPlacementStatus {
+    let mut status = decision.outcome.status().clone();
+    let mut conds = current.map(|s| s.conditions.clone()).unwrap_or_default();
+    let current_planned = conditions::find(&conds, PLANNED).cloned();
+    let (reason, message, ok) = match &decision.outcome {
+        Outcome::Planned(s) => {
+            let where_ = s.node_names.clone().unwrap_or_default();
+            let devices: usize = s.assignments.iter().map(|a| a.devices.len()).sum();
+            match (&decision.replanned, &current_planned) {
+                (Some(why), _) => (
+                    "Replanned".to_string(),
+                    format!("re-planned because {why}; now {devices} device(s) on {where_}"),
+                    true,
+                ),
+                // A kept plan keeps its condition as written (a Replanned stays Replanned).
+                (None, Some(c)) if decision.kept && c.status == "True" => {
+                    (c.reason.clone(), c.message.clone(), true)
+                }
+                _ => (
+                    "Planned".to_string(),
+                    format!("{devices} device(s) on {where_}"),
+                    true,
+                ),
+            }
+        }
+        Outcome::Unschedulable(s) => {
+            let first = s
+                .reasons
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "does not fit".to_string());
+            let message = match &decision.replanned {
+                Some(why) => format!("re-planned because {why}; {first}"),
+                None => first,
+            };
+            ("Unschedulable".to_string(), message, false)
+        }
+        Outcome::Invalid(s) => (
+            "Invalid".to_string(),
+            s.reasons
+                .first()
+                .cloned()
+                .unwrap_or_else(|| "invalid spec".to_string()),
+            false,
+        ),
+    };
+    let message: String = message.chars().take(1024).collect();
+    conditions::set(
+        &mut conds,
+        conditions::condition(PLANNED, Some(ok), &reason, &message, generation, now),
+    );
+    status.conditions = conds;
+    status.observed_generation = generation;
+    status.state = Some(state_name(&decision.outcome).to_string());
+    status
+}
+
+async fn write_status(
+    placement: &ModelPlacement,
+    api: &Api<ModelPlacement>,
+    ctx: &Context,
+    decision: &Decision,
+) -> Result<(), Error> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let current = placement.status.as_ref();
+    let desired = desired_status(current, decision, placement.meta().generation, &now);
+    if current == Some(&desired) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": crate::api::API_VERSION,
+        "kind": "ModelPlacement",
+        "status": desired,
+    });
+    api.patch_status(
+        &placement.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .inspect_err(|_| ctx.metrics.failed("status"))?;
+    ctx.metrics.wrote("status");
+    emit_event(placement, ctx, current, &desired);
+    Ok(())
+}
+
+/// An Event when the state or the Planned reason changed.
+fn emit_event(
+    placement: &ModelPlacement,
+    ctx: &Context,
+    before: Option<&ModelPlacementStatus>,
+    after: &ModelPlacementStatus,
+) {
+    let reason_of = |s: Option<&ModelPlacementStatus>| {
+        s.and_then(|s| conditions::find(&s.conditions, PLANNED))
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (Some((reason, message)), previous) = (reason_of(Some(after)), reason_of(before)) else {
+        return;
+    };
+    if previous.as_ref().map(|(r, _)| r) == Some(&reason)
+        && before.and_then(|s| s.state.as_ref()) == after.state.as_ref()
+    {
+        return;
+    }
+    let type_ = if reason == "Planned" {
+        EventType::Normal
+    } else {
+        EventType::Warning
+    };
+    let event = Event {
+        type_,
+        reason,
+        note: Some(message.chars().take(1000).collect()),
+        action: "Plan".to_string(),
+        secondary: None,
+    };
+    // Events are informational: published in the background so the reconcile (and the
+    // placements queued behind it) do not wait for them.
+    let recorder = ctx.recorder.clone();
+    let metrics = ctx.metrics.clone();
+    let reference = placement.object_ref(&());
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            metrics.failed("event");
+            tracing::warn!(error = %err, "publishing an event failed");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::placement::{
+        Constraints, Goal, ModelSource, PrecisionChoice as ApiPrecision, ServeGoal,
+    };
+    use crate::detect::testing::fixture_context;
+    use crate::detect::{Detector, backends};
+
+    fn fleet(nodes: &[&str]) -> FleetView {
+        let ctx = fixture_context("h100-8x-nvswitch");
+        let detector =
+            Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
+        let report = detector.run(false).0;
+        let inventories: Vec<AcceleratorInventory> = nodes
+            .iter()
+            .map(|n| AcceleratorInventory::from_report(n, &report))
+            .collect();
+        FleetView::new(inventories.iter(), &BTreeMap::new())
+    }
+
+    /// 70B at bf16 for 40 requests: half of an 8 x H100 node.
+    fn half_node() -> ModelPlacementSpec {
+        ModelPlacementSpec {
+            model: ModelSource {
+                preset: Some("llama-3.1-70b".into()),
+                ..ModelSource::default()
+            },
+            goal: Goal {
+                serve: Some(ServeGoal {
+                    context: 8192,
+                    concurrency: 40,
+                }),
+                train: None,
+            },
+            constraints: Some(Constraints {
+                precision: Some(ApiPrecision::Bf16),
+                ..Constraints::default()
+            }),
+            replicas: None,
+        }
+    }
+
+    fn candidate<'a>(name: &str, created: i64, spec: &'a ModelPlacementSpec) -> Candidate<'a> {
+        Candidate {
+            precedence: Precedence {
+                created,
+                key: PlacementKey::new("ml", name),
+            },
+            uid: format!("uid-{name}"),
+            generation: 1,
+            spec,
+        }
+    }
+
+    fn devices(ledger: &Ledger, name: &str) -> BTreeSet<(String, String)> {
+        ledger
+            .get(&PlacementKey::new("ml", name))
+            .map(|h| {
+                h.devices()
+                    .map(|(n, d)| (n.to_string(), d.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn older_waiting_placements_go_first() {
+        let spec = half_node();
+        let fleet = fleet(&["n1"]);
+        let mut ledger = Ledger::new();
+        let holder = candidate("holder", 1, &spec);
+        decide(&mut ledger, &holder, &[], &fleet);
+        // `old` and `young` both wait; `young` is reconciled first, but `old` gets the room.
+        let old = candidate("old", 2, &spec);
+        let young = candidate("young", 3, &spec);
+        let decision = decide(&mut ledger, &young, std::slice::from_ref(&old), &fleet);
+        assert_eq!(
+            decision.planned_others,
+            vec![PlacementKey::new("ml", "old")]
+        );
+        assert!(
+            matches!(decision.outcome, Outcome::Unschedulable(_)),
+            "{decision:?}"
+        );
+        assert_eq!(devices(&ledger, "old").len(), 4);
+        assert!(devices(&ledger, "old").is_disjoint(&devices(&ledger, "holder")));
+        assert!(devices(&ledger, "young").is_empty());
+    }
+
+    #[test]
+    fn a_valid_plan_is_kept_and_a_lost_device_replans() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let me = candidate("me", 1, &spec);
+        let both = fleet(&["n1", "n2"]);
+        let first = decide(&mut ledger, &me, &[], &both);
+        assert!(matches!(first.outcome, Outcome::Planned(_)));
+        assert!(!first.kept);
+        let held = devices(&ledger, "me");
+        let again = decide(&mut ledger, &me, &[], &both);
+        assert!(again.kept && again.changed_nodes.is_empty());
+        assert_eq!(devices(&ledger, "me"), held, "stable: no re-plan");
+        let old_node = held.iter().next().map(|(n, _)| n.clone()).unwrap();
+        let remaining = if old_node == "n1" { "n2" } else { "n1" };
+        let shrunk = fleet(&[remaining]);
+        let moved = decide(&mut ledger, &me, &[], &shrunk);
+        assert!(moved.replanned.as_deref().unwrap().contains(&old_node));
+        assert!(moved.freed && moved.changed_nodes.contains(&old_node));
+        assert!(devices(&ledger, "me").iter().all(|(n, _)| n == remaining));
+    }
+
+    #[test]
+    fn a_new_generation_is_planned_again() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let fleet = fleet(&["n1"]);
+        decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
+        let mut changed = candidate("me", 1, &spec);
+        changed.generation = 2;
+        let decision = decide(&mut ledger, &changed, &[], &fleet);
+        assert!(!decision.kept && decision.replanned.is_none());
+        assert_eq!(ledger.get(&changed.precedence.key).unwrap().generation, 2);
+    }
+
+    #[test]
+    fn status_conditions_follow_the_decision() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let fleet = fleet(&["n1"]);
+        let decision = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
+        let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+        let status = desired_status(None, &decision, Some(1), &at(10));
+        assert_eq!(status.state.as_deref(), Some("Planned"));
+        let planned = conditions::find(&status.conditions, PLANNED).unwrap();
+        assert_eq!(
+            (planned.status.as_str(), planned.reason.as_str()),
+            ("True", "Planned")
+        );
+        // Re-asserting the same decision later changes nothing, so nothing is written.
+        let kept = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
+        assert_eq!(
+            desired_status(Some(&status), &kept, Some(1), &at(99)),
+            status
+        );
+        let invalid = Decision {
+            outcome: Outcome::Invalid(ModelPlacementStatus {
+                reasons: vec!["unknown model preset".into()],
+                ..ModelPlacementStatus::default()
+            }),
+            ..kept
+        };
+        let refused = desired_status(Some(&status), &invalid, Some(2), &at(100));
+        let planned = conditions::find(&refused.conditions, PLANNED).unwrap();
+        assert_eq!(
+            (planned.status.as_str(), planned.reason.as_str()),
+            ("False", "Invalid")
+        );
+        assert_eq!(planned.last_transition_time, at(100));
+        assert!(refused.assignments.is_empty() && refused.node_selector.is_empty());
+    }
+}

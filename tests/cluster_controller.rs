@@ -1,0 +1,581 @@
+//! The ModelPlacement controller against a real kube-apiserver: a model that fits is planned
+//! on real inventory nodes with a nodeSelector that selects exactly those nodes; competing
+//! placements never share a device and a deletion lets a waiting one in; invalid specs are
+//! refused by the apiserver or marked `Planned=False`; a model that does not fit says why;
+//! losing an inventory re-plans; with two leader-elected replicas only the leader writes and
+//! a handover reserves nothing twice.
+//!
+//! Each test runs its own controller in-process, scoped to the test's namespace and to Nodes
+//! and inventories labelled `hwaccel.io/test=<prefix>`, so tests run in parallel.
+//! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
+//! cluster_controller -- --include-ignored`.
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use hwaccel::api::placement::{
+    Constraints, Goal, ModelPlacementSpec, ModelPlacementStatus, ModelSource, PrecisionChoice,
+    ServeGoal,
+};
+use hwaccel::api::{AcceleratorInventory, ModelPlacement, conditions};
+use hwaccel::controller::leader::LeaseConfig;
+use hwaccel::controller::metrics::{ControllerMetrics, WriteLabel};
+use hwaccel::controller::{self, Config};
+use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, wait_for};
+
+async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in hwaccel::api::crds::all() {
+        let name = crd.metadata.name.clone().context("CRD without a name")?;
+        crds.patch(
+            &name,
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("installing CRD {name}"))?;
+        wait_for(DEFAULT_TIMEOUT, "CRD established", || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// A Node plus its AcceleratorInventory, detected from a fixture host, both labelled for
+/// this test.
+async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<String> {
+    let client = cluster.client();
+    let name = cluster.unique_name(scenario);
+    let labels = BTreeMap::from([
+        (TEST_LABEL.to_string(), cluster.prefix().to_string()),
+        ("kubernetes.io/hostname".to_string(), name.clone()),
+    ]);
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    publish_inventory(cluster, &name, scenario).await?;
+    Ok(name)
+}
+
+async fn publish_inventory(cluster: &TestCluster, node: &str, scenario: &str) -> Result<()> {
+    let host = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/hosts")
+        .join(scenario);
+    let runner = CommandRunner::new(vec![host.join("commands")]);
+    let selection: BackendSelection = "all,-vulkan".parse().expect("valid selection");
+    let detector = Detector::new(HostRoot::new(&host), runner, &selection);
+    let mut inventory = AcceleratorInventory::from_report(node, &detector.run(false).0);
+    inventory.metadata.labels = Some(BTreeMap::from([(
+        TEST_LABEL.to_string(),
+        cluster.prefix().to_string(),
+    )]));
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .patch(
+            node,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&inventory),
+        )
+        .await?;
+    Ok(())
+}
+
+fn scoped_config(cluster: &TestCluster, identity: &str) -> Config {
+    let mut config = Config::cluster_wide(identity);
+    config.namespace = Some(cluster.namespace().to_string());
+    config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
+    config.debounce = Duration::from_millis(200);
+    config
+}
+
+fn metrics() -> ControllerMetrics {
+    ControllerMetrics::register(&mut prometheus_client::registry::Registry::default())
+}
+
+/// Runs a controller for this test until the handle is aborted (dropped at the test's end).
+struct Running(tokio::task::JoinHandle<Result<()>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn start_controller(cluster: &TestCluster) -> Running {
+    let client = cluster.client();
+    let config = scoped_config(cluster, "test-controller");
+    Running(tokio::spawn(controller::run(
+        client,
+        config,
+        metrics(),
+        std::future::pending(),
+    )))
+}
+
+fn serve_spec(preset: &str, precision: PrecisionChoice, concurrency: u32) -> ModelPlacementSpec {
+    ModelPlacementSpec {
+        model: ModelSource {
+            preset: Some(preset.to_string()),
+            ..ModelSource::default()
+        },
+        goal: Goal {
+            serve: Some(ServeGoal {
+                context: 8192,
+                concurrency,
+            }),
+            train: None,
+        },
+        constraints: Some(Constraints {
+            precision: Some(precision),
+            ..Constraints::default()
+        }),
+        replicas: None,
+    }
+}
+
+async fn create_placement(
+    cluster: &TestCluster,
+    name: &str,
+    spec: ModelPlacementSpec,
+) -> Result<()> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.create(&PostParams::default(), &ModelPlacement::new(name, spec))
+        .await?;
+    Ok(())
+}
+
+/// Waits until the placement's status is in `state` for its current generation.
+async fn wait_state(
+    cluster: &TestCluster,
+    name: &str,
+    state: &str,
+) -> Result<ModelPlacementStatus> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, &format!("{name} {state}"), || {
+        let api = api.clone();
+        async move {
+            let placement = api.get(name).await?;
+            let generation = placement.metadata.generation;
+            Ok(placement.status.filter(|s| {
+                s.state.as_deref() == Some(state) && s.observed_generation == generation
+            }))
+        }
+    })
+    .await
+}
+
+fn planned_reason(status: &ModelPlacementStatus) -> Option<(String, String)> {
+    conditions::find(&status.conditions, "Planned").map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+fn devices_of(status: &ModelPlacementStatus) -> BTreeSet<(String, String)> {
+    status
+        .assignments
+        .iter()
+        .flat_map(|a| a.devices.iter().map(|d| (a.node.clone(), d.clone())))
+        .collect()
+}
+
+async fn nodes_selected_by(
+    cluster: &TestCluster,
+    selector: &BTreeMap<String, String>,
+) -> Result<BTreeSet<String>> {
+    let text: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let out = cluster
+        .kubectl_ok(&["get", "nodes", "-l", &text.join(","), "-o", "name"])
+        .await?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("node/"))
+        .map(str::to_string)
+        .collect())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_model_that_fits_is_planned_with_an_exact_node_selector() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let h100 = add_node(&cluster, "h100-8x-nvswitch").await?;
+    let mi300 = add_node(&cluster, "mi300x-8x").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "llama",
+        serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    let status = wait_state(&cluster, "llama", "Planned").await?;
+    assert_eq!(
+        planned_reason(&status),
+        Some(("True".into(), "Planned".into()))
+    );
+    let plan = status.plan.as_ref().context("a plan")?;
+    assert_eq!(plan.precision, "bf16");
+    let chosen: BTreeSet<String> = status.assignments.iter().map(|a| a.node.clone()).collect();
+    assert!(!chosen.is_empty());
+    assert!(
+        chosen.iter().all(|n| *n == h100 || *n == mi300),
+        "{chosen:?}"
+    );
+    // Device names are the inventory's own.
+    let inventories: Api<AcceleratorInventory> = Api::all(cluster.client());
+    for assignment in &status.assignments {
+        let inventory = inventories.get(&assignment.node).await?;
+        let names: BTreeSet<&str> = inventory
+            .spec
+            .devices
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        assert!(
+            assignment
+                .devices
+                .iter()
+                .all(|d| names.contains(d.as_str())),
+            "{assignment:?} not in {names:?}"
+        );
+    }
+    let selected = wait_for(DEFAULT_TIMEOUT, "labels on the chosen nodes", || {
+        let cluster = &cluster;
+        let selector = status.node_selector.clone();
+        let chosen = chosen.clone();
+        async move {
+            let selected = nodes_selected_by(cluster, &selector).await?;
+            Ok((selected == chosen).then_some(selected))
+        }
+    })
+    .await?;
+    assert_eq!(selected, chosen);
+    assert_eq!(
+        status.node_names.as_deref(),
+        Some(
+            chosen
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",")
+                .as_str()
+        )
+    );
+    let events = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=llama",
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
+        .await?;
+    assert!(events.contains("Planned"), "events: {events}");
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn competing_placements_never_share_devices_and_a_deletion_lets_the_next_in() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let node = add_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    // 70B at bf16 for 40 concurrent 8k requests takes 4 of the node's 8 H100s.
+    let spec = || serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 40);
+    create_placement(&cluster, "first", spec()).await?;
+    let first = wait_state(&cluster, "first", "Planned").await?;
+    create_placement(&cluster, "second", spec()).await?;
+    let second = wait_state(&cluster, "second", "Planned").await?;
+    create_placement(&cluster, "third", spec()).await?;
+    let third = wait_state(&cluster, "third", "Pending").await?;
+    let (a, b) = (devices_of(&first), devices_of(&second));
+    assert_eq!(a.len(), 4, "{first:?}");
+    assert_eq!(b.len(), 4, "{second:?}");
+    assert!(a.is_disjoint(&b), "shared devices: {a:?} / {b:?}");
+    assert!(a.iter().chain(&b).all(|(n, _)| *n == node));
+    assert_eq!(
+        planned_reason(&third),
+        Some(("False".into(), "Unschedulable".into()))
+    );
+    assert!(third.assignments.is_empty());
+
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.delete("first", &DeleteParams::default()).await?;
+    let third = wait_state(&cluster, "third", "Planned").await?;
+    assert_eq!(
+        devices_of(&third),
+        a,
+        "the freed devices go to the waiting placement"
+    );
+    let second_now = wait_state(&cluster, "second", "Planned").await?;
+    assert_eq!(devices_of(&second_now), b, "a held plan is stable");
+    // The deleted placement's label is gone from the node; the others' are there.
+    let first_key = controller::labels::placement_label_key(cluster.namespace(), "first");
+    wait_for(DEFAULT_TIMEOUT, "first's label removed", || {
+        let client = cluster.client();
+        let node = node.clone();
+        let key = first_key.clone();
+        async move {
+            let node = Api::<Node>::all(client).get(&node).await?;
+            let labels = node.metadata.labels.unwrap_or_default();
+            Ok((!labels.contains_key(&key)).then_some(()))
+        }
+    })
+    .await?;
+    let selected = nodes_selected_by(&cluster, &third.node_selector).await?;
+    assert_eq!(selected, BTreeSet::from([node]));
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn invalid_specs_are_refused_by_the_apiserver_or_marked_invalid() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    add_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    let mut two_sources = serve_spec("llama-3.1-8b", PrecisionChoice::Auto, 1);
+    two_sources.model.parameters = Some("8B".into());
+    let err = create_placement(&cluster, "two-sources", two_sources)
+        .await
+        .expect_err("CEL refuses two model sources");
+    assert!(
+        err.to_string()
+            .contains("set exactly one of preset, parameters or huggingFaceConfig"),
+        "{err}"
+    );
+    create_placement(
+        &cluster,
+        "unknown",
+        serve_spec("llama-3.1-7b", PrecisionChoice::Auto, 1),
+    )
+    .await?;
+    let status = wait_state(&cluster, "unknown", "Invalid").await?;
+    assert_eq!(
+        planned_reason(&status),
+        Some(("False".into(), "Invalid".into()))
+    );
+    assert!(
+        status.reasons[0].contains("unknown model preset")
+            && status.reasons[0].contains("llama-3.1-8b"),
+        "{:?}",
+        status.reasons
+    );
+    // Fixing the spec is a new generation, planned at once.
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let fix = serde_json::json!({"spec": {"model": {"preset": "llama-3.1-8b"}}});
+    api.patch("unknown", &PatchParams::default(), &Patch::Merge(&fix))
+        .await?;
+    wait_state(&cluster, "unknown", "Planned").await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_model_that_does_not_fit_says_why_and_what_would() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    add_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "huge",
+        serve_spec("llama-3.1-405b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    let status = wait_state(&cluster, "huge", "Pending").await?;
+    assert_eq!(
+        planned_reason(&status),
+        Some(("False".into(), "Unschedulable".into()))
+    );
+    assert!(
+        status.reasons.iter().any(|r| r.contains("budget")),
+        "{:?}",
+        status.reasons
+    );
+    assert!(
+        status
+            .suggestions
+            .iter()
+            .any(|s| s.contains("fp8") || s.contains("more node")),
+        "{:?}",
+        status.suggestions
+    );
+    assert!(status.assignments.is_empty() && status.node_selector.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn losing_an_inventory_replans_its_placements() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let first = add_node(&cluster, "h100-8x-nvswitch").await?;
+    let second = add_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "moving",
+        serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    let before = wait_state(&cluster, "moving", "Planned").await?;
+    let old_node = before.assignments[0].node.clone();
+    let other = if old_node == first { &second } else { &first };
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .delete(&old_node, &DeleteParams::default())
+        .await?;
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let after = wait_for(DEFAULT_TIMEOUT, "re-planned on the other node", || {
+        let api = api.clone();
+        let other = other.clone();
+        async move {
+            let status = api.get("moving").await?.status.unwrap_or_default();
+            let moved = !status.assignments.is_empty()
+                && status.assignments.iter().all(|a| a.node == other);
+            Ok(moved.then_some(status))
+        }
+    })
+    .await?;
+    assert_eq!(
+        planned_reason(&after),
+        Some(("True".into(), "Replanned".into()))
+    );
+    let message = conditions::find(&after.conditions, "Planned")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains(&old_node), "{message}");
+    let selected = wait_for(DEFAULT_TIMEOUT, "label moved", || {
+        let cluster = &cluster;
+        let selector = after.node_selector.clone();
+        let other = other.clone();
+        async move {
+            let selected = nodes_selected_by(cluster, &selector).await?;
+            Ok((selected == BTreeSet::from([other])).then_some(selected))
+        }
+    })
+    .await?;
+    assert_eq!(selected.len(), 1);
+    let events = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=moving",
+            "-o",
+            "jsonpath={.items[*].reason}",
+        ])
+        .await?;
+    assert!(events.contains("Replanned"), "events: {events}");
+    Ok(())
+}
+
+fn writes(metrics: &ControllerMetrics) -> u64 {
+    ["status", "node_labels"]
+        .iter()
+        .map(|object| {
+            metrics
+                .api_writes
+                .get_or_create(&WriteLabel {
+                    object: (*object).to_string(),
+                })
+                .get()
+        })
+        .sum()
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn only_the_leader_writes_and_a_handover_reserves_nothing_twice() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    add_node(&cluster, "h100-8x-nvswitch").await?;
+    let lease_name = cluster.unique_name("lease");
+    let start = |identity: &str| {
+        let mut lease = LeaseConfig::new(cluster.namespace(), &lease_name, identity);
+        lease.lease_duration = Duration::from_secs(4);
+        lease.renew_deadline = Duration::from_secs(3);
+        lease.retry_period = Duration::from_millis(500);
+        let metrics = metrics();
+        let handle = tokio::spawn(controller::run_elected(
+            cluster.client(),
+            scoped_config(&cluster, identity),
+            lease,
+            metrics.clone(),
+            || {},
+            std::future::pending(),
+        ));
+        (Running(handle), metrics)
+    };
+    let (alpha, alpha_metrics) = start("alpha");
+    let (beta, beta_metrics) = start("beta");
+    let spec = || serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 40);
+    create_placement(&cluster, "one", spec()).await?;
+    let one = wait_state(&cluster, "one", "Planned").await?;
+    let leases: Api<Lease> = Api::namespaced(cluster.client(), cluster.namespace());
+    let holder = leases
+        .get(&lease_name)
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .context("a holder")?;
+    let (leader, leader_metrics, standby_metrics, standby) = match holder.as_str() {
+        "alpha" => (alpha, alpha_metrics, beta_metrics, "beta"),
+        "beta" => (beta, beta_metrics, alpha_metrics, "alpha"),
+        other => bail!("unexpected holder {other}"),
+    };
+    assert!(writes(&leader_metrics) > 0, "the leader wrote");
+    assert_eq!(writes(&standby_metrics), 0, "the standby wrote nothing");
+    // Kill the leader: the standby takes over after the lease expires.
+    drop(leader);
+    create_placement(&cluster, "two", spec()).await?;
+    let two = wait_state(&cluster, "two", "Planned").await?;
+    let holder = leases
+        .get(&lease_name)
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some(standby));
+    assert!(writes(&standby_metrics) > 0);
+    let one_now = wait_state(&cluster, "one", "Planned").await?;
+    assert_eq!(
+        devices_of(&one_now),
+        devices_of(&one),
+        "held plans survive the handover"
+    );
+    assert!(
+        devices_of(&one).is_disjoint(&devices_of(&two)),
+        "the new leader's ledger knew the old leader's reservations"
+    );
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! Scale run of the controller: kwok fake Nodes with synthetic inventories (a mixed fleet of
+//! 8 x H100 NVSwitch, 8 x A100 80GB, 8 x MI300X, 1-4 x L4 and CPU-only nodes) and hundreds
+//! of ModelPlacements, against the `hwaccel controller` binary as its own process so its
+//! peak RSS can be read. Prints the figures `docs/benchmarks.md` records.
+//!
+//! `scripts/scale.sh` runs it (`SCALE_NODES`, default 1000; `SCALE_PLACEMENTS`, default 300).
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use futures::{StreamExt, TryStreamExt};
+use hwaccel::api::placement::{
+    Constraints, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice, ServeGoal,
+};
+use hwaccel::api::{AcceleratorInventory, ModelPlacement};
+use hwaccel::detect::Report;
+use hwaccel::hardware::{Device, Family, InterconnectGroup, InterconnectKind, Vendor};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, wait_for};
+
+const GIB: u64 = 1 << 30;
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The synthetic detection report of node number `i` (10 % steps: 3 H100, 2 A100, 1 MI300X,
+/// 3 L4, 1 CPU-only).
+fn report(i: usize) -> Report {
+    let mut report = Report::empty();
+    let (count, vendor, model, memory, fabric) = match i % 10 {
+        0..=2 => (
+            8,
+            Vendor::Nvidia,
+            "NVIDIA H100 80GB HBM3",
+            80 * GIB,
+            Some(InterconnectKind::Nvswitch),
+        ),
+        3 | 4 => (
+            8,
+            Vendor::Nvidia,
+            "NVIDIA A100-SXM4-80GB",
+            80 * GIB,
+            Some(InterconnectKind::Nvswitch),
+        ),
+        5 => (
+            8,
+            Vendor::Amd,
+            "AMD Instinct MI300X",
+            192 * GIB,
+            Some(InterconnectKind::Xgmi),
+        ),
+        6..=8 => (1 + i % 4, Vendor::Nvidia, "NVIDIA L4", 24 * GIB, None),
+        _ => (0, Vendor::Nvidia, "", 0, None),
+    };
+    for d in 0..count {
+        let mut device = Device::new(
+            format!("0000:{:02x}:00.0", 0x10 + d),
+            vendor,
+            Family::Gpu,
+            model,
+            if vendor == Vendor::Amd {
+                "amd"
+            } else {
+                "nvidia"
+            },
+        );
+        device.memory_bytes = Some(memory);
+        report.devices.push(device);
+    }
+    let mut cpu = Device::new("cpu:0", Vendor::Intel, Family::Cpu, "Intel Xeon", "cpu");
+    cpu.memory_bytes = Some(512 * GIB);
+    report.devices.push(cpu);
+    if let Some(kind) = fabric {
+        report.interconnects.push(InterconnectGroup {
+            kind,
+            id: "0".into(),
+            devices: (0..count)
+                .map(|d| format!("0000:{:02x}:00.0", 0x10 + d))
+                .collect(),
+            links_per_device: None,
+            bandwidth_gbps: None,
+            topology: None,
+        });
+    }
+    report
+}
+
+/// A mix of models that all fit the fleet.
+fn spec(i: usize) -> ModelPlacementSpec {
+    let (preset, precision, concurrency) = match i % 6 {
+        0 => ("llama-3.1-8b", PrecisionChoice::Bf16, 4),
+        1 => ("llama-3.1-70b", PrecisionChoice::Bf16, 16),
+        2 => ("qwen3-32b", PrecisionChoice::Auto, 8),
+        3 => ("mixtral-8x7b", PrecisionChoice::Auto, 8),
+        4 => ("gpt-oss-20b", PrecisionChoice::Auto, 4),
+        _ => ("llama-3.1-70b", PrecisionChoice::Fp8, 32),
+    };
+    ModelPlacementSpec {
+        model: ModelSource {
+            preset: Some(preset.into()),
+            ..ModelSource::default()
+        },
+        goal: Goal {
+            serve: Some(ServeGoal {
+                context: 8192,
+                concurrency,
+            }),
+            train: None,
+        },
+        constraints: Some(Constraints {
+            precision: Some(precision),
+            ..Constraints::default()
+        }),
+        replicas: None,
+    }
+}
+
+async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in hwaccel::api::crds::all() {
+        let name = crd.metadata.name.clone().context("CRD without a name")?;
+        crds.patch(
+            &name,
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+async fn create_fleet(cluster: &TestCluster, count: usize) -> Result<()> {
+    let client = cluster.client();
+    let prefix = cluster.prefix().to_string();
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let client = client.clone();
+            let prefix = prefix.clone();
+            async move {
+                let name = format!("{prefix}-n{i:05}");
+                let labels = BTreeMap::from([(TEST_LABEL.to_string(), prefix.clone())]);
+                let node = Node {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        labels: Some(labels.clone()),
+                        // kwok keeps these fake Nodes Ready.
+                        annotations: Some(BTreeMap::from([(
+                            "kwok.x-k8s.io/node".to_string(),
+                            "fake".to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    ..Node::default()
+                };
+                Api::<Node>::all(client.clone())
+                    .create(&PostParams::default(), &node)
+                    .await?;
+                let mut inventory = AcceleratorInventory::from_report(&name, &report(i));
+                inventory.metadata.labels = Some(labels);
+                Api::<AcceleratorInventory>::all(client)
+                    .patch(
+                        &name,
+                        &PatchParams::apply("hwaccel-agent").force(),
+                        &Patch::Apply(&inventory),
+                    )
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// The p-quantile of a Prometheus histogram, as the upper bound of the bucket it falls in.
+fn quantile_from_metrics(text: &str, name: &str, q: f64) -> Option<(f64, u64)> {
+    let mut buckets: Vec<(f64, u64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{le=\"")))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    let wanted = (q * total as f64).ceil() as u64;
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= wanted)
+        .map(|(le, _)| (*le, total))
+}
+
+#[tokio::test]
+#[ignore = "scale run: scripts/scale.sh"]
+async fn scale_run() -> Result<()> {
+    let nodes = env_number("SCALE_NODES", 1000);
+    let placements = env_number("SCALE_PLACEMENTS", 300);
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let started = Instant::now();
+    create_fleet(&cluster, nodes).await?;
+    println!(
+        "scale: {nodes} nodes and inventories created in {:?}",
+        started.elapsed()
+    );
+
+    let port = free_port()?;
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_hwaccel"));
+    let child = Command::new(binary)
+        .args([
+            "controller",
+            "--namespace",
+            cluster.namespace(),
+            "--selector",
+            &format!("{TEST_LABEL}={}", cluster.prefix()),
+            "--leader-election-namespace",
+            cluster.namespace(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--identity",
+            "scale",
+            "--log-format",
+            "json",
+        ])
+        .env("KUBECONFIG", &cluster.env().kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let controller = Controller(child);
+    let metrics_url = format!("http://127.0.0.1:{port}/metrics");
+    // Let it take the Lease and sync its caches before the clock starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let created = Instant::now();
+    futures::stream::iter(0..placements)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &ModelPlacement::new(&format!("p{i:04}"), spec(i)),
+                )
+                .await
+                .map(|_| ())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let creation = created.elapsed();
+    let all_planned = wait_for(DEFAULT_TIMEOUT, "every placement planned", || {
+        let api = api.clone();
+        async move {
+            let list = api.list(&ListParams::default()).await?;
+            let planned = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.state.as_deref()) == Some("Planned"))
+                .count();
+            Ok((planned == placements).then(|| created.elapsed()))
+        }
+    })
+    .await?;
+    let text = reqwest_free_get(&metrics_url).await?;
+    let (p99, reconciles) =
+        quantile_from_metrics(&text, "hwaccel_controller_reconcile_duration_seconds", 0.99)
+            .context("reconcile histogram")?;
+    let (p50, _) =
+        quantile_from_metrics(&text, "hwaccel_controller_reconcile_duration_seconds", 0.50)
+            .context("reconcile histogram")?;
+    let (wait_p99, _) = quantile_from_metrics(
+        &text,
+        "hwaccel_controller_reconcile_lock_wait_seconds",
+        0.99,
+    )
+    .context("lock wait histogram")?;
+    println!(
+        "scale: lock wait p99 <= {:.1} ms (reconciles run one at a time)",
+        wait_p99 * 1000.0
+    );
+    let rss = peak_rss_kib(controller.0.id()).context("peak RSS")?;
+    println!(
+        "scale: {placements} placements created in {creation:?}, all Planned {all_planned:?} after the first creation; \
+         {reconciles} reconciles, p50 <= {:.1} ms, p99 <= {:.1} ms; controller peak RSS {:.1} MiB",
+        p50 * 1000.0,
+        p99 * 1000.0,
+        rss as f64 / 1024.0
+    );
+    assert!(all_planned < Duration::from_secs(60), "planned within 60 s");
+    Ok(())
+}
+
+/// GET over plain HTTP/1.1 without another HTTP client crate (a blocking read is fine here).
+async fn reqwest_free_get(url: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").context("http URL")?;
+    let (host, path) = rest.split_once('/').context("path")?;
+    let mut stream = std::net::TcpStream::connect(host)?;
+    stream.write_all(
+        format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or(body))
+}
