@@ -324,6 +324,15 @@ async fn scale_run() -> Result<()> {
         "scale: lock wait p99 <= {:.1} ms (reconciles run one at a time)",
         wait_p99 * 1000.0
     );
+    for (label, q) in [("p50", 0.5), ("p99", 0.99)] {
+        let (decide, _) =
+            quantile_from_metrics(&text, "hwaccel_controller_decide_duration_seconds", q)
+                .context("decide histogram")?;
+        println!(
+            "scale: decide (planning, no API calls) {label} <= {:.1} ms",
+            decide * 1000.0
+        );
+    }
     let rss = peak_rss_kib(controller.0.id()).context("peak RSS")?;
     println!(
         "scale: {placements} placements created in {creation:?}, all Planned {all_planned:?} after the first creation; \

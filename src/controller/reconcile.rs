@@ -336,6 +336,7 @@ async fn apply(
 ) -> Result<Action, Error> {
     let me = candidate(placement)?;
     let mut state = lock(ctx, waited).await;
+    let deciding = Instant::now();
     let fleet = fleet_view(ctx, &mut state);
     let waiting: Vec<Arc<ModelPlacement>> = ctx
         .placements
@@ -350,6 +351,9 @@ async fn apply(
         .filter(|c| c.precedence.key != me.precedence.key)
         .collect();
     let decision = decide(&mut state.ledger, &me, &older, &fleet);
+    ctx.metrics
+        .decide_seconds
+        .observe(deciding.elapsed().as_secs_f64());
     // A kept plan re-checks its Nodes too (no write unless a label went missing).
     let mut check_nodes = decision.changed_nodes.clone();
     if decision.kept {
