@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build test unit cluster-test check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build test unit cluster-test scale check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -41,6 +41,11 @@ cluster-test:
 	tests/cluster/up.sh --full "$(TESTCLUSTER_WORK)"; \
 	set -a; . "$(TESTCLUSTER_WORK)/env"; set +a; \
 	$(CARGO) test -- --include-ignored
+
+## scale: controller scale run (kwok nodes, synthetic inventories, 300 placements); figures in
+## docs/benchmarks.md. Leaves the test cluster up (tests/cluster/down.sh).
+scale:
+	scripts/scale.sh
 
 ## check: formatting, lints, and generated files up to date
 check: lint check-generated check-manifests

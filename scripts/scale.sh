@@ -15,5 +15,5 @@ set -a
 # shellcheck disable=SC1091
 . target/testcluster/env
 set +a
-export SCALE_NODES="${SCALE_NODES:-1000}" SCALE_PLACEMENTS="${SCALE_PLACEMENTS:-300}"
+export SCALE_RUN=1 SCALE_NODES="${SCALE_NODES:-1000}" SCALE_PLACEMENTS="${SCALE_PLACEMENTS:-300}"
 cargo test --test cluster_controller_scale -- --ignored --nocapture scale_run
