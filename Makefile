@@ -28,10 +28,6 @@ build:
 demo:
 	scripts/demo.sh
 
-## scale: the controller against 1,000 kwok nodes and 300 ModelPlacements (docs/benchmarks.md)
-scale:
-	scripts/scale.sh
-
 ## test: unit and fixture tests, then the cluster tests against a real local control plane
 test: unit cluster-test
 
@@ -49,6 +45,11 @@ cluster-test:
 	tests/cluster/up.sh --full "$(TESTCLUSTER_WORK)" || exit 1; \
 	set -a; . "$(TESTCLUSTER_WORK)/env"; set +a; \
 	$(CARGO) test -- --include-ignored
+
+## scale: controller scale run (kwok nodes, synthetic inventories, 300 placements); figures in
+## docs/benchmarks.md. Leaves the test cluster up (tests/cluster/down.sh).
+scale:
+	scripts/scale.sh
 
 ## check: formatting, lints, and generated files up to date
 check: lint check-generated check-manifests

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# `make scale`: the controller at fleet scale on the local control plane (full tier, kwok fake
-# nodes). Arguments pass through to scripts/scale.py (`--nodes 1000 --placements 300`).
+# Scale run of the ModelPlacement controller: kwok fake Nodes with synthetic inventories and
+# hundreds of ModelPlacements against a real control plane (tests/cluster_controller_scale.rs).
+#
+#   scripts/scale.sh                      # 1000 nodes, 300 placements
+#   SCALE_NODES=200 SCALE_PLACEMENTS=50 scripts/scale.sh
+#
+# Starts the full test cluster when none is up; leaves it running (tests/cluster/down.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORK=${SCALE_WORK:-$PWD/target/scale}
-cargo build --release --quiet --bin hwaccel
-tests/cluster/up.sh --full "$WORK/cluster" >/dev/null
-trap 'tests/cluster/down.sh "$WORK/cluster" >/dev/null 2>&1 || true' EXIT
-set -a; . "$WORK/cluster/env"; set +a
-python3 scripts/scale.py "$@"
+if [[ ! -f target/testcluster/env ]]; then
+  tests/cluster/up.sh --full
+fi
+set -a
+# shellcheck disable=SC1091
+. target/testcluster/env
+set +a
+export SCALE_RUN=1 SCALE_NODES="${SCALE_NODES:-1000}" SCALE_PLACEMENTS="${SCALE_PLACEMENTS:-300}"
+cargo test --test cluster_controller_scale -- --ignored --nocapture scale_run

@@ -39,6 +39,8 @@ fn reconcile_histogram() -> Histogram {
 pub struct ControllerMetrics {
     /// Reconcile duration in seconds, not counting the wait for the reconcile lock.
     pub reconcile_seconds: Histogram,
+    /// Time the decision took (planning, without API calls).
+    pub decide_seconds: Histogram,
     /// Time a reconcile waited for the lock (reconciles run one at a time).
     pub lock_wait_seconds: Histogram,
     /// Reconciles run.
@@ -58,6 +60,7 @@ impl ControllerMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             reconcile_seconds: reconcile_histogram(),
+            decide_seconds: reconcile_histogram(),
             lock_wait_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             reconciles: Counter::default(),
             errors: Family::default(),
@@ -70,6 +73,11 @@ impl ControllerMetrics {
             "reconcile_duration_seconds",
             "Time one ModelPlacement reconcile took",
             metrics.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "decide_duration_seconds",
+            "Time the pure part of a reconcile took (planning, ledger), without API calls",
+            metrics.decide_seconds.clone(),
         );
         registry.register(
             "reconcile_lock_wait_seconds",

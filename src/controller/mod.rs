@@ -94,7 +94,8 @@ pub async fn run(
         watcher(
             Api::<AcceleratorInventory>::all(client.clone()),
             config.watch_config(),
-        ),
+        )
+        .modify(drop_managed_fields),
     )
     .default_backoff()
     .for_each(move |event| {
@@ -108,7 +109,8 @@ pub async fn run(
         watcher(
             Api::<kube::api::PartialObjectMeta<Node>>::all(client.clone()),
             config.watch_config(),
-        ),
+        )
+        .modify(drop_managed_fields),
     )
     .default_backoff()
     .for_each(|_| async {});
@@ -230,6 +232,13 @@ async fn clean_stale_labels(ctx: &Context) -> anyhow::Result<()> {
     affected.extend(held);
     reconcile::sync_node_labels(ctx, &mut state, &affected).await?;
     Ok(())
+}
+
+/// managedFields are the largest part of an object the agents write by server-side apply,
+/// and the controller never reads them: not keeping them in the caches saves most of their
+/// memory.
+fn drop_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }
 
 fn receiver_stream<T: Send + 'static>(

@@ -47,6 +47,9 @@ pub const PLANNED: &str = "Planned";
 const PLANNED_RESYNC: Duration = Duration::from_secs(600);
 /// How often a placement that does not fit tries again without any trigger.
 const PENDING_RETRY: Duration = Duration::from_secs(300);
+/// How long the Node watch cache may lag behind a label write of ours before a difference
+/// means someone else changed the labels.
+const CACHE_LAG: Duration = Duration::from_secs(10);
 /// Longest wait after repeated failures.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -69,8 +72,9 @@ pub enum Error {
 pub struct State {
     /// Who holds which devices.
     pub ledger: Ledger,
-    /// Placement labels last applied per Node, to write only on change.
-    pub applied_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Placement labels last applied per Node, and when, to tell the watch cache lagging
+    /// behind our own write from someone having changed the labels since.
+    pub applied_labels: BTreeMap<String, (BTreeMap<String, String>, Instant)>,
     /// Last state per placement, for the gauges.
     pub states: BTreeMap<PlacementKey, &'static str>,
     fleet_cache: Option<(FleetKey, Arc<FleetView>)>,
@@ -332,6 +336,7 @@ async fn apply(
 ) -> Result<Action, Error> {
     let me = candidate(placement)?;
     let mut state = lock(ctx, waited).await;
+    let deciding = Instant::now();
     let fleet = fleet_view(ctx, &mut state);
     let waiting: Vec<Arc<ModelPlacement>> = ctx
         .placements
@@ -346,7 +351,22 @@ async fn apply(
         .filter(|c| c.precedence.key != me.precedence.key)
         .collect();
     let decision = decide(&mut state.ledger, &me, &older, &fleet);
-    sync_node_labels(ctx, &mut state, &decision.changed_nodes).await?;
+    ctx.metrics
+        .decide_seconds
+        .observe(deciding.elapsed().as_secs_f64());
+    // A kept plan re-checks its Nodes too (no write unless a label went missing).
+    let mut check_nodes = decision.changed_nodes.clone();
+    if decision.kept {
+        check_nodes.extend(
+            decision
+                .outcome
+                .status()
+                .assignments
+                .iter()
+                .map(|a| a.node.clone()),
+        );
+    }
+    sync_node_labels(ctx, &mut state, &check_nodes).await?;
     let state_name = state_name(&decision.outcome);
     state.states.insert(me.precedence.key.clone(), state_name);
     publish_gauges(ctx, &state);
@@ -494,12 +514,22 @@ pub async fn sync_node_labels(
     let api: Api<Node> = Api::all(ctx.client.clone());
     for node in nodes {
         let labels = desired.get(node).cloned().unwrap_or_default();
-        if state.applied_labels.get(node) == Some(&labels) {
-            continue;
-        }
         // Server-side apply creates missing objects: never apply to a Node that is gone.
-        if ctx.nodes.get(&ObjectRef::new(node)).is_none() {
+        let Some(cached) = ctx.nodes.get(&ObjectRef::new(node)) else {
             state.applied_labels.remove(node);
+            continue;
+        };
+        let on_node: BTreeMap<String, String> = cached
+            .labels()
+            .iter()
+            .filter(|(k, _)| is_placement_label(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let just_written = state
+            .applied_labels
+            .get(node)
+            .is_some_and(|(sent, at)| *sent == labels && at.elapsed() < CACHE_LAG);
+        if on_node == labels || just_written {
             continue;
         }
         let patch = serde_json::json!({
@@ -515,7 +545,9 @@ pub async fn sync_node_labels(
         .await
         .inspect_err(|_| ctx.metrics.failed("node_labels"))?;
         ctx.metrics.wrote("node_labels");
-        state.applied_labels.insert(node.clone(), labels);
+        state
+            .applied_labels
+            .insert(node.clone(), (labels, Instant::now()));
     }
     Ok(())
 }
