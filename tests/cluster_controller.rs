@@ -579,3 +579,47 @@ async fn only_the_leader_writes_and_a_handover_reserves_nothing_twice() -> Resul
     );
     Ok(())
 }
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn graceful_shutdown_releases_the_lease() -> Result<()> {
+    hwaccel::telemetry::init(hwaccel::telemetry::LogFormat::Text, "warn");
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let lease_name = cluster.unique_name("lease");
+    let mut lease = LeaseConfig::new(cluster.namespace(), &lease_name, "solo");
+    lease.retry_period = Duration::from_millis(500);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(controller::run_elected(
+        cluster.client(),
+        scoped_config(&cluster, "solo"),
+        lease,
+        metrics(),
+        || {},
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let leases: Api<Lease> = Api::namespaced(cluster.client(), cluster.namespace());
+    let holder = |leases: Api<Lease>, name: String| async move {
+        anyhow::Ok(
+            leases
+                .get_opt(&name)
+                .await?
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity),
+        )
+    };
+    wait_for(DEFAULT_TIMEOUT, "solo leads", || {
+        let check = holder(leases.clone(), lease_name.clone());
+        async move { Ok(check.await?.filter(|h| h == "solo")) }
+    })
+    .await?;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .context("shutdown within 30 s")???;
+    let after: Option<String> = holder(leases.clone(), lease_name.clone()).await?;
+    assert_eq!(after, None, "released for the standby");
+    Ok(())
+}

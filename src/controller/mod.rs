@@ -42,6 +42,12 @@ use self::ledger::Ledger;
 use self::metrics::ControllerMetrics;
 use self::reconcile::{Context, State, error_policy, holding_from_status, reconcile};
 
+/// How long a graceful shutdown may take before the controller is dropped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Reconciles in flight at once (they queue on one lock; see `reconcile.rs`).
+const RECONCILE_CONCURRENCY: u16 = 4;
+
 /// What the controller watches and how.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -162,8 +168,14 @@ async fn run_controller(
         devices = state.ledger.devices_reserved(),
         "reservation ledger rebuilt from placement statuses"
     );
-    let controller = Controller::new(api, watcher::Config::default())
-        .with_config(kube::runtime::controller::Config::default().debounce(config.debounce));
+    let controller = Controller::new(api, watcher::Config::default()).with_config(
+        kube::runtime::controller::Config::default()
+            .debounce(config.debounce)
+            // Reconciles run one at a time under the ledger lock anyway; a small window keeps
+            // graceful shutdown short (only these finish) and memory flat.
+            .concurrency(RECONCILE_CONCURRENCY),
+    );
+    let placements_store = controller.store();
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -184,7 +196,7 @@ async fn run_controller(
     clean_stale_labels(&ctx).await?;
     controller
         .reconcile_all_on(receiver_stream(inventory_changes))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(err) = result {
@@ -192,6 +204,7 @@ async fn run_controller(
             }
         })
         .await;
+    tracing::info!("controller stopped");
     Ok(())
 }
 
@@ -241,6 +254,18 @@ fn drop_managed_fields<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
+/// Shutdown, but not before the controller's own cache has synced: kube-runtime's runner
+/// waits for that cache before it can finish, and a shutdown that cuts its watch first would
+/// wait forever. Bounded, so a cache that cannot sync does not block shutdown either (the
+/// caller then drops the controller).
+async fn shutdown_after_sync(
+    placements: Store<ModelPlacement>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    shutdown.await;
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, placements.wait_until_ready()).await;
+}
+
 fn receiver_stream<T: Send + 'static>(
     receiver: mpsc::UnboundedReceiver<T>,
 ) -> impl Stream<Item = T> + Send {
@@ -276,7 +301,12 @@ pub async fn run_elected(
         () = leadership.lost() => anyhow::bail!("lost the leader Lease; stopping so that only the leader writes"),
         () = &mut shutdown => {
             let _ = stop_tx.send(true);
-            let result = controller.await;
+            // In-flight reconciles finish; past the grace period the controller is dropped,
+            // which cancels them. That is safe: the next leader rebuilds its ledger from the
+            // statuses, and a status not yet written reserved nothing.
+            let result = tokio::time::timeout(SHUTDOWN_GRACE * 2, controller)
+                .await
+                .unwrap_or(Ok(()));
             leadership.release().await;
             drop(stop_rx);
             result
