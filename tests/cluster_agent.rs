@@ -19,41 +19,9 @@ use hwaccel::agent::{Agent, AgentConfig, PublishOutcome, metrics::AgentMetrics};
 use hwaccel::api::{AcceleratorInventory, conditions};
 use hwaccel::detect::BackendSelection;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use support::{DEFAULT_TIMEOUT, TestCluster, wait_for};
-
-/// Installs (or updates) the generated CRDs and waits until they are served.
-async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in hwaccel::api::crds::all() {
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.patch(
-            &name,
-            &PatchParams::apply("hwaccel-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("installing CRD {name}"))?;
-        wait_for(DEFAULT_TIMEOUT, "CRD established", || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let crd = crds.get(&name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(established.then_some(()))
-            }
-        })
-        .await?;
-    }
-    Ok(())
-}
+use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
 /// Creates a Node carrying a label of its own and one under our prefix owned by someone else.
 async fn create_node(client: &Client, name: &str) -> Result<Node> {

@@ -17,14 +17,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use hwaccel::agent::{Agent, AgentConfig, metrics::AgentMetrics};
 use hwaccel::server::Readiness;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
-use support::{DEFAULT_TIMEOUT, TestCluster, wait_for};
+use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
 fn agent_for(client: &Client, node: &str, host: &Path) -> Agent {
     let mut registry = prometheus_client::registry::Registry::default();
@@ -62,17 +61,7 @@ async fn our_labels(client: &Client, node: &str) -> Result<BTreeMap<String, Stri
 async fn the_agent_rides_out_an_apiserver_outage_and_a_restart_removes_nothing() -> Result<()> {
     let cluster = TestCluster::new().await?;
     let client = cluster.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in hwaccel::api::crds::all() {
-        let name = crd.metadata.name.clone().context("CRD name")?;
-        crds.patch(
-            &name,
-            &PatchParams::apply("hwaccel-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await?;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    install_crds(&client).await?;
     let node = cluster.unique_name("outage");
     let nodes: Api<Node> = Api::all(client.clone());
     nodes

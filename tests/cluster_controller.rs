@@ -30,40 +30,9 @@ use hwaccel::controller::{self, Config};
 use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
-use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, wait_for};
-
-async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in hwaccel::api::crds::all() {
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.patch(
-            &name,
-            &PatchParams::apply("hwaccel-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("installing CRD {name}"))?;
-        wait_for(DEFAULT_TIMEOUT, "CRD established", || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let crd = crds.get(&name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(established.then_some(()))
-            }
-        })
-        .await?;
-    }
-    Ok(())
-}
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 /// A Node plus its AcceleratorInventory, detected from a fixture host, both labelled for
 /// this test.

@@ -24,10 +24,9 @@ use hwaccel::api::{AcceleratorInventory, ModelPlacement};
 use hwaccel::detect::Report;
 use hwaccel::hardware::{Device, Family, InterconnectGroup, InterconnectKind, Vendor};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
-use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, wait_for};
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const GIB: u64 = 1 << 30;
 
@@ -128,21 +127,6 @@ fn spec(i: usize) -> ModelPlacementSpec {
         }),
         replicas: None,
     }
-}
-
-async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in hwaccel::api::crds::all() {
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.patch(
-            &name,
-            &PatchParams::apply("hwaccel-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await?;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(())
 }
 
 async fn create_fleet(cluster: &TestCluster, count: usize) -> Result<()> {

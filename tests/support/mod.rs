@@ -356,3 +356,37 @@ fn sanitize(s: &str, max: usize) -> String {
         None => "t".to_string(),
     }
 }
+
+/// Installs (or updates) the project's generated CRDs by server-side apply and waits until
+/// each is Established. Safe to call from every test: re-applying the same CRD is a no-op.
+pub async fn install_crds(client: &Client) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Patch, PatchParams};
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in hwaccel::api::crds::all() {
+        let name = crd.metadata.name.clone().context("CRD without a name")?;
+        crds.patch(
+            &name,
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("installing CRD {name}"))?;
+        wait_for(DEFAULT_TIMEOUT, "CRD established", || {
+            let (crds, name) = (crds.clone(), name.clone());
+            async move {
+                let established = crds
+                    .get(&name)
+                    .await?
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
