@@ -63,6 +63,9 @@ pub struct FleetView {
     pub products: BTreeMap<(String, String), String>,
     /// Every (node, device name) present in the inventories, usable or not.
     pub present: BTreeSet<(String, String)>,
+    /// Devices present but not plannable now (unhealthy, split into MIG instances, memory
+    /// unknown), with the reason.
+    pub unusable: BTreeMap<(String, String), String>,
 }
 
 impl FleetView {
@@ -109,8 +112,41 @@ impl FleetView {
                 device.id = name.clone();
             }
         }
+        let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
+        for entry in &inventory.spec.devices {
+            let health = entry
+                .attributes
+                .get(attribute::HEALTH)
+                .and_then(|a| a.as_str())
+                .unwrap_or("unknown");
+            let family = entry
+                .attributes
+                .get(attribute::FAMILY)
+                .and_then(|a| a.as_str())
+                .unwrap_or("");
+            if family != "cpu" && !usable.contains(entry.name.as_str()) {
+                self.unusable.insert(
+                    (node_name.clone(), entry.name.clone()),
+                    format!("not plannable, health {health}"),
+                );
+            }
+        }
         node.labels = node_labels.get(&node_name).cloned().unwrap_or_default();
         self.nodes.push(node);
+    }
+
+    /// The assigned devices that are still present but no longer plannable, as
+    /// `node/device (why)`.
+    pub fn degraded(&self, assignments: &[Assignment]) -> Vec<String> {
+        assignments
+            .iter()
+            .flat_map(|a| a.devices.iter().map(move |d| (a.node.clone(), d.clone())))
+            .filter_map(|key| {
+                self.unusable
+                    .get(&key)
+                    .map(|why| format!("{}/{} ({why})", key.0, key.1))
+            })
+            .collect()
     }
 
     /// The nodes with only the devices `filter` allows; nodes left empty are dropped.

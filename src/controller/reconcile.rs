@@ -40,8 +40,10 @@ use super::metrics::ControllerMetrics;
 pub const FIELD_MANAGER: &str = "hwaccel-controller";
 /// The finalizer that lets the controller remove a placement's Node labels.
 pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
-/// The condition the controller sets.
+/// The condition saying whether the placement has a plan.
 pub const PLANNED: &str = "Planned";
+/// The condition saying an assigned device went bad while the plan is kept.
+pub const DEGRADED: &str = conditions::DEGRADED;
 
 /// How often a plan that holds is re-checked without any trigger.
 const PLANNED_RESYNC: Duration = Duration::from_secs(600);
@@ -137,6 +139,9 @@ pub struct Decision {
     pub planned_others: Vec<PlacementKey>,
     /// True when devices were released (waiting placements may fit now).
     pub freed: bool,
+    /// Assigned devices still present but no longer usable (`node/device (why)`): the plan
+    /// is kept — moving a running workload is worse — and marked Degraded.
+    pub degraded: Vec<String>,
 }
 
 /// Decides for `me`, updating the ledger. `older_pending` are placements that hold nothing,
@@ -155,11 +160,13 @@ pub fn decide(
         changed_nodes: BTreeSet::new(),
         planned_others: Vec::new(),
         freed: false,
+        degraded: Vec::new(),
     };
     if let Some(holding) = ledger.get(key) {
         let same_object = holding.uid == me.uid && holding.generation == me.generation;
         match fleet.holds(holding.assignments()) {
             Ok(()) if same_object => {
+                decision.degraded = fleet.degraded(holding.assignments());
                 decision.outcome = Outcome::Planned(holding.status.clone());
                 decision.kept = true;
                 return decision;
@@ -610,6 +617,36 @@ pub fn desired_status(
         &mut conds,
         conditions::condition(PLANNED, Some(ok), &reason, &message, generation, now),
     );
+    let degraded = if !matches!(decision.outcome, Outcome::Planned(_)) {
+        conditions::remove(&mut conds, DEGRADED);
+        None
+    } else if decision.degraded.is_empty() {
+        Some(conditions::condition(
+            DEGRADED,
+            Some(false),
+            "DevicesUsable",
+            "",
+            generation,
+            now,
+        ))
+    } else {
+        let message = format!(
+            "assigned devices no longer usable: {}",
+            decision.degraded.join(", ")
+        );
+        let message: String = message.chars().take(1024).collect();
+        Some(conditions::condition(
+            DEGRADED,
+            Some(true),
+            "DeviceUnusable",
+            &message,
+            generation,
+            now,
+        ))
+    };
+    if let Some(degraded) = degraded {
+        conditions::set(&mut conds, degraded);
+    }
     status.conditions = conds;
     status.observed_generation = generation;
     status.state = Some(state_name(&decision.outcome).to_string());
@@ -698,16 +735,19 @@ mod tests {
     use crate::detect::testing::fixture_context;
     use crate::detect::{Detector, backends};
 
-    fn fleet(nodes: &[&str]) -> FleetView {
+    fn inventories(nodes: &[&str]) -> Vec<AcceleratorInventory> {
         let ctx = fixture_context("h100-8x-nvswitch");
         let detector =
             Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
         let report = detector.run(false).0;
-        let inventories: Vec<AcceleratorInventory> = nodes
+        nodes
             .iter()
             .map(|n| AcceleratorInventory::from_report(n, &report))
-            .collect();
-        FleetView::new(inventories.iter(), &BTreeMap::new())
+            .collect()
+    }
+
+    fn fleet(nodes: &[&str]) -> FleetView {
+        FleetView::new(inventories(nodes).iter(), &BTreeMap::new())
     }
 
     /// 70B at bf16 for 40 requests: half of an 8 x H100 node.
@@ -802,6 +842,40 @@ mod tests {
     }
 
     #[test]
+    fn an_unhealthy_assigned_device_keeps_the_plan_and_degrades() {
+        let spec = half_node();
+        let mut ledger = Ledger::new();
+        let me = candidate("me", 1, &spec);
+        let first = decide(&mut ledger, &me, &[], &fleet(&["n1"]));
+        let at = Time(k8s_openapi::jiff::Timestamp::from_second(1).unwrap());
+        let status = desired_status(None, &first, Some(1), &at);
+        assert!(!conditions::is_true(&status.conditions, DEGRADED));
+        let sick = status.assignments[0].devices[0].clone();
+        let mut changed = inventories(&["n1"]);
+        let entry = changed[0]
+            .spec
+            .devices
+            .iter_mut()
+            .find(|d| d.name == sick)
+            .unwrap();
+        entry.attributes.insert(
+            crate::api::attribute::HEALTH.to_string(),
+            crate::api::DeviceAttribute::String("unhealthy".into()),
+        );
+        let fleet = FleetView::new(changed.iter(), &BTreeMap::new());
+        let kept = decide(&mut ledger, &me, &[], &fleet);
+        assert!(
+            kept.kept,
+            "a running workload is not moved for one bad device"
+        );
+        assert_eq!(kept.degraded.len(), 1, "{:?}", kept.degraded);
+        assert!(kept.degraded[0].contains(&sick));
+        let degraded = desired_status(Some(&status), &kept, Some(1), &at);
+        assert!(conditions::is_true(&degraded.conditions, DEGRADED));
+        assert!(conditions::is_true(&degraded.conditions, PLANNED));
+    }
+
+    #[test]
     fn a_new_generation_is_planned_again() {
         let spec = half_node();
         let mut ledger = Ledger::new();
@@ -849,5 +923,9 @@ mod tests {
         );
         assert_eq!(planned.last_transition_time, at(100));
         assert!(refused.assignments.is_empty() && refused.node_selector.is_empty());
+        assert!(
+            conditions::find(&refused.conditions, DEGRADED).is_none(),
+            "no plan, nothing to be degraded"
+        );
     }
 }
