@@ -34,3 +34,32 @@ pub fn fixture_context(scenario: &str) -> Context {
 pub fn detect_on(backend: &dyn Backend, scenario: &str) -> Findings {
     backend.detect(&fixture_context(scenario))
 }
+
+/// Writes a file under a hand-built host root, creating its directories.
+pub fn write_host_file(root: &std::path::Path, path: &str, text: &str) {
+    let path = root.join(path);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// A temporary directory holding one executable script named `tool` (the script includes its
+/// own `#!` line), to stand in for a vendor tool.
+pub fn tool_dir(tool: &str, script: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(tool);
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// A context over a hand-built host root, searching only `tools` (or nothing) for tools.
+pub fn context_at(root: &std::path::Path, tools: Option<&std::path::Path>) -> Context {
+    let search_path = tools
+        .map(std::path::Path::to_path_buf)
+        .into_iter()
+        .collect();
+    Context::new(HostRoot::new(root), CommandRunner::new(search_path))
+}

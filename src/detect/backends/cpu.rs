@@ -569,9 +569,9 @@ fn smallest_on_path(
 mod tests {
     use super::*;
     use crate::detect::testing::detect_on;
+    use crate::detect::testing::write_host_file as write;
     use proptest::prelude::*;
     use std::fmt::Write as _;
-    use std::fs;
 
     const VM_CPUINFO: &str = include_str!("../../../fixtures/hosts/cpu-only-vm/proc/cpuinfo");
 
@@ -755,12 +755,6 @@ CPU implementer\t: 0x61\nCPU architecture: 8\nCPU part\t: 0x033\n";
         assert_eq!(cpu.cgroup_memory_limit_bytes, Some(512 << 20));
         assert_eq!(cpu.cgroup_cpu_limit_millis, Some(2000));
         assert!(findings.warnings.is_empty());
-    }
-
-    fn write(root: &std::path::Path, path: &str, text: &str) {
-        let path = root.join(path);
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, text).unwrap();
     }
 
     #[test]

@@ -322,15 +322,9 @@ fn unquote(value: &str) -> String {
 mod tests {
     use super::*;
     use crate::detect::testing::detect_on;
+    use crate::detect::testing::write_host_file as write;
     use crate::detect::{CommandRunner, Context};
     use proptest::prelude::*;
-    use std::fs;
-
-    fn write(root: &Path, path: &str, text: &str) {
-        let path = root.join(path);
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, text).unwrap();
-    }
 
     fn detect_in(root: &Path) -> RuntimeEnv {
         let ctx = Context::new(HostRoot::new(root), CommandRunner::new(Vec::new()));

@@ -190,17 +190,12 @@ pub fn subnet_prefix(gid: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::detect::testing::detect_on;
+    use crate::detect::testing::write_host_file as write;
     use crate::detect::{CommandRunner, Context};
     use proptest::prelude::*;
     use std::fs;
     use std::os::unix::fs::symlink;
     use std::path::Path;
-
-    fn write(root: &Path, path: &str, text: &str) {
-        let path = root.join(path);
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, text).unwrap();
-    }
 
     fn link(root: &Path, path: &str, target: &str) {
         let path = root.join(path);

@@ -2,13 +2,13 @@
 //! and against tools that fail or print garbage.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use proptest::prelude::*;
 
 use super::*;
-use crate::detect::testing::{detect_on, fixture_dir};
+use crate::detect::testing::write_host_file as write;
+use crate::detect::testing::{detect_on, fixture_dir, tool_dir};
 use crate::detect::{CommandRunner, Detector};
 use crate::hardware::{HealthStatus, InterconnectKind, Precision};
 
@@ -21,15 +21,6 @@ fn context_with_tools(tools: Option<&Path>) -> Context {
         HostRoot::new(fixture_dir(SCENARIO)),
         CommandRunner::new(search_path),
     )
-}
-
-/// A directory holding one executable script named `tool`.
-fn tool_dir(tool: &str, script: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(tool);
-    fs::write(&path, script).unwrap();
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
-    dir
 }
 
 #[test]
@@ -190,13 +181,6 @@ fn garbage_from_the_tool_is_a_warning() {
     assert_eq!(findings.warnings.len(), 1);
     assert!(findings.warnings[0].contains("unusable output"));
     assert_eq!(findings.devices[0].model, "AMD Instinct MI300X");
-}
-
-/// Writes a file under a hand-built host root.
-fn write(root: &Path, path: &str, text: &str) {
-    let path = root.join(path);
-    fs::create_dir_all(path.parent().unwrap()).unwrap();
-    fs::write(path, text).unwrap();
 }
 
 #[test]

@@ -2,37 +2,14 @@
 //! server with eight HL-225), without hl-smi, with a broken hl-smi, and on small hand-built
 //! hosts for the legacy `habanalabs` class layout and unhealthy devices.
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-
 use proptest::prelude::*;
 
 use super::*;
-use crate::detect::CommandRunner;
-use crate::detect::testing::{detect_on, fixture_dir};
+use crate::detect::testing::write_host_file as write;
+use crate::detect::testing::{context_at as context, detect_on, fixture_dir, tool_dir};
 use crate::hardware::HealthStatus;
 
 const SCENARIO: &str = "gaudi2-8x";
-
-fn context(root: &Path, tools: Option<&Path>) -> Context {
-    let search_path = tools.map(Path::to_path_buf).into_iter().collect();
-    Context::new(HostRoot::new(root), CommandRunner::new(search_path))
-}
-
-fn tool_dir(script: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hl-smi");
-    fs::write(&path, script).unwrap();
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-fn write(root: &Path, path: &str, text: &str) {
-    let path = root.join(path);
-    fs::create_dir_all(path.parent().unwrap()).unwrap();
-    fs::write(path, text).unwrap();
-}
 
 #[test]
 fn finds_eight_gaudi2_with_hl_smi_facts() {
@@ -128,7 +105,10 @@ fn without_hl_smi_memory_comes_from_the_generation() {
 
 #[test]
 fn a_failing_hl_smi_is_a_warning() {
-    let tools = tool_dir("#!/bin/sh\necho 'hl-smi: failed to initialize' >&2\nexit 3\n");
+    let tools = tool_dir(
+        "hl-smi",
+        "#!/bin/sh\necho 'hl-smi: failed to initialize' >&2\nexit 3\n",
+    );
     let findings = Gaudi.detect(&context(&fixture_dir(SCENARIO), Some(tools.path())));
     assert_eq!(findings.devices.len(), 8);
     assert_eq!(findings.warnings.len(), 1);
@@ -137,7 +117,10 @@ fn a_failing_hl_smi_is_a_warning() {
 
 #[test]
 fn garbage_from_hl_smi_is_a_warning() {
-    let tools = tool_dir("#!/bin/sh\necho 'Failed to open device: Permission denied'\n");
+    let tools = tool_dir(
+        "hl-smi",
+        "#!/bin/sh\necho 'Failed to open device: Permission denied'\n",
+    );
     let findings = Gaudi.detect(&context(&fixture_dir(SCENARIO), Some(tools.path())));
     assert_eq!(findings.devices.len(), 8);
     assert_eq!(findings.warnings.len(), 1);

@@ -2,37 +2,16 @@
 //! Max 1550 on Intel's out-of-tree i915), without tools, with broken tools, and on small
 //! hand-built hosts for integrated graphics and the xe driver.
 
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use proptest::prelude::*;
 
 use super::*;
-use crate::detect::CommandRunner;
-use crate::detect::testing::{detect_on, fixture_dir};
+use crate::detect::testing::write_host_file as write;
+use crate::detect::testing::{context_at as context, detect_on, fixture_dir, tool_dir};
 use crate::hardware::{GIB, Precision};
 
 const SCENARIO: &str = "intel-gpu";
-
-fn context(root: &Path, tools: Option<&Path>) -> Context {
-    let search_path = tools.map(Path::to_path_buf).into_iter().collect();
-    Context::new(HostRoot::new(root), CommandRunner::new(search_path))
-}
-
-fn tool_dir(script: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("xpu-smi");
-    fs::write(&path, script).unwrap();
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-fn write(root: &Path, path: &str, text: &str) {
-    let path = root.join(path);
-    fs::create_dir_all(path.parent().unwrap()).unwrap();
-    fs::write(path, text).unwrap();
-}
 
 /// A PCI function with a driver named in its uevent (the directory form fixtures may use).
 fn pci_function(root: &Path, bdf: &str, device: &str, class: &str, driver: &str) {
@@ -120,7 +99,10 @@ fn without_xpu_smi_memory_comes_from_sysfs() {
 
 #[test]
 fn a_failing_xpu_smi_is_a_warning() {
-    let tools = tool_dir("#!/bin/sh\necho 'Level Zero Initialization Error' >&2\nexit 1\n");
+    let tools = tool_dir(
+        "xpu-smi",
+        "#!/bin/sh\necho 'Level Zero Initialization Error' >&2\nexit 1\n",
+    );
     let findings = IntelGpu.detect(&context(&fixture_dir(SCENARIO), Some(tools.path())));
     assert_eq!(findings.devices.len(), 4);
     assert_eq!(findings.warnings.len(), 1);
@@ -129,7 +111,10 @@ fn a_failing_xpu_smi_is_a_warning() {
 
 #[test]
 fn garbage_from_xpu_smi_is_a_warning() {
-    let tools = tool_dir("#!/bin/sh\nprintf '\\033[31mSegmentation fault\\033[0m\\n'\n");
+    let tools = tool_dir(
+        "xpu-smi",
+        "#!/bin/sh\nprintf '\\033[31mSegmentation fault\\033[0m\\n'\n",
+    );
     let findings = IntelGpu.detect(&context(&fixture_dir(SCENARIO), Some(tools.path())));
     assert_eq!(findings.devices.len(), 4);
     assert_eq!(findings.warnings.len(), 1);
