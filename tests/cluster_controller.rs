@@ -2,8 +2,8 @@
 //! on real inventory nodes with a nodeSelector that selects exactly those nodes; competing
 //! placements never share a device and a deletion lets a waiting one in; invalid specs are
 //! refused by the apiserver or marked `Planned=False`; a model that does not fit says why;
-//! losing an inventory re-plans; with two leader-elected replicas only the leader writes and
-//! a handover reserves nothing twice.
+//! losing an inventory re-plans; a placement label removed by hand comes back; with two
+//! leader-elected replicas only the leader writes and a handover reserves nothing twice.
 //!
 //! Each test runs its own controller in-process, scoped to the test's namespace and to Nodes
 //! and inventories labelled `hwaccel.io/test=<prefix>`, so tests run in parallel.
@@ -247,6 +247,29 @@ async fn a_model_that_fits_is_planned_with_an_exact_node_selector() -> Result<()
     })
     .await?;
     assert_eq!(selected, chosen);
+    let ready = conditions::find(&status.conditions, conditions::READY).context("Ready")?;
+    assert_eq!(ready.status, "True", "{ready:?}");
+    // A placement label removed by hand comes back from the Node watch, long before the
+    // 10-minute periodic reconcile.
+    let (key, _) = status
+        .node_selector
+        .iter()
+        .next()
+        .context("a selector label")?;
+    let victim = chosen.iter().next().context("a chosen node")?;
+    cluster
+        .kubectl_ok(&["label", "node", victim, &format!("{key}-")])
+        .await?;
+    let restored = wait_for(Duration::from_secs(30), "the label restored", || {
+        let cluster = &cluster;
+        let selector = status.node_selector.clone();
+        async move {
+            let selected = nodes_selected_by(cluster, &selector).await?;
+            Ok(selected.contains(victim).then_some(selected))
+        }
+    })
+    .await?;
+    assert_eq!(restored, chosen);
     assert_eq!(
         status.node_names.as_deref(),
         Some(

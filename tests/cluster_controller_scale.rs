@@ -196,22 +196,50 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
-/// The p-quantile of a Prometheus histogram, as the upper bound of the bucket it falls in.
-fn quantile_from_metrics(text: &str, name: &str, q: f64) -> Option<(f64, u64)> {
+/// How many observations of a Prometheus histogram fell at or below the bucket bound `le`,
+/// and how many there were in all.
+fn count_at_most(text: &str, name: &str, le: f64) -> Option<(u64, u64)> {
+    let buckets = histogram_buckets(text, name);
+    let total = buckets.last()?.1;
+    let within = buckets.iter().find(|(bound, _)| *bound == le)?.1;
+    Some((within, total))
+}
+
+/// The cumulative `(le, count)` buckets of a Prometheus histogram, in bound order. `name` may
+/// carry one label besides `le`: `metric{object="status"}`.
+fn histogram_buckets(text: &str, name: &str) -> Vec<(f64, u64)> {
+    let (name, label) = match name.split_once('{') {
+        Some((name, label)) => (name, Some(label.trim_end_matches('}'))),
+        None => (name, None),
+    };
     let mut buckets: Vec<(f64, u64)> = text
         .lines()
-        .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{le=\"")))
+        .filter_map(|l| l.strip_prefix(&format!("{name}_bucket{{")))
         .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
+            let (labels, count) = rest.split_once("} ")?;
+            let mut le = None;
+            let mut matched = label.is_none();
+            for pair in labels.split(',') {
+                match pair.strip_prefix("le=") {
+                    Some(bound) => le = Some(bound.trim_matches('"')),
+                    None => matched |= Some(pair) == label,
+                }
+            }
+            let le = match le? {
+                "+Inf" => f64::INFINITY,
+                bound => bound.parse().ok()?,
             };
+            matched.then_some(())?;
             Some((le, count.trim().parse().ok()?))
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// The p-quantile of a Prometheus histogram, as the upper bound of the bucket it falls in.
+fn quantile_from_metrics(text: &str, name: &str, q: f64) -> Option<(f64, u64)> {
+    let buckets = histogram_buckets(text, name);
     let total = buckets.last()?.1;
     let wanted = (q * total as f64).ceil() as u64;
     buckets
@@ -311,6 +339,14 @@ async fn scale_run() -> Result<()> {
         0.99,
     )
     .context("lock wait histogram")?;
+    if let Some((within, total)) =
+        count_at_most(&text, "hwaccel_controller_reconcile_duration_seconds", 0.05)
+    {
+        println!(
+            "scale: {within} of {total} reconciles ({:.2} %) took at most 50 ms",
+            within as f64 * 100.0 / total.max(1) as f64
+        );
+    }
     println!(
         "scale: lock wait p99 <= {:.1} ms (reconciles run one at a time)",
         wait_p99 * 1000.0
@@ -323,6 +359,19 @@ async fn scale_run() -> Result<()> {
             "scale: decide (planning, no API calls) {label} <= {:.1} ms",
             decide * 1000.0
         );
+    }
+    for object in ["finalizer", "node_labels", "status"] {
+        let name = format!("hwaccel_controller_api_write_duration_seconds{{object=\"{object}\"}}");
+        if let (Some((p50, writes)), Some((p99, _))) = (
+            quantile_from_metrics(&text, &name, 0.5),
+            quantile_from_metrics(&text, &name, 0.99),
+        ) {
+            println!(
+                "scale: {writes} {object} writes, p50 <= {:.1} ms, p99 <= {:.1} ms",
+                p50 * 1000.0,
+                p99 * 1000.0
+            );
+        }
     }
     let rss = peak_rss_kib(controller.0.id()).context("peak RSS")?;
     println!(

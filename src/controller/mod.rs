@@ -6,6 +6,7 @@
 //! | [`ledger`] | which placement holds which devices (pure) |
 //! | [`labels`] | placement label keys and nodeSelectors (pure) |
 //! | [`reconcile`] | one reconcile: decide, label Nodes, write status, events, finalizer |
+//! | [`node_changes`] | which Node watch events matter: fleet labels, placement labels |
 //! | [`leader`] | Lease-based leader election |
 //! | [`metrics`] | Prometheus metrics |
 //!
@@ -19,11 +20,13 @@ pub mod labels;
 pub mod leader;
 pub mod ledger;
 pub mod metrics;
+pub mod node_changes;
 pub mod reconcile;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -40,6 +43,7 @@ use crate::api::{AcceleratorInventory, ModelPlacement};
 
 use self::ledger::Ledger;
 use self::metrics::ControllerMetrics;
+use self::node_changes::NodeChanges;
 use self::reconcile::{Context, State, error_policy, holding_from_status, reconcile};
 
 /// How long a graceful shutdown may take before the controller is dropped.
@@ -95,6 +99,14 @@ pub async fn run(
     // still an unstable feature; a full pass is cheap because held plans are only checked).
     let (changed_tx, changed_rx) = mpsc::unbounded_channel::<()>();
     let requeue_tx = changed_tx.clone();
+    let node_changed_tx = changed_tx.clone();
+    // Bumped after the watch caches took in a change the planner's view depends on, so a
+    // reconcile can tell in O(1) whether its cached view of the fleet is still current.
+    let fleet_epoch = Arc::new(AtomicU64::new(0));
+    let inventory_epoch = fleet_epoch.clone();
+    let node_epoch = fleet_epoch.clone();
+    let (relabel_tx, relabel_rx) = mpsc::unbounded_channel::<String>();
+    let node_relabel_tx = relabel_tx.clone();
     let inventory_events = reflector::reflector(
         inventory_writer,
         watcher(
@@ -106,10 +118,12 @@ pub async fn run(
     .default_backoff()
     .for_each(move |event| {
         if event.is_ok() {
+            inventory_epoch.fetch_add(1, Ordering::Release);
             let _ = changed_tx.send(());
         }
         async {}
     });
+    let mut node_changes = NodeChanges::new();
     let node_events = reflector::reflector(
         node_writer,
         watcher(
@@ -119,12 +133,26 @@ pub async fn run(
         .modify(drop_managed_fields),
     )
     .default_backoff()
-    .for_each(|_| async {});
+    .for_each(move |event| {
+        if let Ok(event) = &event {
+            let change = node_changes.observe(event);
+            if change.fleet {
+                node_epoch.fetch_add(1, Ordering::Release);
+                let _ = node_changed_tx.send(());
+            }
+            for node in change.placement_labels {
+                let _ = node_relabel_tx.send(node);
+            }
+        }
+        async {}
+    });
     let watches = Watches {
         inventories,
         nodes,
         changes: changed_rx,
         requeue: requeue_tx,
+        fleet_epoch,
+        relabel: (relabel_tx, relabel_rx),
     };
     let controller = run_controller(client, config, metrics, watches, shutdown);
     // The watches live exactly as long as the controller: dropping this future ends them all.
@@ -135,12 +163,20 @@ pub async fn run(
     }
 }
 
-/// The watch caches and the "reconcile everything" trigger.
+/// The watch caches and what they trigger.
 struct Watches {
     inventories: Store<AcceleratorInventory>,
     nodes: Store<kube::api::PartialObjectMeta<Node>>,
+    /// "Reconcile everything".
     changes: mpsc::UnboundedReceiver<()>,
     requeue: mpsc::UnboundedSender<()>,
+    /// Bumped when inventories or Nodes' non-placement labels changed.
+    fleet_epoch: Arc<AtomicU64>,
+    /// Nodes whose placement labels changed (someone may have edited ours).
+    relabel: (
+        mpsc::UnboundedSender<String>,
+        mpsc::UnboundedReceiver<String>,
+    ),
 }
 
 async fn run_controller(
@@ -155,6 +191,8 @@ async fn run_controller(
         nodes,
         changes: inventory_changes,
         requeue: requeue_tx,
+        fleet_epoch,
+        relabel: (relabel_tx, relabel_rx),
     } = watches;
     inventories.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
@@ -192,20 +230,58 @@ async fn run_controller(
         metrics,
         requeue: requeue_tx,
         failures: std::sync::Mutex::new(HashMap::new()),
+        fleet_epoch,
     });
     clean_stale_labels(&ctx).await?;
-    controller
+    let controller = controller
         .reconcile_all_on(receiver_stream(inventory_changes))
         .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(error = %err, "controller event");
             }
-        })
-        .await;
+        });
+    // The label repair lives exactly as long as the controller (it writes, so only while
+    // this replica leads).
+    tokio::select! {
+        () = controller => {}
+        () = restore_placement_labels(ctx, relabel_tx, relabel_rx) => {}
+    }
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Puts back placement labels someone else removed or edited, as soon as the Node watch
+/// shows it, instead of on the placement's next periodic reconcile.
+async fn restore_placement_labels(
+    ctx: Arc<Context>,
+    again: mpsc::UnboundedSender<String>,
+    mut changed: mpsc::UnboundedReceiver<String>,
+) {
+    while let Some(first) = changed.recv().await {
+        let mut nodes = BTreeSet::from([first]);
+        while let Ok(node) = changed.try_recv() {
+            nodes.insert(node);
+        }
+        let mut state = ctx.state.lock().await;
+        match reconcile::sync_node_labels(&ctx, &mut state, &nodes).await {
+            // A Node the controller wrote moments ago may show an older label set because
+            // the watch lags; look again once the write must have arrived.
+            Ok(unconfirmed) => {
+                for node in unconfirmed {
+                    let again = again.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(reconcile::CACHE_LAG).await;
+                        let _ = again.send(node);
+                    });
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "restoring placement labels failed; the periodic reconcile retries");
+            }
+        }
+    }
 }
 
 /// The ledger, from every placement's own status.

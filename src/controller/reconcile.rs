@@ -15,8 +15,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
@@ -44,6 +46,11 @@ pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
 pub const PLANNED: &str = "Planned";
 /// The condition saying an assigned device went bad while the plan is kept.
 pub const DEGRADED: &str = conditions::DEGRADED;
+/// The condition saying workloads can use the placement now: it is planned, every planned
+/// Node carries its placement label (so `status.nodeSelector` selects exactly them), and no
+/// assigned device is degraded. The controller runs no workloads, so this is as far as it
+/// can vouch.
+pub const READY: &str = conditions::READY;
 
 /// How often a plan that holds is re-checked without any trigger.
 const PLANNED_RESYNC: Duration = Duration::from_secs(600);
@@ -51,7 +58,9 @@ const PLANNED_RESYNC: Duration = Duration::from_secs(600);
 const PENDING_RETRY: Duration = Duration::from_secs(300);
 /// How long the Node watch cache may lag behind a label write of ours before a difference
 /// means someone else changed the labels.
-const CACHE_LAG: Duration = Duration::from_secs(10);
+pub const CACHE_LAG: Duration = Duration::from_secs(10);
+/// Node label writes one reconcile has in flight at once.
+const PARALLEL_NODE_WRITES: usize = 16;
 /// Longest wait after repeated failures.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -79,14 +88,9 @@ pub struct State {
     pub applied_labels: BTreeMap<String, (BTreeMap<String, String>, Instant)>,
     /// Last state per placement, for the gauges.
     pub states: BTreeMap<PlacementKey, &'static str>,
-    fleet_cache: Option<(FleetKey, Arc<FleetView>)>,
+    /// The planner's view of the fleet and the fleet epoch it was built at.
+    fleet_cache: Option<(u64, Arc<FleetView>)>,
 }
-
-/// What a cached [`FleetView`] was built from.
-type FleetKey = (
-    Vec<(String, String)>,
-    BTreeMap<String, BTreeMap<String, String>>,
-);
 
 /// Everything a reconcile needs.
 pub struct Context {
@@ -109,6 +113,9 @@ pub struct Context {
     pub requeue: mpsc::UnboundedSender<()>,
     /// Consecutive failures per placement, for the backoff.
     pub failures: std::sync::Mutex<HashMap<PlacementKey, u32>>,
+    /// Bumped by the watches after the caches took in a change of inventories or of Nodes'
+    /// non-placement labels.
+    pub fleet_epoch: Arc<AtomicU64>,
 }
 
 /// A placement as [`decide`] sees it.
@@ -142,6 +149,9 @@ pub struct Decision {
     /// Assigned devices still present but no longer usable (`node/device (why)`): the plan
     /// is kept — moving a running workload is worse — and marked Degraded.
     pub degraded: Vec<String>,
+    /// Planned Nodes that could not be labelled because the Node object is gone (filled in
+    /// after the labels are written).
+    pub unlabeled: Vec<String>,
 }
 
 /// Decides for `me`, updating the ledger. `older_pending` are placements that hold nothing,
@@ -161,6 +171,7 @@ pub fn decide(
         planned_others: Vec::new(),
         freed: false,
         degraded: Vec::new(),
+        unlabeled: Vec::new(),
     };
     if let Some(holding) = ledger.get(key) {
         let same_object = holding.uid == me.uid && holding.generation == me.generation;
@@ -290,6 +301,9 @@ pub async fn reconcile(placement: Arc<ModelPlacement>, ctx: Arc<Context>) -> Res
     let api: Api<ModelPlacement> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = PlacementKey::new(namespace, placement.name_any());
     let waited = std::sync::Mutex::new(Duration::ZERO);
+    // kube-runtime's finalizer helper spends a first reconcile on adding the finalizer alone.
+    let adding_finalizer = placement.meta().deletion_timestamp.is_none()
+        && !placement.finalizers().iter().any(|f| f == FINALIZER);
     let result = finalizer::finalizer(&api, FINALIZER, placement, |event| async {
         match event {
             FinalizerEvent::Apply(placement) => apply(&placement, &api, &ctx, &waited).await,
@@ -299,6 +313,9 @@ pub async fn reconcile(placement: Arc<ModelPlacement>, ctx: Arc<Context>) -> Res
     .await
     .map_err(|err| Error::Finalizer(Box::new(err)));
     let waited = waited.into_inner().unwrap_or_default();
+    if adding_finalizer && result.is_ok() {
+        ctx.metrics.wrote("finalizer", started.elapsed());
+    }
     ctx.metrics.reconciles.inc();
     ctx.metrics.lock_wait_seconds.observe(waited.as_secs_f64());
     ctx.metrics
@@ -374,6 +391,17 @@ async fn apply(
         );
     }
     sync_node_labels(ctx, &mut state, &check_nodes).await?;
+    let mut decision = decision;
+    decision.unlabeled = decision
+        .outcome
+        .status()
+        .assignments
+        .iter()
+        .map(|a| a.node.clone())
+        .filter(|node| ctx.nodes.get(&ObjectRef::new(node)).is_none())
+        .collect::<BTreeSet<String>>()
+        .into_iter()
+        .collect();
     let state_name = state_name(&decision.outcome);
     state.states.insert(me.precedence.key.clone(), state_name);
     publish_gauges(ctx, &state);
@@ -465,14 +493,17 @@ fn publish_gauges(ctx: &Context, state: &State) {
         .set(i64::try_from(state.ledger.devices_reserved()).unwrap_or(i64::MAX));
 }
 
-/// The inventories (and Node labels) as the planner sees them, rebuilt only when they changed.
+/// The inventories (and Node labels) as the planner sees them, rebuilt only when the watches
+/// saw a change since the last build.
 fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
-    let inventories = ctx.inventories.state();
-    let mut versions: Vec<(String, String)> = inventories
-        .iter()
-        .map(|i| (i.name_any(), i.resource_version().unwrap_or_default()))
-        .collect();
-    versions.sort();
+    // Read before the caches: a change landing in between makes the view newer than its
+    // epoch, never older, and the next bump rebuilds it.
+    let epoch = ctx.fleet_epoch.load(Ordering::Acquire);
+    if let Some((built_at, view)) = &state.fleet_cache
+        && *built_at == epoch
+    {
+        return view.clone();
+    }
     let node_labels: BTreeMap<String, BTreeMap<String, String>> = ctx
         .nodes
         .state()
@@ -487,25 +518,26 @@ fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
             (node.name_any(), labels)
         })
         .collect();
-    let key = (versions, node_labels);
-    if let Some((cached_key, view)) = &state.fleet_cache
-        && *cached_key == key
-    {
-        return view.clone();
-    }
-    let view = Arc::new(FleetView::new(inventories.iter().map(|i| &**i), &key.1));
-    state.fleet_cache = Some((key, view.clone()));
+    let inventories = ctx.inventories.state();
+    let view = Arc::new(FleetView::new(
+        inventories.iter().map(|i| &**i),
+        &node_labels,
+    ));
+    state.fleet_cache = Some((epoch, view.clone()));
     view
 }
 
 /// Applies, to each of `nodes`, the complete set of placement labels it should carry.
+/// Returns the Nodes whose cached labels still differ from a write made within
+/// [`CACHE_LAG`], which were trusted to be in flight rather than written again.
 pub async fn sync_node_labels(
     ctx: &Context,
     state: &mut State,
     nodes: &BTreeSet<String>,
-) -> Result<(), Error> {
+) -> Result<Vec<String>, Error> {
+    let mut unconfirmed = Vec::new();
     if nodes.is_empty() {
-        return Ok(());
+        return Ok(unconfirmed);
     }
     let holdings: Vec<(PlacementKey, BTreeSet<String>)> = state
         .ledger
@@ -518,7 +550,7 @@ pub async fn sync_node_labels(
             .iter()
             .map(|(key, held)| (key.namespace.as_str(), key.name.as_str(), held)),
     );
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let mut writes: Vec<(String, BTreeMap<String, String>)> = Vec::new();
     for node in nodes {
         let labels = desired.get(node).cloned().unwrap_or_default();
         // Server-side apply creates missing objects: never apply to a Node that is gone.
@@ -536,26 +568,68 @@ pub async fn sync_node_labels(
             .applied_labels
             .get(node)
             .is_some_and(|(sent, at)| *sent == labels && at.elapsed() < CACHE_LAG);
-        if on_node == labels || just_written {
+        if on_node == labels {
             continue;
         }
-        let patch = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": node, "labels": labels },
-        });
-        api.patch(
-            node,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .inspect_err(|_| ctx.metrics.failed("node_labels"))?;
-        ctx.metrics.wrote("node_labels");
-        state
-            .applied_labels
-            .insert(node.clone(), (labels, Instant::now()));
+        if just_written {
+            unconfirmed.push(node.clone());
+        } else {
+            writes.push((node.clone(), labels));
+        }
     }
+    // One placement can span many Nodes (and planning older placements on this turn adds
+    // more): the writes go out together, so a reconcile costs one apiserver round trip rather
+    // than one per Node. Each Node gets at most one write, so their order does not matter.
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let results: Vec<LabelWrite> = futures::stream::iter(writes)
+        .map(|(node, labels)| {
+            let api = api.clone();
+            async move {
+                let result = apply_node_labels(&api, ctx, &node, &labels).await;
+                (node, labels, result)
+            }
+        })
+        .buffer_unordered(PARALLEL_NODE_WRITES)
+        .collect()
+        .await;
+    let mut first_error = None;
+    for (node, labels, result) in results {
+        match result {
+            Ok(()) => {
+                state.applied_labels.insert(node, (labels, Instant::now()));
+            }
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    first_error.map_or(Ok(unconfirmed), |err| Err(Error::Kube(err)))
+}
+
+/// A Node, the placement labels sent to it, and how the write went.
+type LabelWrite = (String, BTreeMap<String, String>, Result<(), kube::Error>);
+
+/// Sets the complete set of placement labels on one Node.
+async fn apply_node_labels(
+    api: &Api<Node>,
+    ctx: &Context,
+    node: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let writing = Instant::now();
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": node, "labels": labels },
+    });
+    api.patch(
+        node,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .inspect_err(|_| ctx.metrics.failed("node_labels"))?;
+    ctx.metrics.wrote("node_labels", writing.elapsed());
     Ok(())
 }
 
@@ -647,10 +721,51 @@ pub fn desired_status(
     if let Some(degraded) = degraded {
         conditions::set(&mut conds, degraded);
     }
+    let (ready, reason, message) = readiness(decision);
+    conditions::set(
+        &mut conds,
+        conditions::condition(READY, Some(ready), reason, &message, generation, now),
+    );
     status.conditions = conds;
     status.observed_generation = generation;
     status.state = Some(state_name(&decision.outcome).to_string());
     status
+}
+
+/// The Ready condition's status, reason and message.
+fn readiness(decision: &Decision) -> (bool, &'static str, String) {
+    let Outcome::Planned(status) = &decision.outcome else {
+        return (
+            false,
+            "NotPlanned",
+            "no plan; see the Planned condition".to_string(),
+        );
+    };
+    if !decision.unlabeled.is_empty() {
+        let message = format!(
+            "planned Node(s) not found, so their placement label is missing: {}",
+            decision.unlabeled.join(", ")
+        );
+        return (false, "NodeNotFound", message.chars().take(1024).collect());
+    }
+    if !decision.degraded.is_empty() {
+        return (
+            false,
+            "DevicesDegraded",
+            "an assigned device is no longer usable; see the Degraded condition".to_string(),
+        );
+    }
+    let nodes = status
+        .assignments
+        .iter()
+        .map(|a| a.node.as_str())
+        .collect::<BTreeSet<_>>()
+        .len();
+    (
+        true,
+        "NodesLabelled",
+        format!("status.nodeSelector selects the {nodes} planned node(s)"),
+    )
 }
 
 async fn write_status(
@@ -665,6 +780,7 @@ async fn write_status(
     if current == Some(&desired) {
         return Ok(());
     }
+    let writing = Instant::now();
     let patch = serde_json::json!({
         "apiVersion": crate::api::API_VERSION,
         "kind": "ModelPlacement",
@@ -677,7 +793,7 @@ async fn write_status(
     )
     .await
     .inspect_err(|_| ctx.metrics.failed("status"))?;
-    ctx.metrics.wrote("status");
+    ctx.metrics.wrote("status", writing.elapsed());
     emit_event(placement, ctx, current, &desired);
     Ok(())
 }
@@ -873,6 +989,11 @@ mod tests {
         let degraded = desired_status(Some(&status), &kept, Some(1), &at);
         assert!(conditions::is_true(&degraded.conditions, DEGRADED));
         assert!(conditions::is_true(&degraded.conditions, PLANNED));
+        let ready = conditions::find(&degraded.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "DevicesDegraded")
+        );
     }
 
     #[test]
@@ -902,6 +1023,23 @@ mod tests {
             (planned.status.as_str(), planned.reason.as_str()),
             ("True", "Planned")
         );
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.message.as_str()),
+            ("True", "status.nodeSelector selects the 1 planned node(s)")
+        );
+        // A planned Node that is gone cannot carry the label: planned, but not ready.
+        let orphaned = Decision {
+            unlabeled: vec!["n1".into()],
+            ..decision.clone()
+        };
+        let not_ready = desired_status(None, &orphaned, Some(1), &at(10));
+        assert!(conditions::is_true(&not_ready.conditions, PLANNED));
+        let ready = conditions::find(&not_ready.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "NodeNotFound")
+        );
         // Re-asserting the same decision later changes nothing, so nothing is written.
         let kept = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
         assert_eq!(
@@ -927,5 +1065,6 @@ mod tests {
             conditions::find(&refused.conditions, DEGRADED).is_none(),
             "no plan, nothing to be degraded"
         );
+        assert!(!conditions::is_true(&refused.conditions, READY));
     }
 }
