@@ -6,17 +6,21 @@
 #   SCALE_NODES=200 SCALE_PLACEMENTS=50 scripts/scale.sh
 #   SCALE_PROFILE=debug scripts/scale.sh  # a debug controller (default: release, as shipped)
 #
-# Starts the full test cluster when none is up; leaves it running (tests/cluster/down.sh).
+# Every run gets a fresh control plane (a cluster still up from tests is stopped first, and
+# the run's own is stopped at the end): 1,000 kwok Nodes left by an earlier run would keep
+# heartbeating and load the apiserver the run measures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ ! -f target/testcluster/env ]]; then
-  tests/cluster/up.sh --full
-fi
+profile=()
+[[ "${SCALE_PROFILE:-release}" == release ]] && profile=(--release)
+# Build before the cluster starts, so the compiler does not compete with it.
+cargo test "${profile[@]}" --test cluster_controller_scale --no-run
+tests/cluster/down.sh >/dev/null 2>&1 || true
+trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
+tests/cluster/up.sh --full
 set -a
 # shellcheck disable=SC1091
 . target/testcluster/env
 set +a
 export SCALE_RUN=1 SCALE_NODES="${SCALE_NODES:-1000}" SCALE_PLACEMENTS="${SCALE_PLACEMENTS:-300}"
-profile=()
-[[ "${SCALE_PROFILE:-release}" == release ]] && profile=(--release)
 cargo test "${profile[@]}" --test cluster_controller_scale -- --ignored --nocapture scale_run

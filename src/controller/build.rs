@@ -9,8 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::AcceleratorInventory;
-use crate::api::attribute;
 use crate::api::placement::{
     Assignment, Constraints, MemoryBreakdown, ModelPlacementSpec, ModelPlacementStatus, PlanStatus,
     PrecisionChoice as ApiPrecision, TrainMethod,
@@ -25,6 +23,7 @@ use crate::plan::report::Plan;
 use crate::plan::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
 use crate::plan::{Bytes, Goal, Model, NodeSpec, PlanError, PlanRequest, Reservations, plan};
 
+use super::fleet_view::FleetView;
 use super::labels;
 
 /// LoRA rank used for LoRA/QLoRA training (the spec does not expose it yet).
@@ -52,148 +51,6 @@ pub struct DeviceFilter {
     pub products: BTreeSet<String>,
     /// Labels a node must carry.
     pub node_selector: BTreeMap<String, String>,
-}
-
-/// The fleet as the planner sees it, with what the filter needs to know.
-#[derive(Debug, Clone, Default)]
-pub struct FleetView {
-    /// Nodes, devices named as in the inventories.
-    pub nodes: Vec<NodeSpec>,
-    /// Product slug of each (node, device name).
-    pub products: BTreeMap<(String, String), String>,
-    /// Every (node, device name) present in the inventories, usable or not.
-    pub present: BTreeSet<(String, String)>,
-    /// Devices present but not plannable now (unhealthy, split into MIG instances, memory
-    /// unknown), with the reason.
-    pub unusable: BTreeMap<(String, String), String>,
-}
-
-impl FleetView {
-    /// The planner's view of `inventories`; `node_labels` (by node name) fills each node's
-    /// labels for the placements' node selectors.
-    pub fn new<'a>(
-        inventories: impl IntoIterator<Item = &'a AcceleratorInventory>,
-        node_labels: &BTreeMap<String, BTreeMap<String, String>>,
-    ) -> Self {
-        let mut view = Self::default();
-        for inventory in inventories {
-            view.add(inventory, node_labels);
-        }
-        view.nodes.sort_by(|a, b| a.name.cmp(&b.name));
-        view
-    }
-
-    fn add(
-        &mut self,
-        inventory: &AcceleratorInventory,
-        node_labels: &BTreeMap<String, BTreeMap<String, String>>,
-    ) {
-        let node_name = inventory.spec.node_name.clone();
-        let mut names_by_id = BTreeMap::new();
-        for entry in &inventory.spec.devices {
-            let text = |key: &str| {
-                entry
-                    .full_values
-                    .get(key)
-                    .cloned()
-                    .or_else(|| entry.attributes.get(key)?.as_str().map(str::to_string))
-            };
-            let id = text(attribute::ID).unwrap_or_else(|| entry.name.clone());
-            names_by_id.insert(id, entry.name.clone());
-            let key = (node_name.clone(), entry.name.clone());
-            if let Some(product) = text(attribute::PRODUCT) {
-                self.products.insert(key.clone(), product);
-            }
-            self.present.insert(key);
-        }
-        let (mut node, _skipped) = NodeSpec::from_report(&inventory.to_report(), &node_name);
-        for device in &mut node.devices {
-            if let Some(name) = names_by_id.get(&device.id) {
-                device.id = name.clone();
-            }
-        }
-        let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
-        for entry in &inventory.spec.devices {
-            let health = entry
-                .attributes
-                .get(attribute::HEALTH)
-                .and_then(|a| a.as_str())
-                .unwrap_or("unknown");
-            let family = entry
-                .attributes
-                .get(attribute::FAMILY)
-                .and_then(|a| a.as_str())
-                .unwrap_or("");
-            if family != "cpu" && !usable.contains(entry.name.as_str()) {
-                self.unusable.insert(
-                    (node_name.clone(), entry.name.clone()),
-                    format!("not plannable, health {health}"),
-                );
-            }
-        }
-        node.labels = node_labels.get(&node_name).cloned().unwrap_or_default();
-        self.nodes.push(node);
-    }
-
-    /// The assigned devices that are still present but no longer plannable, as
-    /// `node/device (why)`.
-    pub fn degraded(&self, assignments: &[Assignment]) -> Vec<String> {
-        assignments
-            .iter()
-            .flat_map(|a| a.devices.iter().map(move |d| (a.node.clone(), d.clone())))
-            .filter_map(|key| {
-                self.unusable
-                    .get(&key)
-                    .map(|why| format!("{}/{} ({why})", key.0, key.1))
-            })
-            .collect()
-    }
-
-    /// The nodes with only the devices `filter` allows; nodes left empty are dropped.
-    pub fn filtered(&self, filter: &DeviceFilter) -> Vec<NodeSpec> {
-        self.nodes
-            .iter()
-            .filter(|node| {
-                filter
-                    .node_selector
-                    .iter()
-                    .all(|(k, v)| node.labels.get(k) == Some(v))
-            })
-            .map(|node| {
-                let mut node = node.clone();
-                node.devices.retain(|device| {
-                    let family_ok = filter.families.is_empty()
-                        || filter.families.contains(device.family.as_str());
-                    let product_ok = filter.products.is_empty()
-                        || self
-                            .products
-                            .get(&(node.name.clone(), device.id.clone()))
-                            .is_some_and(|p| filter.products.contains(p));
-                    family_ok && product_ok
-                });
-                node
-            })
-            .filter(|node| !node.devices.is_empty())
-            .collect()
-    }
-
-    /// True when every device of `assignments` is still in the inventories.
-    pub fn holds(&self, assignments: &[Assignment]) -> Result<(), String> {
-        for assignment in assignments {
-            for device in &assignment.devices {
-                if !self
-                    .present
-                    .contains(&(assignment.node.clone(), device.clone()))
-                {
-                    return Err(format!(
-                        "device {device} on node {} is no longer in its inventory",
-                        assignment.node
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Turns a spec into a planner request; the error lists what is wrong with it.
@@ -372,7 +229,8 @@ pub fn evaluate(
         Err(reasons) => return Outcome::Invalid(refusal(None, reasons, Vec::new())),
     };
     let nodes = fleet.filtered(&request.filter);
-    match plan(&request.model, &nodes, reserved, &request.request) {
+    let nodes: &[NodeSpec] = &nodes;
+    match plan(&request.model, nodes, reserved, &request.request) {
         Ok(plan) if plan.fits => {
             let mut status = planned_status(&plan, namespace, name);
             status.reasons.extend(request.notes);
@@ -490,15 +348,7 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
 mod tests {
     use super::*;
     use crate::api::placement::{Goal as ApiGoal, ModelSource as ApiModel, ServeGoal};
-    use crate::detect::testing::fixture_context;
-    use crate::detect::{Detector, backends};
-
-    fn inventory(scenario: &str, node: &str) -> AcceleratorInventory {
-        let ctx = fixture_context(scenario);
-        let detector =
-            Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
-        AcceleratorInventory::from_report(node, &detector.run(false).0)
-    }
+    use crate::controller::fleet_view::fixture_inventory as inventory;
 
     fn serve(preset: &str, context: u32) -> ModelPlacementSpec {
         ModelPlacementSpec {
@@ -673,14 +523,10 @@ mod tests {
             evaluate(&spec, "ml", "x", &fleet, &Reservations::none()),
             Outcome::Unschedulable(_)
         ));
-        let amd: Vec<String> = fleet
-            .products
-            .iter()
-            .filter(|((n, _), _)| n == "mi-1")
-            .map(|(_, p)| p.clone())
-            .collect();
+        let mi = fleet.nodes().iter().find(|n| n.name == "mi-1").unwrap();
+        let amd = fleet.product("mi-1", &mi.devices[0].id).unwrap();
         spec.constraints = Some(Constraints {
-            products: vec![amd[0].clone()],
+            products: vec![amd.to_string()],
             ..Constraints::default()
         });
         let Outcome::Planned(status) = evaluate(&spec, "ml", "x", &fleet, &Reservations::none())

@@ -5,14 +5,21 @@
 //! and changed only under one lock by the reconciler, so a device is never handed to two
 //! placements: [`Ledger::insert`] refuses a holding that overlaps another one.
 //!
+//! It also remembers which waiting placements were tried and did not fit, and against what:
+//! a placement that did not fit cannot fit later while no device has been released and the
+//! fleet is unchanged (fewer free devices never make a plan fit), so it need not be planned
+//! again on every newer placement's turn. [`Ledger::releases`] counts releases for that.
+//!
 //! Order is deterministic everywhere: placements compare by creation time, then by
 //! `namespace/name` ([`PlacementKey`]), so "older first" means the same thing on every replica
 //! and after every restart.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
+
+use super::build::Outcome;
 
 /// A placement's identity: namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,12 +100,32 @@ pub struct Conflict {
     pub holder: PlacementKey,
 }
 
+/// A placement version that was planned and did not fit, the state it was tried in, and
+/// the answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tried {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// [`Ledger::releases`] when it was tried.
+    pub releases: u64,
+    /// The id of the fleet view it was tried against.
+    pub fleet: u64,
+    /// The refusal (reasons and suggestions), given again while it holds.
+    pub refusal: Outcome,
+}
+
 /// Every placement's devices.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
     holdings: BTreeMap<PlacementKey, Holding>,
     /// (node, device) -> holder; kept in step with `holdings` for O(log n) conflict checks.
     owners: BTreeMap<(String, String), PlacementKey>,
+    /// Holdings removed so far.
+    releases: u64,
+    /// Placements that did not fit, by key.
+    unfit: HashMap<PlacementKey, Tried>,
 }
 
 impl Ledger {
@@ -150,6 +177,7 @@ impl Ledger {
         for pair in seen {
             self.owners.insert(pair, key.clone());
         }
+        self.unfit.remove(&key);
         self.holdings.insert(key, holding);
         Ok(())
     }
@@ -160,7 +188,45 @@ impl Ledger {
         for (node, device) in holding.devices() {
             self.owners.remove(&(node.to_string(), device.to_string()));
         }
+        self.releases += 1;
         Some(holding)
+    }
+
+    /// How many holdings have been removed since the ledger was made: while it stays the
+    /// same, no device has become free.
+    pub fn releases(&self) -> u64 {
+        self.releases
+    }
+
+    /// Remembers that `key` (in the version `tried` names) did not fit.
+    pub fn mark_unfit(&mut self, key: PlacementKey, tried: Tried) {
+        self.unfit.insert(key, tried);
+    }
+
+    /// The refusal `key` got when it was tried in exactly this version against this fleet,
+    /// if no device has been released since: planning it again would fail again.
+    pub fn known_unfit(
+        &self,
+        key: &PlacementKey,
+        uid: &str,
+        generation: i64,
+        fleet: u64,
+    ) -> Option<&Outcome> {
+        self.unfit
+            .get(key)
+            .filter(|tried| {
+                tried.uid == uid
+                    && tried.generation == generation
+                    && tried.fleet == fleet
+                    && tried.releases == self.releases
+            })
+            .map(|tried| &tried.refusal)
+    }
+
+    /// Forgets everything about a deleted placement.
+    pub fn forget(&mut self, key: &PlacementKey) -> Option<Holding> {
+        self.unfit.remove(key);
+        self.remove(key)
     }
 
     /// What `key` holds.

@@ -48,6 +48,9 @@ pub struct ControllerMetrics {
     pub reconcile_seconds: Histogram,
     /// Time the decision took (planning, without API calls).
     pub decide_seconds: Histogram,
+    /// Time rebuilding the planner's view of the fleet took (after inventories or Node labels
+    /// changed; part of the decide time of the reconcile that found it stale).
+    pub fleet_view_seconds: Histogram,
     /// Time a reconcile waited for the lock (reconciles run one at a time).
     pub lock_wait_seconds: Histogram,
     /// Reconciles run.
@@ -70,6 +73,7 @@ impl ControllerMetrics {
         let metrics = Self {
             reconcile_seconds: reconcile_histogram(),
             decide_seconds: reconcile_histogram(),
+            fleet_view_seconds: reconcile_histogram(),
             lock_wait_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             reconciles: Counter::default(),
             errors: Family::default(),
@@ -88,6 +92,11 @@ impl ControllerMetrics {
             "decide_duration_seconds",
             "Time the pure part of a reconcile took (planning, ledger), without API calls",
             metrics.decide_seconds.clone(),
+        );
+        registry.register(
+            "fleet_view_build_duration_seconds",
+            "Time rebuilding the planner's view of the fleet took",
+            metrics.fleet_view_seconds.clone(),
         );
         registry.register(
             "reconcile_lock_wait_seconds",

@@ -2,7 +2,8 @@
 //!
 //! | module | job |
 //! |---|---|
-//! | [`build`] | spec → planner request, inventories → planner nodes, plan → status (pure) |
+//! | [`build`] | spec → planner request, plan → status (pure) |
+//! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
 //! | [`ledger`] | which placement holds which devices (pure) |
 //! | [`labels`] | placement label keys and nodeSelectors (pure) |
 //! | [`reconcile`] | one reconcile: decide, label Nodes, write status, events, finalizer |
@@ -16,6 +17,7 @@
 //! changes. See `docs/controller.md`.
 
 pub mod build;
+pub mod fleet_view;
 pub mod labels;
 pub mod leader;
 pub mod ledger;
@@ -233,6 +235,7 @@ async fn run_controller(
         fleet_epoch,
     });
     clean_stale_labels(&ctx).await?;
+    reconcile::warm_up(&ctx).await;
     let controller = controller
         .reconcile_all_on(receiver_stream(inventory_changes))
         .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))

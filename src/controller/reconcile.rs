@@ -33,9 +33,10 @@ use crate::api::conditions;
 use crate::api::placement::{ModelPlacementSpec, ModelPlacementStatus};
 use crate::api::{AcceleratorInventory, ModelPlacement};
 
-use super::build::{FleetView, Outcome, evaluate};
+use super::build::{Outcome, evaluate};
+use super::fleet_view::{FleetView, PartCache};
 use super::labels::{is_placement_label, labels_by_node};
-use super::ledger::{Holding, Ledger, PlacementKey, Precedence};
+use super::ledger::{Holding, Ledger, PlacementKey, Precedence, Tried};
 use super::metrics::ControllerMetrics;
 
 /// The field manager of every write the controller makes.
@@ -90,6 +91,8 @@ pub struct State {
     pub states: BTreeMap<PlacementKey, &'static str>,
     /// The planner's view of the fleet and the fleet epoch it was built at.
     fleet_cache: Option<(u64, Arc<FleetView>)>,
+    /// Converted inventories, so a rebuild converts only the changed ones.
+    parts: PartCache,
 }
 
 /// Everything a reconcile needs.
@@ -152,10 +155,19 @@ pub struct Decision {
     /// Planned Nodes that could not be labelled because the Node object is gone (filled in
     /// after the labels are written).
     pub unlabeled: Vec<String>,
+    /// True when older placements still wait to be tried, so `me` was not decided on this
+    /// turn (the outcome means nothing) and must be reconciled again.
+    pub deferred: bool,
 }
 
+/// Older placements one decision tries before its own: bounds the time one reconcile plans
+/// (a few milliseconds each on a 1,000-node fleet) when many placements arrive at once.
+pub const OLDER_PER_TURN: usize = 8;
+
 /// Decides for `me`, updating the ledger. `older_pending` are placements that hold nothing,
-/// in any order; those older than `me` are tried first, in precedence order.
+/// in any order; those older than `me` are tried first, in precedence order, skipping those
+/// known not to fit. When more than [`OLDER_PER_TURN`] need trying, the decision tries that
+/// many and is deferred: `me` comes only after every older placement had its try.
 pub fn decide(
     ledger: &mut Ledger,
     me: &Candidate<'_>,
@@ -172,6 +184,7 @@ pub fn decide(
         freed: false,
         degraded: Vec::new(),
         unlabeled: Vec::new(),
+        deferred: false,
     };
     if let Some(holding) = ledger.get(key) {
         let same_object = holding.uid == me.uid && holding.generation == me.generation;
@@ -193,46 +206,80 @@ pub fn decide(
     let mut older: Vec<&Candidate<'_>> = older_pending
         .iter()
         .filter(|c| c.precedence < me.precedence && ledger.get(&c.precedence.key).is_none())
+        .filter(|c| {
+            ledger
+                .known_unfit(&c.precedence.key, &c.uid, c.generation, fleet.id())
+                .is_none()
+        })
         .collect();
     older.sort_by(|a, b| a.precedence.cmp(&b.precedence));
-    for other in older {
-        let other_key = &other.precedence.key;
-        let reserved = ledger.reserved_by_others(other_key);
-        let outcome = evaluate(
-            other.spec,
-            &other_key.namespace,
-            &other_key.name,
-            fleet,
-            &reserved,
-        );
-        if let Outcome::Planned(status) = outcome {
-            let holding = holding_for(other, status);
-            let nodes = holding.nodes();
-            if ledger.insert(other_key.clone(), holding).is_ok() {
-                decision.changed_nodes.extend(nodes);
-                decision.planned_others.push(other_key.clone());
-            }
+    decision.deferred = older.len() > OLDER_PER_TURN;
+    for other in older.into_iter().take(OLDER_PER_TURN) {
+        if let Some(nodes) = try_to_plan(ledger, other, fleet).1 {
+            decision.changed_nodes.extend(nodes);
+            decision.planned_others.push(other.precedence.key.clone());
         }
     }
-    let reserved = ledger.reserved_by_others(key);
-    let outcome = evaluate(me.spec, &key.namespace, &key.name, fleet, &reserved);
-    if let Outcome::Planned(status) = &outcome {
-        let holding = holding_for(me, status.clone());
-        let nodes = holding.nodes();
-        match ledger.insert(key.clone(), holding) {
-            Ok(()) => decision.changed_nodes.extend(nodes),
-            Err(conflict) => {
-                // The planner was told these devices were taken; refusing is the safe answer.
-                decision.outcome = Outcome::Unschedulable(ModelPlacementStatus {
-                    reasons: vec![format!("internal: {conflict}")],
-                    ..ModelPlacementStatus::default()
-                });
-                return decision;
-            }
+    if decision.deferred {
+        return decision;
+    }
+    if let Some(refusal) = ledger.known_unfit(key, &me.uid, me.generation, fleet.id()) {
+        decision.outcome = refusal.clone();
+        return decision;
+    }
+    let (outcome, nodes) = try_to_plan(ledger, me, fleet);
+    match nodes {
+        Some(nodes) => decision.changed_nodes.extend(nodes),
+        None if matches!(outcome, Outcome::Planned(_)) => {
+            // The planner was told which devices were taken, so the ledger refusing the plan
+            // is a bug; refusing is the safe answer.
+            decision.outcome = Outcome::Unschedulable(ModelPlacementStatus {
+                reasons: vec!["internal: the plan overlaps another placement's devices".into()],
+                ..ModelPlacementStatus::default()
+            });
+            return decision;
         }
+        None => {}
     }
     decision.outcome = outcome;
     decision
+}
+
+/// Plans `candidate` against the fleet minus what others hold. A plan is entered in the
+/// ledger (its Nodes are returned); a refusal is remembered as unfit for this fleet and
+/// these releases.
+fn try_to_plan(
+    ledger: &mut Ledger,
+    candidate: &Candidate<'_>,
+    fleet: &FleetView,
+) -> (Outcome, Option<BTreeSet<String>>) {
+    let key = &candidate.precedence.key;
+    let reserved = ledger.reserved_by_others(key);
+    let outcome = evaluate(candidate.spec, &key.namespace, &key.name, fleet, &reserved);
+    match &outcome {
+        Outcome::Planned(status) => {
+            let holding = holding_for(candidate, status.clone());
+            let nodes = holding.nodes();
+            match ledger.insert(key.clone(), holding) {
+                Ok(()) => (outcome, Some(nodes)),
+                Err(conflict) => {
+                    tracing::error!(placement = %key, %conflict, "a plan overlaps the ledger");
+                    (outcome, None)
+                }
+            }
+        }
+        Outcome::Unschedulable(_) | Outcome::Invalid(_) => {
+            let tried = Tried {
+                uid: candidate.uid.clone(),
+                generation: candidate.generation,
+                releases: ledger.releases(),
+                fleet: fleet.id(),
+                refusal: outcome.clone(),
+            };
+            ledger.mark_unfit(key.clone(), tried);
+            (outcome, None)
+        }
+    }
 }
 
 fn holding_for(candidate: &Candidate<'_>, status: ModelPlacementStatus) -> Holding {
@@ -378,6 +425,14 @@ async fn apply(
     ctx.metrics
         .decide_seconds
         .observe(deciding.elapsed().as_secs_f64());
+    if decision.deferred {
+        // Older placements go first; those planned on this turn get their labels now and
+        // their statuses on their own reconciles, and this one comes back after them.
+        sync_node_labels(ctx, &mut state, &decision.changed_nodes).await?;
+        drop(state);
+        let _ = ctx.requeue.send(());
+        return Ok(Action::requeue(Duration::ZERO));
+    }
     // A kept plan re-checks its Nodes too (no write unless a label went missing).
     let mut check_nodes = decision.changed_nodes.clone();
     if decision.kept {
@@ -432,7 +487,7 @@ async fn cleanup(
         .get(&key)
         .map(Holding::nodes)
         .unwrap_or_default();
-    let removed = state.ledger.remove(&key);
+    let removed = state.ledger.forget(&key);
     if let Err(err) = sync_node_labels(ctx, &mut state, &nodes).await {
         // Keep the holding until the labels are gone, so a retry removes them.
         if let Some(holding) = removed {
@@ -493,6 +548,13 @@ fn publish_gauges(ctx: &Context, state: &State) {
         .set(i64::try_from(state.ledger.devices_reserved()).unwrap_or(i64::MAX));
 }
 
+/// Builds the planner's view of the fleet before the first reconcile needs it (converting
+/// every inventory is the one slow step, and it belongs to start-up, not to a reconcile).
+pub async fn warm_up(ctx: &Context) {
+    let mut state = ctx.state.lock().await;
+    fleet_view(ctx, &mut state);
+}
+
 /// The inventories (and Node labels) as the planner sees them, rebuilt only when the watches
 /// saw a change since the last build.
 fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
@@ -504,6 +566,7 @@ fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
     {
         return view.clone();
     }
+    let building = Instant::now();
     let node_labels: BTreeMap<String, BTreeMap<String, String>> = ctx
         .nodes
         .state()
@@ -519,10 +582,11 @@ fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
         })
         .collect();
     let inventories = ctx.inventories.state();
-    let view = Arc::new(FleetView::new(
-        inventories.iter().map(|i| &**i),
-        &node_labels,
-    ));
+    let parts = state.parts.refresh(inventories.iter().map(|i| &**i));
+    let view = Arc::new(FleetView::from_parts(parts, &node_labels));
+    ctx.metrics
+        .fleet_view_seconds
+        .observe(building.elapsed().as_secs_f64());
     state.fleet_cache = Some((epoch, view.clone()));
     view
 }
@@ -848,17 +912,12 @@ mod tests {
     use crate::api::placement::{
         Constraints, Goal, ModelSource, PrecisionChoice as ApiPrecision, ServeGoal,
     };
-    use crate::detect::testing::fixture_context;
-    use crate::detect::{Detector, backends};
+    use crate::controller::fleet_view::fixture_inventory;
 
     fn inventories(nodes: &[&str]) -> Vec<AcceleratorInventory> {
-        let ctx = fixture_context("h100-8x-nvswitch");
-        let detector =
-            Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
-        let report = detector.run(false).0;
         nodes
             .iter()
-            .map(|n| AcceleratorInventory::from_report(n, &report))
+            .map(|n| fixture_inventory("h100-8x-nvswitch", n))
             .collect()
     }
 
@@ -933,6 +992,71 @@ mod tests {
         assert_eq!(devices(&ledger, "old").len(), 4);
         assert!(devices(&ledger, "old").is_disjoint(&devices(&ledger, "holder")));
         assert!(devices(&ledger, "young").is_empty());
+    }
+
+    #[test]
+    fn a_burst_of_older_placements_is_tried_a_few_per_turn_in_order() {
+        let spec = half_node();
+        let names: Vec<String> = (0..6).map(|i| format!("n{i}")).collect();
+        let fleet = fleet(&names.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut ledger = Ledger::new();
+        let older_names: Vec<String> = (0..OLDER_PER_TURN + 3)
+            .map(|i| format!("old{i:02}"))
+            .collect();
+        let older: Vec<Candidate<'_>> = older_names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| candidate(name, i64::try_from(i).unwrap(), &spec))
+            .collect();
+        let me = candidate("me", 100, &spec);
+        let first = decide(&mut ledger, &me, &older, &fleet);
+        assert!(first.deferred, "{first:?}");
+        let oldest: Vec<PlacementKey> = older_names[..OLDER_PER_TURN]
+            .iter()
+            .map(|n| PlacementKey::new("ml", n.as_str()))
+            .collect();
+        assert_eq!(first.planned_others, oldest);
+        assert!(
+            devices(&ledger, "me").is_empty(),
+            "not decided on this turn"
+        );
+        let second = decide(&mut ledger, &me, &older, &fleet);
+        assert!(!second.deferred);
+        assert_eq!(second.planned_others.len(), 3);
+        assert!(matches!(second.outcome, Outcome::Planned(_)), "{second:?}");
+    }
+
+    #[test]
+    fn a_placement_that_did_not_fit_is_tried_again_only_after_a_release() {
+        let spec = half_node();
+        let fleet = fleet(&["n1"]);
+        let mut ledger = Ledger::new();
+        for (name, created) in [("a", 1), ("b", 2)] {
+            decide(&mut ledger, &candidate(name, created, &spec), &[], &fleet);
+        }
+        // More waiting placements than one turn tries: they do not fit, and once tried they
+        // no longer count against a newer placement's turn.
+        let waiting_names: Vec<String> = (0..=OLDER_PER_TURN).map(|i| format!("w{i}")).collect();
+        let waiting: Vec<Candidate<'_>> = waiting_names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| candidate(name, 10 + i64::try_from(i).unwrap(), &spec))
+            .collect();
+        let late = candidate("late", 99, &spec);
+        assert!(decide(&mut ledger, &late, &waiting, &fleet).deferred);
+        let tried = decide(&mut ledger, &late, &waiting, &fleet);
+        assert!(!tried.deferred && tried.planned_others.is_empty());
+        let again = decide(&mut ledger, &late, &waiting, &fleet);
+        assert!(
+            !again.deferred,
+            "nothing was released: nobody is tried again"
+        );
+        assert!(matches!(again.outcome, Outcome::Unschedulable(_)));
+        // A release makes everyone worth trying again, oldest first.
+        ledger.forget(&PlacementKey::new("ml", "a"));
+        let after = decide(&mut ledger, &late, &waiting, &fleet);
+        assert!(after.deferred);
+        assert_eq!(after.planned_others, vec![PlacementKey::new("ml", "w0")]);
     }
 
     #[test]

@@ -1,0 +1,337 @@
+//! The fleet as the planner sees it: the live AcceleratorInventories turned into planner
+//! nodes, with device names as in the inventories, plus what placement filters and plan
+//! checks need (products, presence, usability).
+//!
+//! Turning one inventory into a planner node is the costly step (tens of microseconds, so
+//! tens of milliseconds for a 1,000-node fleet), and a fleet changes one node at a time. So
+//! the view is assembled from [`NodePart`]s, one per inventory, which the controller keeps
+//! across rebuilds and converts again only when that inventory's resourceVersion changed.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::api::AcceleratorInventory;
+use crate::api::attribute;
+use crate::plan::NodeSpec;
+
+use super::build::DeviceFilter;
+use crate::api::placement::Assignment;
+
+/// One inventory as the planner sees it.
+#[derive(Debug, Clone)]
+pub struct NodePart {
+    /// The planner's node, devices named as in the inventory (labels not yet filled in).
+    pub node: NodeSpec,
+    /// Product slug by device name.
+    products: BTreeMap<String, String>,
+    /// Every device name in the inventory, usable or not.
+    present: BTreeSet<String>,
+    /// Devices present but not plannable now, with the reason.
+    unusable: BTreeMap<String, String>,
+}
+
+impl NodePart {
+    /// Converts one inventory.
+    pub fn new(inventory: &AcceleratorInventory) -> Self {
+        let node_name = inventory.spec.node_name.clone();
+        let mut products = BTreeMap::new();
+        let mut present = BTreeSet::new();
+        let mut unusable = BTreeMap::new();
+        let mut names_by_id = BTreeMap::new();
+        for entry in &inventory.spec.devices {
+            let text = |key: &str| {
+                entry
+                    .full_values
+                    .get(key)
+                    .cloned()
+                    .or_else(|| entry.attributes.get(key)?.as_str().map(str::to_string))
+            };
+            let id = text(attribute::ID).unwrap_or_else(|| entry.name.clone());
+            names_by_id.insert(id, entry.name.clone());
+            if let Some(product) = text(attribute::PRODUCT) {
+                products.insert(entry.name.clone(), product);
+            }
+            present.insert(entry.name.clone());
+        }
+        let (mut node, _skipped) = NodeSpec::from_report(&inventory.to_report(), &node_name);
+        for device in &mut node.devices {
+            if let Some(name) = names_by_id.get(&device.id) {
+                device.id = name.clone();
+            }
+        }
+        let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
+        for entry in &inventory.spec.devices {
+            let health = entry
+                .attributes
+                .get(attribute::HEALTH)
+                .and_then(|a| a.as_str())
+                .unwrap_or("unknown");
+            let family = entry
+                .attributes
+                .get(attribute::FAMILY)
+                .and_then(|a| a.as_str())
+                .unwrap_or("");
+            if family != "cpu" && !usable.contains(entry.name.as_str()) {
+                unusable.insert(
+                    entry.name.clone(),
+                    format!("not plannable, health {health}"),
+                );
+            }
+        }
+        Self {
+            node,
+            products,
+            present,
+            unusable,
+        }
+    }
+}
+
+/// The planner's view of the whole fleet.
+#[derive(Debug, Clone, Default)]
+pub struct FleetView {
+    /// Unique per view built in this process, so a plan tried against one view is known
+    /// to have been tried against the same fleet.
+    id: u64,
+    /// Nodes by name, each with its labels for the placements' node selectors.
+    nodes: Vec<NodeSpec>,
+    /// The parts, by node name.
+    parts: BTreeMap<String, Arc<NodePart>>,
+}
+
+impl FleetView {
+    /// The view of `inventories`; `node_labels` (by node name) fills each node's labels.
+    pub fn new<'a>(
+        inventories: impl IntoIterator<Item = &'a AcceleratorInventory>,
+        node_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Self {
+        Self::from_parts(
+            inventories
+                .into_iter()
+                .map(|inventory| Arc::new(NodePart::new(inventory))),
+            node_labels,
+        )
+    }
+
+    /// The view assembled from converted inventories.
+    pub fn from_parts(
+        parts: impl IntoIterator<Item = Arc<NodePart>>,
+        node_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Self {
+        let parts: BTreeMap<String, Arc<NodePart>> = parts
+            .into_iter()
+            .map(|part| (part.node.name.clone(), part))
+            .collect();
+        let nodes = parts
+            .values()
+            .map(|part| {
+                let mut node = part.node.clone();
+                node.labels = node_labels.get(&node.name).cloned().unwrap_or_default();
+                node
+            })
+            .collect();
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            nodes,
+            parts,
+        }
+    }
+
+    /// This view's id (unique in this process).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Every node, in name order.
+    pub fn nodes(&self) -> &[NodeSpec] {
+        &self.nodes
+    }
+
+    /// The product slug of a device, by node and inventory device name.
+    pub fn product(&self, node: &str, device: &str) -> Option<&str> {
+        self.parts
+            .get(node)?
+            .products
+            .get(device)
+            .map(String::as_str)
+    }
+
+    /// The assigned devices that are still present but no longer plannable, as
+    /// `node/device (why)`.
+    pub fn degraded(&self, assignments: &[Assignment]) -> Vec<String> {
+        assignments
+            .iter()
+            .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
+            .filter_map(|(node, device)| {
+                let why = self.parts.get(node)?.unusable.get(device)?;
+                Some(format!("{node}/{device} ({why})"))
+            })
+            .collect()
+    }
+
+    /// The nodes with only the devices `filter` allows; nodes left empty are dropped.
+    /// Without a filter that is the whole fleet, borrowed.
+    pub fn filtered(&self, filter: &DeviceFilter) -> Cow<'_, [NodeSpec]> {
+        if *filter == DeviceFilter::default() {
+            return Cow::Borrowed(&self.nodes);
+        }
+        let nodes = self
+            .nodes
+            .iter()
+            .filter(|node| {
+                filter
+                    .node_selector
+                    .iter()
+                    .all(|(k, v)| node.labels.get(k) == Some(v))
+            })
+            .filter_map(|node| {
+                let products = &self.parts.get(&node.name)?.products;
+                let mut node = node.clone();
+                node.devices.retain(|device| {
+                    let family_ok = filter.families.is_empty()
+                        || filter.families.contains(device.family.as_str());
+                    let product_ok = filter.products.is_empty()
+                        || products
+                            .get(&device.id)
+                            .is_some_and(|p| filter.products.contains(p));
+                    family_ok && product_ok
+                });
+                (!node.devices.is_empty()).then_some(node)
+            })
+            .collect();
+        Cow::Owned(nodes)
+    }
+
+    /// True when every device of `assignments` is still in the inventories.
+    pub fn holds(&self, assignments: &[Assignment]) -> Result<(), String> {
+        for assignment in assignments {
+            for device in &assignment.devices {
+                let present = self
+                    .parts
+                    .get(&assignment.node)
+                    .is_some_and(|part| part.present.contains(device));
+                if !present {
+                    return Err(format!(
+                        "device {device} on node {} is no longer in its inventory",
+                        assignment.node
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Converted inventories kept across fleet changes, keyed by inventory name and
+/// resourceVersion.
+#[derive(Debug, Default)]
+pub struct PartCache {
+    parts: HashMap<String, (String, Arc<NodePart>)>,
+}
+
+impl PartCache {
+    /// The parts of `inventories`, converting only those that are new or changed; parts of
+    /// inventories no longer listed are dropped.
+    pub fn refresh<'a>(
+        &mut self,
+        inventories: impl IntoIterator<Item = &'a AcceleratorInventory>,
+    ) -> Vec<Arc<NodePart>> {
+        let mut fresh = HashMap::with_capacity(self.parts.len());
+        let mut out = Vec::new();
+        for inventory in inventories {
+            let name = inventory.metadata.name.clone().unwrap_or_default();
+            let version = inventory
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default();
+            let part = match self.parts.remove(&name) {
+                // An object without a resourceVersion (never from the apiserver) is always
+                // converted again.
+                Some((seen, part)) if seen == version && !version.is_empty() => part,
+                _ => Arc::new(NodePart::new(inventory)),
+            };
+            out.push(part.clone());
+            fresh.insert(name, (version, part));
+        }
+        self.parts = fresh;
+        out
+    }
+}
+
+/// The inventory of `node`, detected from fixture host `scenario` (for the controller's
+/// unit tests).
+#[cfg(test)]
+pub(crate) fn fixture_inventory(scenario: &str, node: &str) -> AcceleratorInventory {
+    use crate::detect::{Detector, backends, testing::fixture_context};
+    let ctx = fixture_context(scenario);
+    let detector =
+        Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
+    AcceleratorInventory::from_report(node, &detector.run(false).0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inventory(scenario: &str, node: &str, version: &str) -> AcceleratorInventory {
+        let mut inventory = fixture_inventory(scenario, node);
+        inventory.metadata.resource_version = Some(version.to_string());
+        inventory
+    }
+
+    #[test]
+    fn parts_are_converted_again_only_when_their_inventory_changed() {
+        let mut cache = PartCache::default();
+        let a1 = inventory("h100-8x-nvswitch", "a", "1");
+        let b1 = inventory("mi300x-8x", "b", "1");
+        let first = cache.refresh([&a1, &b1]);
+        let again = cache.refresh([&a1, &b1]);
+        assert!(Arc::ptr_eq(&first[0], &again[0]) && Arc::ptr_eq(&first[1], &again[1]));
+        let mut a2 = a1.clone();
+        a2.spec.devices.truncate(2);
+        a2.metadata.resource_version = Some("2".into());
+        let changed = cache.refresh([&a2, &b1]);
+        assert!(!Arc::ptr_eq(&first[0], &changed[0]), "a changed");
+        assert!(Arc::ptr_eq(&first[1], &changed[1]), "b did not");
+        assert_eq!(changed[0].present.len(), 2);
+        let gone = cache.refresh([&b1]);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(
+            cache.parts.len(),
+            1,
+            "a's part is dropped with its inventory"
+        );
+    }
+
+    #[test]
+    fn an_unfiltered_view_is_borrowed_and_a_filter_narrows_it() {
+        let view = FleetView::new(
+            [
+                &inventory("h100-8x-nvswitch", "a", "1"),
+                &inventory("mi300x-8x", "b", "1"),
+            ],
+            &BTreeMap::from([(
+                "b".to_string(),
+                BTreeMap::from([("pool".into(), "x".into())]),
+            )]),
+        );
+        assert!(matches!(
+            view.filtered(&DeviceFilter::default()),
+            Cow::Borrowed(_)
+        ));
+        let pool_x = DeviceFilter {
+            node_selector: BTreeMap::from([("pool".into(), "x".into())]),
+            ..DeviceFilter::default()
+        };
+        let names: Vec<String> = view
+            .filtered(&pool_x)
+            .iter()
+            .map(|n| n.name.clone())
+            .collect();
+        assert_eq!(names, vec!["b".to_string()]);
+    }
+}
