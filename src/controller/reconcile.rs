@@ -155,6 +155,8 @@ pub struct Decision {
     /// Planned Nodes that could not be labelled because the Node object is gone (filled in
     /// after the labels are written).
     pub unlabeled: Vec<String>,
+    /// Why writing the placement labels failed, if it did.
+    pub label_error: Option<String>,
     /// True when older placements still wait to be tried, so `me` was not decided on this
     /// turn (the outcome means nothing) and must be reconciled again.
     pub deferred: bool,
@@ -184,6 +186,7 @@ pub fn decide(
         freed: false,
         degraded: Vec::new(),
         unlabeled: Vec::new(),
+        label_error: None,
         deferred: false,
     };
     if let Some(holding) = ledger.get(key) {
@@ -445,7 +448,6 @@ async fn apply(
                 .map(|a| a.node.clone()),
         );
     }
-    sync_node_labels(ctx, &mut state, &check_nodes).await?;
     let mut decision = decision;
     decision.unlabeled = decision
         .outcome
@@ -463,11 +465,30 @@ async fn apply(
     if decision.freed {
         requeue_waiting(ctx, &state, &me.precedence.key);
     }
+    // The Node labels and the status go out together, so a reconcile costs one apiserver
+    // round trip rather than two. The status says Ready on the assumption that the labels
+    // land; when a label write fails, a second status write takes that back before the
+    // reconcile is retried.
+    let current = placement.status.as_ref();
+    let (labels, written) = tokio::join!(
+        sync_node_labels(ctx, &mut state, &check_nodes),
+        write_status(placement, current, api, ctx, &decision),
+    );
     drop(state);
     if !decision.planned_others.is_empty() {
         let _ = ctx.requeue.send(());
     }
-    write_status(placement, api, ctx, &decision).await?;
+    if let Err(err) = labels {
+        decision.label_error = Some(err.to_string());
+        let written = written.ok().flatten();
+        if let Err(status_err) =
+            write_status(placement, written.as_ref().or(current), api, ctx, &decision).await
+        {
+            tracing::warn!(error = %status_err, "could not mark the placement not Ready");
+        }
+        return Err(err);
+    }
+    written?;
     Ok(match decision.outcome {
         Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),
         Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
@@ -805,6 +826,14 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
             "no plan; see the Planned condition".to_string(),
         );
     };
+    if let Some(error) = &decision.label_error {
+        let message = format!("writing the placement labels failed: {error}");
+        return (
+            false,
+            "LabelWriteFailed",
+            message.chars().take(1024).collect(),
+        );
+    }
     if !decision.unlabeled.is_empty() {
         let message = format!(
             "planned Node(s) not found, so their placement label is missing: {}",
@@ -832,17 +861,19 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
     )
 }
 
+/// Writes the status `decision` leads to over `current`, unless they are the same; returns
+/// what it wrote.
 async fn write_status(
     placement: &ModelPlacement,
+    current: Option<&ModelPlacementStatus>,
     api: &Api<ModelPlacement>,
     ctx: &Context,
     decision: &Decision,
-) -> Result<(), Error> {
+) -> Result<Option<ModelPlacementStatus>, Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let current = placement.status.as_ref();
     let desired = desired_status(current, decision, placement.meta().generation, &now);
     if current == Some(&desired) {
-        return Ok(());
+        return Ok(None);
     }
     let writing = Instant::now();
     let patch = serde_json::json!({
@@ -859,7 +890,7 @@ async fn write_status(
     .inspect_err(|_| ctx.metrics.failed("status"))?;
     ctx.metrics.wrote("status", writing.elapsed());
     emit_event(placement, ctx, current, &desired);
-    Ok(())
+    Ok(Some(desired))
 }
 
 /// An Event when the state or the Planned reason changed.
@@ -1164,6 +1195,18 @@ mod tests {
             (ready.status.as_str(), ready.reason.as_str()),
             ("False", "NodeNotFound")
         );
+        // A failed label write takes Ready back until a retry lands the labels.
+        let failed = Decision {
+            label_error: Some("connection refused".into()),
+            ..decision.clone()
+        };
+        let taken_back = desired_status(Some(&status), &failed, Some(1), &at(11));
+        let ready = conditions::find(&taken_back.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "LabelWriteFailed")
+        );
+        assert!(ready.message.contains("connection refused"));
         // Re-asserting the same decision later changes nothing, so nothing is written.
         let kept = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
         assert_eq!(
