@@ -314,6 +314,8 @@ async fn scale_run() -> Result<()> {
         .await?;
     let creation = created.elapsed();
     let all_planned = watch_until_all_planned(&api, placements, created).await?;
+    // The watch can show the last status before the controller has counted its write.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let text = reqwest_free_get(&metrics_url).await?;
     let (p99, reconciles) =
         quantile_from_metrics(&text, "hwaccel_controller_reconcile_duration_seconds", 0.99)

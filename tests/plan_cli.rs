@@ -104,6 +104,88 @@ fn a_plan_that_fits_exits_0_with_the_contract_fields() {
 }
 
 #[test]
+fn asked_for_replicas_are_placed_each_holding_its_share() {
+    let args = |replicas: &'static str| {
+        let mut args = vec![
+            "--model",
+            "llama-3.1-8b",
+            "--hardware",
+            "2x8xH100-80GB+nvswitch",
+            "--precision",
+            "bf16",
+            "--context",
+            "8192",
+            "--concurrency",
+            "8",
+        ];
+        if !replicas.is_empty() {
+            args.extend(["--replicas", replicas]);
+        }
+        args
+    };
+    // Unasked, one replica holds all 8 requests.
+    let (code, plan) = json(&args(""));
+    assert_eq!(code, 0);
+    assert_eq!(plan["replicas"], 1);
+    // Asked for 10: ten copies, more than one node holds, each holding its share.
+    let (code, plan) = json(&args("10"));
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["replicas"], 10);
+    let devices = plan["devices"].as_u64().unwrap();
+    assert_eq!(
+        devices,
+        10 * plan["tp"].as_u64().unwrap() * plan["pp"].as_u64().unwrap()
+    );
+    let nodes: std::collections::BTreeSet<&str> = plan["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["node"].as_str())
+        .collect();
+    assert_eq!(nodes.len(), 2, "{plan}");
+    assert!(plan["max_concurrency"].as_u64().unwrap() >= 8);
+    // More replicas than the fleet has devices does not fit, and says so.
+    let (code, plan) = json(&args("17"));
+    assert_eq!(code, 2, "{plan}");
+    assert_eq!(plan["fits"], false);
+    bad_input(&args("0"), "--replicas");
+}
+
+#[test]
+fn one_asked_replica_holding_everything_needs_a_wider_layout() {
+    let args = |replicas: Option<&'static str>| {
+        let mut args = vec![
+            "--model",
+            "llama-3.1-70b",
+            "--hardware",
+            "1x8xH100-80GB+nvswitch",
+            "--precision",
+            "bf16",
+            "--context",
+            "8192",
+            "--concurrency",
+            "64",
+        ];
+        args.extend(replicas.map(|r| ["--replicas", r]).into_iter().flatten());
+        args
+    };
+    let (_, free) = json(&args(None));
+    assert_eq!(
+        (free["tp"].as_u64(), free["replicas"].as_u64()),
+        (Some(4), Some(2))
+    );
+    let (code, one) = json(&args(Some("1")));
+    assert_eq!(code, 0, "{one}");
+    assert_eq!(
+        (one["tp"].as_u64(), one["replicas"].as_u64()),
+        (Some(8), Some(1))
+    );
+    assert!(one["max_concurrency"].as_u64().unwrap() >= 64);
+    let (code, four) = json(&args(Some("4")));
+    assert_eq!(code, 2, "four TP-4 replicas need 16 devices: {four}");
+}
+
+#[test]
 fn a_plan_that_does_not_fit_exits_2_and_says_what_would() {
     let (code, plan) = json(&[
         "--model",

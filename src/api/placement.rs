@@ -47,8 +47,9 @@ pub struct ModelPlacementSpec {
     /// Limits on the choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraints: Option<Constraints>,
-    /// Number of model replicas (data-parallel copies). Without it, the controller places as
-    /// many as the serving concurrency needs, and one for training.
+    /// Serving replicas (data-parallel copies), each holding its share of the concurrency.
+    /// Without it, the controller places as many as the concurrency needs. Training picks
+    /// its own data-parallel degree and ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("replicas must be between 1 and 1024"))]
     pub replicas: Option<u32>,
@@ -142,6 +143,10 @@ pub struct TrainGoal {
     #[serde(default = "default_micro_batch")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("microBatch must be between 1 and 4096"))]
     pub micro_batch: u32,
+    /// LoRA adapter rank (lora and qlora; adapters on every attention and MLP projection).
+    #[serde(default = "default_lora_rank")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("loraRank must be between 1 and 4096"))]
+    pub lora_rank: u32,
 }
 
 fn default_seq_len() -> u32 {
@@ -150,6 +155,10 @@ fn default_seq_len() -> u32 {
 
 fn default_micro_batch() -> u32 {
     1
+}
+
+fn default_lora_rank() -> u32 {
+    16
 }
 
 /// Weight precision choice.

@@ -26,9 +26,6 @@ use crate::plan::{Bytes, Goal, Model, NodeSpec, PlanError, PlanRequest, Reservat
 use super::fleet_view::FleetView;
 use super::labels;
 
-/// LoRA rank used for LoRA/QLoRA training (the spec does not expose it yet).
-const DEFAULT_LORA_RANK: u64 = 16;
-
 /// A spec the planner can work on.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -68,7 +65,7 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
             seq_len: u64::from(train.seq_len),
             micro_batch: u64::from(train.micro_batch),
             gradient_checkpointing: true,
-            lora_rank: DEFAULT_LORA_RANK,
+            lora_rank: u64::from(train.lora_rank),
             lora_targets: LoraTarget::ALL.to_vec(),
         }),
         _ => return Err(vec!["goal: set exactly one of serve or train".to_string()]),
@@ -86,11 +83,12 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
         gpu_util: constraints
             .memory_utilization_percent
             .map_or(default_util, |p| f64::from(p) / 100.0),
+        replicas: spec.replicas.filter(|_| !training),
     };
     let mut notes = Vec::new();
-    if spec.replicas.is_some() {
+    if training && spec.replicas.is_some() {
         notes.push(
-            "spec.replicas is not applied yet: replicas follow serve.concurrency".to_string(),
+            "spec.replicas applies to serving; training picks its data-parallel degree".to_string(),
         );
     }
     Ok(Request {
@@ -374,6 +372,37 @@ mod tests {
             inventory("mi300x-8x", "mi-1"),
         ];
         FleetView::new(inventories.iter(), &BTreeMap::new())
+    }
+
+    #[test]
+    fn asked_replicas_are_placed_and_training_ignores_them() {
+        let fleet = fleet();
+        let mut spec = serve("llama-3.1-8b", 8192);
+        spec.replicas = Some(3);
+        let Outcome::Planned(status) =
+            evaluate(&spec, "ml", "three", &fleet, &Reservations::none())
+        else {
+            panic!("three 8B replicas fit");
+        };
+        assert_eq!(status.plan.as_ref().map(|p| p.replicas), Some(3));
+        let devices: usize = status.assignments.iter().map(|a| a.devices.len()).sum();
+        assert_eq!(devices, 3, "one device per 8B replica: {status:?}");
+        spec.goal = ApiGoal {
+            serve: None,
+            train: Some(crate::api::placement::TrainGoal {
+                method: TrainMethod::Lora,
+                seq_len: 2048,
+                micro_batch: 1,
+                lora_rank: 64,
+            }),
+        };
+        let request = request_from_spec(&spec).unwrap();
+        assert_eq!(request.request.replicas, None);
+        assert!(request.notes.iter().any(|n| n.contains("spec.replicas")));
+        let Goal::Train(target) = &request.request.goal else {
+            panic!("a training goal");
+        };
+        assert_eq!(target.lora_rank, 64);
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub struct PlanArgs {
     /// Concurrent full-context requests to hold; replicas are added to reach it.
     #[arg(long, default_value_t = 1)]
     pub concurrency: u64,
+    /// Serving replicas to place, each holding its share of --concurrency (default: as many
+    /// as the concurrency needs).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "train")]
+    pub replicas: Option<u32>,
     /// Plan fine-tuning with this method.
     #[arg(long, value_enum)]
     pub train: Option<Method>,
@@ -205,6 +209,7 @@ fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
         kv_dtype: args.kv_dtype,
         max_nodes: args.max_nodes,
         gpu_util,
+        replicas: args.replicas,
     })
 }
 

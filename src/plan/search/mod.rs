@@ -58,6 +58,9 @@ pub struct PlanRequest {
     pub max_nodes: Option<u32>,
     /// Fraction of device memory the plan may use (serving default 0.90, like vLLM).
     pub gpu_util: f64,
+    /// Serving replicas to place, each holding its share of the concurrency; `None` places
+    /// as many as the concurrency needs. Training ignores it.
+    pub replicas: Option<u32>,
 }
 
 impl PlanRequest {
@@ -72,6 +75,7 @@ impl PlanRequest {
             kv_dtype: KvDtype::Auto,
             max_nodes: None,
             gpu_util: DEFAULT_GPU_UTIL,
+            replicas: None,
         }
     }
 

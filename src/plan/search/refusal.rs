@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use super::PlanRequest;
 use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
-use super::serving::{Outcome, search};
+use super::serving::{Demand, Outcome, search};
 use crate::hardware::Precision;
 use crate::plan::capability::{PrecisionChoice, serving_candidates, serving_support};
 use crate::plan::fleet::{DeviceClass, Fleet};
@@ -96,10 +96,13 @@ pub(super) fn serving(
             request.max_nodes.map_or(String::new(), |m| format!(", at most {m} node(s) allowed")),
         ));
     }
-    let concurrency = plan.concurrency.unwrap_or(1);
-    suggest_alternatives(plan, model, fleet, request, target, concurrency);
+    let demand = Demand {
+        concurrency: plan.concurrency.unwrap_or(1),
+        replicas: request.replicas,
+    };
+    suggest_alternatives(plan, model, fleet, request, target, demand);
     suggest_shorter_context(plan, model, fleet, request.precision, target);
-    suggest_more_nodes(plan, model, fleet, request, target, concurrency, nodes);
+    suggest_more_nodes(plan, model, fleet, request, target, demand, nodes);
 }
 
 /// One reason per class: the largest layout at the narrowest allowed precision, and by how
@@ -171,7 +174,7 @@ fn suggest_alternatives(
     fleet: &Fleet<'_>,
     request: &PlanRequest,
     target: &ServingTarget,
-    concurrency: u64,
+    demand: Demand,
 ) {
     let describe = |outcome: &Outcome| {
         outcome.best.as_ref().map(|(c, p)| {
@@ -194,7 +197,7 @@ fn suggest_alternatives(
             .find_map(|precision| {
                 let choice = PrecisionChoice::Exact(precision);
                 (choice != request.precision)
-                    .then(|| search(model, fleet, choice, target, concurrency, request.max_nodes))
+                    .then(|| search(model, fleet, choice, target, demand, request.max_nodes))
                     .and_then(|outcome| describe(&outcome).map(|text| (precision, text)))
             });
         if let Some((precision, text)) = widest {
@@ -212,7 +215,7 @@ fn suggest_alternatives(
             fleet,
             request.precision,
             &fp8,
-            concurrency,
+            demand,
             request.max_nodes,
         )) {
             plan.suggestions.push(format!("--kv-dtype fp8: {text}"));
@@ -224,7 +227,7 @@ fn suggest_alternatives(
             fleet,
             request.precision,
             target,
-            concurrency,
+            demand,
             None,
         ))
     {
@@ -303,7 +306,7 @@ fn suggest_more_nodes(
     fleet: &Fleet<'_>,
     request: &PlanRequest,
     target: &ServingTarget,
-    concurrency: u64,
+    demand: Demand,
     nodes: &[NodeSpec],
 ) {
     let mut best: Option<(u64, String)> = None;
@@ -328,7 +331,7 @@ fn suggest_more_nodes(
                 &virtual_fleet,
                 request.precision,
                 target,
-                concurrency,
+                demand,
                 None,
             )
             .best

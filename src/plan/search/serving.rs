@@ -47,6 +47,16 @@ impl Candidate {
     }
 }
 
+/// How much serving is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Demand {
+    /// Full-context requests held at once, across all replicas.
+    pub concurrency: u64,
+    /// Replicas to place (each holds its share of `concurrency`); `None`: as many as the
+    /// concurrency needs.
+    pub replicas: Option<u32>,
+}
+
 /// The winner and what it took to find it.
 #[derive(Debug, Clone)]
 pub(super) struct Outcome {
@@ -63,7 +73,7 @@ pub(super) fn search(
     fleet: &Fleet<'_>,
     choice: PrecisionChoice,
     target: &ServingTarget,
-    concurrency: u64,
+    demand: Demand,
     max_nodes: Option<u32>,
 ) -> Outcome {
     let mut refusals = Vec::new();
@@ -82,7 +92,7 @@ pub(super) fn search(
                         execution,
                         weights: &weights,
                     };
-                    candidates.extend(layouts(model, &ctx, target, concurrency));
+                    candidates.extend(layouts(model, &ctx, target, demand));
                 }
                 Err(why) if !matches!(choice, PrecisionChoice::Auto) || is_notable(precision) => {
                     refusals.push(format!("{} x{}: {why}", class.sample.product, class.free));
@@ -158,11 +168,11 @@ fn layouts(
     model: &Model,
     ctx: &ClassContext<'_, '_>,
     target: &ServingTarget,
-    concurrency: u64,
+    demand: Demand,
 ) -> Vec<Candidate> {
-    let found = layouts_where(model, ctx, target, concurrency, true);
+    let found = layouts_where(model, ctx, target, demand, true);
     if found.is_empty() {
-        layouts_where(model, ctx, target, concurrency, false)
+        layouts_where(model, ctx, target, demand, false)
     } else {
         found
     }
@@ -172,7 +182,7 @@ fn layouts_where(
     model: &Model,
     ctx: &ClassContext<'_, '_>,
     target: &ServingTarget,
-    concurrency: u64,
+    demand: Demand,
     conventional: bool,
 ) -> Vec<Candidate> {
     let device = (ctx.class.sample.memory, ctx.class.sample.product.as_str());
@@ -197,7 +207,18 @@ fn layouts_where(
             if !fit.fits() {
                 continue;
             }
-            let replicas = concurrency.div_ceil(fit.max_concurrency);
+            // Replicas asked for must each hold their share; otherwise replicas are added
+            // until the concurrency is held.
+            let replicas = match demand.replicas {
+                Some(asked) => {
+                    let share = demand.concurrency.div_ceil(u64::from(asked.max(1)));
+                    if fit.max_concurrency < share {
+                        continue;
+                    }
+                    u64::from(asked)
+                }
+                None => demand.concurrency.div_ceil(fit.max_concurrency),
+            };
             let devices = u64::from(tp * pp).saturating_mul(replicas);
             if devices >= fewest {
                 break;
@@ -213,7 +234,8 @@ fn layouts_where(
                 replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
                 fit,
             });
-            if replicas == 1 {
+            // Deeper pipelines only pay off by needing fewer replicas.
+            if replicas == 1 || demand.replicas.is_some() {
                 break;
             }
         }
@@ -235,12 +257,16 @@ pub(super) fn plan(
         kv_dtype: request.kv_dtype,
         gpu_util: request.gpu_util,
     };
+    let demand = Demand {
+        concurrency,
+        replicas: request.replicas,
+    };
     let outcome = search(
         model,
         fleet,
         request.precision,
         &target,
-        concurrency,
+        demand,
         request.max_nodes,
     );
     let mut plan = Plan::new("serve", model);
