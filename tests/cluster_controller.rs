@@ -2,7 +2,8 @@
 //! on real inventory nodes with a nodeSelector that selects exactly those nodes; competing
 //! placements never share a device and a deletion lets a waiting one in; invalid specs are
 //! refused by the apiserver or marked `Planned=False`; a model that does not fit says why;
-//! losing an inventory re-plans; a placement label removed by hand comes back; with two
+//! losing an inventory re-plans; a placement label removed by hand comes back; a refused
+//! label write keeps `Ready` false until a retry lands it; with two
 //! leader-elected replicas only the leader writes and a handover reserves nothing twice.
 //!
 //! Each test runs its own controller in-process, scoped to the test's namespace and to Nodes
@@ -292,6 +293,158 @@ async fn a_model_that_fits_is_planned_with_an_exact_node_selector() -> Result<()
         ])
         .await?;
     assert!(events.contains("Planned"), "events: {events}");
+    Ok(())
+}
+
+/// Refuses placement labels on Nodes labelled `hwaccel.io/deny-placement-labels=<prefix>`
+/// (so only this test's Node is affected), as a webhook or policy of the cluster might.
+async fn refuse_placement_labels(cluster: &TestCluster) -> Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+        ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+        ValidatingAdmissionPolicySpec, Validation,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let name = cluster.unique_name("refuse-placement-labels");
+    let these_nodes = MatchResources {
+        object_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                DENY_LABEL.to_string(),
+                cluster.prefix().to_string(),
+            )])),
+            ..LabelSelector::default()
+        }),
+        ..MatchResources::default()
+    };
+    let policy = ValidatingAdmissionPolicy {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec![String::new()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["UPDATE".into()]),
+                    resources: Some(vec!["nodes".into()]),
+                    ..NamedRuleWithOperations::default()
+                }]),
+                ..these_nodes.clone()
+            }),
+            validations: Some(vec![Validation {
+                expression: "!has(object.metadata.labels) || !object.metadata.labels.exists(k, k.startsWith('placement.hwaccel.io/'))".into(),
+                message: Some("placement labels are refused on this node".into()),
+                ..Validation::default()
+            }]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    Api::<ValidatingAdmissionPolicy>::all(cluster.client())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: name,
+            validation_actions: vec!["Deny".into()],
+            match_resources: Some(these_nodes),
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        },
+    };
+    Api::<ValidatingAdmissionPolicyBinding>::all(cluster.client())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+const DENY_LABEL: &str = "hwaccel.io/deny-placement-labels";
+
+fn ready_of(status: &ModelPlacementStatus) -> Option<(String, String)> {
+    conditions::find(&status.conditions, conditions::READY)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_refused_label_write_takes_ready_back_until_a_retry_lands() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let node = add_node(&cluster, "h100-8x-nvswitch").await?;
+    cluster
+        .kubectl_ok(&[
+            "label",
+            "node",
+            &node,
+            &format!("{DENY_LABEL}={}", cluster.prefix()),
+        ])
+        .await?;
+    refuse_placement_labels(&cluster).await?;
+    // The policy reaches the admission chain asynchronously: wait until a (dry-run) write of
+    // a placement label is refused.
+    let nodes: Api<Node> = Api::all(cluster.client());
+    wait_for(DEFAULT_TIMEOUT, "the policy to refuse placement labels", || {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        async move {
+            let probe = serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": node, "labels": { "placement.hwaccel.io/probe.x": "true" } },
+            });
+            let refused = nodes
+                .patch(
+                    &node,
+                    &PatchParams::apply("probe").dry_run(),
+                    &Patch::Apply(&probe),
+                )
+                .await
+                .is_err();
+            Ok(refused.then_some(()))
+        }
+    })
+    .await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "llama",
+        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let refused = wait_for(DEFAULT_TIMEOUT, "Ready=False LabelWriteFailed", || {
+        let api = api.clone();
+        async move {
+            let status = api.get_status("llama").await?.status;
+            Ok(status.filter(|s| ready_of(s) == Some(("False".into(), "LabelWriteFailed".into()))))
+        }
+    })
+    .await?;
+    assert_eq!(refused.state.as_deref(), Some("Planned"), "{refused:?}");
+    let message = conditions::find(&refused.conditions, conditions::READY)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("refused on this node"), "{message}");
+    // Lift the refusal: the controller's retry lands the label and Ready turns True.
+    cluster
+        .kubectl_ok(&["label", "node", &node, &format!("{DENY_LABEL}-")])
+        .await?;
+    let ready = wait_for(DEFAULT_TIMEOUT, "Ready=True", || {
+        let api = api.clone();
+        async move {
+            let status = api.get_status("llama").await?.status;
+            Ok(status.filter(|s| ready_of(s) == Some(("True".into(), "NodesLabelled".into()))))
+        }
+    })
+    .await?;
+    assert_eq!(
+        nodes_selected_by(&cluster, &ready.node_selector).await?,
+        BTreeSet::from([node])
+    );
     Ok(())
 }
 
