@@ -16,8 +16,8 @@ fn every_example_placement_is_valid_and_fully_applied() {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        let placement: ModelPlacement = serde_saphyr::from_str(&text)
-            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+        let placement: ModelPlacement =
+            serde_saphyr::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
         let request = request_from_spec(&placement.spec)
             .unwrap_or_else(|reasons| panic!("{}: {reasons:?}", path.display()));
         assert!(
