@@ -331,7 +331,6 @@ fn degraded_condition(
     } else {
         return conditions::condition(DEGRADED, Some(false), "Healthy", "", generation, now);
     };
-    let message: String = message.chars().take(1024).collect();
     conditions::condition(DEGRADED, Some(true), reason, &message, generation, now)
 }
 

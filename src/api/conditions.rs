@@ -21,7 +21,12 @@ pub fn status_text(status: Option<bool>) -> &'static str {
     }
 }
 
-/// A condition of `type_` with the given status, reason (CamelCase) and message.
+/// Longest condition message kept, in characters: enough for a list of devices or reasons,
+/// short enough for `kubectl describe` (the API allows 32 KiB).
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// A condition of `type_` with the given status, reason (CamelCase) and message (cut to
+/// [`MAX_MESSAGE_CHARS`]).
 pub fn condition(
     type_: &str,
     status: Option<bool>,
@@ -34,7 +39,7 @@ pub fn condition(
         type_: type_.to_string(),
         status: status_text(status).to_string(),
         reason: reason.to_string(),
-        message: message.to_string(),
+        message: message.chars().take(MAX_MESSAGE_CHARS).collect(),
         observed_generation,
         last_transition_time: now.clone(),
     }
@@ -100,6 +105,14 @@ mod tests {
             Some(generation),
             &at(now),
         )
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(MAX_MESSAGE_CHARS + 10);
+        let cut = condition(READY, Some(false), "Why", &long, None, &at(1));
+        assert_eq!(cut.message.chars().count(), MAX_MESSAGE_CHARS);
+        assert!(long.starts_with(&cut.message));
     }
 
     #[test]

@@ -771,7 +771,6 @@ pub fn desired_status(
             false,
         ),
     };
-    let message: String = message.chars().take(1024).collect();
     conditions::set(
         &mut conds,
         conditions::condition(PLANNED, Some(ok), &reason, &message, generation, now),
@@ -793,7 +792,6 @@ pub fn desired_status(
             "assigned devices no longer usable: {}",
             decision.degraded.join(", ")
         );
-        let message: String = message.chars().take(1024).collect();
         Some(conditions::condition(
             DEGRADED,
             Some(true),
@@ -828,18 +826,14 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
     };
     if let Some(error) = &decision.label_error {
         let message = format!("writing the placement labels failed: {error}");
-        return (
-            false,
-            "LabelWriteFailed",
-            message.chars().take(1024).collect(),
-        );
+        return (false, "LabelWriteFailed", message);
     }
     if !decision.unlabeled.is_empty() {
         let message = format!(
             "planned Node(s) not found, so their placement label is missing: {}",
             decision.unlabeled.join(", ")
         );
-        return (false, "NodeNotFound", message.chars().take(1024).collect());
+        return (false, "NodeNotFound", message);
     }
     if !decision.degraded.is_empty() {
         return (
