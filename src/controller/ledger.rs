@@ -100,20 +100,23 @@ pub struct Conflict {
     pub holder: PlacementKey,
 }
 
-/// A placement version that was planned and did not fit, the state it was tried in, and
-/// the answer.
-#[derive(Debug, Clone, PartialEq)]
+/// A placement version and the fleet view it is planned against.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tried {
     /// `metadata.uid`.
     pub uid: String,
     /// `metadata.generation`.
     pub generation: i64,
-    /// [`Ledger::releases`] when it was tried.
-    pub releases: u64,
-    /// The id of the fleet view it was tried against.
+    /// The id of the fleet view.
     pub fleet: u64,
-    /// The refusal (reasons and suggestions), given again while it holds.
-    pub refusal: Outcome,
+}
+
+/// A try that did not fit: with what, at which release count, and the refusal.
+#[derive(Debug, Clone, PartialEq)]
+struct Unfit {
+    tried: Tried,
+    releases: u64,
+    refusal: Outcome,
 }
 
 /// Every placement's devices.
@@ -125,7 +128,7 @@ pub struct Ledger {
     /// Holdings removed so far.
     releases: u64,
     /// Placements that did not fit, by key.
-    unfit: HashMap<PlacementKey, Tried>,
+    unfit: HashMap<PlacementKey, Unfit>,
 }
 
 impl Ledger {
@@ -198,29 +201,26 @@ impl Ledger {
         self.releases
     }
 
-    /// Remembers that `key` (in the version `tried` names) did not fit.
-    pub fn mark_unfit(&mut self, key: PlacementKey, tried: Tried) {
-        self.unfit.insert(key, tried);
+    /// Remembers that `key`, tried as `tried` now, got `refusal`.
+    pub fn mark_unfit(&mut self, key: PlacementKey, tried: Tried, refusal: Outcome) {
+        let releases = self.releases;
+        self.unfit.insert(
+            key,
+            Unfit {
+                tried,
+                releases,
+                refusal,
+            },
+        );
     }
 
-    /// The refusal `key` got when it was tried in exactly this version against this fleet,
-    /// if no device has been released since: planning it again would fail again.
-    pub fn known_unfit(
-        &self,
-        key: &PlacementKey,
-        uid: &str,
-        generation: i64,
-        fleet: u64,
-    ) -> Option<&Outcome> {
+    /// The refusal `key` got when it was last tried exactly as `tried`, if no device has
+    /// been released since: planning it again would fail again.
+    pub fn known_unfit(&self, key: &PlacementKey, tried: &Tried) -> Option<&Outcome> {
         self.unfit
             .get(key)
-            .filter(|tried| {
-                tried.uid == uid
-                    && tried.generation == generation
-                    && tried.fleet == fleet
-                    && tried.releases == self.releases
-            })
-            .map(|tried| &tried.refusal)
+            .filter(|unfit| unfit.tried == *tried && unfit.releases == self.releases)
+            .map(|unfit| &unfit.refusal)
     }
 
     /// Forgets everything about a deleted placement.

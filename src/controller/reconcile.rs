@@ -211,7 +211,7 @@ pub fn decide(
         .filter(|c| c.precedence < me.precedence && ledger.get(&c.precedence.key).is_none())
         .filter(|c| {
             ledger
-                .known_unfit(&c.precedence.key, &c.uid, c.generation, fleet.id())
+                .known_unfit(&c.precedence.key, &tried(c, fleet))
                 .is_none()
         })
         .collect();
@@ -226,31 +226,19 @@ pub fn decide(
     if decision.deferred {
         return decision;
     }
-    if let Some(refusal) = ledger.known_unfit(key, &me.uid, me.generation, fleet.id()) {
+    if let Some(refusal) = ledger.known_unfit(key, &tried(me, fleet)) {
         decision.outcome = refusal.clone();
         return decision;
     }
     let (outcome, nodes) = try_to_plan(ledger, me, fleet);
-    match nodes {
-        Some(nodes) => decision.changed_nodes.extend(nodes),
-        None if matches!(outcome, Outcome::Planned(_)) => {
-            // The planner was told which devices were taken, so the ledger refusing the plan
-            // is a bug; refusing is the safe answer.
-            decision.outcome = Outcome::Unschedulable(ModelPlacementStatus {
-                reasons: vec!["internal: the plan overlaps another placement's devices".into()],
-                ..ModelPlacementStatus::default()
-            });
-            return decision;
-        }
-        None => {}
-    }
+    decision.changed_nodes.extend(nodes.into_iter().flatten());
     decision.outcome = outcome;
     decision
 }
 
 /// Plans `candidate` against the fleet minus what others hold. A plan is entered in the
-/// ledger (its Nodes are returned); a refusal is remembered as unfit for this fleet and
-/// these releases.
+/// ledger (its Nodes are returned); a refusal is remembered as unfit for this fleet and the
+/// ledger's current releases.
 fn try_to_plan(
     ledger: &mut Ledger,
     candidate: &Candidate<'_>,
@@ -265,23 +253,31 @@ fn try_to_plan(
             let nodes = holding.nodes();
             match ledger.insert(key.clone(), holding) {
                 Ok(()) => (outcome, Some(nodes)),
+                // The planner was told which devices were taken, so the ledger refusing the
+                // plan is a bug; refusing the placement is the safe answer.
                 Err(conflict) => {
                     tracing::error!(placement = %key, %conflict, "a plan overlaps the ledger");
-                    (outcome, None)
+                    let refusal = Outcome::Unschedulable(ModelPlacementStatus {
+                        reasons: vec![format!("internal: {conflict}")],
+                        ..ModelPlacementStatus::default()
+                    });
+                    (refusal, None)
                 }
             }
         }
         Outcome::Unschedulable(_) | Outcome::Invalid(_) => {
-            let tried = Tried {
-                uid: candidate.uid.clone(),
-                generation: candidate.generation,
-                releases: ledger.releases(),
-                fleet: fleet.id(),
-                refusal: outcome.clone(),
-            };
-            ledger.mark_unfit(key.clone(), tried);
+            ledger.mark_unfit(key.clone(), tried(candidate, fleet), outcome.clone());
             (outcome, None)
         }
+    }
+}
+
+/// The placement version and fleet a try is made with.
+fn tried(candidate: &Candidate<'_>, fleet: &FleetView) -> Tried {
+    Tried {
+        uid: candidate.uid.clone(),
+        generation: candidate.generation,
+        fleet: fleet.id(),
     }
 }
 
