@@ -213,7 +213,7 @@ impl CommandRunner {
         for name in SCRUBBED_ENV {
             command.env_remove(name);
         }
-        let mut child = command.spawn().map_err(|err| CommandError::Spawn {
+        let mut child = spawn(&mut command).map_err(|err| CommandError::Spawn {
             tool: tool.to_string(),
             reason: err.to_string(),
         })?;
@@ -300,6 +300,31 @@ enum ReaderEvent {
 trait Pipe: Read + Send + 'static {}
 impl Pipe for ChildStdout {}
 impl Pipe for ChildStderr {}
+
+/// Times `exec` of a busy executable is retried.
+const BUSY_RETRIES: u32 = 6;
+/// The wait before the first retry; it doubles each time (5 + 10 + ... + 160 = 315 ms at
+/// most in all, well inside a tool's timeout).
+const BUSY_FIRST_WAIT: Duration = Duration::from_millis(5);
+
+/// Starts `command`, retrying briefly while the executable is busy (`ETXTBSY`). A program
+/// is busy while some process holds it open for writing: a package manager replacing the
+/// tool, or — in any multi-threaded process — a child forked by another thread at the
+/// moment a file was open for writing, which keeps that file descriptor until its own
+/// `exec`. The window is short, so a few short waits get past it.
+fn spawn(command: &mut Command) -> std::io::Result<Child> {
+    let mut wait = BUSY_FIRST_WAIT;
+    for _ in 0..BUSY_RETRIES {
+        match command.spawn() {
+            Err(err) if err.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                thread::sleep(wait);
+                wait *= 2;
+            }
+            result => return result,
+        }
+    }
+    command.spawn()
+}
 
 fn spawn_reader<P: Pipe>(
     stream: Stream,
@@ -409,6 +434,30 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_tool_busy_for_a_moment_is_started_once_it_is_free() {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("busy");
+        // Held open for writing, the script cannot be executed (ETXTBSY) until it is closed.
+        let mut writing = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o755)
+            .open(&path)
+            .unwrap();
+        writing.write_all(b"#!/bin/sh\necho free\n").unwrap();
+        let closer = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(10));
+            drop(writing);
+        });
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()]);
+        let out = runner.run("busy", &[]).unwrap();
+        assert_eq!(out.stdout, "free\n");
+        closer.join().unwrap();
     }
 
     #[test]
