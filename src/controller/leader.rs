@@ -8,7 +8,11 @@
 //! change, not by the timestamps inside it, so clock skew between nodes does not matter.
 //!
 //! A holder that cannot renew before the renew deadline reports the loss; the caller stops
-//! writing at once (the binary exits and the Deployment restarts it as a candidate).
+//! writing at once (the binary exits and the Deployment restarts it as a candidate). Every
+//! call is bounded: a renewal may take only the time left before the renew deadline, so a
+//! request that hangs (a half-open connection, an overloaded apiserver) cannot keep this
+//! replica acting as leader after a standby, seeing the Lease unchanged for a whole lease
+//! duration, has taken over.
 
 use std::time::Duration;
 
@@ -75,6 +79,15 @@ impl Leadership {
     /// Gives the Lease up (graceful shutdown), so a standby takes over at once.
     pub async fn release(self) {
         self.renewer.abort();
+        // Bounded: shutdown must not wait on a hung apiserver; an unreleased Lease only
+        // makes the standby wait one lease duration.
+        let released = tokio::time::timeout(self.config.renew_deadline, self.give_up());
+        if released.await.is_err() {
+            tracing::warn!("releasing the leader Lease did not answer in time");
+        }
+    }
+
+    async fn give_up(&self) {
         if let Ok(mut lease) = self.api.get(&self.config.name).await
             && holder(&lease) == Some(self.config.identity.as_str())
         {
@@ -112,10 +125,12 @@ pub async fn acquire(
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let mut observed: Option<(String, Instant)> = None;
     loop {
-        match try_acquire(&api, &config, &mut observed).await {
-            Ok(true) => break,
-            Ok(false) => on_contact(),
-            Err(err) => tracing::warn!(error = %err, "reading the leader Lease failed"),
+        let attempt = try_acquire(&api, &config, &mut observed);
+        match tokio::time::timeout(config.renew_deadline, attempt).await {
+            Ok(Ok(true)) => break,
+            Ok(Ok(false)) => on_contact(),
+            Ok(Err(err)) => tracing::warn!(error = %err, "reading the leader Lease failed"),
+            Err(_) => tracing::warn!("the leader Lease request did not answer in time"),
         }
         tokio::time::sleep(config.retry_period).await;
     }
@@ -207,13 +222,15 @@ async fn renew(api: Api<Lease>, config: LeaseConfig, lost: watch::Sender<bool>) 
     let mut last_renewal = Instant::now();
     loop {
         tokio::time::sleep(config.retry_period).await;
-        match renew_once(&api, &config).await {
-            Ok(true) => last_renewal = Instant::now(),
-            Ok(false) => {
+        let left = config.renew_deadline.saturating_sub(last_renewal.elapsed());
+        match tokio::time::timeout(left, renew_once(&api, &config)).await {
+            Ok(Ok(true)) => last_renewal = Instant::now(),
+            Ok(Ok(false)) => {
                 tracing::error!(identity = %config.identity, "another replica holds the Lease");
                 break;
             }
-            Err(err) => tracing::warn!(error = %err, "renewing the Lease failed"),
+            Ok(Err(err)) => tracing::warn!(error = %err, "renewing the Lease failed"),
+            Err(_) => tracing::warn!("renewing the Lease did not answer before the renew deadline"),
         }
         if last_renewal.elapsed() >= config.renew_deadline {
             tracing::error!(identity = %config.identity, "could not renew the Lease in time");
@@ -236,4 +253,71 @@ async fn renew_once(api: &Api<Lease>, config: &LeaseConfig) -> Result<bool, kube
     api.replace(&config.name, &PostParams::default(), &lease)
         .await
         .map(|_| true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// An apiserver that lets this replica create the Lease (GET 404, POST 201) and then never
+    /// answers again, as a half-open connection does.
+    fn hangs_after_acquiring() -> (Client, Arc<AtomicUsize>) {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = requests.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            let method = request.method().clone();
+            async move {
+                let (code, body) = match (n, method) {
+                    (0, http::Method::GET) => (
+                        404,
+                        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#,
+                    ),
+                    (1, http::Method::POST) => (
+                        201,
+                        r#"{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"lease","namespace":"default","resourceVersion":"1"},"spec":{"holderIdentity":"me"}}"#,
+                    ),
+                    _ => std::future::pending().await,
+                };
+                http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.as_bytes().to_vec()))
+            }
+        });
+        (Client::new(service, "default"), requests)
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_hangs_gives_up_leadership_by_the_renew_deadline() {
+        let (client, requests) = hangs_after_acquiring();
+        let config = LeaseConfig {
+            lease_duration: Duration::from_millis(1500),
+            renew_deadline: Duration::from_millis(600),
+            retry_period: Duration::from_millis(100),
+            ..LeaseConfig::new("default", "lease", "me")
+        };
+        let mut leadership = acquire(client, config, || {}).await.expect("acquired");
+        let acquired = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), leadership.lost())
+            .await
+            .expect("leadership is given up although the renewal never answers");
+        // Well before a standby could take over (one lease duration after the last change).
+        assert!(
+            acquired.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            acquired.elapsed()
+        );
+        assert!(
+            requests.load(Ordering::SeqCst) >= 3,
+            "a renewal was attempted"
+        );
+        // Releasing on shutdown does not hang either.
+        tokio::time::timeout(Duration::from_secs(5), leadership.release())
+            .await
+            .expect("release is bounded");
+    }
 }
