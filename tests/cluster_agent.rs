@@ -191,6 +191,50 @@ async fn labels_and_inventory_appear_and_a_steady_node_writes_nothing() -> Resul
 
 #[tokio::test]
 #[ignore = "needs cluster"]
+async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("gone");
+    create_node(&client, &node).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let mut agent = agent_for(&client, &node, host.path(), 3);
+    agent.cycle().await?;
+    let inventories: Api<AcceleratorInventory> = Api::all(client.clone());
+    let original = inventories.get(&node).await?;
+
+    // Deleted by hand (or by a careless cleanup): the same running agent, without a
+    // restart, writes it again on its next cycle.
+    inventories.delete(&node, &DeleteParams::default()).await?;
+    wait_for(DEFAULT_TIMEOUT, "the inventory gone", || {
+        let inventories = inventories.clone();
+        let node = node.clone();
+        async move { Ok(inventories.get_opt(&node).await?.is_none().then_some(())) }
+    })
+    .await?;
+    let again = agent.cycle().await?;
+    assert!(again.inventory_written && again.status_written, "{again:?}");
+    let recreated = inventories.get(&node).await?;
+    assert_eq!(recreated.spec, original.spec);
+    let status = recreated.status.clone().unwrap_or_default();
+    assert!(conditions::is_true(&status.conditions, conditions::READY));
+
+    // Edited by someone else: put back on the next cycle.
+    let edit = serde_json::json!({"spec": {"summary": {"accelerators": 0}}});
+    inventories
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&edit))
+        .await?;
+    let repaired = agent.cycle().await?;
+    assert!(repaired.inventory_written, "{repaired:?}");
+    assert_eq!(inventories.get(&node).await?.spec.summary.accelerators, 8);
+
+    // And steady again: reads only.
+    assert_eq!(agent.cycle().await?, PublishOutcome::default());
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
 async fn a_removed_device_goes_only_after_the_misses_and_a_failing_detector_keeps_labels()
 -> Result<()> {
     let cluster = TestCluster::new().await?;

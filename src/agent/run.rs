@@ -8,7 +8,11 @@
 //! and nothing is ever deleted, neither on error nor on shutdown.
 //!
 //! Before the first publish the agent reads its existing inventory and seeds the tracker with
-//! it, so a restarted agent whose first detection fails keeps the node's labels.
+//! it, so a restarted agent whose first detection fails keeps the node's labels. On every
+//! later cycle it reads the inventory's metadata (one small GET, no write): an inventory that
+//! was deleted, or changed by anyone else since the agent's last write, is written again on
+//! that same cycle, so the controller never plans on a missing or edited inventory for longer
+//! than one interval.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,6 +85,8 @@ pub struct Agent {
     node_uid: Option<String>,
     applied_spec: Option<AcceleratorInventorySpec>,
     applied_status: Option<AcceleratorInventoryStatus>,
+    /// The inventory's resourceVersion after the agent's last write (or as seeded).
+    applied_version: Option<String>,
     generation: Option<i64>,
 }
 
@@ -111,6 +117,7 @@ impl Agent {
             node_uid: None,
             applied_spec: None,
             applied_status: None,
+            applied_version: None,
             generation: None,
             config,
         }
@@ -182,6 +189,7 @@ impl Agent {
             }
         }
 
+        self.forget_if_changed_elsewhere().await?;
         let uid = self.node_uid().await?;
         let inventory = AcceleratorInventory::from_report(&self.config.node_name, &published)
             .owned_by_node(&uid);
@@ -192,6 +200,7 @@ impl Agent {
                 .patch(&self.config.node_name, &params, &Patch::Apply(&inventory))
                 .await?;
             self.generation = applied.metadata.generation;
+            self.applied_version = applied.metadata.resource_version;
             self.applied_spec = Some(inventory.spec.clone());
             self.metrics.wrote("inventory");
             outcome.inventory_written = true;
@@ -205,9 +214,11 @@ impl Agent {
                 "status": status,
             });
             let params = PatchParams::apply(FIELD_MANAGER).force();
-            self.inventories
+            let applied = self
+                .inventories
                 .patch_status(&self.config.node_name, &params, &Patch::Apply(&patch))
                 .await?;
+            self.applied_version = applied.metadata.resource_version;
             self.applied_status = Some(status);
             self.metrics.wrote("inventory_status");
             outcome.status_written = true;
@@ -221,7 +232,36 @@ impl Agent {
         self.labeler.invalidate();
         self.applied_spec = None;
         self.applied_status = None;
+        self.applied_version = None;
         self.node_uid = None;
+    }
+
+    /// Forgets what was last written when the inventory is gone or someone else changed it
+    /// since, so this cycle writes it again. A deleted inventory may have gone with a Node
+    /// that was re-created under the same name, so the Node's uid is read again too.
+    async fn forget_if_changed_elsewhere(&mut self) -> Result<(), kube::Error> {
+        let Some(written) = self.applied_version.clone() else {
+            return Ok(());
+        };
+        match self
+            .inventories
+            .get_metadata_opt(&self.config.node_name)
+            .await?
+        {
+            Some(meta) if meta.metadata.resource_version.as_deref() == Some(written.as_str()) => {}
+            found => {
+                if found.is_none() {
+                    tracing::warn!("the inventory was deleted; writing it again");
+                    self.node_uid = None;
+                } else {
+                    tracing::warn!("the inventory was changed by someone else; writing it again");
+                }
+                self.applied_spec = None;
+                self.applied_status = None;
+                self.applied_version = None;
+            }
+        }
+        Ok(())
     }
 
     async fn node_uid(&mut self) -> Result<String, kube::Error> {
@@ -243,6 +283,7 @@ impl Agent {
             let previous = existing.to_report();
             self.tracker.seed(previous.devices, previous.interconnects);
             self.generation = existing.metadata.generation;
+            self.applied_version = existing.metadata.resource_version;
             self.applied_spec = Some(existing.spec);
             self.applied_status = existing.status;
             tracing::info!("seeded from the existing inventory");
