@@ -86,8 +86,12 @@ fn scoped_config(cluster: &TestCluster, identity: &str) -> Config {
     config.namespace = Some(cluster.namespace().to_string());
     config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
     config.debounce = Duration::from_millis(200);
+    config.inventory_grace = INVENTORY_GRACE;
     config
 }
+
+/// How long this file's controllers keep plans on a Node whose inventory is missing.
+const INVENTORY_GRACE: Duration = Duration::from_secs(6);
 
 fn metrics() -> ControllerMetrics {
     ControllerMetrics::register(&mut prometheus_client::registry::Registry::default())
@@ -448,6 +452,88 @@ async fn a_refused_label_write_takes_ready_back_until_a_retry_lands() -> Result<
     Ok(())
 }
 
+/// The value of `key` on Node `node`, if it has the label.
+async fn node_label(cluster: &TestCluster, node: &str, key: &str) -> Result<Option<String>> {
+    let node = Api::<Node>::all(cluster.client()).get(node).await?;
+    Ok(node.metadata.labels.unwrap_or_default().get(key).cloned())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_hand_edited_placement_label_is_taken_back_and_the_node_stays_writable() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let node = add_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "edited",
+        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    let status = wait_state(&cluster, "edited", "Planned").await?;
+    let (key, value) = status
+        .node_selector
+        .iter()
+        .next()
+        .context("a selector label")?;
+    wait_for(DEFAULT_TIMEOUT, "the label written", || async {
+        Ok((node_label(&cluster, &node, key).await?.as_ref() == Some(value)).then_some(()))
+    })
+    .await?;
+    // `kubectl label --overwrite` makes kubectl's field manager the owner of the key: an apply
+    // without force conflicts on it from then on (409), for every label of that Node.
+    cluster
+        .kubectl_ok(&[
+            "label",
+            "node",
+            &node,
+            &format!("{key}=hand-edited"),
+            "--overwrite",
+        ])
+        .await?;
+    wait_for(
+        Duration::from_secs(30),
+        "the edited label taken back",
+        || async {
+            Ok((node_label(&cluster, &node, key).await?.as_ref() == Some(value)).then_some(()))
+        },
+    )
+    .await?;
+    // The Node is still writable: a new placement there gets its label and Ready, and the
+    // first one's deletion completes (its finalizer removes its label).
+    create_placement(
+        &cluster,
+        "next",
+        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    let next = wait_state(&cluster, "next", "Planned").await?;
+    let next_key = controller::labels::placement_label_key(cluster.namespace(), "next");
+    wait_for(DEFAULT_TIMEOUT, "next Ready with its label", || {
+        let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+        let (cluster, node, next_key) = (&cluster, &node, &next_key);
+        async move {
+            let labelled = node_label(cluster, node, next_key).await?.is_some();
+            let status = api.get("next").await?.status.unwrap_or_default();
+            let ready = conditions::find(&status.conditions, conditions::READY)
+                .is_some_and(|c| c.status == "True");
+            Ok((labelled && ready).then_some(()))
+        }
+    })
+    .await?;
+    assert_eq!(next.assignments[0].node, node);
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.delete("edited", &DeleteParams::default()).await?;
+    wait_for(DEFAULT_TIMEOUT, "the edited placement deleted", || {
+        let api = api.clone();
+        async move { Ok(api.get_opt("edited").await?.is_none().then_some(())) }
+    })
+    .await?;
+    assert_eq!(node_label(&cluster, &node, key).await?, None);
+    Ok(())
+}
+
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn competing_placements_never_share_devices_and_a_deletion_lets_the_next_in() -> Result<()> {
@@ -597,10 +683,44 @@ async fn losing_an_inventory_replans_its_placements() -> Result<()> {
     let before = wait_state(&cluster, "moving", "Planned").await?;
     let old_node = before.assignments[0].node.clone();
     let other = if old_node == first { &second } else { &first };
-    Api::<AcceleratorInventory>::all(cluster.client())
+    let inventories = Api::<AcceleratorInventory>::all(cluster.client());
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let degraded = |status: &ModelPlacementStatus| {
+        conditions::find(&status.conditions, conditions::DEGRADED)
+            .is_some_and(|c| c.status == "True" && c.message.contains("inventory missing"))
+    };
+
+    // Deleted while its Node stays: the plan is kept (Degraded) for the grace period, and
+    // when the agent writes the inventory back in time, nothing moved.
+    inventories
         .delete(&old_node, &DeleteParams::default())
         .await?;
-    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let kept = wait_for(DEFAULT_TIMEOUT, "plan kept, Degraded", || {
+        let api = api.clone();
+        async move {
+            let status = api.get("moving").await?.status.unwrap_or_default();
+            Ok(degraded(&status).then_some(status))
+        }
+    })
+    .await?;
+    assert_eq!(devices_of(&kept), devices_of(&before), "{kept:?}");
+    publish_inventory(&cluster, &old_node, "h100-8x-nvswitch").await?;
+    let back = wait_for(DEFAULT_TIMEOUT, "Degraded cleared", || {
+        let api = api.clone();
+        async move {
+            let status = api.get("moving").await?.status.unwrap_or_default();
+            let healthy = conditions::find(&status.conditions, conditions::DEGRADED)
+                .is_some_and(|c| c.status == "False");
+            Ok(healthy.then_some(status))
+        }
+    })
+    .await?;
+    assert_eq!(devices_of(&back), devices_of(&before), "{back:?}");
+
+    // Deleted for longer than the grace period: planned elsewhere.
+    inventories
+        .delete(&old_node, &DeleteParams::default())
+        .await?;
     let after = wait_for(DEFAULT_TIMEOUT, "re-planned on the other node", || {
         let api = api.clone();
         let other = other.clone();

@@ -32,6 +32,7 @@ const TEST_MANAGER: &str = "hwaccel-tests";
 /// Field manager of the warm-up probes, kept apart so later applies never inherit their fields.
 const PROBE_MANAGER: &str = "hwaccel-probe";
 const INVENTORY_CRD: &str = "acceleratorinventories.hwaccel.io";
+const PLACEMENT_CRD: &str = "modelplacements.hwaccel.io";
 /// RBAC and admission policies reach the API server's caches a moment after they are written.
 const PROPAGATION_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -486,7 +487,75 @@ async fn controller_token_may_only_touch_placement_labels() -> Result<()> {
         &node_policy,
         "controller writes an agent label",
     )?;
+    check_placements(&fixture, &controller).await?;
     fixture.clean_up().await;
+    Ok(())
+}
+
+/// The controller may add and remove its own finalizer on a ModelPlacement and change nothing
+/// else of it: RBAC's `patch` alone would reach the tenant's spec and ownerReferences.
+async fn check_placements(fixture: &Fixture, controller: &Client) -> Result<()> {
+    let Some(crd) = repository_crd(PLACEMENT_CRD)? else {
+        eprintln!("NOTICE: crds/ has no {PLACEMENT_CRD}: placement checks skipped");
+        return Ok(());
+    };
+    let resource = install_crd(&fixture.admin, &crd).await?;
+    let namespace = fixture.prefix.as_str();
+    let admin: Api<DynamicObject> =
+        Api::namespaced_with(fixture.admin.clone(), namespace, &resource);
+    let placement = json!({
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "metadata": {"name": "mp"},
+        "spec": {"model": {"preset": "llama-3.1-8b"}, "goal": {"serve": {}}},
+    });
+    admin
+        .patch(
+            "mp",
+            &PatchParams::apply(TEST_MANAGER),
+            &Patch::Apply(&placement),
+        )
+        .await
+        .context("the admin creates a placement")?;
+    let as_controller: Api<DynamicObject> =
+        Api::namespaced_with(controller.clone(), namespace, &resource);
+    let policy = fixture.policy("controller-placement-writes");
+    let merge = |patch: Value| {
+        let api = as_controller.clone();
+        async move {
+            api.patch("mp", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        }
+    };
+    wait_until_enforced(&policy, |round| {
+        merge(json!({"metadata": {"annotations": {"probe": round.to_string()}}}))
+    })
+    .await?;
+    merge(json!({"metadata": {"finalizers": ["hwaccel.io/placement-cleanup"]}}))
+        .await
+        .context("the controller adds its finalizer")?;
+    assert_denied_by(
+        merge(json!({"spec": {"model": {"preset": "llama-3.1-70b"}}})).await,
+        &policy,
+        "controller rewrites a placement's spec",
+    )?;
+    assert_denied_by(
+        merge(json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "0b0e7f5e-0000-4000-8000-000000000000"}
+        ]}}))
+        .await,
+        &policy,
+        "controller adopts a placement",
+    )?;
+    assert_denied_by(
+        merge(json!({"metadata": {"finalizers": ["hwaccel.io/placement-cleanup", "example.com/hold"]}})).await,
+        &policy,
+        "controller adds someone else's finalizer",
+    )?;
+    merge(json!({"metadata": {"finalizers": null}}))
+        .await
+        .context("the controller removes its finalizer")?;
+    admin.delete("mp", &DeleteParams::default()).await?;
     Ok(())
 }
 
@@ -568,6 +637,18 @@ async fn check_inventories(
         &policy,
         "agent on A writes inventory B",
     )?;
+    // The controller places by spec.nodeName: inventory A may not describe node B. The CRD
+    // refuses that for every writer (422) before the agent's policy would (403).
+    let mut posing = inventory_for(node_a)?;
+    posing["spec"]["nodeName"] = json!(b);
+    for (who, client) in [("agent", agent), ("admin", &fixture.admin)] {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        match api.patch(&a, &apply, &Patch::Apply(&posing)).await {
+            Err(kube::Error::Api(status))
+                if status.code == 422 && status.message.contains("spec.nodeName must equal") => {}
+            other => bail!("{who}: inventory {a} describing node {b}: expected 422, got {other:?}"),
+        }
+    }
     match inventories.delete(&a, &DeleteParams::default()).await {
         Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
         other => {

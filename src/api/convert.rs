@@ -17,7 +17,7 @@ use super::inventory::{
     InventoryNodeFacts, InventoryNumaNode, InventoryPartition, InventorySummary,
     MAX_ATTRIBUTE_STRING_LENGTH, attribute,
 };
-use super::quantity;
+use super::{bounds, quantity};
 use crate::detect::Report;
 use crate::detect::pci::canonical_bus_id;
 use crate::hardware::{
@@ -77,6 +77,30 @@ impl AcceleratorInventorySpec {
             backends: report.backends.clone(),
             warnings: report.warnings.clone(),
         }
+        .fitted()
+    }
+
+    /// This spec cut to the CRD's size bounds, so that writing it is never refused for size
+    /// (which would lose the whole update); what was cut is named in a warning. Real nodes
+    /// are far inside the bounds: this only bites a host, or a tool, that reports nonsense.
+    pub fn fitted(self) -> Self {
+        let Some(schema) = crate::api::crds::field_schema("AcceleratorInventory", "spec") else {
+            return self;
+        };
+        let (mut fitted, cut) = bounds::fit_typed(self, schema, "spec");
+        if !cut.is_empty() {
+            fitted
+                .warnings
+                .truncate(bounds::room_for_one_more(schema, "warnings"));
+            fitted.warnings.push(crate::detect::Warning {
+                backend: "inventory".to_string(),
+                message: format!(
+                    "cut to fit the AcceleratorInventory size limits: {}",
+                    bounds::describe_cut(&cut)
+                ),
+            });
+        }
+        fitted
     }
 
     /// The report this spec was built from, as far as it can be recovered.

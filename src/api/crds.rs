@@ -1,9 +1,10 @@
 //! Every CustomResourceDefinition of the `hwaccel.io` API, as objects and as the YAML that
 //! `hwaccel crds` prints and `crds/` holds (one file per CRD, named after it).
 //!
-//! The derived schemas get one fix before they leave: schemars writes Rust's unsigned integer
+//! The derived schemas get two fixes before they leave: schemars writes Rust's unsigned integer
 //! formats (`uint32`...), which are not OpenAPI formats, and an apiserver (1.34+) warns about
 //! every one on each install. They become `int32`/`int64` with the unsigned type's bounds.
+//! And every string, list and map without a size bound gets a default one (`bounds.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -87,7 +88,28 @@ pub fn write_dir(dir: &Path) -> Result<Vec<PathBuf>, CrdError> {
         .collect()
 }
 
-/// The CRD with every version's schema passed through [`tidy`].
+/// The schema of the top-level field `field` (`spec`, `status`) of the CRD of `kind`, as the
+/// apiserver enforces it (computed once).
+pub fn field_schema(kind: &str, field: &str) -> Option<&'static Value> {
+    static SCHEMAS: std::sync::OnceLock<Vec<(String, Value)>> = std::sync::OnceLock::new();
+    let schemas = SCHEMAS.get_or_init(|| {
+        all()
+            .iter()
+            .filter_map(|crd| {
+                let version = crd.spec.versions.first()?;
+                let schema = version.schema.as_ref()?.open_api_v3_schema.as_ref()?;
+                Some((
+                    crd.spec.names.kind.clone(),
+                    serde_json::to_value(schema).ok()?,
+                ))
+            })
+            .collect()
+    });
+    let (_, root) = schemas.iter().find(|(k, _)| k == kind)?;
+    root.get("properties")?.get(field)
+}
+
+/// The CRD with every version's schema passed through [`tidy`] and given size bounds.
 fn tidied(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     let Ok(mut value) = serde_json::to_value(&crd) else {
         return crd;
@@ -99,6 +121,7 @@ fn tidied(crd: CustomResourceDefinition) -> CustomResourceDefinition {
         for version in versions {
             if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
                 tidy(schema);
+                super::bounds::add_defaults(schema);
             }
         }
     }

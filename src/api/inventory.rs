@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -91,11 +91,14 @@ pub mod attribute {
 /// by that node's agent (field manager `hwaccel-agent`).
 // Each `printcolumn(...)` repeats `type_ = "string"`; clippy mistakes that for a duplicate.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[kube(
     group = "hwaccel.io",
     version = "v1alpha1",
     kind = "AcceleratorInventory",
+    // The controller places by spec.nodeName, write rights are granted by object name: the
+    // two must agree, or one node's agent could describe (and attract models to) another.
+    validation = Rule::new("self.spec.nodeName == self.metadata.name").message("spec.nodeName must equal metadata.name: an inventory describes the Node it is named after"),
     plural = "acceleratorinventories",
     singular = "acceleratorinventory",
     shortname = "accinv",
@@ -137,6 +140,7 @@ pub mod attribute {
 #[serde(rename_all = "camelCase")]
 pub struct AcceleratorInventorySpec {
     /// The node this inventory describes (equal to the object's name).
+    #[schemars(length(max = 253))]
     pub node_name: String,
     /// The detection report format the inventory was built from.
     pub schema_version: u32,
@@ -155,6 +159,7 @@ pub struct AcceleratorInventorySpec {
     /// nodes are described, but it does not count as an accelerator.
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(length(max = 1024))] // bounds::MAX_DEVICES
     pub devices: Vec<InventoryDevice>,
     /// Fast-interconnect groups; member lists hold the devices' `id` attribute values.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -189,12 +194,15 @@ pub struct InventorySummary {
 #[serde(rename_all = "camelCase")]
 pub struct InventoryDevice {
     /// Stable DNS label derived from family and id (`gpu-0000-18-00-0`).
+    #[schemars(length(max = 63))]
     pub name: String,
     /// Typed attributes (`vendor`, `model`, `numaNode`...); strings at most 64 bytes.
     #[serde(default)]
+    #[schemars(extend("maxProperties" = 32))] // MAX_ATTRIBUTES_AND_CAPACITIES
     pub attributes: BTreeMap<String, DeviceAttribute>,
     /// Quantities: `memory` in bytes, `computeUnits`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))] // MAX_ATTRIBUTES_AND_CAPACITIES
     pub capacity: BTreeMap<String, Quantity>,
     /// Hardware partitions (MIG instances, AMD compute/memory modes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

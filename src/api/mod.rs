@@ -5,10 +5,12 @@
 //! on the pure core (`detect::Report`, `hardware`, `labels` for product slugs), never the
 //! other way round.
 
+pub mod bounds;
 pub mod conditions;
 mod convert;
 pub mod crds;
 mod inventory;
+pub mod lenient;
 pub mod placement;
 pub mod quantity;
 
@@ -18,6 +20,7 @@ pub use inventory::{
     InventorySummary, MAX_ATTRIBUTE_STRING_LENGTH, MAX_ATTRIBUTES_AND_CAPACITIES, attribute,
     owner_reference_for_node,
 };
+pub use lenient::Lenient;
 pub use placement::ModelPlacement;
 
 /// The API group.

@@ -73,7 +73,7 @@ pub struct ModelSource {
     /// An inline Hugging Face `config.json` (dense, GQA, MoE, MLA and sliding-window models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form_object")]
-    pub hugging_face_config: Option<serde_json::Value>,
+    pub hugging_face_config: Option<InlineJson>,
     /// Exact checkpoint size in bytes; overrides the weight bytes computed from parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self > 0").message("checkpointBytes must be positive"))]
@@ -240,9 +240,11 @@ pub struct ModelPlacementStatus {
     pub plan: Option<PlanStatus>,
     /// Devices assigned, per node and stage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16384))]
     pub assignments: Vec<Assignment>,
     /// Chosen nodes, comma-separated, for `kubectl get -o wide`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
     pub node_names: Option<String>,
     /// A nodeSelector that selects exactly the chosen nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -313,10 +315,73 @@ pub struct Assignment {
     pub stage: u32,
 }
 
+/// Top-level keys an inline `config.json` may have (real ones have 30 to 100).
+pub const MAX_CONFIG_KEYS: u32 = 512;
+
 fn free_form_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
+        "maxProperties": MAX_CONFIG_KEYS,
         "description": "An inline Hugging Face config.json.",
     })
+}
+
+/// A JSON value kept as the text the apiserver sent, decoded only when the planner reads it.
+///
+/// The apiserver stores free-form objects nested far deeper than serde_json decodes (its
+/// recursion limit is 128), and one such ModelPlacement made every list of placements fail
+/// to decode: the controller could not start. Skipping over raw JSON has no depth limit, so
+/// the object always decodes, and the planner's own decode of this field turns a value it
+/// cannot read into that one placement's `Invalid` condition.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct InlineJson(Box<serde_json::value::RawValue>);
+
+impl InlineJson {
+    /// The JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Decodes the value (fails on malformed or too deeply nested JSON).
+    pub fn value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+}
+
+impl TryFrom<serde_json::Value> for InlineJson {
+    type Error = serde_json::Error;
+
+    fn try_from(value: serde_json::Value) -> Result<Self, Self::Error> {
+        serde_json::value::to_raw_value(&value).map(Self)
+    }
+}
+
+impl ModelPlacementStatus {
+    /// This status cut to the CRD's size bounds, so that writing it is never refused for size
+    /// (the controller would retry a refused write forever). Plans stay far inside them; what
+    /// a cut removes is named in `reasons`.
+    pub fn fitted(self) -> Self {
+        let Some(schema) = super::crds::field_schema("ModelPlacement", "status") else {
+            return self;
+        };
+        let (mut fitted, cut) = super::bounds::fit_typed(self, schema, "status");
+        if !cut.is_empty() {
+            fitted
+                .reasons
+                .truncate(super::bounds::room_for_one_more(schema, "reasons"));
+            fitted.reasons.push(format!(
+                "status cut to fit its size limits: {}",
+                super::bounds::describe_cut(&cut)
+            ));
+        }
+        fitted
+    }
+}
+
+impl PartialEq for InlineJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
 }

@@ -125,7 +125,10 @@ fn model_from_spec(spec: &ModelPlacementSpec) -> Result<Model, String> {
         }
         (None, None, Some(config)) => {
             let origin = "spec.model.huggingFaceConfig";
-            let parsed = parse_config(origin, config).map_err(|err| err.to_string())?;
+            let config = config
+                .value()
+                .map_err(|err| format!("{origin}: cannot be read as JSON: {err}"))?;
+            let parsed = parse_config(origin, &config).map_err(|err| err.to_string())?;
             let name = config
                 .get("_name_or_path")
                 .and_then(serde_json::Value::as_str)
@@ -493,7 +496,11 @@ mod tests {
         );
         let mut spec = serve("x", 8192);
         spec.model = ApiModel {
-            hugging_face_config: Some(serde_json::json!({"hidden_size": "big"})),
+            hugging_face_config: Some(
+                serde_json::json!({"hidden_size": "big"})
+                    .try_into()
+                    .unwrap(),
+            ),
             ..ApiModel::default()
         };
         let outcome = evaluate(&spec, "ml", "x", &fleet, &Reservations::none());

@@ -99,6 +99,10 @@ pub struct FleetView {
     nodes: Vec<NodeSpec>,
     /// The parts, by node name.
     parts: BTreeMap<String, Arc<NodePart>>,
+    /// Nodes whose inventory disappeared while the Node stayed, with why their plans are
+    /// kept: the agent writes it again within an interval, and moving a running workload
+    /// for a missing record would be worse than waiting.
+    awaiting: BTreeMap<String, String>,
 }
 
 impl FleetView {
@@ -137,7 +141,15 @@ impl FleetView {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             nodes,
             parts,
+            awaiting: BTreeMap::new(),
         }
+    }
+
+    /// The same view, with `awaiting` (node → why) as nodes whose plans are kept although
+    /// their inventory is missing.
+    pub fn with_awaiting(mut self, awaiting: BTreeMap<String, String>) -> Self {
+        self.awaiting = awaiting;
+        self
     }
 
     /// This view's id (unique in this process).
@@ -166,7 +178,10 @@ impl FleetView {
             .iter()
             .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
             .filter_map(|(node, device)| {
-                let why = self.parts.get(node)?.unusable.get(device)?;
+                let why = match self.parts.get(node) {
+                    Some(part) => part.unusable.get(device)?,
+                    None => self.awaiting.get(node)?,
+                };
                 Some(format!("{node}/{device} ({why})"))
             })
             .collect()
@@ -205,9 +220,15 @@ impl FleetView {
         Cow::Owned(nodes)
     }
 
-    /// True when every device of `assignments` is still in the inventories.
+    /// True when every device of `assignments` is still in the inventories (or its node's
+    /// inventory is awaited back).
     pub fn holds(&self, assignments: &[Assignment]) -> Result<(), String> {
         for assignment in assignments {
+            if !self.parts.contains_key(&assignment.node)
+                && self.awaiting.contains_key(&assignment.node)
+            {
+                continue;
+            }
             for device in &assignment.devices {
                 let present = self
                     .parts
@@ -225,6 +246,13 @@ impl FleetView {
     }
 }
 
+/// True when the inventory describes the Node it is named after. The CRD and the agent's
+/// admission policy refuse any other inventory; the controller checks again because the
+/// planner places by `spec.nodeName` while write rights are granted by name.
+pub fn names_its_node(inventory: &AcceleratorInventory) -> bool {
+    inventory.metadata.name.as_deref() == Some(inventory.spec.node_name.as_str())
+}
+
 /// Converted inventories kept across fleet changes, keyed by inventory name and
 /// resourceVersion.
 #[derive(Debug, Default)]
@@ -233,6 +261,11 @@ pub struct PartCache {
 }
 
 impl PartCache {
+    /// The names of the inventories converted so far.
+    pub fn names(&self) -> BTreeSet<String> {
+        self.parts.keys().cloned().collect()
+    }
+
     /// The parts of `inventories`, converting only those that are new or changed; parts of
     /// inventories no longer listed are dropped.
     pub fn refresh<'a>(

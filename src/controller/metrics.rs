@@ -30,6 +30,15 @@ pub struct StateLabel {
     pub state: String,
 }
 
+/// Label set naming a kind of object and why one was skipped.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabel {
+    /// `ModelPlacement` or `AcceleratorInventory`.
+    pub kind: String,
+    /// `undecodable`, or `name_mismatch` (an inventory whose `spec.nodeName` is not its name).
+    pub reason: String,
+}
+
 /// Label set naming what was written.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabel {
@@ -65,6 +74,8 @@ pub struct ControllerMetrics {
     pub api_writes: Family<WriteLabel, Counter>,
     /// How long API writes took, by object: the part of a reconcile the apiserver decides.
     pub api_write_seconds: Family<WriteLabel, Histogram, fn() -> Histogram>,
+    /// Stored objects the controller skipped, by kind and reason.
+    pub skipped: Family<SkipLabel, Counter>,
 }
 
 impl ControllerMetrics {
@@ -81,6 +92,7 @@ impl ControllerMetrics {
             devices_reserved: Gauge::default(),
             api_writes: Family::default(),
             api_write_seconds: Family::new_with_constructor(reconcile_histogram),
+            skipped: Family::default(),
         };
         let registry = registry.sub_registry_with_prefix("hwaccel_controller");
         registry.register(
@@ -133,7 +145,36 @@ impl ControllerMetrics {
             "Time one write to the Kubernetes API took",
             metrics.api_write_seconds.clone(),
         );
+        registry.register(
+            "skipped_objects",
+            "Watch events carrying a stored object the controller skips: one it cannot decode, or an inventory naming another node",
+            metrics.skipped.clone(),
+        );
         metrics
+    }
+
+    /// Counts and logs an object of `kind` that did not decode; decoded ones pass silently.
+    pub fn observe_decoding<K>(&self, kind: &str, object: &crate::api::Lenient<K>) {
+        if let crate::api::Lenient::Undecodable { metadata, error } = object {
+            self.skipped(kind, "undecodable");
+            tracing::warn!(
+                kind,
+                namespace = metadata.namespace.as_deref().unwrap_or(""),
+                name = metadata.name.as_deref().unwrap_or(""),
+                error,
+                "skipping a stored object that cannot be decoded"
+            );
+        }
+    }
+
+    /// Counts a skipped object.
+    pub fn skipped(&self, kind: &str, reason: &str) {
+        self.skipped
+            .get_or_create(&SkipLabel {
+                kind: kind.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Counts a failed reconcile.

@@ -41,7 +41,7 @@ use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Client, Resource};
 use tokio::sync::{Mutex, mpsc};
 
-use crate::api::{AcceleratorInventory, ModelPlacement};
+use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::ledger::Ledger;
 use self::metrics::ControllerMetrics;
@@ -66,6 +66,11 @@ pub struct Config {
     pub identity: String,
     /// How long inventory changes are gathered before everything is reconciled again.
     pub debounce: Duration,
+    /// How long plans on a Node whose AcceleratorInventory disappeared (while the Node
+    /// stayed) are kept before they are planned elsewhere: the node's agent writes a deleted
+    /// inventory again on its next cycle, and moving workloads for a missing record would
+    /// be worse than waiting. A Node that is gone frees its devices at once.
+    pub inventory_grace: Duration,
 }
 
 impl Config {
@@ -76,6 +81,7 @@ impl Config {
             selector: None,
             identity: identity.to_string(),
             debounce: Duration::from_millis(500),
+            inventory_grace: Duration::from_secs(300),
         }
     }
 
@@ -94,7 +100,7 @@ pub async fn run(
     metrics: ControllerMetrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let (inventories, inventory_writer) = reflector::store::<AcceleratorInventory>();
+    let (inventories, inventory_writer) = reflector::store::<Lenient<AcceleratorInventory>>();
     let (nodes, node_writer) = reflector::store();
     // One trigger for "reconcile everything": inventory changes, freed devices, and older
     // placements planned on another's turn (kube-runtime's per-object `reconcile_on` is
@@ -106,19 +112,33 @@ pub async fn run(
     // reconcile can tell in O(1) whether its cached view of the fleet is still current.
     let fleet_epoch = Arc::new(AtomicU64::new(0));
     let inventory_epoch = fleet_epoch.clone();
+    let inventory_metrics = metrics.clone();
     let node_epoch = fleet_epoch.clone();
     let (relabel_tx, relabel_rx) = mpsc::unbounded_channel::<String>();
     let node_relabel_tx = relabel_tx.clone();
     let inventory_events = reflector::reflector(
         inventory_writer,
         watcher(
-            Api::<AcceleratorInventory>::all(client.clone()),
+            Api::<Lenient<AcceleratorInventory>>::all(client.clone()),
             config.watch_config(),
         )
         .modify(drop_managed_fields),
     )
     .default_backoff()
     .for_each(move |event| {
+        if let Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) = &event {
+            inventory_metrics.observe_decoding("AcceleratorInventory", object);
+            if let Some(inventory) = object.decoded()
+                && !fleet_view::names_its_node(inventory)
+            {
+                inventory_metrics.skipped("AcceleratorInventory", "name_mismatch");
+                tracing::warn!(
+                    name = inventory.metadata.name.as_deref().unwrap_or(""),
+                    node = %inventory.spec.node_name,
+                    "skipping an inventory whose spec.nodeName is not its own name"
+                );
+            }
+        }
         if event.is_ok() {
             inventory_epoch.fetch_add(1, Ordering::Release);
             let _ = changed_tx.send(());
@@ -167,7 +187,7 @@ pub async fn run(
 
 /// The watch caches and what they trigger.
 struct Watches {
-    inventories: Store<AcceleratorInventory>,
+    inventories: Store<Lenient<AcceleratorInventory>>,
     nodes: Store<kube::api::PartialObjectMeta<Node>>,
     /// "Reconcile everything".
     changes: mpsc::UnboundedReceiver<()>,
@@ -198,7 +218,7 @@ async fn run_controller(
     } = watches;
     inventories.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
-    let api: Api<ModelPlacement> = match &config.namespace {
+    let api: Api<Lenient<ModelPlacement>> = match &config.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
@@ -233,6 +253,7 @@ async fn run_controller(
         requeue: requeue_tx,
         failures: std::sync::Mutex::new(HashMap::new()),
         fleet_epoch,
+        inventory_grace: config.inventory_grace,
     });
     clean_stale_labels(&ctx).await?;
     reconcile::warm_up(&ctx).await;
@@ -288,10 +309,15 @@ async fn restore_placement_labels(
 }
 
 /// The ledger, from every placement's own status.
-async fn initial_state(api: &Api<ModelPlacement>) -> anyhow::Result<State> {
+async fn initial_state(api: &Api<Lenient<ModelPlacement>>) -> anyhow::Result<State> {
     let placements = api.list(&ListParams::default()).await?;
-    let (ledger, dropped) =
-        Ledger::rebuild(placements.items.iter().filter_map(holding_from_status));
+    let (ledger, dropped) = Ledger::rebuild(
+        placements
+            .items
+            .iter()
+            .filter_map(Lenient::decoded)
+            .filter_map(holding_from_status),
+    );
     for key in dropped {
         tracing::warn!(placement = %key, "status claims devices another placement holds; re-planning it");
     }
@@ -338,7 +364,7 @@ fn drop_managed_fields<K: Resource>(object: &mut K) {
 /// wait forever. Bounded, so a cache that cannot sync does not block shutdown either (the
 /// caller then drops the controller).
 async fn shutdown_after_sync(
-    placements: Store<ModelPlacement>,
+    placements: Store<Lenient<ModelPlacement>>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     shutdown.await;

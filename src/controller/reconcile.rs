@@ -31,7 +31,7 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::api::conditions;
 use crate::api::placement::{ModelPlacementSpec, ModelPlacementStatus};
-use crate::api::{AcceleratorInventory, ModelPlacement};
+use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use super::build::{Outcome, evaluate};
 use super::fleet_view::{FleetView, PartCache};
@@ -93,6 +93,8 @@ pub struct State {
     fleet_cache: Option<(u64, Arc<FleetView>)>,
     /// Converted inventories, so a rebuild converts only the changed ones.
     parts: PartCache,
+    /// Nodes whose inventory disappeared while the Node stayed, and since when.
+    missing_inventories: BTreeMap<String, Instant>,
 }
 
 /// Everything a reconcile needs.
@@ -100,9 +102,9 @@ pub struct Context {
     /// The API client.
     pub client: Client,
     /// Placements, as the controller's own watch sees them.
-    pub placements: Store<ModelPlacement>,
+    pub placements: Store<Lenient<ModelPlacement>>,
     /// Inventories in scope.
-    pub inventories: Store<AcceleratorInventory>,
+    pub inventories: Store<Lenient<AcceleratorInventory>>,
     /// Node metadata in scope.
     pub nodes: Store<PartialObjectMeta<Node>>,
     /// The lock every reconcile holds.
@@ -119,6 +121,10 @@ pub struct Context {
     /// Bumped by the watches after the caches took in a change of inventories or of Nodes'
     /// non-placement labels.
     pub fleet_epoch: Arc<AtomicU64>,
+    /// How long plans on a Node whose inventory disappeared are kept (see [`Config`]).
+    ///
+    /// [`Config`]: super::Config
+    pub inventory_grace: Duration,
 }
 
 /// A placement as [`decide`] sees it.
@@ -339,7 +345,14 @@ pub fn holding_from_status(placement: &ModelPlacement) -> Option<(PlacementKey, 
 }
 
 /// The controller's entry point for one placement.
-pub async fn reconcile(placement: Arc<ModelPlacement>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(
+    object: Arc<Lenient<ModelPlacement>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let placement = match &*object {
+        Lenient::Decoded(placement) => Arc::new(placement.clone()),
+        Lenient::Undecodable { error, .. } => return Ok(skip_undecodable(&object, error, &ctx)),
+    };
     let started = Instant::now();
     let namespace = placement
         .namespace()
@@ -375,17 +388,43 @@ pub async fn reconcile(placement: Arc<ModelPlacement>, ctx: Arc<Context>) -> Res
     result
 }
 
+/// A placement whose stored object does not decode: counted, reported in a Warning Event, and
+/// left alone until it changes. It holds nothing (the ledger is built from decodable
+/// statuses), so skipping it costs no other placement anything.
+fn skip_undecodable(object: &Lenient<ModelPlacement>, error: &str, ctx: &Context) -> Action {
+    ctx.metrics.observe_decoding("ModelPlacement", object);
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "Undecodable".to_string(),
+        note: Some(
+            format!("the controller cannot read this object and skips it: {error}")
+                .chars()
+                .take(1000)
+                .collect(),
+        ),
+        action: "Plan".to_string(),
+        secondary: None,
+    };
+    publish_in_background(ctx, event, object.object_ref(&()));
+    Action::await_change()
+}
+
 /// Retries a failed reconcile with exponential backoff per placement.
-pub fn error_policy(placement: Arc<ModelPlacement>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(
+    placement: Arc<Lenient<ModelPlacement>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
     let reason = match error {
         Error::Kube(_) => "api",
         Error::Finalizer(_) => "finalizer",
         Error::Metadata(_) => "metadata",
     };
     ctx.metrics.failed(reason);
-    let key = precedence_of(&placement)
-        .map(|p| p.key)
-        .unwrap_or_else(|_| PlacementKey::new("", placement.name_any()));
+    let key = PlacementKey::new(
+        placement.namespace().unwrap_or_default(),
+        placement.name_any(),
+    );
     let attempts = ctx.failures.lock().map_or(1, |mut failures| {
         let count = failures.entry(key.clone()).or_insert(0);
         *count = count.saturating_add(1);
@@ -408,16 +447,20 @@ async fn apply(
     let mut state = lock(ctx, waited).await;
     let deciding = Instant::now();
     let fleet = fleet_view(ctx, &mut state);
-    let waiting: Vec<Arc<ModelPlacement>> = ctx
+    let waiting: Vec<Arc<Lenient<ModelPlacement>>> = ctx
         .placements
         .state()
         .into_iter()
         .filter(|p| p.meta().deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.state.as_deref()) != Some("Invalid"))
+        .filter(|p| {
+            p.decoded().is_some_and(|p| {
+                p.status.as_ref().and_then(|s| s.state.as_deref()) != Some("Invalid")
+            })
+        })
         .collect();
     let older: Vec<Candidate<'_>> = waiting
         .iter()
-        .filter_map(|p| candidate(p).ok())
+        .filter_map(|p| candidate(p.decoded()?).ok())
         .filter(|c| c.precedence.key != me.precedence.key)
         .collect();
     let decision = decide(&mut state.ledger, &me, &older, &fleet);
@@ -538,8 +581,10 @@ async fn lock<'a>(
 /// devices go to the oldest waiter.
 fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
     let someone_waits = ctx.placements.state().iter().any(|placement| {
-        precedence_of(placement)
-            .is_ok_and(|p| &p.key != except && state.ledger.get(&p.key).is_none())
+        placement.decoded().is_some_and(|placement| {
+            precedence_of(placement)
+                .is_ok_and(|p| &p.key != except && state.ledger.get(&p.key).is_none())
+        })
     });
     if someone_waits {
         let _ = ctx.requeue.send(());
@@ -599,13 +644,61 @@ fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
         })
         .collect();
     let inventories = ctx.inventories.state();
-    let parts = state.parts.refresh(inventories.iter().map(|i| &**i));
-    let view = Arc::new(FleetView::from_parts(parts, &node_labels));
+    let had_inventory = state.parts.names();
+    // Only inventories that describe the Node they are named after: the agent's admission
+    // policy ties an agent to the inventory named after its Node, so an inventory naming
+    // another node in spec.nodeName would let one node's agent attract models to another.
+    let parts = state.parts.refresh(
+        inventories
+            .iter()
+            .filter_map(|i| i.decoded())
+            .filter(|i| super::fleet_view::names_its_node(i)),
+    );
+    let awaiting = awaited_inventories(ctx, state, &had_inventory);
+    let view = Arc::new(FleetView::from_parts(parts, &node_labels).with_awaiting(awaiting));
     ctx.metrics
         .fleet_view_seconds
         .observe(building.elapsed().as_secs_f64());
     state.fleet_cache = Some((epoch, view.clone()));
     view
+}
+
+/// Nodes whose inventory disappeared while their Node stayed, still within the grace period,
+/// as node → why their plans are kept. A node that newly lost its inventory gets a wake-up at
+/// the end of its grace, when its plans are checked again without it.
+fn awaited_inventories(
+    ctx: &Context,
+    state: &mut State,
+    had_inventory: &BTreeSet<String>,
+) -> BTreeMap<String, String> {
+    let has_inventory = state.parts.names();
+    let node_exists = |name: &str| ctx.nodes.get(&ObjectRef::new(name)).is_some();
+    for gone in had_inventory.difference(&has_inventory) {
+        if node_exists(gone) && !state.missing_inventories.contains_key(gone) {
+            state
+                .missing_inventories
+                .insert(gone.clone(), Instant::now());
+            let (epoch, requeue) = (ctx.fleet_epoch.clone(), ctx.requeue.clone());
+            let grace = ctx.inventory_grace;
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                epoch.fetch_add(1, Ordering::Release);
+                let _ = requeue.send(());
+            });
+        }
+    }
+    state.missing_inventories.retain(|node, since| {
+        !has_inventory.contains(node) && node_exists(node) && since.elapsed() < ctx.inventory_grace
+    });
+    let why = format!(
+        "inventory missing; plans on the node are kept for up to {}s while its agent writes it again",
+        ctx.inventory_grace.as_secs()
+    );
+    state
+        .missing_inventories
+        .keys()
+        .map(|node| (node.clone(), why.clone()))
+        .collect()
 }
 
 /// Applies, to each of `nodes`, the complete set of placement labels it should carry.
@@ -703,9 +796,13 @@ async fn apply_node_labels(
         "kind": "Node",
         "metadata": { "name": node, "labels": labels },
     });
+    // Forced: every key under `placement.hwaccel.io/` is the controller's by design. Without
+    // force, a label someone edited by hand (kubectl label --overwrite) becomes theirs, and
+    // every later apply of ours to that Node fails with a 409 conflict: new placements there
+    // never get labelled and deleted ones hang on their finalizer.
     api.patch(
         node,
-        &PatchParams::apply(FIELD_MANAGER),
+        &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )
     .await
@@ -861,7 +958,7 @@ async fn write_status(
     decision: &Decision,
 ) -> Result<Option<ModelPlacementStatus>, Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let desired = desired_status(current, decision, placement.meta().generation, &now);
+    let desired = desired_status(current, decision, placement.meta().generation, &now).fitted();
     if current == Some(&desired) {
         return Ok(None);
     }
@@ -914,11 +1011,18 @@ fn emit_event(
         action: "Plan".to_string(),
         secondary: None,
     };
-    // Events are informational: published in the background so the reconcile (and the
-    // placements queued behind it) do not wait for them.
+    publish_in_background(ctx, event, placement.object_ref(&()));
+}
+
+/// Events are informational: published in the background so the reconcile (and the
+/// placements queued behind it) do not wait for them.
+fn publish_in_background(
+    ctx: &Context,
+    event: Event,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+) {
     let recorder = ctx.recorder.clone();
     let metrics = ctx.metrics.clone();
-    let reference = placement.object_ref(&());
     tokio::spawn(async move {
         if let Err(err) = recorder.publish(&event, &reference).await {
             metrics.failed("event");

@@ -260,6 +260,52 @@ fn golden_inventories() {
     }
 }
 
+#[test]
+fn real_inventories_fit_the_crd_bounds_uncut() {
+    for (name, report) in scenarios() {
+        let spec = AcceleratorInventorySpec::from_report(name, &report);
+        assert!(
+            spec.warnings.iter().all(|w| w.backend != "inventory"),
+            "{name}: {:?}",
+            spec.warnings
+        );
+    }
+}
+
+#[test]
+fn an_absurd_report_is_cut_to_the_bounds_and_says_so() {
+    // 2,000 GPUs and a 10,000-character model name: what a hostile or broken tool can print.
+    let mut report = h100_x8();
+    let template = report.devices[0].clone();
+    report.devices = (0..2000)
+        .map(|i| {
+            let mut device = template.clone();
+            device.id = format!("0000:{:02x}:{:02x}.0", i / 256, i % 256);
+            device
+        })
+        .collect();
+    report.warnings = (0..5000)
+        .map(|i| crate::detect::Warning {
+            backend: "nvidia".into(),
+            message: format!("warning {i} {}", "x".repeat(10_000)),
+        })
+        .collect();
+    let spec = AcceleratorInventorySpec::from_report("node", &report);
+    assert_eq!(spec.devices.len() as u64, crate::api::bounds::MAX_DEVICES);
+    assert_eq!(
+        spec.warnings.len() as u64,
+        crate::api::bounds::DEFAULT_MAX_ITEMS
+    );
+    let last = spec.warnings.last().expect("a warning");
+    assert_eq!(last.backend, "inventory");
+    assert!(last.message.contains("spec.devices"), "{}", last.message);
+    assert!(
+        spec.warnings
+            .iter()
+            .all(|w| w.message.chars().count() as u64 <= crate::api::bounds::DEFAULT_MAX_LENGTH)
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 

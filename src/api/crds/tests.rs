@@ -349,3 +349,63 @@ fn a_full_inventory_has_no_field_the_apiserver_would_prune() {
     undeclared_fields(&value, &schema_of(&inventory_crd()), "", &mut undeclared);
     assert!(undeclared.is_empty(), "{undeclared:#?}");
 }
+
+/// Paths of strings, lists and maps without a size bound.
+fn unbounded(schema: &Value, path: &str, out: &mut Vec<String>) {
+    let Some(object) = schema.as_object() else {
+        return;
+    };
+    let has = |key: &str| object.contains_key(key);
+    match object.get("type").and_then(Value::as_str) {
+        Some("string") if !has("maxLength") && !has("enum") => out.push(path.to_string()),
+        Some("array") if !has("maxItems") => out.push(path.to_string()),
+        Some("object") if has("additionalProperties") && !has("maxProperties") => {
+            out.push(path.to_string());
+        }
+        _ => {}
+    }
+    if let Some(items) = object.get("items") {
+        unbounded(items, &format!("{path}[]"), out);
+    }
+    if let Some(values) = object.get("additionalProperties") {
+        unbounded(values, &format!("{path}{{}}"), out);
+    }
+    for (name, child) in object
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        if path.is_empty() && ["apiVersion", "kind", "metadata"].contains(&name.as_str()) {
+            continue;
+        }
+        unbounded(child, &format!("{path}.{name}"), out);
+    }
+}
+
+#[test]
+fn every_string_list_and_map_a_client_writes_is_bounded() {
+    for crd in all() {
+        let mut out = Vec::new();
+        unbounded(&schema_of(&crd), "", &mut out);
+        assert!(out.is_empty(), "{}: unbounded {out:?}", crd.spec.names.kind);
+    }
+    let inventory = schema_of(&inventory_crd());
+    let devices = &inventory["properties"]["spec"]["properties"]["devices"];
+    assert_eq!(devices["maxItems"], crate::api::bounds::MAX_DEVICES);
+    let device = &devices["items"]["properties"];
+    assert_eq!(device["attributes"]["maxProperties"], 32);
+    assert_eq!(device["capacity"]["maxProperties"], 32);
+    // The free-form config is bounded at the top; its depth is the controller's business
+    // (it reads the config as raw text, see api::lenient).
+    let placement = all()
+        .into_iter()
+        .find(|crd| crd.spec.names.kind == "ModelPlacement")
+        .expect("ModelPlacement CRD");
+    let config = &schema_of(&placement)["properties"]["spec"]["properties"]["model"]["properties"]
+        ["huggingFaceConfig"];
+    assert_eq!(
+        config["maxProperties"],
+        crate::api::placement::MAX_CONFIG_KEYS
+    );
+}

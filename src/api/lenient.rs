@@ -1,0 +1,180 @@
+//! Objects decoded one at a time, so one the controller cannot read does not stop it.
+//!
+//! kube decodes a list (and a watch event) as a whole: a single stored object that does not
+//! fit our Rust types (a field of the wrong shape that the schema let through, a value nested
+//! deeper than serde_json's recursion limit, an object written under an older schema) fails
+//! the whole list, and a controller whose start-up list fails crash-loops. [`Lenient`] takes
+//! each object's JSON as raw text first (skipping over raw JSON has no depth limit), then
+//! decodes it on its own; an object that does not decode keeps its metadata and the error,
+//! so the controller can skip it, count it and say so in an Event.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+/// An object of kind `K`, or the metadata of one that could not be decoded as `K`.
+#[derive(Debug, Clone)]
+pub enum Lenient<K> {
+    /// Decoded.
+    Decoded(K),
+    /// Not decodable as `K`.
+    Undecodable {
+        /// The object's metadata (empty when even that did not decode).
+        metadata: ObjectMeta,
+        /// Why it did not decode.
+        error: String,
+    },
+}
+
+impl<K> Lenient<K> {
+    /// The decoded object, if it decoded.
+    pub fn decoded(&self) -> Option<&K> {
+        match self {
+            Self::Decoded(object) => Some(object),
+            Self::Undecodable { .. } => None,
+        }
+    }
+
+    /// Why the object did not decode, if it did not.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Self::Decoded(_) => None,
+            Self::Undecodable { error, .. } => Some(error),
+        }
+    }
+}
+
+/// Only the metadata of an object; every other field is skipped unread.
+#[derive(Deserialize)]
+struct MetadataOnly {
+    #[serde(default)]
+    metadata: ObjectMeta,
+}
+
+impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        Ok(decode(raw.get()))
+    }
+}
+
+/// Decodes one object's JSON text.
+pub fn decode<K: DeserializeOwned>(text: &str) -> Lenient<K> {
+    match serde_json::from_str::<K>(text) {
+        Ok(object) => Lenient::Decoded(object),
+        Err(err) => Lenient::Undecodable {
+            metadata: serde_json::from_str::<MetadataOnly>(text)
+                .map(|m| m.metadata)
+                .unwrap_or_default(),
+            error: err.to_string(),
+        },
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+
+    fn group(dt: &()) -> Cow<'_, str> {
+        K::group(dt)
+    }
+
+    fn version(dt: &()) -> Cow<'_, str> {
+        K::version(dt)
+    }
+
+    fn plural(dt: &()) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Self::Decoded(object) => object.meta(),
+            Self::Undecodable { metadata, .. } => metadata,
+        }
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Self::Decoded(object) => object.meta_mut(),
+            Self::Undecodable { metadata, .. } => metadata,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::ObjectList;
+
+    use super::*;
+    use crate::api::ModelPlacement;
+
+    fn placement(name: &str, config: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacement",
+                "metadata":{{"name":"{name}","namespace":"ns"}},
+                "spec":{{"model":{{"huggingFaceConfig":{config}}},"goal":{{"serve":{{}}}}}}}}"#
+        )
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth))
+    }
+
+    #[test]
+    fn a_config_nested_deeper_than_serde_json_decodes_still_lists() {
+        let deep = placement("deep", &nested(300));
+        // The apiserver's list of placements, with the deep one between two ordinary ones.
+        let list = format!(
+            r#"{{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacementList","metadata":{{}},
+                "items":[{},{},{}]}}"#,
+            placement("a", "{}"),
+            deep,
+            placement("b", "{}")
+        );
+        let items = serde_json::from_str::<ObjectList<Lenient<ModelPlacement>>>(&list)
+            .expect("the list decodes")
+            .items;
+        let names: Vec<_> = items.iter().map(|p| p.meta().name.clone()).collect();
+        assert_eq!(
+            names,
+            [Some("a".into()), Some("deep".into()), Some("b".into())]
+        );
+        // The deep one decodes as a placement (the config is kept as text); reading the
+        // config is what fails, and that is the planner's business.
+        let deep = items[1].decoded().expect("decoded");
+        let config = deep
+            .spec
+            .model
+            .hugging_face_config
+            .as_ref()
+            .expect("config");
+        assert!(config.value().is_err());
+        // Plain typed decoding of the same list, which kube did before, fails as a whole.
+        assert!(serde_json::from_str::<ObjectList<serde_json::Value>>(&list).is_err());
+    }
+
+    #[test]
+    fn an_object_that_does_not_fit_the_type_keeps_its_metadata_and_the_error() {
+        let text = r#"{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacement",
+            "metadata":{"name":"odd","namespace":"ns","uid":"u1"},
+            "spec":{"model":{},"goal":{"serve":{"context":"many"}}}}"#;
+        let lenient: Lenient<ModelPlacement> = decode(text);
+        assert!(lenient.decoded().is_none());
+        assert_eq!(lenient.meta().name.as_deref(), Some("odd"));
+        assert_eq!(lenient.meta().uid.as_deref(), Some("u1"));
+        assert!(
+            lenient
+                .error()
+                .is_some_and(|e| e.contains("context") || e.contains("invalid type"))
+        );
+    }
+}
