@@ -536,6 +536,58 @@ async fn a_hand_edited_placement_label_is_taken_back_and_the_node_stays_writable
 
 #[tokio::test]
 #[ignore = "needs cluster"]
+async fn a_placement_nested_deeper_than_json_decoders_go_is_invalid_and_the_rest_is_planned()
+-> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    add_node(&cluster, "h100-8x-nvswitch").await?;
+    // 130 levels inside huggingFaceConfig: the apiserver stores it (kubectl, in Go, sends it),
+    // but serde_json gives up at 128, so decoding any list holding it used to fail, and with
+    // it the controller's start. It is created before the controller starts, as after an
+    // upgrade.
+    let depth = 130;
+    let config = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+    let deep = format!(
+        r#"{{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacement",
+            "metadata":{{"name":"deep"}},
+            "spec":{{"model":{{"huggingFaceConfig":{config}}},"goal":{{"serve":{{}}}}}}}}"#
+    );
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), deep)?;
+    let path = file.path().to_string_lossy().into_owned();
+    cluster.kubectl_ok(&["create", "-f", &path]).await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "shallow",
+        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+    )
+    .await?;
+    wait_state(&cluster, "shallow", "Planned").await?;
+    // The deep one is judged on its own: Invalid, saying why. (Read with kubectl: this
+    // test's own JSON decoder could not read the object either.)
+    let reason = wait_for(DEFAULT_TIMEOUT, "deep marked Invalid", || {
+        let cluster = &cluster;
+        async move {
+            let out = cluster
+                .kubectl_ok(&[
+                    "get",
+                    "modelplacement",
+                    "deep",
+                    "-o",
+                    r#"jsonpath={.status.state}/{.status.reasons[0]}"#,
+                ])
+                .await?;
+            Ok(out.starts_with("Invalid/").then_some(out))
+        }
+    })
+    .await?;
+    assert!(reason.contains("recursion limit"), "{reason}");
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
 async fn competing_placements_never_share_devices_and_a_deletion_lets_the_next_in() -> Result<()> {
     let cluster = TestCluster::new().await?;
     install_crds(&cluster.client()).await?;

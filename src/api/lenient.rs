@@ -9,6 +9,7 @@
 //! so the controller can skip it, count it and say so in an Event.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -62,17 +63,42 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
     }
 }
 
-/// Decodes one object's JSON text.
+/// Decodes one object's JSON text. When that fails, it tries again without
+/// `metadata.managedFields`: the apiserver records field ownership as a tree shaped like the
+/// object, so an object nested too deeply for the decoder has managedFields that are too deep
+/// as well, and the controller never reads them.
 pub fn decode<K: DeserializeOwned>(text: &str) -> Lenient<K> {
-    match serde_json::from_str::<K>(text) {
-        Ok(object) => Lenient::Decoded(object),
-        Err(err) => Lenient::Undecodable {
-            metadata: serde_json::from_str::<MetadataOnly>(text)
-                .map(|m| m.metadata)
-                .unwrap_or_default(),
-            error: err.to_string(),
-        },
+    let err = match serde_json::from_str::<K>(text) {
+        Ok(object) => return Lenient::Decoded(object),
+        Err(err) => err,
+    };
+    let stripped = without_managed_fields(text);
+    let text = stripped.as_deref().unwrap_or(text);
+    if stripped.is_some()
+        && let Ok(object) = serde_json::from_str::<K>(text)
+    {
+        return Lenient::Decoded(object);
     }
+    Lenient::Undecodable {
+        metadata: serde_json::from_str::<MetadataOnly>(text)
+            .map(|m| m.metadata)
+            .unwrap_or_default(),
+        error: err.to_string(),
+    }
+}
+
+/// The object's JSON without `metadata.managedFields`, if it had them. Works on raw text, one
+/// level at a time, so it never decodes the deep parts.
+fn without_managed_fields(text: &str) -> Option<String> {
+    type Fields = BTreeMap<String, Box<RawValue>>;
+    let mut object: Fields = serde_json::from_str(text).ok()?;
+    let mut metadata: Fields = serde_json::from_str(object.get("metadata")?.get()).ok()?;
+    metadata.remove("managedFields")?;
+    object.insert(
+        "metadata".to_string(),
+        serde_json::value::to_raw_value(&metadata).ok()?,
+    );
+    serde_json::to_string(&object).ok()
 }
 
 impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
@@ -160,6 +186,26 @@ mod tests {
         assert!(config.value().is_err());
         // Plain typed decoding of the same list, which kube did before, fails as a whole.
         assert!(serde_json::from_str::<ObjectList<serde_json::Value>>(&list).is_err());
+    }
+
+    #[test]
+    fn managed_fields_as_deep_as_the_object_do_not_stop_it_decoding() {
+        // What the apiserver returns for a deep config: managedFields mirror its shape.
+        let fields = nested(300).replace(r#""a""#, r#""f:a""#);
+        let text = placement("deep", &nested(300)).replacen(
+            r#""namespace":"ns"}"#,
+            &format!(
+                r#""namespace":"ns","managedFields":[{{"manager":"kubectl","operation":"Update","fieldsType":"FieldsV1","fieldsV1":{fields}}}]}}"#
+            ),
+            1,
+        );
+        assert!(text.contains("managedFields"));
+        let lenient: Lenient<ModelPlacement> = decode(&text);
+        let placement = lenient
+            .decoded()
+            .expect("decoded without its managedFields");
+        assert_eq!(placement.meta().name.as_deref(), Some("deep"));
+        assert!(placement.meta().managed_fields.is_none());
     }
 
     #[test]
