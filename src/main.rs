@@ -97,9 +97,19 @@ struct AgentArgs {
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
+    #[command(flatten)]
+    process: ProcessArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
     log_format: hwaccel::telemetry::LogFormat,
+}
+
+/// Flags every long-running command shares.
+#[derive(Debug, clap::Args)]
+struct ProcessArgs {
+    /// Deadline for each Kubernetes API call (watches excepted: the server ends those).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    api_timeout: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,6 +134,8 @@ struct ControllerArgs {
     /// all). Used by the scale harness and for canaries.
     #[arg(long)]
     selector: Option<String>,
+    #[command(flatten)]
+    process: ProcessArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
     log_format: hwaccel::telemetry::LogFormat,
@@ -226,7 +238,7 @@ fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default().await?;
+        let client = hwaccel::kube_client::client(args.process.api_timeout).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = hwaccel::agent::metrics::AgentMetrics::register(&mut registry);
         let readiness = Arc::new(hwaccel::server::Readiness::default());
@@ -281,7 +293,7 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default().await?;
+        let client = hwaccel::kube_client::client(args.process.api_timeout).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = hwaccel::controller::metrics::ControllerMetrics::register(&mut registry);
         // Ready means "alive and talking to the apiserver", never "leader": a standby that is
@@ -342,7 +354,8 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let cleaned = runtime.block_on(async {
-        let client = kube::Client::try_default().await?;
+        let client =
+            hwaccel::kube_client::client(hwaccel::kube_client::DEFAULT_API_TIMEOUT).await?;
         let nodes = if args.all_nodes {
             Vec::new()
         } else {
