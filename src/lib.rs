@@ -20,6 +20,7 @@ pub mod cleanup;
 pub mod controller;
 pub mod detect;
 pub mod hardware;
+pub mod health;
 pub mod kube_client;
 pub mod labels;
 pub mod output;

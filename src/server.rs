@@ -1,6 +1,7 @@
 //! The operational HTTP endpoints of the agent and the controller: `/healthz` (the process is
-//! alive), `/readyz` (it has done its first useful work and can still reach what it needs), and
-//! `/metrics` (Prometheus/OpenMetrics text).
+//! alive: every loop registered in [`Liveness`] is making progress, otherwise 503 naming the
+//! loops that are not), `/readyz` (it has done its first useful work and can still reach what
+//! it needs), and `/metrics` (Prometheus/OpenMetrics text).
 //!
 //! The port is reachable by any peer of the pod, so the server bounds what a client can hold:
 //! a fixed number of connections (more are closed at once, not queued), a deadline for the
@@ -18,6 +19,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
+
+use crate::health::Liveness;
 
 /// Readiness shared between the worker loop and the HTTP server.
 #[derive(Debug, Default)]
@@ -41,18 +44,30 @@ impl Readiness {
 struct AppState {
     registry: Arc<Registry>,
     readiness: Arc<Readiness>,
+    liveness: Liveness,
 }
 
 /// The router serving the three endpoints; exposed for tests.
-pub fn router(registry: Arc<Registry>, readiness: Arc<Readiness>) -> Router {
+pub fn router(registry: Arc<Registry>, readiness: Arc<Readiness>, liveness: Liveness) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(AppState {
             registry,
             readiness,
+            liveness,
         })
+}
+
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    let problems = state.liveness.problems();
+    if problems.is_empty() {
+        return (StatusCode::OK, "ok".to_string());
+    }
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    tracing::warn!(problems = ?lines, "not live");
+    (StatusCode::SERVICE_UNAVAILABLE, lines.join("\n"))
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
@@ -121,13 +136,14 @@ pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
     readiness: Arc<Readiness>,
+    liveness: Liveness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     serve_on(
         listener,
-        router(registry, readiness),
+        router(registry, readiness, liveness),
         Limits::default(),
         shutdown,
     )
@@ -216,7 +232,7 @@ mod tests {
         registry.register("hwaccel_api_writes", "API writes", writes.clone());
         writes.inc();
         let readiness = Arc::new(Readiness::default());
-        let app = router(Arc::new(registry), readiness.clone());
+        let app = router(Arc::new(registry), readiness.clone(), Liveness::default());
 
         assert_eq!(
             get_text(app.clone(), "/healthz").await,
@@ -231,6 +247,44 @@ mod tests {
         let (status, body) = get_text(app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("hwaccel_api_writes_total 1"), "{body}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn healthz_fails_naming_a_stalled_or_ended_loop_while_readyz_is_unaffected() {
+        let liveness = Liveness::default();
+        let readiness = Arc::new(Readiness::default());
+        readiness.set(true);
+        let app = router(Arc::new(Registry::default()), readiness, liveness.clone());
+        let detection = liveness.heartbeat("agent loop", Duration::from_secs(10));
+        let reconciles = liveness.work("reconcile", Duration::from_secs(10));
+        let _running = reconciles.start();
+        assert_eq!(
+            get_text(app.clone(), "/healthz").await,
+            (StatusCode::OK, "ok".into())
+        );
+
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let (status, body) = get_text(app.clone(), "/healthz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body,
+            "agent loop: no completed iteration for 11s (bound 10s)\n\
+             reconcile: running for 11s (bound 10s)"
+        );
+        assert_eq!(get_text(app.clone(), "/readyz").await.0, StatusCode::OK);
+
+        detection.beat();
+        drop(_running);
+        assert_eq!(get_text(app.clone(), "/healthz").await.0, StatusCode::OK);
+
+        drop(detection);
+        assert_eq!(
+            get_text(app, "/healthz").await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "agent loop: the task has ended".into()
+            )
+        );
     }
 
     mod limits {
@@ -252,6 +306,7 @@ mod tests {
             let app = router(
                 Arc::new(Registry::default()),
                 Arc::new(Readiness::default()),
+                Liveness::default(),
             );
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             tokio::spawn(serve_on(listener, app, limits, async move {

@@ -82,6 +82,7 @@ pub struct Agent {
     applied_spec: Option<AcceleratorInventorySpec>,
     applied_status: Option<AcceleratorInventoryStatus>,
     generation: Option<i64>,
+    heartbeat: crate::health::Heartbeat,
 }
 
 impl std::fmt::Debug for Agent {
@@ -112,8 +113,15 @@ impl Agent {
             applied_spec: None,
             applied_status: None,
             generation: None,
+            heartbeat: crate::health::Heartbeat::default(),
             config,
         }
+    }
+
+    /// Beats `heartbeat` after every cycle, for `/healthz` (see [`crate::health`]).
+    pub fn with_heartbeat(mut self, heartbeat: crate::health::Heartbeat) -> Self {
+        self.heartbeat = heartbeat;
+        self
     }
 
     /// Runs detection once on a blocking thread and records its timings.
@@ -358,6 +366,7 @@ pub async fn run(mut agent: Agent, readiness: Arc<Readiness>, mut shutdown: watc
                 wait
             }
         };
+        agent.heartbeat.beat();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let poll = agent

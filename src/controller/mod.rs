@@ -66,6 +66,8 @@ pub struct Config {
     pub identity: String,
     /// How long inventory changes are gathered before everything is reconciled again.
     pub debounce: Duration,
+    /// Reconciles in flight, for `/healthz` ([`crate::health`]); unwatched by default.
+    pub reconciles: crate::health::Work,
 }
 
 impl Config {
@@ -76,6 +78,7 @@ impl Config {
             selector: None,
             identity: identity.to_string(),
             debounce: Duration::from_millis(500),
+            reconciles: crate::health::Work::default(),
         }
     }
 
@@ -236,10 +239,15 @@ async fn run_controller(
     });
     clean_stale_labels(&ctx).await?;
     reconcile::warm_up(&ctx).await;
+    let reconciles = config.reconciles.clone();
     let controller = controller
         .reconcile_all_on(receiver_stream(inventory_changes))
         .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
-        .run(reconcile, error_policy, ctx.clone())
+        .run(
+            move |placement, ctx| reconciles.track(reconcile(placement, ctx)),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(error = %err, "controller event");
