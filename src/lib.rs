@@ -26,5 +26,6 @@ pub mod labels;
 pub mod output;
 pub mod plan;
 pub mod server;
+pub mod shutdown;
 pub mod signals;
 pub mod telemetry;

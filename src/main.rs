@@ -113,6 +113,10 @@ struct ProcessArgs {
     /// Deadline for each Kubernetes API call (watches excepted: the server ends those).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     api_timeout: Duration,
+    /// After SIGTERM, how long the graceful stop may take before the process exits anyway.
+    /// Keep it below the pod's terminationGracePeriodSeconds (30 s unless set).
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -241,7 +245,7 @@ fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let process = args.process;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         let client = hwaccel::kube_client::client(process.api_timeout).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = hwaccel::agent::metrics::AgentMetrics::register(&mut registry);
@@ -290,13 +294,20 @@ fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         }
         tracing::info!("termination signal received");
         let _ = stop.send(true);
-        let _ = worker.await;
-        if let Ok(Err(err)) = server.await {
-            tracing::warn!(error = %err, "metrics server failed");
-        }
-        anyhow::Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
+        let stopping = async move {
+            let _ = worker.await;
+            if let Ok(Err(err)) = server.await {
+                tracing::warn!(error = %err, "metrics server failed");
+            }
+        };
+        anyhow::Ok(hwaccel::shutdown::finish_within(process.shutdown_timeout, stopping).await)
+    });
+    // Never wait here for a detection thread stuck on a read: it ends with the process.
+    hwaccel::shutdown::close_runtime(runtime);
+    Ok(match outcome? {
+        Some(()) => ExitCode::SUCCESS,
+        None => ExitCode::from(1),
+    })
 }
 
 fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
@@ -314,7 +325,7 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let process = args.process;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         let client = hwaccel::kube_client::client(process.api_timeout).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = hwaccel::controller::metrics::ControllerMetrics::register(&mut registry);
@@ -364,16 +375,31 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             () = hwaccel::signals::terminated() => {
                 tracing::info!("termination signal received");
                 let _ = stop.send(true);
-                result.await
+                let stopping = async move {
+                    let outcome = result.await;
+                    if let Ok(Err(err)) = server.await {
+                        tracing::warn!(error = %err, "metrics server failed");
+                    }
+                    outcome
+                };
+                return match hwaccel::shutdown::finish_within(process.shutdown_timeout, stopping).await {
+                    Some(outcome) => outcome.map(|()| true),
+                    None => Ok(false),
+                };
             }
         };
         let _ = stop.send(true);
         if let Ok(Err(err)) = server.await {
             tracing::warn!(error = %err, "metrics server failed");
         }
-        outcome
-    })?;
-    Ok(ExitCode::SUCCESS)
+        outcome.map(|()| true)
+    });
+    hwaccel::shutdown::close_runtime(runtime);
+    Ok(if outcome? {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {

@@ -5,7 +5,8 @@
 //! - every API call fails within `--api-timeout`, and an agent whose calls fail is live but
 //!   not ready;
 //! - `/healthz` turns unhealthy, naming the loop, once the detection loop has made no progress
-//!   within its bound.
+//!   within its bound;
+//! - SIGTERM ends the process within `--shutdown-timeout`, stuck or not.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
@@ -166,6 +167,27 @@ impl Agent {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
     }
+
+    /// Sends SIGTERM and returns how long the process took to exit, and its status.
+    fn terminate(&mut self, limit: Duration) -> (Duration, std::process::ExitStatus) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill -TERM");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return (started.elapsed(), status);
+            }
+            assert!(
+                started.elapsed() < limit,
+                "still running {limit:?} after SIGTERM; log: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// The agent's liveness bound for the flags above: interval and backoff 1 s, 12 tool timeouts
@@ -226,4 +248,42 @@ fn a_detection_stuck_on_a_blocking_read_makes_healthz_fail_within_its_bound() {
         "{body}"
     );
     assert_eq!(agent.detections(), 0, "the detection is still stuck");
+}
+
+#[test]
+fn sigterm_ends_an_agent_stuck_in_detection_and_in_an_api_call_within_the_shutdown_timeout() {
+    // An API timeout far longer than the test: the call is as good as hung.
+    let flags = ["--api-timeout", "10m", "--shutdown-timeout", "3s"];
+    for stall in [true, false] {
+        let mut agent = Agent::start(hung_apiserver(), stall, &flags);
+        agent.wait_for(Duration::from_secs(20), |agent| agent.get("/healthz"));
+        // Let the loop get stuck: in the read, or in the first API call.
+        std::thread::sleep(Duration::from_millis(500));
+        let (took, status) = agent.terminate(Duration::from_secs(10));
+        assert!(
+            took < Duration::from_secs(4),
+            "stall={stall}: exited after {took:?}; log: {}",
+            agent.log()
+        );
+        assert!(!status.success(), "a forced stop exits non-zero");
+        assert!(
+            agent
+                .log()
+                .contains("graceful shutdown did not finish in time"),
+            "stall={stall}: {}",
+            agent.log()
+        );
+    }
+}
+
+#[test]
+fn sigterm_ends_an_idle_agent_at_once_and_cleanly() {
+    let mut agent = Agent::start(hung_apiserver(), false, &["--api-timeout", "1s"]);
+    agent.wait_for(Duration::from_secs(20), |agent| {
+        agent.log().contains("API timeout").then_some(())
+    });
+    // Between cycles (waiting out the backoff) the loop sees the stop at once.
+    let (took, status) = agent.terminate(Duration::from_secs(10));
+    assert!(took < Duration::from_secs(3), "exited after {took:?}");
+    assert!(status.success(), "{status}: {}", agent.log());
 }
