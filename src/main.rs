@@ -91,15 +91,32 @@ struct AgentArgs {
     /// How often the device directories are checked for hot-plug.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     hotplug_poll: Duration,
+    /// Longest wait between retries while publishing fails (the API is away).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    max_backoff: Duration,
     /// Consecutive clean detections a device must be missing from before it is removed.
     #[arg(long, default_value_t = 3)]
     misses_to_remove: u32,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
+    #[command(flatten)]
+    process: ProcessArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
     log_format: hwaccel::telemetry::LogFormat,
+}
+
+/// Flags every long-running command shares.
+#[derive(Debug, clap::Args)]
+struct ProcessArgs {
+    /// Deadline for each Kubernetes API call (watches excepted: the server ends those).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    api_timeout: Duration,
+    /// After SIGTERM, how long the graceful stop may take before the process exits anyway.
+    /// Keep it below the pod's terminationGracePeriodSeconds (30 s unless set).
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,6 +141,8 @@ struct ControllerArgs {
     /// all). Used by the scale harness and for canaries.
     #[arg(long)]
     selector: Option<String>,
+    #[command(flatten)]
+    process: ProcessArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
     log_format: hwaccel::telemetry::LogFormat,
@@ -225,11 +244,13 @@ fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
-        let client = kube::Client::try_default().await?;
+    let process = args.process;
+    let outcome = runtime.block_on(async move {
+        let client = hwaccel::kube_client::client(process.api_timeout).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = hwaccel::agent::metrics::AgentMetrics::register(&mut registry);
         let readiness = Arc::new(hwaccel::server::Readiness::default());
+        let liveness = hwaccel::health::Liveness::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let config = hwaccel::agent::AgentConfig {
             node_name: args.node_name,
@@ -240,30 +261,53 @@ fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
             interval: args.interval,
             hotplug_poll: args.hotplug_poll,
             misses_to_remove: args.misses_to_remove,
-            max_backoff: Duration::from_secs(60),
+            max_backoff: args.max_backoff,
         };
-        tracing::info!(node = %config.node_name, "agent starting");
-        let agent = hwaccel::agent::Agent::new(config, client, metrics);
+        let bound = hwaccel::health::agent_loop_bound(
+            config.interval,
+            config.max_backoff,
+            config.tool_timeout,
+            process.api_timeout,
+        );
+        tracing::info!(node = %config.node_name, liveness_bound_secs = bound.as_secs(), "agent starting");
+        let agent = hwaccel::agent::Agent::new(config, client, metrics)
+            .with_heartbeat(liveness.heartbeat("agent detect-and-publish loop", bound));
         let mut server_stop = stopped.clone();
         let server = tokio::spawn(hwaccel::server::serve(
             args.metrics_addr,
             Arc::new(registry),
             readiness.clone(),
+            liveness,
             async move {
                 let _ = server_stop.wait_for(|stop| *stop).await;
             },
         ));
-        let worker = tokio::spawn(hwaccel::agent::run::run(agent, readiness, stopped));
-        hwaccel::signals::terminated().await;
+        let mut worker = tokio::spawn(hwaccel::agent::run::run(agent, readiness, stopped));
+        tokio::select! {
+            () = hwaccel::signals::terminated() => {}
+            ended = &mut worker => {
+                // The loop only returns when told to stop: this is a panic or a bug. Exit, so
+                // that the kubelet restarts the agent, rather than serve a dead process.
+                let _ = stop.send(true);
+                anyhow::bail!("the agent loop ended unexpectedly: {ended:?}");
+            }
+        }
         tracing::info!("termination signal received");
         let _ = stop.send(true);
-        let _ = worker.await;
-        if let Ok(Err(err)) = server.await {
-            tracing::warn!(error = %err, "metrics server failed");
-        }
-        anyhow::Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
+        let stopping = async move {
+            let _ = worker.await;
+            if let Ok(Err(err)) = server.await {
+                tracing::warn!(error = %err, "metrics server failed");
+            }
+        };
+        anyhow::Ok(hwaccel::shutdown::finish_within(process.shutdown_timeout, stopping).await)
+    });
+    // Never wait here for a detection thread stuck on a read: it ends with the process.
+    hwaccel::shutdown::close_runtime(runtime);
+    Ok(match outcome? {
+        Some(()) => ExitCode::SUCCESS,
+        None => ExitCode::from(1),
+    })
 }
 
 fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
@@ -280,26 +324,33 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
-        let client = kube::Client::try_default().await?;
+    let process = args.process;
+    let outcome = runtime.block_on(async move {
+        let client = hwaccel::kube_client::client(process.api_timeout).await?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = hwaccel::controller::metrics::ControllerMetrics::register(&mut registry);
         // Ready means "alive and talking to the apiserver", never "leader": a standby that is
         // never Ready would block rollouts.
         let readiness = Arc::new(hwaccel::server::Readiness::default());
+        let liveness = hwaccel::health::Liveness::default();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut server_stop = stopped.clone();
+        let mut config = hwaccel::controller::Config::cluster_wide(&identity);
+        config.namespace = args.namespace;
+        config.selector = args.selector;
+        config.reconciles = liveness.work(
+            "controller reconcile",
+            hwaccel::health::reconcile_bound(process.api_timeout),
+        );
         let server = tokio::spawn(hwaccel::server::serve(
             args.metrics_addr,
             Arc::new(registry),
             readiness.clone(),
+            liveness,
             async move {
                 let _ = server_stop.wait_for(|stop| *stop).await;
             },
         ));
-        let mut config = hwaccel::controller::Config::cluster_wide(&identity);
-        config.namespace = args.namespace;
-        config.selector = args.selector;
         let lease = hwaccel::controller::leader::LeaseConfig::new(
             &args.leader_election_namespace,
             &args.lease_name,
@@ -324,16 +375,31 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             () = hwaccel::signals::terminated() => {
                 tracing::info!("termination signal received");
                 let _ = stop.send(true);
-                result.await
+                let stopping = async move {
+                    let outcome = result.await;
+                    if let Ok(Err(err)) = server.await {
+                        tracing::warn!(error = %err, "metrics server failed");
+                    }
+                    outcome
+                };
+                return match hwaccel::shutdown::finish_within(process.shutdown_timeout, stopping).await {
+                    Some(outcome) => outcome.map(|()| true),
+                    None => Ok(false),
+                };
             }
         };
         let _ = stop.send(true);
         if let Ok(Err(err)) = server.await {
             tracing::warn!(error = %err, "metrics server failed");
         }
-        outcome
-    })?;
-    Ok(ExitCode::SUCCESS)
+        outcome.map(|()| true)
+    });
+    hwaccel::shutdown::close_runtime(runtime);
+    Ok(if outcome? {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
@@ -342,7 +408,8 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let cleaned = runtime.block_on(async {
-        let client = kube::Client::try_default().await?;
+        let client =
+            hwaccel::kube_client::client(hwaccel::kube_client::DEFAULT_API_TIMEOUT).await?;
         let nodes = if args.all_nodes {
             Vec::new()
         } else {

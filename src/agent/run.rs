@@ -88,6 +88,7 @@ pub struct Agent {
     /// The inventory's resourceVersion after the agent's last write (or as seeded).
     applied_version: Option<String>,
     generation: Option<i64>,
+    heartbeat: crate::health::Heartbeat,
 }
 
 impl std::fmt::Debug for Agent {
@@ -119,8 +120,15 @@ impl Agent {
             applied_status: None,
             applied_version: None,
             generation: None,
+            heartbeat: crate::health::Heartbeat::default(),
             config,
         }
+    }
+
+    /// Beats `heartbeat` after every cycle, for `/healthz` (see [`crate::health`]).
+    pub fn with_heartbeat(mut self, heartbeat: crate::health::Heartbeat) -> Self {
+        self.heartbeat = heartbeat;
+        self
     }
 
     /// Runs detection once on a blocking thread and records its timings.
@@ -399,6 +407,7 @@ pub async fn run(mut agent: Agent, readiness: Arc<Readiness>, mut shutdown: watc
                 wait
             }
         };
+        agent.heartbeat.beat();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let poll = agent

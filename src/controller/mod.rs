@@ -71,6 +71,8 @@ pub struct Config {
     /// inventory again on its next cycle, and moving workloads for a missing record would
     /// be worse than waiting. A Node that is gone frees its devices at once.
     pub inventory_grace: Duration,
+    /// Reconciles in flight, for `/healthz` ([`crate::health`]); unwatched by default.
+    pub reconciles: crate::health::Work,
 }
 
 impl Config {
@@ -82,6 +84,7 @@ impl Config {
             identity: identity.to_string(),
             debounce: Duration::from_millis(500),
             inventory_grace: Duration::from_secs(300),
+            reconciles: crate::health::Work::default(),
         }
     }
 
@@ -257,10 +260,15 @@ async fn run_controller(
     });
     clean_stale_labels(&ctx).await?;
     reconcile::warm_up(&ctx).await;
+    let reconciles = config.reconciles.clone();
     let controller = controller
         .reconcile_all_on(receiver_stream(inventory_changes))
         .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
-        .run(reconcile, error_policy, ctx.clone())
+        .run(
+            move |placement, ctx| reconciles.track(reconcile(placement, ctx)),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(error = %err, "controller event");

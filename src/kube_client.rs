@@ -1,0 +1,267 @@
+//! The Kubernetes client of every command that talks to the API, with a deadline on every call.
+//!
+//! kube's defaults bound only connecting (30 s) and writing (295 s): a request to an apiserver
+//! that accepts the connection and never answers waits for ever, and so does whatever waits on
+//! it (an agent cycle, a reconcile, a Lease renewal). A tower layer puts the deadline on top of
+//! kube's own stack (so it covers connecting, TLS, kube's retries, writing and the server's
+//! work):
+//!
+//! - every request must get its response head within the API timeout;
+//! - the body of a normal response must also be complete within that same deadline;
+//! - a watch's body is exempt. Watches are long polls that the server ends after their
+//!   `timeoutSeconds` (290 s by default), and kube-runtime's watcher already treats a stream
+//!   idle for longer than that plus 5 s as dead and reconnects. One client thus serves both
+//!   kinds of call, with no read timeout on the connection that a quiet watch would trip.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body, Bytes, Frame, SizeHint};
+use hyper::{Request, Response};
+use tokio::time::{Instant, Sleep};
+use tower::{BoxError, Layer, Service};
+
+/// Default deadline for one API call. The apiserver gives up on a normal request itself after
+/// 60 s (`--request-timeout`); a healthy one answers our calls (single objects, paged lists)
+/// in milliseconds, so 30 s only ever cuts a call that is not coming back.
+pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest time to open a connection; never more than the API timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client from the environment (in-cluster service account, else `$KUBECONFIG` or
+/// `~/.kube/config`) whose every call ends within `api_timeout`.
+pub async fn client(api_timeout: Duration) -> anyhow::Result<kube::Client> {
+    let config = kube::Config::infer().await?;
+    Ok(client_from(config, api_timeout)?)
+}
+
+/// A client for `config` whose every call ends within `api_timeout`.
+pub fn client_from(
+    mut config: kube::Config,
+    api_timeout: Duration,
+) -> Result<kube::Client, kube::Error> {
+    config.connect_timeout = Some(api_timeout.min(CONNECT_TIMEOUT));
+    config.write_timeout = Some(api_timeout);
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&DeadlineLayer {
+            timeout: api_timeout,
+        })
+        .build())
+}
+
+/// The error of a call that ran out of time.
+#[derive(Debug, thiserror::Error)]
+#[error("no complete answer from the Kubernetes API within {}s (the API timeout)", .0.as_secs_f64())]
+pub struct ApiTimeout(pub Duration);
+
+/// Puts [`Deadline`] around a service.
+#[derive(Debug, Clone, Copy)]
+struct DeadlineLayer {
+    timeout: Duration,
+}
+
+impl<S> Layer<S> for DeadlineLayer {
+    type Service = Deadline<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Deadline {
+            inner,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// A service whose calls end within a deadline (see the module docs).
+#[derive(Debug, Clone)]
+struct Deadline<S> {
+    inner: S,
+    timeout: Duration,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, RequestBody, B> Service<Request<RequestBody>> for Deadline<S>
+where
+    S: Service<Request<RequestBody>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<DeadlineBody<B>>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<RequestBody>) -> Self::Future {
+        let watch = is_watch(request.uri());
+        let timeout = self.timeout;
+        let deadline = Instant::now() + timeout;
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = tokio::time::timeout_at(deadline, response)
+                .await
+                .map_err(|_| ApiTimeout(timeout))?
+                .map_err(Into::into)?;
+            Ok(response.map(|inner| DeadlineBody {
+                inner,
+                deadline: (!watch).then(|| Box::pin(tokio::time::sleep_until(deadline))),
+                timeout,
+            }))
+        })
+    }
+}
+
+/// True for a watch request (`watch=true` or `watch=1` in the query).
+fn is_watch(uri: &hyper::Uri) -> bool {
+    uri.query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| pair == "watch=true" || pair == "watch=1")
+    })
+}
+
+/// A response body that fails once its deadline has passed (none for a watch).
+#[derive(Debug)]
+pub struct DeadlineBody<B> {
+    inner: B,
+    deadline: Option<Pin<Box<Sleep>>>,
+    timeout: Duration,
+}
+
+impl<B> Body for DeadlineBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        match &mut this.deadline {
+            Some(deadline) => match deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(ApiTimeout(this.timeout).into()))),
+                Poll::Pending => Poll::Pending,
+            },
+            None => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+    use kube::api::WatchParams;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+
+    const TIMEOUT: Duration = Duration::from_millis(500);
+
+    /// A fake apiserver on 127.0.0.1: accepts connections, reads each request, and answers
+    /// with `head` (nothing at all when empty), then never sends anything more.
+    async fn fake_apiserver(head: &'static str) -> kube::Client {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                if !head.is_empty() {
+                    let _ = stream.write_all(head.as_bytes()).await;
+                }
+                held.push(stream);
+            }
+        });
+        let url = format!("http://{addr}").parse().expect("url");
+        client_from(kube::Config::new(url), TIMEOUT).expect("client")
+    }
+
+    async fn within<T>(bound: Duration, future: impl Future<Output = T>) -> T {
+        tokio::time::timeout(bound, future)
+            .await
+            .expect("the call ended within its bound")
+    }
+
+    #[tokio::test]
+    async fn a_call_to_an_apiserver_that_never_answers_fails_within_the_timeout() {
+        let client = fake_apiserver("").await;
+        let started = std::time::Instant::now();
+        let result = within(TIMEOUT * 6, client.apiserver_version()).await;
+        let err = result.expect_err("no answer is an error");
+        assert!(err.to_string().contains("API timeout"), "{err}");
+        assert!(started.elapsed() >= TIMEOUT, "{:?}", started.elapsed());
+
+        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+        let err = within(TIMEOUT * 6, maps.get("x"))
+            .await
+            .expect_err("no answer is an error");
+        assert!(err.to_string().contains("API timeout"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stops_half_way_fails_within_the_timeout() {
+        let client = fake_apiserver(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ma",
+        )
+        .await;
+        let err = within(TIMEOUT * 6, client.apiserver_version())
+            .await
+            .expect_err("half a body is an error");
+        assert!(err.to_string().contains("API timeout"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_quiet_watch_is_not_cut_but_its_missing_head_is() {
+        let client = fake_apiserver(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .await;
+        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+        let events = within(TIMEOUT * 6, maps.watch(&WatchParams::default(), "0"))
+            .await
+            .expect("the watch starts");
+        let mut events = Box::pin(events);
+        let quiet = tokio::time::timeout(TIMEOUT * 3, events.next()).await;
+        assert!(quiet.is_err(), "a quiet watch ended early: {quiet:?}");
+
+        let silent: Api<ConfigMap> = Api::namespaced(fake_apiserver("").await, "default");
+        let err = within(TIMEOUT * 6, silent.watch(&WatchParams::default(), "0"))
+            .await
+            .err()
+            .expect("a watch without a response head is an error");
+        assert!(err.to_string().contains("API timeout"), "{err}");
+    }
+
+    #[test]
+    fn watches_are_told_apart_by_their_query() {
+        let watch = |uri: &str| is_watch(&uri.parse().expect("uri"));
+        assert!(watch("/api/v1/pods?&watch=true&timeoutSeconds=290"));
+        assert!(watch("/api/v1/pods?watch=1"));
+        assert!(!watch("/api/v1/pods?labelSelector=watch%3Dtrue"));
+        assert!(!watch("/api/v1/namespaces/watch/pods"));
+    }
+}
