@@ -85,11 +85,12 @@ struct AgentArgs {
     /// Per-tool deadline, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     tool_timeout_ms: u64,
-    /// Seconds between detections on a quiet node.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    /// Time between detections on a quiet node: a whole number and one unit (s, m, h),
+    /// from 1s to 24h.
+    #[arg(long, default_value = "60s", value_parser = hwaccel::duration::parse_interval)]
     interval: Duration,
-    /// How often the device directories are checked for hot-plug.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    /// How often the device directories are checked for hot-plug (1s to 1h).
+    #[arg(long, default_value = "5s", value_parser = hwaccel::duration::parse_hotplug_poll)]
     hotplug_poll: Duration,
     /// Consecutive clean detections a device must be missing from before it is removed.
     #[arg(long, default_value_t = 3)]
@@ -127,32 +128,6 @@ struct ControllerArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = hwaccel::telemetry::LogFormat::Json)]
     log_format: hwaccel::telemetry::LogFormat,
-}
-
-/// Parses `60s`, `5m`, `500ms` or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((text, "s"), |at| text.split_at(at));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {text:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(format!("duration must be positive: {text:?}"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 #[derive(Debug, clap::Args)]

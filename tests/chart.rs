@@ -782,3 +782,181 @@ fn crds_dir_accepts_only_crds() {
     let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &[]);
     assert!(result.is_err_and(|err| err.contains("other than a CustomResourceDefinition")));
 }
+
+/// `helm template` of the repository chart with one values file (written from `yaml`) plus
+/// `extra` flags: the rendered YAML, or helm's error.
+fn template_with_values(helm: &Path, yaml: &str, extra: &[&str]) -> Result<String, String> {
+    let dir = tempfile::tempdir().map_err(|err| err.to_string())?;
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, yaml).map_err(|err| err.to_string())?;
+    let file = file.to_string_lossy().into_owned();
+    let mut args = vec!["-f", file.as_str()];
+    args.extend_from_slice(extra);
+    helm::template(helm, &chart_dir(), "hwaccel", NAMESPACE, &args)
+}
+
+/// Values of `agent.interval` around every bound of the grammar, plus the ones the issue
+/// reported (`1m30s`, `500us`, `0s` and a number too large for any integer).
+const INTERVAL_TABLE: &[&str] = &[
+    "60s",
+    "1s",
+    "9s",
+    "10s",
+    "59s",
+    "99s",
+    "999s",
+    "1000s",
+    "9999s",
+    "10000s",
+    "79999s",
+    "80000s",
+    "85999s",
+    "86000s",
+    "86399s",
+    "86400s",
+    "86401s",
+    "86500s",
+    "90000s",
+    "99999s",
+    "100000s",
+    "0s",
+    "1m",
+    "9m",
+    "10m",
+    "99m",
+    "100m",
+    "999m",
+    "1000m",
+    "1399m",
+    "1400m",
+    "1439m",
+    "1440m",
+    "1441m",
+    "1500m",
+    "9999m",
+    "0m",
+    "1h",
+    "9h",
+    "10h",
+    "19h",
+    "20h",
+    "23h",
+    "24h",
+    "25h",
+    "30h",
+    "99h",
+    "0h",
+    "1m30s",
+    "500us",
+    "500ms",
+    "1µs",
+    "1.5m",
+    "060s",
+    "60",
+    "",
+    "s",
+    "-5s",
+    "5d",
+    "10S",
+    "1H",
+    "99999999999999999999h",
+    "18446744073709551615s",
+    "60 s",
+    "+60s",
+];
+
+#[test]
+fn agent_interval_schema_accepts_exactly_what_the_binary_accepts() {
+    let test = "agent_interval_schema_accepts_exactly_what_the_binary_accepts";
+    let Some(helm) = find_helm() else {
+        skip_notice(test);
+        return;
+    };
+    let show = ["--show-only", "templates/agent-daemonset.yaml"];
+    let mut disagreements = Vec::new();
+    for value in INTERVAL_TABLE {
+        let binary = hwaccel::duration::parse_interval(value);
+        // A JSON string is a YAML double-quoted scalar: the value reaches helm byte for byte.
+        let quoted = serde_json::to_string(value).expect("a string serialises");
+        let values = format!("agent:\n  interval: {quoted}\n");
+        let chart = template_with_values(&helm, &values, &show);
+        // The template's own check (for --skip-schema-validation) must agree as well.
+        let mut unchecked = show.to_vec();
+        unchecked.push("--skip-schema-validation");
+        let template = template_with_values(&helm, &values, &unchecked);
+        if binary.is_ok() != chart.is_ok() || binary.is_ok() != template.is_ok() {
+            disagreements.push(format!(
+                "{value:?}: binary {binary:?}, schema {:?}, template {:?}",
+                chart.as_ref().map(|_| "accepts"),
+                template.as_ref().map(|_| "accepts"),
+            ));
+        }
+        if let Ok(yaml) = chart {
+            let arg = format!("--interval={value}");
+            assert!(yaml.contains(&arg), "{value:?} not passed as {arg}");
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "chart and binary disagree:\n{}",
+        disagreements.join("\n")
+    );
+}
+
+#[test]
+fn agent_binary_refuses_a_bad_interval_with_a_message_and_no_panic() {
+    for (value, message) in [
+        ("99999999999999999999h", "too large"),
+        ("0s", "between 1s and 24h"),
+        ("1m30s", "compound"),
+        ("500us", "sub-second"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+            .args(["agent", "--node-name", "n1", "--interval", value])
+            .env("KUBECONFIG", "/nonexistent")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("run hwaccel");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{value}: {stderr}");
+        assert!(stderr.contains(message), "{value}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{value}: {stderr}");
+    }
+}
+
+#[test]
+fn other_chart_durations_and_quantities_are_bounded() {
+    let test = "other_chart_durations_and_quantities_are_bounded";
+    let Some(helm) = find_helm() else {
+        skip_notice(test);
+        return;
+    };
+    let chart = chart_dir();
+    for good in [
+        "metrics.serviceMonitor.interval=1m30s",
+        "metrics.serviceMonitor.scrapeTimeout=500ms",
+        "agent.resources.limits.memory=64Mi",
+        "agent.resources.requests.cpu=0.5",
+        "controller.pdb.minAvailable=50%",
+        "cleanup.activeDeadlineSeconds=600",
+    ] {
+        let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", good]);
+        assert!(result.is_ok(), "--set {good}: {result:?}");
+    }
+    for bad in [
+        // Prometheus refuses fractions and microseconds.
+        "metrics.serviceMonitor.interval=1.5s",
+        "metrics.serviceMonitor.scrapeTimeout=500us",
+        "metrics.serviceMonitor.interval=",
+        // Not Kubernetes quantities: the apiserver would refuse the whole install.
+        "agent.resources.limits.memory=64mi",
+        "agent.resources.limits.memory=1.2.3",
+        "agent.resources.requests.cpu=...",
+        "controller.pdb.minAvailable=150%",
+        "controller.replicas=1000",
+        "cleanup.activeDeadlineSeconds=999999999",
+    ] {
+        let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", bad]);
+        assert!(result.is_err(), "--set {bad} should be refused");
+    }
+}
