@@ -960,3 +960,78 @@ fn other_chart_durations_and_quantities_are_bounded() {
         assert!(result.is_err(), "--set {bad} should be refused");
     }
 }
+
+/// Values with one extra host mount, as a values file.
+fn extra_mount_values(mount: &str) -> String {
+    format!("agent:\n  hostMounts:\n    extra:\n      - {mount}\n")
+}
+
+#[test]
+fn host_mounts_outside_the_allowlist_are_refused() {
+    let test = "host_mounts_outside_the_allowlist_are_refused";
+    let Some(helm) = find_helm() else {
+        skip_notice(test);
+        return;
+    };
+    let refused = [
+        extra_mount_values("{name: root, hostPath: /, type: Directory}"),
+        extra_mount_values("{name: pki, hostPath: /var/lib/kubelet/pki, type: Directory}"),
+        extra_mount_values("{name: k8s, hostPath: /etc/kubernetes, type: Directory}"),
+        extra_mount_values("{name: up, hostPath: /sys/../etc, type: Directory}"),
+        extra_mount_values("{name: up, hostPath: /etc/hwaccel/../kubernetes, type: Directory}"),
+        extra_mount_values("{name: dot, hostPath: /etc/hwaccel/./x, type: Directory}"),
+        extra_mount_values("{name: dbl, hostPath: /etc/hwaccel//x, type: Directory}"),
+        extra_mount_values("{name: sock, hostPath: /etc/hwaccel/x.sock, type: Socket}"),
+        extra_mount_values("{name: untyped, hostPath: /etc/hwaccel}"),
+        extra_mount_values("{name: rw, hostPath: /etc/hwaccel, type: Directory, readOnly: false}"),
+        extra_mount_values(
+            "{name: elsewhere, hostPath: /etc/hwaccel, mountPath: /host/etc/os-release, type: Directory}",
+        ),
+        "agent:\n  hostMounts:\n    procFiles: [\"1/root/etc/kubernetes/admin.conf\"]\n".into(),
+        "agent:\n  hostMounts:\n    procFiles: [\"sys/../../etc/shadow\"]\n".into(),
+        "agent:\n  hostMounts:\n    procFiles: [\"self/environ\"]\n".into(),
+    ];
+    for values in &refused {
+        // Refused by the schema, and by the template when the schema is skipped.
+        for extra in [&[][..], &["--skip-schema-validation"][..]] {
+            let result = template_with_values(&helm, values, extra);
+            assert!(result.is_err(), "accepted with {extra:?}:\n{values}");
+        }
+        let err = template_with_values(&helm, values, &["--skip-schema-validation"])
+            .expect_err("refused");
+        assert!(
+            err.contains("agent.hostMounts"),
+            "the template's message names the value: {err}"
+        );
+    }
+
+    // What detection reads is accepted, read-only, at /host<hostPath>.
+    let values = "agent:\n  hostMounts:\n    procFiles: [cpuinfo, driver/nvidia/version]\n    \
+                  extra:\n      - {name: tpu-env, hostPath: /etc/hwaccel, type: Directory}\n      \
+                  - {name: nv, hostPath: /proc/driver/nvidia, mountPath: /host/proc/driver/nvidia, type: Directory}\n";
+    let yaml = template_with_values(&helm, values, &[]).expect("allowed mounts render");
+    let docs = documents(&yaml);
+    let pod = &agent_daemonset(&docs)["spec"]["template"]["spec"];
+    let mounts = pod["containers"][0]["volumeMounts"].to_string();
+    for path in [
+        "/host/etc/hwaccel",
+        "/host/proc/driver/nvidia",
+        "/host/proc/driver/nvidia/version",
+    ] {
+        assert!(mounts.contains(&format!("\"{path}\"")), "{path}: {mounts}");
+    }
+    let volumes = pod["volumes"].as_array().expect("volumes");
+    let tpu = volumes
+        .iter()
+        .find(|volume| volume["name"] == "host-extra-tpu-env")
+        .expect("tpu-env volume");
+    assert_eq!(tpu["hostPath"]["type"], "Directory");
+    for mount in pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+    {
+        if mount["name"] != "tmp" {
+            assert_eq!(mount["readOnly"], true, "{mount}");
+        }
+    }
+}
