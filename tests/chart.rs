@@ -1035,3 +1035,67 @@ fn host_mounts_outside_the_allowlist_are_refused() {
         }
     }
 }
+
+#[test]
+fn failure_policy_ignore_needs_an_acknowledgement_and_notes_say_what_it_opens() {
+    let test = "failure_policy_ignore_needs_an_acknowledgement_and_notes_say_what_it_opens";
+    let Some(helm) = find_helm() else {
+        skip_notice(test);
+        return;
+    };
+    let chart = chart_dir();
+    let ignore = ["--set", "admissionPolicy.failurePolicy=Ignore"];
+    let err = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &ignore)
+        .expect_err("Ignore without an acknowledgement is refused");
+    assert!(err.contains("acknowledgeFailOpen"), "{err}");
+    assert!(err.contains("fails open"), "{err}");
+
+    let acknowledged = [
+        "--set",
+        "admissionPolicy.failurePolicy=Ignore",
+        "--set",
+        "admissionPolicy.acknowledgeFailOpen=true",
+    ];
+    let docs = render(test, &acknowledged).expect("helm found above");
+    for policy in of_kind(&docs, "ValidatingAdmissionPolicy") {
+        assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+    }
+    let notes = install_notes(&helm, &acknowledged).expect("dry-run install");
+    for phrase in [
+        "failurePolicy=Ignore",
+        "cannot evaluate",
+        "RBAC alone",
+        "any Node (any label, taints, annotations)",
+        "any\nnode's AcceleratorInventory",
+    ] {
+        assert!(notes.contains(phrase), "NOTES lack {phrase:?}:\n{notes}");
+    }
+    let notes = install_notes(&helm, &[]).expect("dry-run install");
+    assert!(
+        !notes.contains("failurePolicy=Ignore"),
+        "the default (Fail) needs no warning:\n{notes}"
+    );
+}
+
+/// The NOTES `helm install --dry-run=client` prints (no cluster needed).
+fn install_notes(helm: &Path, extra: &[&str]) -> Result<String, String> {
+    let home = tempfile::tempdir().map_err(|err| err.to_string())?;
+    let output = std::process::Command::new(helm)
+        .args(["install", "hwaccel"])
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE, "--dry-run=client"])
+        .args(extra)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .map_err(|err| err.to_string())?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    Ok(stdout
+        .split_once("NOTES:")
+        .map(|(_, notes)| notes.to_string())
+        .unwrap_or(stdout))
+}

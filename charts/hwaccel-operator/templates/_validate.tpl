@@ -60,4 +60,8 @@ cannot climb out.
 {{- fail (printf "agent.hostMounts.extra: hostPath %q needs type Directory or File (got %q)" $hostPath (toString .type)) -}}
 {{- end -}}
 {{- end -}}
+{{- $policy := .Values.admissionPolicy -}}
+{{- if and $policy.enabled (eq (toString $policy.failurePolicy) "Ignore") (not $policy.acknowledgeFailOpen) -}}
+{{- fail "admissionPolicy.failurePolicy=Ignore fails open: whenever the API server cannot evaluate a policy (a CEL error, a cost-budget overrun an oversized request can provoke, a broken binding), the write is admitted with RBAC alone, so the agent of any node could rewrite any Node's labels, taints and annotations and any node's inventory. Keep Fail, or also set admissionPolicy.acknowledgeFailOpen=true." -}}
+{{- end -}}
 {{- end -}}
