@@ -1227,3 +1227,95 @@ fn helm_install_order_creates_crds_and_rbac_before_the_workloads() {
         }
     }
 }
+
+#[test]
+fn network_policies_admit_only_the_scrapers_to_the_metrics_port() {
+    let test = "network_policies_admit_only_the_scrapers_to_the_metrics_port";
+    let Some(docs) = render(test, &[]) else {
+        return;
+    };
+    let policies = of_kind(&docs, "NetworkPolicy");
+    assert_eq!(
+        policies.len(),
+        2,
+        "one for the agents, one for the controller"
+    );
+    for (workload, kind) in [("agent", "DaemonSet"), ("controller", "Deployment")] {
+        let pods = of_kind(&docs, kind)[0];
+        let pod_labels = &pods["spec"]["template"]["metadata"]["labels"];
+        let policy = policies
+            .iter()
+            .find(|policy| {
+                policy["spec"]["podSelector"]["matchLabels"]
+                    .as_object()
+                    .expect("matchLabels")
+                    .iter()
+                    .all(|(key, value)| &pod_labels[key] == value)
+            })
+            .unwrap_or_else(|| panic!("no NetworkPolicy selects the {workload} pods"));
+        let spec = &policy["spec"];
+        // Ingress only: the pods must keep reaching the API server.
+        assert_eq!(
+            spec["policyTypes"],
+            serde_json::json!(["Ingress"]),
+            "{workload}"
+        );
+        let rules = spec["ingress"].as_array().expect("ingress rules");
+        assert_eq!(rules.len(), 1, "{workload}: {rules:?}");
+        assert_eq!(
+            rules[0]["ports"],
+            serde_json::json!([{"port": "metrics", "protocol": "TCP"}]),
+            "{workload}: only the metrics port"
+        );
+        let from = rules[0]["from"].as_array().expect("from");
+        assert!(
+            !from.is_empty(),
+            "{workload}: an empty from would admit everyone"
+        );
+        assert_eq!(
+            from[0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+            "prometheus"
+        );
+        let port_name = &pods["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"];
+        assert_eq!(port_name, "metrics", "{workload}: the named port exists");
+    }
+
+    // Named scrapers replace the default; [] admits no pod at all; the switch removes them.
+    let Some(docs) = render(
+        test,
+        &[
+            "--set",
+            "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=obs",
+        ],
+    ) else {
+        return;
+    };
+    for policy in of_kind(&docs, "NetworkPolicy") {
+        assert_eq!(
+            policy["spec"]["ingress"][0]["from"],
+            serde_json::json!([{"namespaceSelector": {"matchLabels": {"team": "obs"}}}])
+        );
+    }
+    let Some(docs) = render(test, &["--set-json", "networkPolicy.metricsFrom=[]"]) else {
+        return;
+    };
+    for policy in of_kind(&docs, "NetworkPolicy") {
+        assert_eq!(policy["spec"]["ingress"], serde_json::json!([]), "deny all");
+        assert_eq!(
+            policy["spec"]["policyTypes"],
+            serde_json::json!(["Ingress"])
+        );
+    }
+    let Some(docs) = render(test, &["--set", "networkPolicy.enabled=false"]) else {
+        return;
+    };
+    assert!(of_kind(&docs, "NetworkPolicy").is_empty());
+    let Some(helm) = find_helm() else {
+        return;
+    };
+    let bogus = "networkPolicy.metricsFrom[0].hostNetwork=true";
+    assert!(
+        helm::template(&helm, &chart_dir(), "hwaccel", NAMESPACE, &["--set", bogus]).is_err(),
+        "unknown peer fields are refused"
+    );
+}
