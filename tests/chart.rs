@@ -369,18 +369,25 @@ fn rbac_is_least_privilege() {
                     );
                 }
             }
-            for forbidden_verb in [
-                "escalate",
-                "bind",
-                "impersonate",
-                "delete",
-                "deletecollection",
-            ] {
+            for forbidden_verb in ["escalate", "bind", "impersonate", "deletecollection"] {
                 assert!(
                     !verbs.contains(&Value::from(forbidden_verb)),
                     "{}: {forbidden_verb}",
                     name_of(role)
                 );
+            }
+            // The one delete: the uninstall hook removes the agent DaemonSet by name (helm
+            // deletes it a moment later anyway), from a namespaced Role.
+            if verbs.contains(&Value::from("delete")) {
+                assert_eq!(
+                    role["kind"],
+                    "Role",
+                    "{}: cluster-wide delete",
+                    name_of(role)
+                );
+                assert_eq!(rule["resources"], serde_json::json!(["daemonsets"]));
+                assert_eq!(rule["resourceNames"], serde_json::json!(["hwaccel-agent"]));
+                assert_eq!(verbs.len(), 1, "{}: {verbs:?}", name_of(role));
             }
         }
     }
@@ -605,7 +612,14 @@ fn cleanup_rights_exist_only_while_the_hook_runs() {
         .collect();
     assert_eq!(
         kinds,
-        BTreeSet::from(["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"])
+        BTreeSet::from([
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Job",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount"
+        ])
     );
     for doc in cleanup {
         let annotations = &doc["metadata"]["annotations"];
@@ -629,8 +643,54 @@ fn cleanup_rights_exist_only_while_the_hook_runs() {
     let job = of_kind(&docs, "Job")[0];
     assert_eq!(
         job["spec"]["template"]["spec"]["containers"][0]["args"],
-        serde_json::json!(["cleanup", "--all-nodes"])
+        serde_json::json!([
+            "cleanup",
+            "--all-nodes",
+            "--namespace=hwaccel-system",
+            "--stop-controller=hwaccel-controller",
+            "--stop-agent=hwaccel-agent",
+            "--writer-pods=app.kubernetes.io/name=hwaccel-operator,app.kubernetes.io/instance=hwaccel,app.kubernetes.io/component in (agent,controller)",
+            "--lease=hwaccel-controller",
+            "--stop-timeout-seconds=120",
+        ])
     );
+    // The hook's namespaced rights: each write limited to one object by name.
+    let role = of_kind(&docs, "Role")
+        .into_iter()
+        .find(|role| name_of(role) == "hwaccel-cleanup")
+        .expect("the cleanup Role");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    for rule in role["rules"].as_array().expect("rules") {
+        let verbs = rule["verbs"].as_array().expect("verbs");
+        let writes = verbs.iter().any(|verb| verb != "get" && verb != "list");
+        if writes || rule["resources"] == serde_json::json!(["leases"]) {
+            assert!(
+                rule["resourceNames"]
+                    .as_array()
+                    .is_some_and(|names| names.len() == 1),
+                "{rule}: not limited to one object"
+            );
+        }
+    }
+    let rules = role["rules"].to_string();
+    assert!(rules.contains("deployments/scale") && rules.contains("hwaccel-controller"));
+    // The Job lives long enough to remove the labels after the writers stopped.
+    let deadline = job["spec"]["activeDeadlineSeconds"]
+        .as_u64()
+        .expect("deadline");
+    assert!(deadline >= 120 + 60, "{deadline}");
+    let Some(helm) = find_helm() else {
+        return;
+    };
+    let err = helm::template(
+        &helm,
+        &chart_dir(),
+        "hwaccel",
+        NAMESPACE,
+        &["--set", "cleanup.activeDeadlineSeconds=100"],
+    )
+    .expect_err("a deadline shorter than the stop timeout is refused");
+    assert!(err.contains("stopTimeoutSeconds"), "{err}");
     let Some(docs) = render(
         "cleanup_rights_exist_only_while_the_hook_runs",
         &["--set", "cleanup.enabled=false"],

@@ -60,6 +60,9 @@ cannot climb out.
 {{- fail (printf "agent.hostMounts.extra: hostPath %q needs type Directory or File (got %q)" $hostPath (toString .type)) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.cleanup.enabled (lt (int .Values.cleanup.activeDeadlineSeconds) (add (int .Values.cleanup.stopTimeoutSeconds) 60)) -}}
+{{- fail (printf "cleanup.activeDeadlineSeconds=%v must be at least cleanup.stopTimeoutSeconds + 60 (%v): the Job must have time to remove the labels after the writers stopped" .Values.cleanup.activeDeadlineSeconds (add (int .Values.cleanup.stopTimeoutSeconds) 60)) -}}
+{{- end -}}
 {{- $policy := .Values.admissionPolicy -}}
 {{- if and $policy.enabled (eq (toString $policy.failurePolicy) "Ignore") (not $policy.acknowledgeFailOpen) -}}
 {{- fail "admissionPolicy.failurePolicy=Ignore fails open: whenever the API server cannot evaluate a policy (a CEL error, a cost-budget overrun an oversized request can provoke, a broken binding), the write is admitted with RBAC alone, so the agent of any node could rewrite any Node's labels, taints and annotations and any node's inventory. Keep Fail, or also set admissionPolicy.acknowledgeFailOpen=true." -}}
