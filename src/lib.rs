@@ -19,6 +19,7 @@ pub mod api;
 pub mod cleanup;
 pub mod controller;
 pub mod detect;
+pub mod duration;
 pub mod hardware;
 pub mod health;
 pub mod kube_client;

@@ -85,11 +85,12 @@ struct AgentArgs {
     /// Per-tool deadline, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     tool_timeout_ms: u64,
-    /// Seconds between detections on a quiet node.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    /// Time between detections on a quiet node: a whole number and one unit (s, m, h),
+    /// from 1s to 24h.
+    #[arg(long, default_value = "60s", value_parser = hwaccel::duration::parse_interval)]
     interval: Duration,
-    /// How often the device directories are checked for hot-plug.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    /// How often the device directories are checked for hot-plug (1s to 1h).
+    #[arg(long, default_value = "5s", value_parser = hwaccel::duration::parse_hotplug_poll)]
     hotplug_poll: Duration,
     /// Longest wait between retries while publishing fails (the API is away).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -148,32 +149,6 @@ struct ControllerArgs {
     log_format: hwaccel::telemetry::LogFormat,
 }
 
-/// Parses `60s`, `5m`, `500ms` or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((text, "s"), |at| text.split_at(at));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {text:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(format!("duration must be positive: {text:?}"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
-}
-
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["node", "all_nodes"])))]
 struct CleanupArgs {
@@ -186,6 +161,27 @@ struct CleanupArgs {
     /// Ask the apiserver to validate the changes without making them.
     #[arg(long)]
     dry_run: bool,
+    /// Before removing labels, scale this controller Deployment to 0 (the uninstall hook).
+    #[arg(long, value_name = "DEPLOYMENT", requires = "namespace")]
+    stop_controller: Option<String>,
+    /// Before removing labels, delete this agent DaemonSet (the uninstall hook).
+    #[arg(long, value_name = "DAEMONSET", requires = "namespace")]
+    stop_agent: Option<String>,
+    /// Wait until no pod matching this label selector is left (terminating ones included).
+    #[arg(long, value_name = "SELECTOR", requires = "namespace")]
+    writer_pods: Option<String>,
+    /// Wait until this leader Lease is free or stale.
+    #[arg(long, value_name = "LEASE", requires = "namespace")]
+    lease: Option<String>,
+    /// Namespace of the Deployment, DaemonSet, pods and Lease above.
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: Option<String>,
+    /// How long to wait for the writers to stop, in seconds.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    stop_timeout_seconds: u64,
+    /// Nodes per list request.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    page_size: u32,
 }
 
 fn main() -> ExitCode {
@@ -403,36 +399,69 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn cleanup(args: CleanupArgs) -> anyhow::Result<ExitCode> {
+    use hwaccel::cleanup::{self, stop};
     hwaccel::telemetry::init(hwaccel::telemetry::LogFormat::Text, "warn");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let cleaned = runtime.block_on(async {
+    let summary = runtime.block_on(async {
         let client =
             hwaccel::kube_client::client(hwaccel::kube_client::DEFAULT_API_TIMEOUT).await?;
+        if let Some(namespace) = args.namespace.clone().filter(|_| !args.dry_run) {
+            let writers = stop::Writers {
+                namespace,
+                controller_deployment: args.stop_controller.clone(),
+                agent_daemonset: args.stop_agent.clone(),
+                pod_selector: args.writer_pods.clone(),
+                lease: args.lease.clone(),
+                timeout: Duration::from_secs(args.stop_timeout_seconds),
+                poll: Duration::from_secs(1),
+            };
+            stop::stop_writers(client.clone(), &writers).await?;
+        }
         let nodes = if args.all_nodes {
             Vec::new()
         } else {
-            args.node
+            args.node.clone()
         };
-        anyhow::Ok(hwaccel::cleanup::release_labels(client, &nodes, args.dry_run).await?)
+        let options = cleanup::Options {
+            dry_run: args.dry_run,
+            page_size: args.page_size,
+            ..cleanup::Options::default()
+        };
+        let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        anyhow::Ok(cleanup::release_labels(&api, &nodes, &options).await?)
     })?;
     let verb = if args.dry_run {
         "would release"
     } else {
         "released"
     };
-    for node in &cleaned {
+    for node in &summary.released {
         println!(
             "{}: {verb} labels of {}",
             node.node,
             node.released.join(", ")
         );
     }
-    if cleaned.is_empty() {
-        println!("no labels of ours found");
+    for (node, err) in &summary.failed {
+        eprintln!("{node}: failed: {err}");
     }
-    Ok(ExitCode::SUCCESS)
+    for node in &summary.remaining {
+        eprintln!("{node}: still carries labels of ours");
+    }
+    println!(
+        "summary: {} nodes scanned, {} released, {} failed, {} still labelled",
+        summary.scanned,
+        summary.released.len(),
+        summary.failed.len(),
+        summary.remaining.len()
+    );
+    Ok(if summary.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn crds(args: CrdsArgs) -> anyhow::Result<ExitCode> {
