@@ -1,4 +1,5 @@
-//! Duration flags (`--interval`, `--hotplug-poll`): one small grammar with explicit bounds.
+//! Duration flags (`--interval`, `--hotplug-poll`, `--max-backoff`, `--api-timeout`,
+//! `--shutdown-timeout`): one small grammar with explicit bounds.
 //!
 //! The grammar is a whole number without leading zeros followed by one unit, `s`, `m` or `h`
 //! (`90s`, `5m`, `1h`). Compound forms (`1m30s`), fractions (`1.5m`), sub-second units
@@ -18,6 +19,18 @@ pub const INTERVAL_BOUNDS: (Duration, Duration) =
 /// The agent's `--hotplug-poll`: at least 1 s, at most 1 h.
 pub const HOTPLUG_POLL_BOUNDS: (Duration, Duration) =
     (Duration::from_secs(1), Duration::from_secs(3600));
+
+/// The agent's `--max-backoff`: at least 1 s, at most 1 h.
+pub const MAX_BACKOFF_BOUNDS: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(3600));
+
+/// `--api-timeout`: at least 1 s (a busy apiserver answers within that), at most 1 h.
+pub const API_TIMEOUT_BOUNDS: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(3600));
+
+/// `--shutdown-timeout`: at least 2 s (the graceful part takes 1.5 s less), at most 1 h.
+pub const SHUTDOWN_TIMEOUT_BOUNDS: (Duration, Duration) =
+    (Duration::from_secs(2), Duration::from_secs(3600));
 
 /// Why a duration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +65,21 @@ pub fn parse_interval(text: &str) -> Result<Duration, DurationError> {
 /// Parses `--hotplug-poll` (bounds: [`HOTPLUG_POLL_BOUNDS`]).
 pub fn parse_hotplug_poll(text: &str) -> Result<Duration, DurationError> {
     parse_bounded(text, HOTPLUG_POLL_BOUNDS)
+}
+
+/// Parses `--max-backoff` (bounds: [`MAX_BACKOFF_BOUNDS`]).
+pub fn parse_max_backoff(text: &str) -> Result<Duration, DurationError> {
+    parse_bounded(text, MAX_BACKOFF_BOUNDS)
+}
+
+/// Parses `--api-timeout` (bounds: [`API_TIMEOUT_BOUNDS`]).
+pub fn parse_api_timeout(text: &str) -> Result<Duration, DurationError> {
+    parse_bounded(text, API_TIMEOUT_BOUNDS)
+}
+
+/// Parses `--shutdown-timeout` (bounds: [`SHUTDOWN_TIMEOUT_BOUNDS`]).
+pub fn parse_shutdown_timeout(text: &str) -> Result<Duration, DurationError> {
+    parse_bounded(text, SHUTDOWN_TIMEOUT_BOUNDS)
 }
 
 /// Parses a duration and checks it lies within `(min, max)`, both inclusive.

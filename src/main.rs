@@ -93,7 +93,7 @@ struct AgentArgs {
     #[arg(long, default_value = "5s", value_parser = hwaccel::duration::parse_hotplug_poll)]
     hotplug_poll: Duration,
     /// Longest wait between retries while publishing fails (the API is away).
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = hwaccel::duration::parse_max_backoff)]
     max_backoff: Duration,
     /// Consecutive clean detections a device must be missing from before it is removed.
     #[arg(long, default_value_t = 3)]
@@ -112,11 +112,11 @@ struct AgentArgs {
 #[derive(Debug, clap::Args)]
 struct ProcessArgs {
     /// Deadline for each Kubernetes API call (watches excepted: the server ends those).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = hwaccel::duration::parse_api_timeout)]
     api_timeout: Duration,
     /// After SIGTERM, how long the graceful stop may take before the process exits anyway.
     /// Keep it below the pod's terminationGracePeriodSeconds (30 s unless set).
-    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    #[arg(long, default_value = "25s", value_parser = hwaccel::duration::parse_shutdown_timeout)]
     shutdown_timeout: Duration,
 }
 
