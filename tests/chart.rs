@@ -428,7 +428,43 @@ fn admission_policies_match_the_chart_service_accounts() {
     assert_eq!(namespace, "platform-ops");
     let agent_user = format!("system:serviceaccount:{namespace}:{service_account}");
 
-    let policies = of_kind(&docs, "ValidatingAdmissionPolicy");
+    let all_policies = of_kind(&docs, "ValidatingAdmissionPolicy");
+    assert_eq!(
+        all_policies.len(),
+        3,
+        "node writes, agent inventory writes, controller placement writes"
+    );
+    // The controller's placement policy: only its own finalizer on a ModelPlacement.
+    let placements = all_policies
+        .iter()
+        .find(|policy| {
+            policy["spec"]["matchConstraints"]["resourceRules"]
+                .to_string()
+                .contains("modelplacements")
+        })
+        .expect("a policy over the controller's placement writes");
+    let controller_user = agent_user.replace(
+        service_account,
+        &service_account.replace("-agent", "-controller"),
+    );
+    assert!(
+        placements["spec"]["matchConditions"]
+            .to_string()
+            .contains(&format!("'{controller_user}'")),
+        "{}",
+        placements["spec"]["matchConditions"]
+    );
+    let checks = placements["spec"]["validations"].to_string();
+    assert!(checks.contains("object.spec == oldObject.spec"), "{checks}");
+    assert!(checks.contains("hwaccel.io/placement-cleanup"), "{checks}");
+    let policies: Vec<_> = all_policies
+        .into_iter()
+        .filter(|policy| {
+            policy["spec"]["matchConditions"]
+                .to_string()
+                .contains(&format!("'{agent_user}'"))
+        })
+        .collect();
     assert_eq!(policies.len(), 2, "node writes and agent inventory writes");
     for policy in &policies {
         let spec = &policy["spec"];
@@ -470,6 +506,12 @@ fn admission_policies_match_the_chart_service_accounts() {
             .to_string()
             .contains("object.metadata.name == variables.boundNode")
     );
+    assert!(
+        inventory["spec"]["validations"]
+            .to_string()
+            .contains("object.spec.nodeName == variables.boundNode"),
+        "an inventory named after the agent's node must describe that node"
+    );
     let nodes = policies
         .iter()
         .find(|policy| {
@@ -485,7 +527,10 @@ fn admission_policies_match_the_chart_service_accounts() {
     );
 
     let bindings = of_kind(&docs, "ValidatingAdmissionPolicyBinding");
-    let policy_names: BTreeSet<&str> = policies.iter().map(|policy| name_of(policy)).collect();
+    let policy_names: BTreeSet<&str> = of_kind(&docs, "ValidatingAdmissionPolicy")
+        .iter()
+        .map(|policy| name_of(policy))
+        .collect();
     let bound: BTreeSet<&str> = bindings
         .iter()
         .filter_map(|binding| binding["spec"]["policyName"].as_str())
