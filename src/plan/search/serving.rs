@@ -34,7 +34,7 @@ pub(super) struct Candidate {
 
 impl Candidate {
     pub fn devices(&self) -> u64 {
-        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.replicas)
+        (u64::from(self.tp) * u64::from(self.pp)).saturating_mul(u64::from(self.replicas))
     }
 
     /// Ranking after devices and nodes: wider precision, the layout the interconnect favours,
@@ -232,7 +232,7 @@ fn layouts_where(
                 }
                 None => demand.concurrency.div_ceil(fit.max_concurrency),
             };
-            let devices = u64::from(tp * pp).saturating_mul(replicas);
+            let devices = (u64::from(tp) * u64::from(pp)).saturating_mul(replicas);
             if devices >= fewest {
                 break;
             }
