@@ -1,13 +1,18 @@
 //! One plan against synthetic fleets of 1,000 and 10,000 nodes (a mix of 8 x H100 NVSwitch
 //! nodes in InfiniBand pods, 8 x A100, 8 x MI300X, 1-4 x L4 and CPU-only nodes, a tenth of the
-//! devices already reserved). Before timing, prints the bytes allocated by one plan at each
-//! size, to show memory grows linearly with the fleet.
+//! devices already reserved), and against one hostile node claiming 10,000 devices that all
+//! differ in memory size, so that every device is a device class of its own (issue 11: such an
+//! inventory once made one plan take 41 s). Before timing, prints the bytes allocated by one
+//! plan at each fleet size, to show memory grows linearly with the fleet, and the time of one
+//! plan against hostile nodes of 2,000, 9,251 and 10,000 devices.
 //!
 //! Run: `cargo bench --bench planner -- --warm-up-time 1 --measurement-time 3`
+//! (`HWACCEL_BENCH_ONE_SHOT=only` prints the one-shot figures and times nothing else.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use criterion::Criterion;
 use hwaccel::hardware::{Family, Precision, Vendor};
@@ -108,6 +113,59 @@ fn request() -> PlanRequest {
     PlanRequest::serve(Some(8192), 64).with_precision(Precision::Bf16)
 }
 
+/// One node claiming `count` H100-like devices whose memory sizes all differ (80 GiB minus
+/// `i` MiB), so each is a device class of its own: the adversarial inventory.
+fn one_node_many_sizes(count: usize) -> Vec<NodeSpec> {
+    let devices = (0..count)
+        .map(|i| {
+            let mut spec = device("H100", i, None);
+            let minus = u64::try_from(i).unwrap_or(u64::MAX);
+            spec.memory = Bytes(Bytes::gib(80).0 - minus * (1 << 20));
+            spec
+        })
+        .collect();
+    vec![NodeSpec {
+        name: "hostile".to_string(),
+        devices,
+        fabric: None,
+        labels: Default::default(),
+    }]
+}
+
+/// The hostile-node requests: 70B in BF16 fits no single device (a refusal, which explains
+/// itself per device class), 8B in BF16 fits any one.
+fn hostile_requests<'m>(
+    model: &'m Model,
+    small: &'m Model,
+) -> [(&'static str, &'m Model, PlanRequest); 2] {
+    [
+        ("refuse_70b_bf16", model, request()),
+        (
+            "fit_8b_bf16",
+            small,
+            PlanRequest::serve(Some(8192), 1).with_precision(Precision::Bf16),
+        ),
+    ]
+}
+
+/// Times one plan against hostile nodes of several sizes (the old planner took tens of
+/// seconds here, too long for criterion's repetitions).
+fn report_hostile(model: &Model, small: &Model) {
+    for count in [2_000, 9_251, 10_000] {
+        let nodes = one_node_many_sizes(count);
+        for (name, model, request) in hostile_requests(model, small) {
+            let start = Instant::now();
+            let result = plan(model, &nodes, &Reservations::none(), &request);
+            let elapsed = start.elapsed();
+            let fits = result.map(|p| p.fits).unwrap_or(false);
+            println!(
+                "planner/one_node_{count}_memory_sizes/{name}: one plan took {:.1} ms (fits: {fits})",
+                elapsed.as_secs_f64() * 1e3
+            );
+        }
+    }
+}
+
 fn report_memory(model: &Model) {
     for count in [1_000, 10_000] {
         let (nodes, reserved) = fleet(count);
@@ -123,14 +181,19 @@ fn report_memory(model: &Model) {
 }
 
 fn main() {
-    let (Ok(Some(model)), Ok(Some(big))) = (
+    let (Ok(Some(model)), Ok(Some(big)), Ok(Some(small))) = (
         presets::find("llama-3.1-70b"),
         presets::find("llama-3.1-405b"),
+        presets::find("llama-3.1-8b"),
     ) else {
         eprintln!("the built-in presets are missing");
         return;
     };
     report_memory(&model);
+    report_hostile(&model, &small);
+    if std::env::var("HWACCEL_BENCH_ONE_SHOT").as_deref() == Ok("only") {
+        return;
+    }
     let mut criterion = Criterion::default().configure_from_args();
     for count in [1_000, 10_000] {
         let (nodes, reserved) = fleet(count);
@@ -158,5 +221,37 @@ fn main() {
             )
         })
     });
+    // 10,000 nodes, and the 405B asked onto one node: a refusal that explains itself and
+    // tries "more nodes like this one" per device class.
+    let one_node = PlanRequest {
+        max_nodes: Some(1),
+        ..multi_node.clone()
+    };
+    criterion.bench_function("planner/refuse_405b_bf16_one_node/10000_nodes", |b| {
+        b.iter(|| {
+            plan(
+                black_box(&big),
+                black_box(&nodes),
+                black_box(&reserved),
+                black_box(&one_node),
+            )
+        })
+    });
+    let hostile = one_node_many_sizes(10_000);
+    for (name, model, request) in hostile_requests(&model, &small) {
+        criterion.bench_function(
+            &format!("planner/one_node_10000_memory_sizes/{name}"),
+            |b| {
+                b.iter(|| {
+                    plan(
+                        black_box(model),
+                        black_box(&hostile),
+                        black_box(&Reservations::none()),
+                        black_box(&request),
+                    )
+                })
+            },
+        );
+    }
     criterion.final_summary();
 }

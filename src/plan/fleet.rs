@@ -13,10 +13,16 @@
 //! * otherwise its stages span nodes, largest first so as few nodes as possible are used,
 //!   all on one InfiniBand fabric when some fabric has room (pipeline traffic crosses nodes).
 //!
-//! Cost: indexing is linear in devices; each placement keeps an ordered set of node
-//! capacities, so a replica costs `O(log nodes)` when it fits one node.
+//! Cost, in devices `n`: indexing sorts each node's devices once, so it is `O(n log n)` however
+//! many device classes or domains a node claims. A placement keeps ordered sets of node
+//! capacities (per InfiniBand fabric too, once a replica has to span nodes) and, for each node
+//! it touches, of that node's domain sizes; devices are taken by advancing a cursor. A TP group
+//! costs `O(tp + log n)`, a replica that spans nodes drains every node it uses but the last,
+//! and no step walks the whole fleet per replica or per group.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
@@ -114,14 +120,33 @@ impl<'a> Fleet<'a> {
     pub fn new(nodes: &'a [NodeSpec], reserved: &Reservations) -> Self {
         let order = name_order(nodes);
         let mut by_key: BTreeMap<ClassKey<'a>, DeviceClass<'a>> = BTreeMap::new();
+        let mut scratch = Scratch::default();
         for &node_index in &order {
             let node = &nodes[node_index as usize];
-            index_node(node, node_index, reserved, &mut by_key);
+            index_node(node, node_index, reserved, &mut by_key, &mut scratch);
         }
         Self {
             nodes,
             classes: by_key.into_values().collect(),
         }
+    }
+
+    /// The fleet cut down to the `max` device classes with the most memory on one node
+    /// (memory per device times the most free devices of the class on one node; ties by class
+    /// order), kept in class order; the fleet itself when it has no more classes than that.
+    pub fn roomiest(&self, max: usize) -> Cow<'_, Fleet<'a>> {
+        if self.classes.len() <= max {
+            return Cow::Borrowed(self);
+        }
+        let mut order: Vec<usize> = (0..self.classes.len()).collect();
+        let room = |c: &DeviceClass<'_>| u128::from(c.sample.memory.0) * u128::from(c.largest_node);
+        order.sort_by_key(|&i| (Reverse(room(&self.classes[i])), i));
+        order.truncate(max);
+        order.sort_unstable();
+        Cow::Owned(Fleet {
+            nodes: self.nodes,
+            classes: order.into_iter().map(|i| self.classes[i].clone()).collect(),
+        })
     }
 
     /// The node a bin index refers to.
@@ -131,7 +156,9 @@ impl<'a> Fleet<'a> {
 
     /// Free devices in the whole fleet.
     pub fn free_devices(&self) -> u32 {
-        self.classes.iter().map(|c| c.free).sum()
+        self.classes
+            .iter()
+            .fold(0u32, |total, c| total.saturating_add(c.free))
     }
 
     /// TP groups of `tp` devices the class could host at once.
@@ -204,13 +231,18 @@ impl<'a> Fleet<'a> {
             max_nodes,
         )?;
         let mut merged: Vec<Assignment> = Vec::new();
+        // Node name -> its entry in `merged`, in order of first use.
+        let mut slot: HashMap<String, usize> = HashMap::new();
         for assignment in placement.assignments {
-            match merged.iter_mut().find(|a| a.node == assignment.node) {
-                Some(existing) => existing.devices.extend(assignment.devices),
-                None => merged.push(Assignment {
-                    stage: 0,
-                    ..assignment
-                }),
+            match slot.get(&assignment.node) {
+                Some(&index) => merged[index].devices.extend(assignment.devices),
+                None => {
+                    slot.insert(assignment.node.clone(), merged.len());
+                    merged.push(Assignment {
+                        stage: 0,
+                        ..assignment
+                    });
+                }
             }
         }
         placement.assignments = merged;
@@ -228,19 +260,48 @@ fn name_order(nodes: &[NodeSpec]) -> Vec<u32> {
     order
 }
 
+/// Buffers [`index_node`] reuses from node to node, so indexing allocates nothing per node
+/// beyond the bins it keeps.
+#[derive(Default)]
+struct Scratch<'a> {
+    /// The class key of each run of consecutive devices with one key.
+    runs: Vec<ClassKey<'a>>,
+    /// Run indices sorted by key, and the class each run belongs to.
+    order: Vec<u32>,
+    class_of_run: Vec<u32>,
+    /// The key of each class of the node.
+    class_keys: Vec<ClassKey<'a>>,
+    /// (class, domain, id, index) per usable device.
+    usable: Vec<(u32, Option<&'a str>, &'a str, u16)>,
+}
+
 /// Adds a node's free accelerators to the class index.
+///
+/// Devices of one class come in runs, so a device is compared with the previous one's key
+/// only; the distinct runs are then sorted by key (none to sort on a node of one product), and
+/// the devices by (class, domain, id, position). `O(d log d)` however many classes the node
+/// claims (a linear search of the classes found so far was `O(d x classes)`).
 fn index_node<'a>(
     node: &'a NodeSpec,
     node_index: u32,
     reserved: &Reservations,
     classes: &mut BTreeMap<ClassKey<'a>, DeviceClass<'a>>,
+    scratch: &mut Scratch<'a>,
 ) {
-    // (class key, domain) -> device indices; a node has a handful of devices.
-    let mut groups: Vec<(ClassKey<'a>, Option<&'a str>, Vec<u16>)> = Vec::new();
+    let taken = reserved.on_node(&node.name);
+    let Scratch {
+        runs,
+        order,
+        class_of_run,
+        class_keys,
+        usable,
+    } = scratch;
+    runs.clear();
+    usable.clear();
     for (index, device) in node.devices.iter().enumerate().take(usize::from(u16::MAX)) {
         if device.family == Family::Cpu
             || device.memory == Bytes::ZERO
-            || reserved.contains(&node.name, &device.id)
+            || taken.is_some_and(|ids| ids.contains(&device.id))
         {
             continue;
         }
@@ -251,32 +312,40 @@ fn index_node<'a>(
             vendor: device.vendor,
             precisions: &device.precisions,
         };
-        let domain = device.domain.as_deref();
-        let index = u16::try_from(index).unwrap_or(u16::MAX);
-        match groups
-            .iter_mut()
-            .find(|(k, d, _)| *k == key && *d == domain)
-        {
-            Some((_, _, list)) => list.push(index),
-            None => groups.push((key, domain, vec![index])),
+        if runs.last() != Some(&key) {
+            runs.push(key);
         }
+        let run = u32::try_from(runs.len() - 1).unwrap_or(u32::MAX);
+        let index = u16::try_from(index).unwrap_or(u16::MAX);
+        usable.push((run, device.domain.as_deref(), device.id.as_str(), index));
     }
-    groups.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    let mut start = 0;
-    while start < groups.len() {
-        let key = groups[start].0;
-        let end = start + groups[start..].iter().take_while(|g| g.0 == key).count();
-        let mut domains: Vec<(bool, Vec<u16>)> = groups[start..end]
-            .iter()
-            .map(|(_, domain, list)| {
-                let mut list = list.clone();
-                list.sort_by(|&a, &b| {
-                    node.devices[usize::from(a)]
-                        .id
-                        .cmp(&node.devices[usize::from(b)].id)
-                });
-                (domain.is_some(), list)
-            })
+    if usable.is_empty() {
+        return;
+    }
+    order.clear();
+    order.extend(0..u32::try_from(runs.len()).unwrap_or(u32::MAX));
+    if runs.len() > 1 {
+        order.sort_by(|&a, &b| runs[a as usize].cmp(&runs[b as usize]));
+    }
+    class_of_run.clear();
+    class_of_run.resize(runs.len(), 0);
+    class_keys.clear();
+    for &run in order.iter() {
+        let key = runs[run as usize];
+        if class_keys.last() != Some(&key) {
+            class_keys.push(key);
+        }
+        class_of_run[run as usize] = u32::try_from(class_keys.len() - 1).unwrap_or(u32::MAX);
+    }
+    for entry in usable.iter_mut() {
+        entry.0 = class_of_run[entry.0 as usize];
+    }
+    usable.sort_unstable();
+    for group in usable.chunk_by(|a, b| a.0 == b.0) {
+        let key = class_keys[group[0].0 as usize];
+        let mut domains: Vec<(bool, Vec<u16>)> = group
+            .chunk_by(|a, b| a.1 == b.1)
+            .map(|run| (run[0].1.is_some(), run.iter().map(|d| d.3).collect()))
             .collect();
         domains.sort_by_key(|(fast, list)| (!fast, list.first().copied()));
         let free = domains.iter().map(|(_, l)| l.len() as u32).sum::<u32>();
@@ -296,8 +365,8 @@ fn index_node<'a>(
             template_node: &node.name,
             bins: Vec::new(),
         });
-        class.free += free;
-        class.nodes += 1;
+        class.free = class.free.saturating_add(free);
+        class.nodes = class.nodes.saturating_add(1);
         if free > class.largest_node {
             class.largest_node = free;
             class.template_node = &node.name;
@@ -308,23 +377,116 @@ fn index_node<'a>(
             domains,
             free,
         });
-        start = end;
     }
 }
 
 /// A TP group: the bin it came from and the device indices taken.
 type Group = (usize, Vec<u16>);
 
-/// Mutable state of one placement: free devices per bin and an ordered index of node
-/// capacities (in TP groups).
+/// Mutable state of one placement: what is left of each bin it touched, and ordered indexes of
+/// node capacities (in TP groups).
 struct PlacementState<'f, 'a> {
     fleet: &'f Fleet<'a>,
     class: &'f DeviceClass<'a>,
     tp: u32,
-    free: Vec<Vec<(bool, Vec<u16>)>>,
+    /// The bins devices were taken from; the others are as indexed.
+    touched: HashMap<usize, BinState>,
     /// (groups the bin can still hold, bin index) for bins holding at least one group.
     by_capacity: BTreeSet<(u32, usize)>,
+    /// Built the first time a replica has to span nodes.
+    spanning: Option<Spanning<'a>>,
     all_in_fast_domain: bool,
+}
+
+/// What is left of one bin: a cursor into each domain's id-sorted device list, and the
+/// domains with devices left, ordered for both of `take_group`'s rules.
+struct BinState {
+    /// Devices taken from the front of each domain.
+    taken: Vec<u32>,
+    free: u32,
+    /// (not in a fast domain, devices left, domain index).
+    by_fit: BTreeSet<(bool, u32, u32)>,
+    /// (devices left, largest first; domain index).
+    by_size: BTreeSet<(Reverse<u32>, u32)>,
+}
+
+impl BinState {
+    fn new(bin: &Bin) -> Self {
+        let mut by_fit = BTreeSet::new();
+        let mut by_size = BTreeSet::new();
+        for (index, (fast, list)) in bin.domains.iter().enumerate() {
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            let len = list.len() as u32;
+            if len > 0 {
+                by_fit.insert((!fast, len, index));
+                by_size.insert((Reverse(len), index));
+            }
+        }
+        Self {
+            taken: vec![0; bin.domains.len()],
+            free: bin.free,
+            by_fit,
+            by_size,
+        }
+    }
+
+    /// Takes `count` devices from the front of domain `index` into `out`.
+    fn take(&mut self, bin: &Bin, index: u32, count: u32, out: &mut Vec<u16>) {
+        let (fast, list) = &bin.domains[index as usize];
+        let start = self.taken[index as usize];
+        let left = list.len() as u32 - start;
+        let count = count.min(left);
+        out.extend_from_slice(&list[start as usize..(start + count) as usize]);
+        self.taken[index as usize] = start + count;
+        self.free -= count;
+        self.by_fit.remove(&(!fast, left, index));
+        self.by_size.remove(&(Reverse(left), index));
+        if left > count {
+            self.by_fit.insert((!fast, left - count, index));
+            self.by_size.insert((Reverse(left - count), index));
+        }
+    }
+}
+
+/// Capacities for replicas that span nodes: largest first, in the whole class and per fabric,
+/// and each fabric's total room.
+struct Spanning<'a> {
+    all: BTreeSet<(Reverse<u32>, usize)>,
+    by_fabric: HashMap<&'a str, BTreeSet<(Reverse<u32>, usize)>>,
+    room: HashMap<&'a str, u64>,
+    /// (total room, fabric) for fabrics with room.
+    rooms: BTreeSet<(u64, &'a str)>,
+}
+
+impl<'a> Spanning<'a> {
+    fn new(
+        by_capacity: &BTreeSet<(u32, usize)>,
+        fabric_of: impl Fn(usize) -> Option<&'a str>,
+    ) -> Self {
+        let mut spanning = Self {
+            all: BTreeSet::new(),
+            by_fabric: HashMap::new(),
+            room: HashMap::new(),
+            rooms: BTreeSet::new(),
+        };
+        for &(capacity, bin) in by_capacity {
+            spanning.all.insert((Reverse(capacity), bin));
+            if let Some(fabric) = fabric_of(bin) {
+                spanning
+                    .by_fabric
+                    .entry(fabric)
+                    .or_default()
+                    .insert((Reverse(capacity), bin));
+                *spanning.room.entry(fabric).or_default() += u64::from(capacity);
+            }
+        }
+        spanning.rooms = spanning
+            .room
+            .iter()
+            .map(|(fabric, room)| (*room, *fabric))
+            .collect();
+        spanning
+    }
 }
 
 impl<'f, 'a> PlacementState<'f, 'a> {
@@ -340,17 +502,21 @@ impl<'f, 'a> PlacementState<'f, 'a> {
             fleet,
             class,
             tp,
-            free: class.bins.iter().map(|b| b.domains.clone()).collect(),
+            touched: HashMap::new(),
             by_capacity,
+            spanning: None,
             all_in_fast_domain: true,
         }
     }
 
+    fn fabric_of(&self, bin: usize) -> Option<&'a str> {
+        self.fleet.node(self.class.bins[bin].node).fabric.as_deref()
+    }
+
     fn capacity(&self, bin: usize) -> u32 {
-        self.free[bin]
-            .iter()
-            .map(|(_, l)| l.len() as u32)
-            .sum::<u32>()
+        self.touched
+            .get(&bin)
+            .map_or(self.class.bins[bin].free, |state| state.free)
             / self.tp
     }
 
@@ -375,33 +541,35 @@ impl<'f, 'a> PlacementState<'f, 'a> {
         (groups.len() == pp as usize).then_some((groups, on_fabric))
     }
 
+    /// The capacity indexes for spanning replicas, built on first use.
+    fn spanning(&mut self) -> &mut Spanning<'a> {
+        let (fleet, class) = (self.fleet, self.class);
+        let by_capacity = &self.by_capacity;
+        self.spanning.get_or_insert_with(|| {
+            Spanning::new(by_capacity, |bin| {
+                fleet.node(class.bins[bin].node).fabric.as_deref()
+            })
+        })
+    }
+
     /// Bins for a replica that no single node can hold: the largest first, within the
     /// fabric that can hold the replica with the least room to spare.
-    fn spanning_bins(&self, pp: u32) -> Option<(Vec<usize>, bool)> {
-        let fabric_of = |bin: usize| self.fleet.node(self.class.bins[bin].node).fabric.as_deref();
-        let mut room: BTreeMap<&str, u64> = BTreeMap::new();
-        for &(capacity, bin) in &self.by_capacity {
-            if let Some(fabric) = fabric_of(bin) {
-                *room.entry(fabric).or_default() += u64::from(capacity);
-            }
-        }
-        let fabric = room
-            .iter()
-            .filter(|(_, total)| **total >= u64::from(pp))
-            .min_by_key(|(name, total)| (**total, **name))
-            .map(|(name, _)| *name);
+    fn spanning_bins(&mut self, pp: u32) -> Option<(Vec<usize>, bool)> {
+        let spanning = self.spanning();
+        let fabric = spanning
+            .rooms
+            .range((u64::from(pp), "")..)
+            .next()
+            .map(|(_, name)| *name);
         // Largest first, and among equals the first by name (bins are in name order).
-        let mut eligible: Vec<(u32, usize)> = self
-            .by_capacity
-            .iter()
-            .filter(|&&(_, bin)| fabric.is_none() || fabric_of(bin) == fabric)
-            .copied()
-            .collect();
-        eligible.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let eligible = match fabric {
+            Some(fabric) => spanning.by_fabric.get(fabric)?,
+            None => &spanning.all,
+        };
         let mut chosen = Vec::new();
         let mut groups = 0u64;
-        for (capacity, bin) in eligible {
-            chosen.push((capacity, bin));
+        for &(Reverse(capacity), bin) in eligible {
+            chosen.push(bin);
             groups += u64::from(capacity);
             if groups >= u64::from(pp) {
                 break;
@@ -410,61 +578,100 @@ impl<'f, 'a> PlacementState<'f, 'a> {
         if groups < u64::from(pp) {
             return None;
         }
-        Some((
-            chosen.into_iter().map(|(_, bin)| bin).collect(),
-            fabric.is_some(),
-        ))
+        Some((chosen, fabric.is_some()))
+    }
+
+    /// Records that `bin` went from `before` to `after` groups in every index.
+    fn update_capacity(&mut self, bin: usize, before: u32, after: u32) {
+        if before == after {
+            return;
+        }
+        self.by_capacity.remove(&(before, bin));
+        if after > 0 {
+            self.by_capacity.insert((after, bin));
+        }
+        let fabric = self.fabric_of(bin);
+        let Some(spanning) = self.spanning.as_mut() else {
+            return;
+        };
+        spanning.all.remove(&(Reverse(before), bin));
+        if after > 0 {
+            spanning.all.insert((Reverse(after), bin));
+        }
+        let Some(fabric) = fabric else {
+            return;
+        };
+        if let Some(set) = spanning.by_fabric.get_mut(fabric) {
+            set.remove(&(Reverse(before), bin));
+            if after > 0 {
+                set.insert((Reverse(after), bin));
+            }
+        }
+        if let Some(room) = spanning.room.get_mut(fabric) {
+            spanning.rooms.remove(&(*room, fabric));
+            *room = (*room + u64::from(after)).saturating_sub(u64::from(before));
+            if *room > 0 {
+                spanning.rooms.insert((*room, fabric));
+            }
+        }
     }
 
     /// Takes `tp` devices from `bin`: the smallest domain that holds them all, else the
     /// largest domains first.
     fn take_group(&mut self, bin: usize) -> Option<Group> {
-        let tp = self.tp as usize;
+        let tp = self.tp;
         let before = self.capacity(bin);
-        let domains = &mut self.free[bin];
-        let whole = domains
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, list))| list.len() >= tp)
-            .min_by_key(|(index, (fast, list))| (!*fast, list.len(), *index))
-            .map(|(index, _)| index);
-        let mut taken = Vec::with_capacity(tp);
+        let class = self.class;
+        let bin_ref = &class.bins[bin];
+        let state = self
+            .touched
+            .entry(bin)
+            .or_insert_with(|| BinState::new(bin_ref));
+        // Fast domains first, then the fewest devices that still hold the group, then the
+        // domain order.
+        let whole = state
+            .by_fit
+            .range((false, tp, 0)..=(false, u32::MAX, u32::MAX))
+            .next()
+            .or_else(|| state.by_fit.range((true, tp, 0)..).next())
+            .copied();
+        let mut taken = Vec::with_capacity(tp as usize);
         match whole {
-            Some(index) => {
-                let (fast, list) = &mut domains[index];
-                if !*fast && tp > 1 {
+            Some((not_fast, _, index)) => {
+                if not_fast && tp > 1 {
                     self.all_in_fast_domain = false;
                 }
-                taken.extend(list.drain(..tp));
+                state.take(bin_ref, index, tp, &mut taken);
             }
             None => {
                 self.all_in_fast_domain = false;
-                let mut order: Vec<usize> = (0..domains.len()).collect();
-                order.sort_by_key(|&i| (std::cmp::Reverse(domains[i].1.len()), i));
-                for index in order {
-                    let want = tp - taken.len();
-                    let list = &mut domains[index].1;
-                    let count = want.min(list.len());
-                    taken.extend(list.drain(..count));
+                while (taken.len() as u32) < tp {
+                    let Some(&(_, index)) = state.by_size.first() else {
+                        break;
+                    };
+                    let want = tp - taken.len() as u32;
+                    state.take(bin_ref, index, want, &mut taken);
                 }
             }
         }
-        if taken.len() < tp {
+        let after = state.free / tp;
+        self.update_capacity(bin, before, after);
+        if (taken.len() as u32) < tp {
             return None;
-        }
-        let after = self.capacity(bin);
-        self.by_capacity.remove(&(before, bin));
-        if after > 0 {
-            self.by_capacity.insert((after, bin));
         }
         Some((bin, taken))
     }
 }
 
 #[cfg(test)]
+mod reference;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::products;
     use crate::plan::shorthand::parse_hardware;
+    use proptest::prelude::*;
 
     fn fleet_of(spec: &str) -> Vec<NodeSpec> {
         parse_hardware(spec).unwrap()
@@ -655,5 +862,169 @@ mod tests {
             placement.assignments[0].devices.len() + placement.assignments[1].devices.len(),
             12
         );
+    }
+
+    /// A random small fleet: a few nodes (names may repeat), devices of two products in a few
+    /// memory sizes, in a few domains (ids in another order than the list), some reserved,
+    /// some nodes on fabrics.
+    fn random_fleet() -> impl Strategy<Value = (Vec<NodeSpec>, Reservations)> {
+        let device = (0usize..2, 0u64..3, 0usize..4, 0usize..12, any::<bool>());
+        let node = (0usize..6, 0usize..3, prop::collection::vec(device, 0..12));
+        prop::collection::vec(node, 1..7).prop_map(|nodes| {
+            let mut reserved = Reservations::none();
+            let nodes = nodes
+                .into_iter()
+                .map(|(name, fabric, devices)| {
+                    let name = format!("n{name}");
+                    let devices = devices
+                        .into_iter()
+                        .enumerate()
+                        .map(|(position, (product, memory, domain, id, taken))| {
+                            let product = products::lookup(["H100", "L4"][product], None)
+                                .expect("a known product");
+                            let mut spec =
+                                product.device_spec(format!("gpu{id:02}-{position}"), None);
+                            spec.memory = Bytes(spec.memory.0 + memory * (1 << 20));
+                            spec.domain = [None, Some("nvlink:a"), Some("nvlink:b"), None][domain]
+                                .map(str::to_string);
+                            if taken {
+                                reserved.insert(&name, spec.id.clone());
+                            }
+                            spec
+                        })
+                        .collect();
+                    NodeSpec {
+                        name,
+                        devices,
+                        fabric: [None, Some("ib-a"), Some("ib-b")][fabric].map(str::to_string),
+                        labels: BTreeMap::new(),
+                    }
+                })
+                .collect();
+            (nodes, reserved)
+        })
+    }
+
+    /// Every group has `tp` devices of one node, no device is used twice, none is reserved.
+    fn check_invariants(
+        placement: &Placement,
+        tp: usize,
+        reserved: &Reservations,
+    ) -> std::result::Result<(), TestCaseError> {
+        let mut seen = BTreeSet::new();
+        for a in &placement.assignments {
+            prop_assert_eq!(a.devices.len(), tp);
+            for d in &a.devices {
+                prop_assert!(
+                    !reserved.contains(&a.node, d),
+                    "{}/{} is reserved",
+                    a.node,
+                    d
+                );
+                prop_assert!(
+                    seen.insert((a.node.clone(), d.clone())),
+                    "{}/{} twice",
+                    a.node,
+                    d
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// The indexed placement builds the same classes and makes the same placements as the
+        /// reference (the code before issue 11), and every placement is sound.
+        #[test]
+        fn same_placements_as_the_reference(
+            (nodes, reserved) in random_fleet(),
+            shapes in prop::collection::vec((1u32..5, 1u32..5, 1u32..5, prop::option::of(1u32..4)), 1..8),
+        ) {
+            let fleet = Fleet::new(&nodes, &reserved);
+            let old = reference::new(&nodes, &reserved);
+            // Devices are told apart by node name and id: only with unique names.
+            let names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+            let unique_names = names.len() == nodes.len();
+            prop_assert_eq!(format!("{:?}", fleet.classes), format!("{:?}", old.classes));
+            for class in 0..fleet.classes.len() {
+                for &(tp, pp, replicas, max_nodes) in &shapes {
+                    let shape = Shape { tp, pp, replicas };
+                    let placed = fleet.place(class, shape, max_nodes);
+                    prop_assert_eq!(&placed, &reference::place(&fleet, class, shape, max_nodes));
+                    if let Some(placement) = placed.as_ref().filter(|_| unique_names) {
+                        check_invariants(placement, tp as usize, &reserved)?;
+                        prop_assert!(max_nodes.is_none_or(|max| placement.nodes <= max));
+                    }
+                }
+                for count in 1..=fleet.classes[class].free + 1 {
+                    prop_assert_eq!(
+                        fleet.place_devices(class, count, None),
+                        reference::place_devices(&fleet, class, count, None)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_claiming_thousands_of_memory_sizes_is_indexed_per_class() {
+        let h100 = products::lookup("H100", None).unwrap();
+        let devices = (0..3000u64)
+            .map(|i| {
+                let mut spec = h100.device_spec(format!("gpu{i}"), None);
+                spec.memory = Bytes(spec.memory.0 - i * (1 << 20));
+                spec
+            })
+            .collect();
+        let nodes = vec![NodeSpec {
+            name: "hostile".into(),
+            devices,
+            fabric: None,
+            labels: BTreeMap::new(),
+        }];
+        let fleet = Fleet::new(&nodes, &Reservations::none());
+        assert_eq!(fleet.classes.len(), 3000);
+        assert!(fleet.classes.iter().all(|c| c.free == 1 && c.nodes == 1));
+        let one = Shape {
+            tp: 1,
+            pp: 1,
+            replicas: 1,
+        };
+        assert_eq!(
+            fleet.place(0, one, None).unwrap().assignments[0].devices,
+            ["gpu2999"]
+        );
+    }
+
+    #[test]
+    fn a_node_with_thousands_of_domains_places_every_device_once() {
+        let mut nodes = fleet_of("1x1xH100");
+        let template = nodes[0].devices[0].clone();
+        nodes[0].devices = (0..4000)
+            .map(|i| DeviceSpec {
+                id: format!("gpu{i:04}"),
+                domain: Some(format!("nvlink:{}", i % 2000)),
+                ..template.clone()
+            })
+            .collect();
+        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let placement = fleet
+            .place(
+                0,
+                Shape {
+                    tp: 2,
+                    pp: 1,
+                    replicas: 2000,
+                },
+                None,
+            )
+            .unwrap();
+        assert!(placement.tp_in_fast_domain, "each pair shares a domain");
+        let used: BTreeSet<&String> = placement
+            .assignments
+            .iter()
+            .flat_map(|a| &a.devices)
+            .collect();
+        assert_eq!(used.len(), 4000);
     }
 }

@@ -77,6 +77,12 @@ impl Reservations {
         self.0.get(node).is_some_and(|ids| ids.contains(device))
     }
 
+    /// The reserved device ids on `node`, if any (one lookup per node instead of one per
+    /// device).
+    pub fn on_node(&self, node: &str) -> Option<&BTreeSet<String>> {
+        self.0.get(node)
+    }
+
     /// Number of reserved devices.
     pub fn len(&self) -> usize {
         self.0.values().map(BTreeSet::len).sum()

@@ -86,7 +86,7 @@ impl<'a> KvLayout<'a> {
             }
             Attention::Mla(_) if self.dtype == KvDtype::Fp8 => FP8_MLA_BYTES_PER_TOKEN_LAYER,
             Attention::Mla(mla) => {
-                (mla.kv_lora_rank + mla.qk_rope_head_dim) as f64 * self.dtype.bytes()
+                (mla.kv_lora_rank as f64 + mla.qk_rope_head_dim as f64) * self.dtype.bytes()
             }
         }
     }
@@ -121,7 +121,7 @@ impl<'a> KvLayout<'a> {
                 let span = (w.window.saturating_sub(1))
                     .saturating_add(batched_tokens)
                     .min(context);
-                (span.div_ceil(BLOCK_TOKENS) + 1).saturating_mul(BLOCK_TOKENS)
+                (span.div_ceil(BLOCK_TOKENS).saturating_add(1)).saturating_mul(BLOCK_TOKENS)
             }
             _ => 0,
         };
@@ -142,13 +142,13 @@ impl<'a> KvLayout<'a> {
         let (mut fits, mut too_long) = (1u64, limit.div_ceil(BLOCK_TOKENS).max(1) + 1);
         while too_long - fits > 1 {
             let mid = fits + (too_long - fits) / 2;
-            if self.per_request(mid * BLOCK_TOKENS, batched_tokens) <= budget {
+            if self.per_request(mid.saturating_mul(BLOCK_TOKENS), batched_tokens) <= budget {
                 fits = mid;
             } else {
                 too_long = mid;
             }
         }
-        (fits * BLOCK_TOKENS).min(limit)
+        fits.saturating_mul(BLOCK_TOKENS).min(limit)
     }
 }
 

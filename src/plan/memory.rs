@@ -84,9 +84,10 @@ impl DeviceMemory {
         }
     }
 
-    /// True when the total stays within the budget.
+    /// True when the total stays within the budget. A total that saturated (absurd inputs
+    /// made some term overflow) never fits, whatever the budget.
     pub fn within_budget(&self) -> bool {
-        self.total <= self.budget
+        self.total <= self.budget && !self.total.is_saturated()
     }
 }
 
@@ -155,7 +156,7 @@ pub fn serving_fit(
     let budget = capacity.fraction(target.gpu_util);
     let weights_here = weights.per_device(model, tp, pp);
     let activations = activation_peak(model, tp, batched_tokens, sequences);
-    let overhead = if tp * pp > 1 {
+    let overhead = if tp.saturating_mul(pp) > 1 {
         BASE_OVERHEAD + COLLECTIVE_OVERHEAD
     } else {
         BASE_OVERHEAD
@@ -182,11 +183,13 @@ pub fn serving_fit(
 /// Peak activation bytes on one device during a full scheduler step.
 pub fn activation_peak(model: &Model, tp: u32, batched_tokens: u64, sequences: u64) -> Bytes {
     let arch = &model.arch;
+    // Saturating throughout: config fields are bounded when parsed, but a model built in code
+    // is not, and an overflow must read as "too big", never wrap to something that fits.
     let effective_intermediate = arch.moe.map_or(arch.intermediate, |moe| {
         let routed = moe
             .experts_per_token
             .saturating_mul(moe.expert_intermediate)
-            + moe.shared_intermediate;
+            .saturating_add(moe.shared_intermediate);
         let has_dense = moe.moe_layers < arch.layers;
         if has_dense {
             routed.max(arch.intermediate)
@@ -194,7 +197,10 @@ pub fn activation_peak(model: &Model, tp: u32, batched_tokens: u64, sequences: u
             routed
         }
     });
-    let per_token = 2 * arch.hidden + 3 * effective_intermediate / u64::from(tp.max(1));
+    let per_token = arch
+        .hidden
+        .saturating_mul(2)
+        .saturating_add(effective_intermediate.saturating_mul(3) / u64::from(tp.max(1)));
     let mlp = Bytes(
         batched_tokens
             .saturating_mul(per_token)

@@ -156,9 +156,11 @@ pub fn trainable_params(model: &Model, target: &TrainingTarget) -> u64 {
 /// `r * (d_in + d_out)` summed over the adapted matrices of every layer (every expert too).
 pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
     let arch = &model.arch;
+    // Saturating u128 arithmetic: a rank or a shape far beyond any real model yields a huge
+    // count (which never fits), not a panic or a wrapped small one.
     let h = u128::from(arch.hidden);
     let r = u128::from(rank);
-    let adapter = |d_in: u128, d_out: u128| r * (d_in + d_out);
+    let adapter = |d_in: u128, d_out: u128| r.saturating_mul(d_in.saturating_add(d_out));
     let (q_out, kv_out, o_in) = match arch.attention {
         Attention::Standard => {
             let hd = u128::from(arch.head_dim);
@@ -171,11 +173,11 @@ pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
         // MLA: q maps to all heads' query dims, k/v to the latent, o from the value heads.
         Attention::Mla(mla) => {
             let heads = u128::from(arch.heads);
-            let qk = u128::from(mla.qk_nope_head_dim + mla.qk_rope_head_dim);
+            let qk = u128::from(mla.qk_nope_head_dim) + u128::from(mla.qk_rope_head_dim);
             (
-                heads * qk,
-                u128::from(mla.kv_lora_rank + mla.qk_rope_head_dim),
-                heads * u128::from(mla.v_head_dim),
+                heads.saturating_mul(qk),
+                u128::from(mla.kv_lora_rank) + u128::from(mla.qk_rope_head_dim),
+                heads.saturating_mul(u128::from(mla.v_head_dim)),
             )
         }
     };
@@ -192,14 +194,19 @@ pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
     let dense_i = u128::from(arch.intermediate);
     let mut total: u128 = 0;
     for target in targets {
-        total += match target {
-            LoraTarget::Q => layers * adapter(h, q_out),
-            LoraTarget::K | LoraTarget::V => layers * adapter(h, kv_out),
-            LoraTarget::O => layers * adapter(o_in, h),
-            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => {
-                dense_layers * adapter(h, dense_i) + moe_layers * mlp_copies * adapter(h, expert_i)
-            }
+        let count = match target {
+            LoraTarget::Q => layers.saturating_mul(adapter(h, q_out)),
+            LoraTarget::K | LoraTarget::V => layers.saturating_mul(adapter(h, kv_out)),
+            LoraTarget::O => layers.saturating_mul(adapter(o_in, h)),
+            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => dense_layers
+                .saturating_mul(adapter(h, dense_i))
+                .saturating_add(
+                    moe_layers
+                        .saturating_mul(mlp_copies)
+                        .saturating_mul(adapter(h, expert_i)),
+                ),
         };
+        total = total.saturating_add(count);
     }
     u64::try_from(total).unwrap_or(u64::MAX)
 }
@@ -309,24 +316,28 @@ fn largest_layer_params(model: &Model) -> u64 {
 }
 
 /// Stored activations and logits for one micro-batch.
+///
+/// `seq_len x batch` alone can exceed 64 bits (both are user input), so the products are taken
+/// in 128 bits and saturate: an absurd request comes out as `u64::MAX` bytes, which never fits.
 pub fn activation_bytes(model: &Model, seq_len: u64, batch: u64, checkpointing: bool) -> Bytes {
     let arch = &model.arch;
-    let tokens = u128::from(seq_len) * u128::from(batch);
+    let mul = u128::saturating_mul;
+    let tokens = mul(u128::from(seq_len), u128::from(batch));
     let h = u128::from(arch.hidden);
     let intermediate = u128::from(arch.moe.map_or(arch.intermediate, |moe| {
         moe.experts_per_token
             .saturating_mul(moe.expert_intermediate)
-            + moe.shared_intermediate
+            .saturating_add(moe.shared_intermediate)
     }));
-    let full_layer = tokens * (17 * h + 8 * intermediate);
+    let full_layer = mul(tokens, mul(17, h).saturating_add(mul(8, intermediate)));
     let layers = u128::from(arch.layers);
     let stored = if checkpointing {
-        layers * tokens * 2 * h + full_layer
+        mul(mul(layers, tokens), mul(2, h)).saturating_add(full_layer)
     } else {
-        layers * full_layer
+        mul(layers, full_layer)
     };
-    let logits = tokens * u128::from(arch.vocab) * 10;
-    Bytes(u64::try_from(stored + logits).unwrap_or(u64::MAX))
+    let logits = mul(mul(tokens, u128::from(arch.vocab)), 10);
+    Bytes(u64::try_from(stored.saturating_add(logits)).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -37,6 +37,12 @@ impl Bytes {
         }
     }
 
+    /// True for `u64::MAX`, where saturating arithmetic stops: the true figure may be larger,
+    /// so such an amount must never count as fitting anywhere.
+    pub const fn is_saturated(self) -> bool {
+        self.0 == u64::MAX
+    }
+
     /// The value in GiB, for display and ratios.
     pub fn as_gib(self) -> f64 {
         self.0 as f64 / GIB as f64

@@ -27,11 +27,18 @@ pub struct ParsedConfig {
     pub notes: Vec<String>,
 }
 
-/// Upper bounds that no real model comes near; beyond them a value is a corrupt file.
-const MAX_LAYERS: u64 = 10_000;
-const MAX_DIM: u64 = 1 << 22;
-const MAX_HEADS: u64 = 1 << 16;
-const MAX_VOCAB: u64 = 1 << 24;
+/// Upper bounds that no real model comes near; beyond them a value is a corrupt file (or a
+/// hostile ModelPlacement). Every number the memory model multiplies is bounded by one of
+/// these, which keeps every product far inside 64 bits (`docs/planner.md`, "Input bounds").
+pub const MAX_LAYERS: u64 = 10_000;
+/// Hidden, intermediate, head and latent dimensions (4,194,304).
+pub const MAX_DIM: u64 = 1 << 22;
+/// Attention heads, KV heads, experts, experts per token, shared experts (65,536).
+pub const MAX_HEADS: u64 = 1 << 16;
+/// Vocabulary size (16,777,216).
+pub const MAX_VOCAB: u64 = 1 << 24;
+/// Context lengths and attention windows, in tokens (4,294,967,296).
+pub const MAX_CONTEXT: u64 = 1 << 32;
 
 /// Parses config.json text. `origin` names the file in error messages.
 pub fn parse_config_text(origin: &str, text: &str) -> Result<ParsedConfig> {
@@ -55,12 +62,15 @@ pub fn parse_config(origin: &str, value: &Value) -> Result<ParsedConfig> {
     let mut notes = Vec::new();
     let arch = architecture(&fields, &mut notes)?;
     let native = native_format(&fields, &mut notes)?;
-    let max_context = fields.u64_any(&[
-        "max_position_embeddings",
-        "max_sequence_length",
-        "seq_length",
-        "n_positions",
-    ])?;
+    let max_context = fields.at_most(
+        &[
+            "max_position_embeddings",
+            "max_sequence_length",
+            "seq_length",
+            "n_positions",
+        ],
+        MAX_CONTEXT,
+    )?;
     Ok(ParsedConfig {
         arch,
         native,
@@ -106,6 +116,23 @@ impl Fields<'_> {
             .u64_any(names)?
             .ok_or_else(|| self.error(format!("missing {}", names.join(" / "))))?;
         self.bounded(names[0], value, max)
+    }
+
+    /// Like `u64_any`, but a value present must be at most `max`; the error names the field
+    /// found.
+    fn at_most(&self, names: &[&str], max: u64) -> Result<Option<u64>> {
+        for name in names {
+            if self.get(name).is_some() {
+                let Some(value) = self.u64_any(&[name])? else {
+                    return Ok(None);
+                };
+                if value > max {
+                    return Err(self.error(format!("{name} = {value} is out of range (0..={max})")));
+                }
+                return Ok(Some(value));
+            }
+        }
+        Ok(None)
     }
 
     fn bounded(&self, name: &str, value: u64, max: u64) -> Result<u64> {
@@ -198,7 +225,9 @@ fn attention(fields: &Fields<'_>) -> Result<Attention> {
     };
     let need = |name: &str| fields.required(&[name], MAX_DIM);
     Ok(Attention::Mla(MlaDims {
-        q_lora_rank: fields.u64_any(&["q_lora_rank"])?.filter(|&rank| rank > 0),
+        q_lora_rank: fields
+            .at_most(&["q_lora_rank"], MAX_DIM)?
+            .filter(|&rank| rank > 0),
         kv_lora_rank: fields.bounded("kv_lora_rank", kv_lora_rank, MAX_DIM)?,
         qk_nope_head_dim: need("qk_nope_head_dim")?,
         qk_rope_head_dim: need("qk_rope_head_dim")?,
@@ -242,10 +271,10 @@ fn moe(fields: &Fields<'_>, layers: u32) -> Result<Option<Moe>> {
 }
 
 fn shared_expert_size(fields: &Fields<'_>, expert_intermediate: u64) -> Result<u64> {
-    if let Some(size) = fields.u64_any(&["shared_expert_intermediate_size"])? {
+    if let Some(size) = fields.at_most(&["shared_expert_intermediate_size"], MAX_DIM)? {
         return Ok(size);
     }
-    if let Some(count) = fields.u64_any(&["n_shared_experts", "num_shared_experts"])? {
+    if let Some(count) = fields.at_most(&["n_shared_experts", "num_shared_experts"], MAX_HEADS)? {
         return Ok(count.saturating_mul(expert_intermediate));
     }
     // Llama 4 always has one shared expert of the routed experts' size.
@@ -295,7 +324,7 @@ fn sliding_window(
     notes: &mut Vec<String>,
 ) -> Result<Option<SlidingWindow>> {
     if model_type.starts_with("llama4") {
-        let Some(chunk) = fields.u64_any(&["attention_chunk_size"])? else {
+        let Some(chunk) = fields.at_most(&["attention_chunk_size"], MAX_CONTEXT)? else {
             notes
                 .push("no attention_chunk_size: every layer treated as full attention".to_string());
             return Ok(None);
@@ -309,7 +338,7 @@ fn sliding_window(
             u32::try_from(chunked).unwrap_or(layers).min(layers),
         ));
     }
-    let Some(size) = fields.u64_any(&["sliding_window"])? else {
+    let Some(size) = fields.at_most(&["sliding_window"], MAX_CONTEXT)? else {
         return Ok(None);
     };
     if fields.bool("use_sliding_window") == Some(false) {

@@ -40,7 +40,8 @@ pub struct ParamBreakdown {
 
 impl ParamBreakdown {
     /// Counts the parameters of `arch`. Arithmetic is done in 128 bits and saturates, so an
-    /// absurd config yields huge counts rather than a wrap-around.
+    /// absurd config (or an architecture built in code, which no parser bounded) yields huge
+    /// counts rather than a wrap-around or an overflow panic.
     pub fn of(arch: &Architecture) -> Self {
         let h = u128::from(arch.hidden);
         let layers = u128::from(arch.layers);
@@ -51,14 +52,20 @@ impl ParamBreakdown {
             None => (0, None),
         };
         let dense_layers = layers - moe_layers;
-        let expert = |intermediate: u64| 3 * h * u128::from(intermediate);
+        let expert = |intermediate: u64| mul(mul(3, h), u128::from(intermediate));
         let (experts, active, shared, router) = moe.map_or((0, 0, 0, 0), |moe| {
             let one = expert(moe.expert_intermediate);
             (
-                moe_layers * u128::from(moe.experts) * one,
-                moe_layers * u128::from(moe.experts_per_token.min(moe.experts)) * one,
-                moe_layers * expert(moe.shared_intermediate),
-                moe_layers * h * u128::from(moe.experts),
+                mul(mul(moe_layers, u128::from(moe.experts)), one),
+                mul(
+                    mul(
+                        moe_layers,
+                        u128::from(moe.experts_per_token.min(moe.experts)),
+                    ),
+                    one,
+                ),
+                mul(moe_layers, expert(moe.shared_intermediate)),
+                mul(mul(moe_layers, h), u128::from(moe.experts)),
             )
         });
         let latent_norms = match arch.attention {
@@ -67,7 +74,7 @@ impl ParamBreakdown {
             }
             Attention::Standard => 0,
         };
-        let vocab_matrix = u128::from(arch.vocab) * h;
+        let vocab_matrix = mul(u128::from(arch.vocab), h);
         Self {
             embedding: clamp(vocab_matrix),
             lm_head: if arch.tied_embeddings {
@@ -75,14 +82,14 @@ impl ParamBreakdown {
             } else {
                 clamp(vocab_matrix)
             },
-            attention: clamp(layers * attention_per_layer),
-            kv_projection: clamp(layers * kv_per_layer),
-            dense_mlp: clamp(dense_layers * expert(arch.intermediate)),
+            attention: clamp(mul(layers, attention_per_layer)),
+            kv_projection: clamp(mul(layers, kv_per_layer)),
+            dense_mlp: clamp(mul(dense_layers, expert(arch.intermediate))),
             experts: clamp(experts),
             active_experts: clamp(active),
             shared_experts: clamp(shared),
             router: clamp(router),
-            norms: clamp(layers * (2 * h + latent_norms) + h),
+            norms: clamp(mul(layers, mul(2, h).saturating_add(latent_norms)).saturating_add(h)),
         }
     }
 
@@ -125,6 +132,7 @@ impl ParamBreakdown {
         if current == 0 {
             return self;
         }
+        // Both factors fit in 64 bits, so the product fits in 128.
         let scale = |count: u64| clamp(u128::from(count) * u128::from(total) / u128::from(current));
         Self {
             embedding: scale(self.embedding),
@@ -148,13 +156,15 @@ fn attention_params(arch: &Architecture) -> u128 {
     match arch.attention {
         Attention::Standard => {
             let hd = u128::from(arch.head_dim);
-            let q_and_o = 2 * h * heads * hd;
+            let q_and_o = mul(mul(mul(2, h), heads), hd);
             let bias = if arch.qkv_bias {
-                (heads + 2 * u128::from(arch.kv_heads)) * hd
+                mul(heads + 2 * u128::from(arch.kv_heads), hd)
             } else {
                 0
             };
-            q_and_o + kv_projection_params(arch) + bias
+            q_and_o
+                .saturating_add(kv_projection_params(arch))
+                .saturating_add(bias)
         }
         Attention::Mla(mla) => mla_params(h, heads, mla),
     }
@@ -163,9 +173,10 @@ fn attention_params(arch: &Architecture) -> u128 {
 /// The K and V projections of one layer (MLA's latent projections count as attention).
 fn kv_projection_params(arch: &Architecture) -> u128 {
     match arch.attention {
-        Attention::Standard => {
-            2 * u128::from(arch.hidden) * u128::from(arch.kv_heads) * u128::from(arch.head_dim)
-        }
+        Attention::Standard => mul(
+            mul(mul(2, u128::from(arch.hidden)), u128::from(arch.kv_heads)),
+            u128::from(arch.head_dim),
+        ),
         Attention::Mla(_) => 0,
     }
 }
@@ -176,13 +187,27 @@ fn mla_params(h: u128, heads: u128, mla: MlaDims) -> u128 {
     let qk_head = u128::from(mla.qk_nope_head_dim) + u128::from(mla.qk_rope_head_dim);
     let kv_lora = u128::from(mla.kv_lora_rank);
     let query = match mla.q_lora_rank {
-        Some(rank) => h * u128::from(rank) + u128::from(rank) * heads * qk_head,
-        None => h * heads * qk_head,
+        Some(rank) => {
+            mul(h, u128::from(rank)).saturating_add(mul(mul(u128::from(rank), heads), qk_head))
+        }
+        None => mul(mul(h, heads), qk_head),
     };
-    let latent = h * (kv_lora + u128::from(mla.qk_rope_head_dim));
-    let up = kv_lora * heads * (u128::from(mla.qk_nope_head_dim) + u128::from(mla.v_head_dim));
-    let output = heads * u128::from(mla.v_head_dim) * h;
-    query + latent + up + output
+    let latent = mul(h, kv_lora + u128::from(mla.qk_rope_head_dim));
+    let up = mul(
+        mul(kv_lora, heads),
+        u128::from(mla.qk_nope_head_dim) + u128::from(mla.v_head_dim),
+    );
+    let output = mul(mul(heads, u128::from(mla.v_head_dim)), h);
+    query
+        .saturating_add(latent)
+        .saturating_add(up)
+        .saturating_add(output)
+}
+
+/// Saturating 128-bit product (a sum of two 64-bit values cannot overflow 128 bits, a product
+/// of three can).
+fn mul(a: u128, b: u128) -> u128 {
+    a.saturating_mul(b)
 }
 
 fn clamp(value: u128) -> u64 {

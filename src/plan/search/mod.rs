@@ -8,6 +8,8 @@
 //! domain, PP where there is only PCIe), then device class and sizes, so the same input always
 //! yields the same plan.
 
+#[cfg(test)]
+mod overflow;
 mod parallel;
 mod refusal;
 mod serving;

@@ -2,7 +2,7 @@
 //! precision, an FP8 KV cache, a shorter context (the longest that fits is computed), a looser
 //! node cap, or more nodes like one already in the inventory.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::PlanRequest;
 use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
@@ -19,6 +19,33 @@ use crate::plan::weights::WeightBytes;
 
 /// Most nodes the "add nodes like X" suggestion considers.
 const MAX_EXTRA_NODES: u32 = 64;
+
+/// Most devices the "add nodes like X" suggestion puts in one imagined fleet: 64 nodes of 8,
+/// or fewer nodes when one node claims thousands of devices (each attempt indexes them all).
+const MAX_VIRTUAL_DEVICES: usize = 1 << 16;
+
+/// Most device classes a refusal explains and tries alternatives on. Real fleets have a
+/// handful of classes; an inventory claiming thousands (every device a different memory size)
+/// must not multiply the cost of a refusal, which re-plans per class. Beyond this only the
+/// roomiest classes are explained ([`Fleet::roomiest`]); the search itself sees them all.
+pub(super) const MAX_EXPLAINED_CLASSES: usize = 32;
+
+/// The fleet a refusal explains, with a reason saying so when classes were left out.
+pub(super) fn explained<'f, 'a>(
+    plan: &mut Plan,
+    fleet: &'f Fleet<'a>,
+) -> std::borrow::Cow<'f, Fleet<'a>> {
+    let explained = fleet.roomiest(MAX_EXPLAINED_CLASSES);
+    if explained.classes.len() < fleet.classes.len() {
+        plan.reasons.push(format!(
+            "{} device classes are free; only the {} with the most memory on one node are \
+             explained and tried below",
+            fleet.classes.len(),
+            explained.classes.len()
+        ));
+    }
+    explained
+}
 
 /// The largest layout a class allows, at one precision.
 struct Largest {
@@ -81,8 +108,11 @@ pub(super) fn serving(
             .filter(|r| seen.insert((*r).clone()))
             .cloned(),
     );
+    let all = fleet;
+    let fleet: &Fleet<'_> = &explained(plan, all);
     nearest_misses(plan, model, fleet, request.precision, target);
     if let Some(c) = outcome.unplaceable.first() {
+        let fleet = all;
         let class = &fleet.classes[c.class];
         plan.reasons.push(format!(
             "{} at {} with TP {} x PP {} x {} replica(s) fits in memory, but the fleet cannot place it ({} free on {} node(s){})",
@@ -310,14 +340,31 @@ fn suggest_more_nodes(
     nodes: &[NodeSpec],
 ) {
     let mut best: Option<(u64, String)> = None;
+    // The first node of each template's name, as a search by name finds it: one pass over the
+    // nodes, not one per class.
+    let wanted: HashSet<&str> = fleet.classes.iter().map(|c| c.template_node).collect();
+    let mut templates: HashMap<&str, &NodeSpec> = HashMap::new();
+    for node in nodes {
+        if wanted.contains(node.name.as_str()) {
+            templates.entry(node.name.as_str()).or_insert(node);
+        }
+    }
     for class in &fleet.classes {
-        let Some(template) = nodes.iter().find(|n| n.name == class.template_node) else {
+        let Some(template) = templates.get(class.template_node) else {
             continue;
         };
-        let mut template = template.clone();
-        template
-            .devices
-            .retain(|d| d.product == class.sample.product && d.memory == class.sample.memory);
+        // Only the class's devices are copied, not the whole node.
+        let template = NodeSpec {
+            name: template.name.clone(),
+            devices: template
+                .devices
+                .iter()
+                .filter(|d| d.product == class.sample.product && d.memory == class.sample.memory)
+                .cloned()
+                .collect(),
+            fabric: template.fabric.clone(),
+            labels: template.labels.clone(),
+        };
         let attempt = |count: u32| {
             let virtual_nodes: Vec<NodeSpec> = (0..count)
                 .map(|i| NodeSpec {
@@ -338,7 +385,11 @@ fn suggest_more_nodes(
             .map(|(c, _)| c)
         };
         // More identical nodes never hurt, so double until it fits, then bisect.
-        let Some((count, c)) = fewest_nodes(MAX_EXTRA_NODES, attempt) else {
+        let per_node = template.devices.len().max(1);
+        let max_nodes = u32::try_from(MAX_VIRTUAL_DEVICES / per_node)
+            .unwrap_or(u32::MAX)
+            .clamp(1, MAX_EXTRA_NODES);
+        let Some((count, c)) = fewest_nodes(max_nodes, attempt) else {
             continue;
         };
         let devices = c.devices();

@@ -34,7 +34,7 @@ pub(super) struct Candidate {
 
 impl Candidate {
     pub fn devices(&self) -> u64 {
-        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.replicas)
+        (u64::from(self.tp) * u64::from(self.pp)).saturating_mul(u64::from(self.replicas))
     }
 
     /// Ranking after devices and nodes: wider precision, the layout the interconnect favours,
@@ -78,19 +78,24 @@ pub(super) fn search(
 ) -> Outcome {
     let mut refusals = Vec::new();
     let mut candidates = Vec::new();
+    // The ladder and each rung's weights depend on the model only: worked out once, not per
+    // device class.
+    let ladder: Vec<(Precision, WeightBytes)> = serving_candidates(choice, model)
+        .into_iter()
+        .map(|precision| (precision, WeightBytes::of(model, precision)))
+        .collect();
     for (index, class) in fleet.classes.iter().enumerate() {
-        for (precision_rank, precision) in serving_candidates(choice, model).into_iter().enumerate()
-        {
+        for (precision_rank, (precision, weights)) in ladder.iter().enumerate() {
+            let precision = *precision;
             match serving_support(model, class.sample, precision) {
                 Ok(execution) => {
-                    let weights = WeightBytes::of(model, precision);
                     let ctx = ClassContext {
                         index,
                         class,
                         precision,
                         precision_rank,
                         execution,
-                        weights: &weights,
+                        weights,
                     };
                     candidates.extend(layouts(model, &ctx, target, demand));
                 }
@@ -111,23 +116,31 @@ pub(super) fn search(
                 .iter()
                 .take_while(|c| c.devices() == devices)
                 .count();
-        let placed = candidates[start..end]
-            .iter()
-            .filter_map(|c| {
-                let shape = Shape {
-                    tp: c.tp,
-                    pp: c.pp,
-                    replicas: c.replicas,
-                };
-                match fleet.place(c.class, shape, max_nodes) {
-                    Some(placement) => Some((*c, placement)),
-                    None => {
-                        unplaceable.push(*c);
-                        None
+        // The fewest nodes wins, then the preference; the group is in preference order, so
+        // the first placement on one node cannot be beaten and ends the group early (a fleet
+        // of thousands of one-device classes must not be placed thousands of times).
+        let mut placed: Option<(Candidate, Placement)> = None;
+        for c in &candidates[start..end] {
+            let shape = Shape {
+                tp: c.tp,
+                pp: c.pp,
+                replicas: c.replicas,
+            };
+            match fleet.place(c.class, shape, max_nodes) {
+                Some(placement) => {
+                    if placed
+                        .as_ref()
+                        .is_none_or(|(_, best)| placement.nodes < best.nodes)
+                    {
+                        placed = Some((*c, placement));
+                    }
+                    if placed.as_ref().is_some_and(|(_, best)| best.nodes <= 1) {
+                        break;
                     }
                 }
-            })
-            .min_by_key(|(c, p)| (p.nodes, c.preference(fleet)));
+                None => unplaceable.push(*c),
+            }
+        }
         if let Some(best) = placed {
             return Outcome {
                 best: Some(best),
@@ -219,7 +232,7 @@ fn layouts_where(
                 }
                 None => demand.concurrency.div_ceil(fit.max_concurrency),
             };
-            let devices = u64::from(tp * pp).saturating_mul(replicas);
+            let devices = (u64::from(tp) * u64::from(pp)).saturating_mul(replicas);
             if devices >= fewest {
                 break;
             }

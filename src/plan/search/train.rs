@@ -216,6 +216,7 @@ fn refuse(
     request: &PlanRequest,
     target: &TrainingTarget,
 ) {
+    let fleet: &Fleet<'_> = &super::refusal::explained(plan, fleet);
     let mut closest = None;
     for (index, class) in fleet.classes.iter().enumerate() {
         if training_precision(model, fleet, index, target.method, request.precision).is_err() {
