@@ -19,6 +19,8 @@ pub mod api;
 pub mod cleanup;
 pub mod controller;
 pub mod detect;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod hardware;
 pub mod labels;
 pub mod output;

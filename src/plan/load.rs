@@ -221,8 +221,8 @@ fn decode(path: &Path, text: &str) -> Result<Value> {
     }
 }
 
-/// Turns one decoded file into nodes.
-fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+/// Turns one file's text into nodes.
+pub(crate) fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     let value = decode(path, text)?;
     let invalid = |reason: String| PlanError::InvalidInventory {
         path: path.to_path_buf(),
