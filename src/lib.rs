@@ -20,6 +20,8 @@ pub mod cleanup;
 pub mod controller;
 pub mod detect;
 pub mod duration;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod hardware;
 pub mod health;
 pub mod kube_client;

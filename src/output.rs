@@ -1,6 +1,6 @@
 //! Output formats shared by the CLI subcommands: JSON and YAML for machines, tables for people.
 
-use std::fmt::Write as _;
+use std::borrow::Cow;
 
 use serde::Serialize;
 
@@ -54,26 +54,47 @@ impl Table {
         self.rows.is_empty()
     }
 
-    /// Renders with two spaces between columns and no trailing spaces.
+    /// Renders with two spaces between columns and no trailing spaces. A cell longer than
+    /// [`MAX_CELL_CHARS`] is cut there and ends in `…`, so one huge value (a hostile model
+    /// name in a report) cannot widen every row of the table to its size.
     pub fn render(&self) -> String {
         let columns = self.header.len();
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
-        for row in &self.rows {
-            for (width, cell) in widths.iter_mut().zip(row) {
-                *width = (*width).max(cell.chars().count());
+        let mut widths: Vec<usize> = vec![0; columns];
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, width) in widths.iter_mut().enumerate() {
+                *width = (*width).max(cell(row, i).chars().count());
             }
         }
         let mut out = String::new();
         for row in std::iter::once(&self.header).chain(&self.rows) {
             let mut line = String::new();
-            for (i, width) in widths.iter().enumerate().take(columns) {
-                let cell = row.get(i).map_or("", String::as_str);
-                let _ = write!(line, "{cell:<width$}  ");
+            for (i, width) in widths.iter().enumerate() {
+                // Padded by hand: `{:<width$}` panics for widths over 65,535.
+                let text = cell(row, i);
+                line.push_str(&text);
+                let pad = width.saturating_sub(text.chars().count()) + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
             }
             out.push_str(line.trim_end());
             out.push('\n');
         }
         out
+    }
+}
+
+/// Longest table cell, in characters, before it is cut.
+pub const MAX_CELL_CHARS: usize = 200;
+
+/// Cell `i` of a row (empty when the row is short), cut to [`MAX_CELL_CHARS`] characters with
+/// a trailing `…` when longer.
+fn cell(row: &[String], i: usize) -> Cow<'_, str> {
+    let text = row.get(i).map_or("", String::as_str);
+    match text.char_indices().nth(MAX_CELL_CHARS) {
+        None => Cow::Borrowed(text),
+        Some(_) => {
+            let kept: String = text.chars().take(MAX_CELL_CHARS - 1).collect();
+            Cow::Owned(kept + "…")
+        }
     }
 }
 
@@ -106,6 +127,27 @@ mod tests {
             table.render(),
             "ID            MODEL\n0000:18:00.0  H100\nx             A much longer name\n"
         );
+    }
+
+    #[test]
+    fn a_cell_longer_than_u16_max_is_cut_not_a_panic() {
+        // `{:<width$}` panicked for widths over 65,535.
+        let long = "x".repeat(70_000);
+        let mut table = Table::new(["ID", "MODEL"]);
+        table.row(["gpu0", long.as_str()]);
+        table.row(["gpu1", "H100"]);
+        let text = table.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let cut = format!("gpu0  {}…", "x".repeat(MAX_CELL_CHARS - 1));
+        assert_eq!(lines[1], cut);
+        assert_eq!(lines[2], "gpu1  H100");
+        // A header that long is cut the same way, and a multi-byte cell is cut on a character.
+        let mut table = Table::new([long.as_str(), "B"]);
+        table.row(["é".repeat(70_000), "b".to_string()]);
+        for line in table.render().lines() {
+            assert!(line.chars().count() <= MAX_CELL_CHARS + 3, "{}", line.len());
+        }
     }
 
     #[test]

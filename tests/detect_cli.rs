@@ -205,11 +205,9 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// The VM fixture plus an H100 on the bus and an `nvidia-smi` that misbehaves after leaving a
-/// mark, so the test knows whether any backend ran it.
-fn host_with_broken_nvidia_smi(misbehaviour: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let root = dir.path().join("host");
+/// A copy of the VM fixture under `dir` with an H100 (sysfs only) on its PCI bus.
+fn vm_with_h100(dir: &Path) -> PathBuf {
+    let root = dir.join("host");
     copy_tree(&hosts_dir().join("cpu-only-vm"), &root);
     let _ = fs::remove_file(root.join("expected.json"));
     let gpu = root.join("sys/devices/pci0000:16/0000:16:02.0/0000:18:00.0");
@@ -227,6 +225,14 @@ fn host_with_broken_nvidia_smi(misbehaviour: &str) -> (tempfile::TempDir, PathBu
         root.join("sys/bus/pci/devices/0000:18:00.0"),
     )
     .expect("pci link");
+    root
+}
+
+/// The VM fixture plus an H100 on the bus and an `nvidia-smi` that misbehaves after leaving a
+/// mark, so the test knows whether any backend ran it.
+fn host_with_broken_nvidia_smi(misbehaviour: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = vm_with_h100(dir.path());
     let marker = dir.path().join("nvidia-smi-ran");
     let commands = root.join("commands");
     fs::create_dir_all(&commands).expect("commands dir");
@@ -292,4 +298,101 @@ fn a_misbehaving_tool_is_a_warning_and_the_rest_of_the_report_survives() {
             );
         }
     }
+}
+
+/// Runs `hwaccel` like [`hwaccel`] but gives up (and fails) after `limit` instead of waiting for
+/// ever, so a regression that blocks fails the test rather than hanging it.
+fn hwaccel_within(host_root: &Path, utilities: &Path, args: &[&str], limit: Duration) -> Output {
+    let path = format!(
+        "{}:{}",
+        host_root.join("commands").display(),
+        utilities.display()
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+        .arg("detect")
+        .arg("--host-root")
+        .arg(host_root)
+        .args(args)
+        .env_clear()
+        .env("PATH", path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run hwaccel");
+    let started = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("hwaccel detect {args:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn mkfifo(path: &Path) {
+    let _ = fs::remove_file(path);
+    let status = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("run mkfifo");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_fifo_in_the_host_tree_is_a_warning_not_a_hang() {
+    let utilities = utilities_dir();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = vm_with_h100(dir.path());
+    // Where /proc/cpuinfo and a sysfs attribute should be; opening either for reading used to
+    // block until a writer appeared, that is for ever.
+    mkfifo(&root.join("proc/cpuinfo"));
+    mkfifo(&root.join("sys/devices/pci0000:16/0000:16:02.0/0000:18:00.0/numa_node"));
+
+    let started = Instant::now();
+    let output = hwaccel_within(
+        &root,
+        utilities.path(),
+        &["-o", "json"],
+        Duration::from_secs(30),
+    );
+    let elapsed = started.elapsed();
+    assert!(output.status.success(), "{output:?}");
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    let report: Report = serde_json::from_slice(&output.stdout).expect("a report");
+    let warnings: Vec<String> = report
+        .warnings
+        .iter()
+        .filter(|w| w.backend == "host")
+        .map(|w| w.message.clone())
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "/proc/cpuinfo is not a regular file and was not read",
+            "/sys/bus/pci/devices/0000:18:00.0/numa_node is not a regular file and was not read",
+        ]
+    );
+    // The rest of the report is there: the GPU, the memory, the cloud.
+    assert!(
+        report.devices.iter().any(|d| d.id == "0000:18:00.0"),
+        "{:?}",
+        report.devices
+    );
+    assert!(report.node.cpu.memory_bytes.is_some());
+    assert_eq!(report.node.runtime.cloud.as_deref(), Some("aws"));
+    assert!(report.node.cpu.model.is_none());
+
+    let table = hwaccel_within(
+        &root,
+        utilities.path(),
+        &["-o", "table"],
+        Duration::from_secs(30),
+    );
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("warning: [host] /proc/cpuinfo is not a regular file"),
+        "{text}"
+    );
 }

@@ -497,3 +497,98 @@ fn presets_can_be_listed() {
             && text.contains("mlc-ai/mlc-llm")
     );
 }
+
+/// Runs `hwaccel plan` but kills it (and fails) after `limit`, so a read that blocks fails the
+/// test instead of hanging it.
+fn hwaccel_within(args: &[&str], limit: std::time::Duration) -> (Output, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+        .arg("plan")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("hwaccel plan {args:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let elapsed = started.elapsed();
+    (child.wait_with_output().unwrap(), elapsed)
+}
+
+#[test]
+fn special_and_oversized_inventory_files_are_refused_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("node.json");
+    let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    // A FIFO named as --inventory (or as --model) used to block the read for ever.
+    for args in [
+        [
+            "--model",
+            "llama-3.1-8b",
+            "--inventory",
+            fifo.to_str().unwrap(),
+        ],
+        ["--model", fifo.to_str().unwrap(), "--hardware", "1xH100"],
+    ] {
+        let (out, elapsed) = hwaccel_within(&args, std::time::Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("is a FIFO, not a regular file"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            elapsed < std::time::Duration::from_secs(5),
+            "{args:?}: took {elapsed:?}"
+        );
+    }
+
+    // One byte over the cap (sparse: no disk used) is refused, not read whole.
+    let big = dir.path().join("big.json");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(hwaccel::plan::load::MAX_FILE_BYTES + 1)
+        .unwrap();
+    bad_input(
+        &[
+            "--model",
+            "llama-3.1-8b",
+            "--inventory",
+            big.to_str().unwrap(),
+        ],
+        "larger than 16 MiB",
+    );
+
+    // A FIFO inside an inventory directory is skipped like any non-file entry.
+    let inventories = tempfile::tempdir().unwrap();
+    write_report(inventories.path(), "n1", 1, false);
+    let status = Command::new("mkfifo")
+        .arg(inventories.path().join("n2.json"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (out, _) = hwaccel_within(
+        &[
+            "--model",
+            "llama-3.1-8b",
+            "--inventory",
+            inventories.path().to_str().unwrap(),
+            "-o",
+            "json",
+        ],
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

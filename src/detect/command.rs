@@ -4,22 +4,40 @@
 //! block on a full pipe while the caller waits for them to exit. The runner makes every run
 //! bounded: tools are looked up on a fixed search path (a missing tool is an ordinary result,
 //! not an error), the child gets no stdin, a scrubbed environment and its own process group,
-//! stdout and stderr are drained by threads while it runs and capped, and when the deadline
-//! passes or the output exceeds the cap the whole process group is killed.
+//! stdout and stderr are drained (by the calling thread, see [`pipes`]) while it runs and
+//! capped, and when the deadline passes or the output exceeds the cap the whole process group
+//! is killed. A process the tool detached from its group (`setsid`) that still holds the
+//! output pipes after the tool exits is killed too, after a short grace.
+
+mod pipes;
+mod sys;
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use pipes::Pipes;
+use sys::kill_process_group;
 
 /// Default time a tool may run.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default cap on a tool's stdout (and separately its stderr).
 pub const DEFAULT_OUTPUT_CAP: usize = 8 << 20;
+
+/// Longest wait for output before checking again whether the tool has exited; matters only
+/// while its pipes stay open after it exited.
+const POLL_TICK: Duration = Duration::from_millis(20);
+/// How long the pipes may stay open after the tool exited before whatever holds them is
+/// killed: a tool's own descendants normally finish writing and close them at once.
+const DETACHED_GRACE: Duration = Duration::from_millis(200);
+/// How long reading goes on after the holders were killed, for their last output and the
+/// end of file; then reading stops whether or not the pipes closed.
+const DETACHED_DRAIN: Duration = Duration::from_millis(200);
 
 /// Variables that inject code into a child process; never passed on.
 const SCRUBBED_ENV: &[&str] = &[
@@ -207,8 +225,7 @@ impl CommandRunner {
             .stderr(Stdio::piped())
             // Stable, parseable output regardless of the caller's locale.
             .env("LC_ALL", "C")
-            // Its own process group, so a timeout kills the tool's children too; otherwise a
-            // grandchild holding the pipe open would keep the readers blocked.
+            // Its own process group, so a timeout kills the tool's children too.
             .process_group(0);
         for name in SCRUBBED_ENV {
             command.env_remove(name);
@@ -218,47 +235,70 @@ impl CommandRunner {
             reason: err.to_string(),
         })?;
         let deadline = Instant::now() + self.timeout;
-        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        let (events, finished) = mpsc::channel();
-        spawn_reader(Stream::Stdout, stdout, self.output_cap, events.clone());
-        spawn_reader(Stream::Stderr, stderr, self.output_cap, events);
+        let mut pipes = Pipes::new(
+            child.stdout.take().map(|p| File::from(OwnedFd::from(p))),
+            child.stderr.take().map(|p| File::from(OwnedFd::from(p))),
+            self.output_cap,
+        );
+        let timed_out = || CommandError::TimedOut {
+            tool: tool.to_string(),
+            timeout: self.timeout,
+        };
+        let too_large = || CommandError::OutputTooLarge {
+            tool: tool.to_string(),
+            cap: self.output_cap,
+        };
 
-        let mut captured = [None, None];
-        while captured.iter().any(Option::is_none) {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match finished.recv_timeout(remaining) {
-                Ok(ReaderEvent::Done(stream, bytes)) => captured[stream as usize] = Some(bytes),
-                Ok(ReaderEvent::Overflow) => {
-                    kill_group(&mut child);
-                    return Err(CommandError::OutputTooLarge {
-                        tool: tool.to_string(),
-                        cap: self.output_cap,
-                    });
+        // Drain both pipes in this thread until they close. Nothing here blocks past the
+        // deadline and no thread is left behind, whatever the tool's descendants do.
+        let mut exited: Option<(ExitStatus, Instant)> = None;
+        while !pipes.all_closed() {
+            let now = Instant::now();
+            if now >= deadline {
+                stop(&mut child, exited.is_some(), &pipes);
+                return Err(timed_out());
+            }
+            if exited.is_none() {
+                exited = child.try_wait().ok().flatten().map(|status| (status, now));
+            }
+            let mut wait = deadline.saturating_duration_since(now).min(POLL_TICK);
+            if let Some((_, at)) = exited {
+                let grace_end = at + DETACHED_GRACE;
+                if now >= grace_end {
+                    // The tool is gone but something it started (outside its process group,
+                    // or a child it left running) still holds the pipes: kill what holds them
+                    // and stop reading shortly after, so neither a process nor this run lingers.
+                    pipes.kill_holders();
+                    if pipes.drain_until(now + DETACHED_DRAIN).is_err() {
+                        return Err(too_large());
+                    }
+                    break;
                 }
-                Err(_) => {
-                    kill_group(&mut child);
-                    return Err(CommandError::TimedOut {
-                        tool: tool.to_string(),
-                        timeout: self.timeout,
-                    });
-                }
+                wait = wait.min(grace_end - now);
+            }
+            if pipes.poll(wait).is_err() {
+                stop(&mut child, exited.is_some(), &pipes);
+                return Err(too_large());
             }
         }
-        // Both pipes are closed; the child has exited or is about to.
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_micros(200)),
-                Ok(None) | Err(_) => {
-                    kill_group(&mut child);
-                    return Err(CommandError::TimedOut {
-                        tool: tool.to_string(),
-                        timeout: self.timeout,
-                    });
+        let status = match exited {
+            Some((status, _)) => status,
+            // Both pipes are closed; the child has exited or is about to.
+            None => loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break status,
+                    Ok(None) if Instant::now() < deadline => {
+                        thread::sleep(Duration::from_micros(200));
+                    }
+                    Ok(None) | Err(_) => {
+                        kill_group(&mut child);
+                        return Err(timed_out());
+                    }
                 }
-            }
+            },
         };
-        let [stdout, stderr] = captured.map(|bytes| lossy(bytes.unwrap_or_default()));
+        let captured = pipes.into_output();
+        let [stdout, stderr] = captured.map(lossy);
         if status.success() {
             return Ok(CommandOutput { stdout, stderr });
         }
@@ -285,22 +325,6 @@ impl CommandRunner {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Stream {
-    Stdout = 0,
-    Stderr = 1,
-}
-
-enum ReaderEvent {
-    Done(Stream, Vec<u8>),
-    Overflow,
-}
-
-/// Any pipe a reader thread can drain.
-trait Pipe: Read + Send + 'static {}
-impl Pipe for ChildStdout {}
-impl Pipe for ChildStderr {}
-
 /// Times `exec` of a busy executable is retried.
 const BUSY_RETRIES: u32 = 6;
 /// The wait before the first retry; it doubles each time (5 + 10 + ... + 160 = 315 ms at
@@ -326,41 +350,13 @@ fn spawn(command: &mut Command) -> std::io::Result<Child> {
     command.spawn()
 }
 
-fn spawn_reader<P: Pipe>(
-    stream: Stream,
-    pipe: Option<P>,
-    cap: usize,
-    events: mpsc::Sender<ReaderEvent>,
-) {
-    let Some(mut pipe) = pipe else {
-        let _ = events.send(ReaderEvent::Done(stream, Vec::new()));
-        return;
-    };
-    // A detached thread: if a tool leaks its pipe to a process outside its group, the reader
-    // may outlive the run, but the caller never waits for it past the deadline. Should the
-    // thread fail to start, the sender is dropped with the closure and the run ends at its
-    // deadline as a timeout.
-    let _ = thread::Builder::new()
-        .name("hwaccel-pipe".into())
-        .spawn(move || {
-            let mut buffer = Vec::new();
-            let mut chunk = [0u8; 16 * 1024];
-            loop {
-                match pipe.read(&mut chunk) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if buffer.len() + n > cap {
-                            let _ = events.send(ReaderEvent::Overflow);
-                            return;
-                        }
-                        buffer.extend_from_slice(&chunk[..n]);
-                    }
-                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-            let _ = events.send(ReaderEvent::Done(stream, buffer));
-        });
+/// Ends a run early: kills the tool's group unless the tool was already reaped (its id could
+/// then name someone else's group), and whatever else still holds the pipes.
+fn stop(child: &mut Child, reaped: bool, pipes: &Pipes) {
+    if !reaped {
+        kill_group(child);
+    }
+    pipes.kill_holders();
 }
 
 fn kill_group(child: &mut Child) {
@@ -370,15 +366,6 @@ fn kill_group(child: &mut Child) {
     }
     let _ = child.kill();
     let _ = child.wait();
-}
-
-#[allow(unsafe_code)]
-fn kill_process_group(pgid: libc::pid_t) {
-    // SAFETY: killpg only sends a signal; `pgid` is the group of a child we spawned with
-    // `process_group(0)`, so it cannot address an unrelated group while the child is unreaped.
-    unsafe {
-        libc::killpg(pgid, libc::SIGKILL);
-    }
 }
 
 fn lossy(bytes: Vec<u8>) -> String {
@@ -469,6 +456,52 @@ mod tests {
         let err = runner.run("hang", &[]).unwrap_err();
         assert!(matches!(err, CommandError::TimedOut { .. }), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A tool that starts a detached process (`setsid`, so outside the tool's process group)
+    /// which keeps the tool's stdout open, prints that process's id and exits at once.
+    const DETACHING_TOOL: &str = r#"pidfile="$(dirname "$0")/detached.$$"
+setsid sh -c 'echo $$ > "$1.tmp"; mv "$1.tmp" "$1"; exec sleep 300' sh "$pidfile" &
+while [ ! -s "$pidfile" ]; do sleep 0.01; done
+cat "$pidfile"; rm -f "$pidfile""#;
+
+    /// True while `pid` is a live process (not gone, not a zombie).
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+    }
+
+    #[test]
+    fn a_detached_process_holding_stdout_is_killed_and_the_run_ends() {
+        let dir = tool_dir(&[("detach", DETACHING_TOOL)]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()])
+            .with_timeout(Duration::from_secs(10));
+        for _ in 0..3 {
+            let started = Instant::now();
+            let out = runner.run("detach", &[]).unwrap();
+            let elapsed = started.elapsed();
+            // Grace and drain are 0.4 s; the old reader threads waited for the full deadline.
+            assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+            let pid: u32 = out.stdout.trim().parse().unwrap();
+            let gone_by = Instant::now() + Duration::from_secs(2);
+            while alive(pid) && Instant::now() < gone_by {
+                thread::sleep(Duration::from_millis(10));
+            }
+            assert!(!alive(pid), "detached process {pid} still runs");
+        }
+    }
+
+    #[test]
+    fn output_a_detached_process_prints_within_the_grace_is_kept() {
+        let dir = tool_dir(&[(
+            "late",
+            "(setsid sh -c 'sleep 0.05; echo late' &) ; echo early",
+        )]);
+        let runner = CommandRunner::new(vec![dir.path().to_path_buf()]);
+        let out = runner.run("late", &[]).unwrap();
+        assert_eq!(out.stdout, "early\nlate\n");
     }
 
     #[test]

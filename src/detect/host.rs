@@ -5,20 +5,52 @@
 //! the host's `/sys`, `/dev` and `/proc` are mounted read-only), or a fixture tree in tests.
 //! Reads are bounded so a strange file (a device node, a huge log) cannot stall or bloat a
 //! detection run, and every method fails soft: absent means `None` or empty.
+//!
+//! Only regular files are read. A FIFO, socket or device node where a sysfs attribute or a
+//! `/proc` file should be (a hostile or broken host tree) would block `open` or `read` for
+//! ever, or have side effects; such a file is refused before it is opened, the open itself
+//! never blocks (`O_NONBLOCK`), and the type is checked again on the open file, so swapping
+//! the file in between does not help. Refused paths are kept, so the detector can report them
+//! as a warning. Sysfs attributes and `/proc` files are regular files; no backend reads a
+//! device node through here.
 
+use std::collections::BTreeSet;
 use std::fs;
-use std::io::Read;
+use std::io::{self, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Largest file `HostRoot` reads; sysfs attributes are at most a page, config files a few KiB.
 const MAX_FILE_BYTES: u64 = 1 << 20;
 /// Initial read buffer: a page, the most a sysfs attribute holds.
 const READ_CHUNK: usize = 4096;
 
+/// Most refused paths one host view remembers; a tree full of FIFOs gives a bounded warning.
+const MAX_REFUSED: usize = 16;
+
 /// A view of the host's filesystem rooted at a directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct HostRoot {
     root: PathBuf,
+    /// Host paths that were not read because they are not regular files, shared by clones.
+    refused: Arc<Mutex<Refused>>,
+}
+
+/// Two views are equal when they have the same root; what they refused is history.
+impl PartialEq for HostRoot {
+    fn eq(&self, other: &Self) -> bool {
+        self.root == other.root
+    }
+}
+
+impl Eq for HostRoot {}
+
+/// The paths a host view refused to read, at most [`MAX_REFUSED`] of them named.
+#[derive(Debug, Default)]
+struct Refused {
+    paths: BTreeSet<String>,
+    more: usize,
 }
 
 impl Default for HostRoot {
@@ -30,7 +62,36 @@ impl Default for HostRoot {
 impl HostRoot {
     /// A host view rooted at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            refused: Arc::default(),
+        }
+    }
+
+    /// The same view with nothing refused yet, for one detection run: its clones share what
+    /// they refuse with each other, not with earlier runs.
+    #[must_use]
+    pub fn fresh(&self) -> Self {
+        Self::new(self.root.clone())
+    }
+
+    /// The host paths refused since the view was made (or this was last called), as warning
+    /// lines in path order, and empties the record.
+    pub fn take_refused(&self) -> Vec<String> {
+        let refused =
+            std::mem::take(&mut *self.refused.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut lines: Vec<String> = refused
+            .paths
+            .into_iter()
+            .map(|path| format!("{path} is not a regular file and was not read"))
+            .collect();
+        if refused.more > 0 {
+            lines.push(format!(
+                "{} more paths are not regular files and were not read",
+                refused.more
+            ));
+        }
+        lines
     }
 
     /// The root directory.
@@ -45,14 +106,28 @@ impl HostRoot {
         self.root.join(relative)
     }
 
-    /// Reads a file as UTF-8 (lossy), up to 1 MiB. `None` when it is missing or unreadable.
+    /// Reads a regular file as UTF-8 (lossy), up to 1 MiB. `None` when it is missing,
+    /// unreadable or not a regular file (a FIFO, a device node: recorded as refused).
     pub fn read(&self, host_path: impl AsRef<Path>) -> Option<String> {
-        let file = fs::File::open(self.path(host_path)).ok()?;
-        // `Take` hides the file's size, so an empty buffer would be filled by a chain of
-        // doubling reads starting at 32 bytes; one page covers a sysfs attribute in one call.
-        let mut bytes = Vec::with_capacity(READ_CHUNK);
-        file.take(MAX_FILE_BYTES).read_to_end(&mut bytes).ok()?;
-        Some(String::from_utf8_lossy(&bytes).into_owned())
+        let host_path = host_path.as_ref();
+        match read_at_most(&self.path(host_path), MAX_FILE_BYTES) {
+            Ok((bytes, _)) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            Err(FileReadError::NotRegular { .. }) => {
+                self.refuse(host_path);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn refuse(&self, host_path: &Path) {
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        let path = host_path.display().to_string();
+        if refused.paths.len() < MAX_REFUSED || refused.paths.contains(&path) {
+            refused.paths.insert(path);
+        } else {
+            refused.more += 1;
+        }
     }
 
     /// Reads a file and trims surrounding whitespace and NUL bytes (device-tree strings end in
@@ -92,6 +167,67 @@ impl HostRoot {
         let target = fs::read_link(self.path(host_path)).ok()?;
         Some(target.file_name()?.to_string_lossy().into_owned())
     }
+}
+
+/// Why a file was not read by [`read_at_most`].
+#[derive(Debug, thiserror::Error)]
+pub enum FileReadError {
+    /// Opening or reading failed (missing, no permission...).
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The path is not a regular file; reading it could block for ever or have side effects.
+    #[error("is a {kind}, not a regular file")]
+    NotRegular {
+        /// What it is, in words (`FIFO`, `socket`, `character device`...).
+        kind: &'static str,
+    },
+}
+
+/// Reads at most `limit` bytes of the regular file at `path`, without ever blocking on a
+/// special file. Returns the bytes and whether the file holds more than `limit`.
+///
+/// The type is checked before opening (opening a device node can have side effects, opening
+/// a FIFO for reading blocks until a writer appears), the open is non-blocking, and the type
+/// is checked again on the open descriptor, which is what is then read.
+pub fn read_at_most(path: &Path, limit: u64) -> Result<(Vec<u8>, bool), FileReadError> {
+    regular(&fs::metadata(path)?.file_type())?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    regular(&meta.file_type())?;
+    // `Take` hides the file's size, so an empty buffer would be filled by a chain of doubling
+    // reads starting at 32 bytes; one page covers a sysfs attribute (whose size reads as a
+    // page or 0) in one call, the stated size a config file.
+    let expected = meta.len().min(limit).saturating_add(1);
+    let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(0).max(READ_CHUNK));
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    let more = u64::try_from(bytes.len()).unwrap_or(u64::MAX) > limit;
+    if more {
+        bytes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    Ok((bytes, more))
+}
+
+fn regular(kind: &fs::FileType) -> Result<(), FileReadError> {
+    let kind = if kind.is_file() {
+        return Ok(());
+    } else if kind.is_dir() {
+        // An ordinary miss (a backend probing a path that is a directory), not a refusal.
+        return Err(io::Error::from(io::ErrorKind::IsADirectory).into());
+    } else if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() {
+        "character device"
+    } else if kind.is_block_device() {
+        "block device"
+    } else {
+        "special file"
+    };
+    Err(FileReadError::NotRegular { kind })
 }
 
 /// Parses a decimal or `0x`-prefixed hexadecimal integer.
@@ -135,6 +271,79 @@ mod tests {
         assert_eq!(host.read("/sys/x/missing"), None);
         assert_eq!(host.list("/sys/x"), vec!["model", "vendor"]);
         assert!(host.list("/nope").is_empty());
+    }
+
+    fn mkfifo(path: &Path) {
+        let status = std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    #[test]
+    fn special_files_are_refused_without_blocking_and_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("proc")).unwrap();
+        fs::create_dir_all(dir.path().join("sys/x")).unwrap();
+        mkfifo(&dir.path().join("proc/cpuinfo"));
+        mkfifo(&dir.path().join("sys/x/vendor"));
+        fs::write(dir.path().join("proc/meminfo"), "MemTotal: 1 kB\n").unwrap();
+        let host = HostRoot::new(dir.path());
+        // Opening a FIFO for reading used to block until a writer came.
+        assert_eq!(host.read("/proc/cpuinfo"), None);
+        assert_eq!(host.read_u64("/sys/x/vendor"), None);
+        assert_eq!(host.read("/proc/cpuinfo"), None);
+        // A directory is an ordinary miss, not a refusal.
+        assert_eq!(host.read("/sys/x"), None);
+        assert!(host.read("/proc/meminfo").is_some());
+        // A clone shares the record; a fresh view starts empty.
+        assert!(host.fresh().take_refused().is_empty());
+        assert_eq!(
+            host.clone().take_refused(),
+            [
+                "/proc/cpuinfo is not a regular file and was not read",
+                "/sys/x/vendor is not a regular file and was not read",
+            ]
+        );
+        assert!(host.take_refused().is_empty());
+        // A character device is refused before it is opened.
+        let err = read_at_most(Path::new("/dev/null"), 10).unwrap_err();
+        assert!(matches!(
+            err,
+            FileReadError::NotRegular {
+                kind: "character device"
+            }
+        ));
+    }
+
+    #[test]
+    fn refusals_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        for i in 0..40 {
+            let name = format!("f{i:02}");
+            mkfifo(&dir.path().join(&name));
+            assert_eq!(host.read(format!("/{name}")), None);
+        }
+        let lines = host.take_refused();
+        assert_eq!(lines.len(), MAX_REFUSED + 1);
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("24 more paths are not regular files and were not read")
+        );
+    }
+
+    #[test]
+    fn read_at_most_reports_what_is_past_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        fs::write(&path, "0123456789").unwrap();
+        assert_eq!(
+            read_at_most(&path, 10).unwrap(),
+            (b"0123456789".to_vec(), false)
+        );
+        assert_eq!(read_at_most(&path, 4).unwrap(), (b"0123".to_vec(), true));
     }
 
     #[test]

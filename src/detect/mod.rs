@@ -26,7 +26,7 @@ use std::time::Instant;
 pub use command::{
     CommandError, CommandOutput, CommandRunner, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT,
 };
-pub use host::{HostRoot, parse_u64};
+pub use host::{FileReadError, HostRoot, parse_u64, read_at_most};
 pub use pci::PciFunction;
 pub use report::{BackendRun, BackendTiming, Findings, Report, SCHEMA_VERSION, Warning, merge};
 pub use selection::{BackendSelection, SelectionError};
@@ -155,7 +155,7 @@ impl Detector {
     /// Each run gets a fresh [`Context`], so nothing read from the host (the PCI scan above
     /// all) outlives the run that read it: the agent keeps one detector for its lifetime.
     pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
-        let context = Arc::new(Context::new(self.host.clone(), self.runner.clone()));
+        let context = Arc::new(Context::new(self.host.fresh(), self.runner.clone()));
         let crew = Arc::new(Crew {
             backends: Arc::clone(&self.backends),
             context: Arc::downgrade(&context),
@@ -197,6 +197,20 @@ impl Detector {
                 micros: u64::try_from(run.elapsed.as_micros()).unwrap_or(u64::MAX),
             })
             .collect();
+        // Files the backends were refused (a FIFO where a sysfs attribute should be) are a
+        // warning on the report, whichever backend asked.
+        let refused = context.host().take_refused();
+        let mut runs = runs;
+        if !refused.is_empty() {
+            runs.push(BackendRun {
+                backend: "host",
+                findings: Findings {
+                    warnings: refused,
+                    ..Findings::default()
+                },
+                elapsed: std::time::Duration::ZERO,
+            });
+        }
         (merge(runs, with_timings), timings)
     }
 }

@@ -141,3 +141,27 @@ pub fn table(report: &Report) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::{Device, Family, Vendor};
+
+    #[test]
+    fn a_model_name_of_70000_chars_renders_cut() {
+        // A tool or a hand-written report can name a device anything; the table used to
+        // panic on any cell wider than 65,535 characters.
+        let mut report = Report::empty();
+        let model = "M".repeat(70_000);
+        report.devices.push(Device::new(
+            "0000:18:00.0",
+            Vendor::Nvidia,
+            Family::Gpu,
+            model.as_str(),
+            "nvidia",
+        ));
+        let text = table(&report);
+        assert!(text.contains("0000:18:00.0"), "{text}");
+        assert!(text.lines().all(|line| line.chars().count() < 1_000));
+    }
+}

@@ -7,19 +7,32 @@
 //! `nodes:`). `AcceleratorInventory` objects (as `kubectl get accinv -o yaml` or
 //! `hwaccel detect --as-inventory NODE` print them, alone or in a `List`) are read too, the
 //! node named after `spec.nodeName`.
+//!
+//! Every read is bounded and never blocks: only regular files are read (a FIFO or device node
+//! is refused before it is opened), each at most [`MAX_FILE_BYTES`], all inventories together
+//! at most [`MAX_TOTAL_BYTES`], and a directory contributes at most
+//! [`MAX_FILES_PER_DIRECTORY`] files.
 
 use std::collections::BTreeSet;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::detect::Report;
+use crate::detect::{FileReadError, Report, read_at_most};
 
 use super::error::{PlanError, Result};
 use super::inventory::NodeSpec;
 use super::model::config::parse_config_text;
 use super::model::{Model, ModelSource, presets};
 use super::units::Bytes;
+
+/// Largest model config or inventory file read: a 10,000-device inventory is a few MiB.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+/// Largest total of all inventory files of one plan.
+pub const MAX_TOTAL_BYTES: u64 = 256 << 20;
+/// Most inventory files taken from one directory.
+pub const MAX_FILES_PER_DIRECTORY: usize = 100_000;
 
 /// Reads `--model`: a preset key, a `config.json` file, or a directory holding one.
 pub fn load_model(spec: &str) -> Result<Model> {
@@ -32,7 +45,7 @@ pub fn load_model(spec: &str) -> Result<Model> {
     } else {
         path.to_path_buf()
     };
-    if !file.is_file() {
+    if !file.exists() {
         let similar = presets::similar(spec);
         let hint = if similar.is_empty() {
             "; run `hwaccel plan --list-models` for the presets".to_string()
@@ -85,14 +98,44 @@ pub fn parse_bytes(text: &str) -> Option<Bytes> {
     (1.0..1e18).contains(&bytes).then(|| Bytes::from_f64(bytes))
 }
 
+/// The bounds on reading inventories; constants in the CLI, smaller in tests.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    total_bytes: u64,
+    files_per_directory: usize,
+}
+
+const LIMITS: Limits = Limits {
+    total_bytes: MAX_TOTAL_BYTES,
+    files_per_directory: MAX_FILES_PER_DIRECTORY,
+};
+
 /// Reads every `--inventory` path. Directories contribute their `.json`, `.yaml` and `.yml`
 /// files in name order. Returns the nodes and notes about devices that were skipped.
 pub fn load_inventories(paths: &[PathBuf]) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+    load_inventories_within(paths, LIMITS)
+}
+
+fn load_inventories_within(
+    paths: &[PathBuf],
+    limits: Limits,
+) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     let mut nodes = Vec::new();
     let mut notes = Vec::new();
+    let mut total: u64 = 0;
     for path in paths {
-        for file in inventory_files(path)? {
+        for file in inventory_files(path, limits.files_per_directory)? {
             let text = read(&file)?;
+            total = total.saturating_add(u64::try_from(text.len()).unwrap_or(u64::MAX));
+            if total > limits.total_bytes {
+                return Err(PlanError::Io {
+                    path: file,
+                    source: io::Error::other(format!(
+                        "the inventories add up to more than {} bytes",
+                        limits.total_bytes
+                    )),
+                });
+            }
             let (found, skipped) = interpret(&file, &text)?;
             nodes.extend(found);
             notes.extend(skipped);
@@ -108,7 +151,7 @@ pub fn load_inventories(paths: &[PathBuf]) -> Result<(Vec<NodeSpec>, Vec<String>
     Ok((nodes, notes))
 }
 
-fn inventory_files(path: &Path) -> Result<Vec<PathBuf>> {
+fn inventory_files(path: &Path, cap: usize) -> Result<Vec<PathBuf>> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -116,23 +159,52 @@ fn inventory_files(path: &Path) -> Result<Vec<PathBuf>> {
         path: path.to_path_buf(),
         source,
     })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_file()
-                && p.extension()
-                    .is_some_and(|e| e == "json" || e == "yaml" || e == "yml")
-        })
-        .collect();
+    let mut files = Vec::new();
+    for entry in entries.filter_map(std::result::Result::ok) {
+        let p = entry.path();
+        let wanted = p
+            .extension()
+            .is_some_and(|e| e == "json" || e == "yaml" || e == "yml");
+        // `is_file` follows links and only stats; a FIFO named `x.json` is skipped here, and a
+        // file swapped for one afterwards is refused by `read`.
+        if wanted && p.is_file() {
+            if files.len() == cap {
+                return Err(PlanError::Io {
+                    path: path.to_path_buf(),
+                    source: io::Error::other(format!(
+                        "more than {cap} inventory files in one directory"
+                    )),
+                });
+            }
+            files.push(p);
+        }
+    }
     files.sort();
     Ok(files)
 }
 
+/// Reads a whole regular file of at most [`MAX_FILE_BYTES`] as UTF-8; anything else is an
+/// error naming the path.
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+    let error = |source: io::Error| PlanError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let (bytes, more) = read_at_most(path, MAX_FILE_BYTES).map_err(|err| match err {
+        FileReadError::Io(source) => error(source),
+        not_regular @ FileReadError::NotRegular { .. } => error(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            not_regular.to_string(),
+        )),
+    })?;
+    if more {
+        return Err(error(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("larger than {} MiB", MAX_FILE_BYTES >> 20),
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| error(io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text")))
 }
 
 /// Decodes JSON, or YAML when the text is not JSON.
@@ -149,8 +221,8 @@ fn decode(path: &Path, text: &str) -> Result<Value> {
     }
 }
 
-/// Turns one decoded file into nodes.
-fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+/// Turns one file's text into nodes.
+pub(crate) fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     let value = decode(path, text)?;
     let invalid = |reason: String| PlanError::InvalidInventory {
         path: path.to_path_buf(),
@@ -293,6 +365,43 @@ mod tests {
         }
         let missing = load_inventories(&[dir.path().join("absent.json")]).unwrap_err();
         assert!(missing.to_string().contains("cannot read"));
+    }
+
+    #[test]
+    fn inventory_reads_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = |name: &str| format!("{{\"name\":\"{name}\",\"devices\":[]}}");
+        for name in ["a", "b", "c"] {
+            std::fs::write(dir.path().join(format!("{name}.json")), node(name)).unwrap();
+        }
+        let paths = [dir.path().to_path_buf()];
+        let within = |total_bytes, files_per_directory| {
+            load_inventories_within(
+                &paths,
+                Limits {
+                    total_bytes,
+                    files_per_directory,
+                },
+            )
+        };
+        assert_eq!(within(1 << 20, 3).unwrap().0.len(), 3);
+        let err = within(1 << 20, 2).unwrap_err().to_string();
+        assert!(err.contains("more than 2 inventory files"), "{err}");
+        let err = within(50, 3).unwrap_err().to_string();
+        assert!(err.contains("add up to more than 50 bytes"), "{err}");
+
+        // Over the per-file cap (sparse), and not UTF-8: clear errors, nothing read whole.
+        let big = dir.path().join("big.json");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let err = load_inventories(&[big]).unwrap_err().to_string();
+        assert!(err.contains("larger than 16 MiB"), "{err}");
+        let binary = dir.path().join("bin.json");
+        std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
+        let err = load_inventories(&[binary]).unwrap_err().to_string();
+        assert!(err.contains("not UTF-8"), "{err}");
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub mod tpu;
 pub mod vulkan;
 pub mod xdna;
 
+/// For the crate's fuzz harness (`src/fuzz_tests`); the module is private.
+#[cfg(test)]
+pub(crate) use accel_node::slot_name_from_uevent;
+
 /// Backend names, in priority order.
 pub const NAMES: [&str; 15] = [
     "nvidia",

@@ -27,6 +27,23 @@ use crate::hardware::{
 
 use topology::LinkGraph;
 
+/// Every text parser of this backend run on one input, for the crate's fuzz harness
+/// (`src/fuzz_tests`): the parsers are private to this module. Returns their debug output.
+#[cfg(test)]
+pub(crate) fn fuzz_parsers(text: &str) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        smi::parse_query(text, &smi::QUERY_FIELDS),
+        smi::parse_compute_capability(text),
+        smi::parse_remapped_rows(text),
+        smi::parse_gpu_list(text),
+        sysfs::parse_information(text),
+        sysfs::parse_driver_version(text),
+        topology::parse_topo_matrix(text),
+        topology::parse_nvlink_status(text),
+    )
+}
+
 /// The `nvidia` backend.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Nvidia;
