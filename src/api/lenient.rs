@@ -18,6 +18,9 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 /// An object of kind `K`, or the metadata of one that could not be decoded as `K`.
+// The watch caches keep each object behind an `Arc` already; boxing the large variant would
+// add a second allocation per object for the rare undecodable one's sake.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Lenient<K> {
     /// Decoded.
