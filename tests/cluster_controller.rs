@@ -16,7 +16,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -28,12 +27,13 @@ use hwaccel::api::{AcceleratorInventory, ModelPlacement, conditions};
 use hwaccel::controller::leader::LeaseConfig;
 use hwaccel::controller::metrics::{ControllerMetrics, WriteLabel};
 use hwaccel::controller::{self, Config};
-use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
+use support::{
+    DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, fixture_inventory, install_crds, wait_for,
+};
 
 /// A Node plus its AcceleratorInventory, detected from a fixture host, both labelled for
 /// this test.
@@ -60,13 +60,7 @@ async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<String> {
 }
 
 async fn publish_inventory(cluster: &TestCluster, node: &str, scenario: &str) -> Result<()> {
-    let host = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/hosts")
-        .join(scenario);
-    let runner = CommandRunner::new(vec![host.join("commands")]);
-    let selection: BackendSelection = "all,-vulkan".parse().expect("valid selection");
-    let detector = Detector::new(HostRoot::new(&host), runner, &selection);
-    let mut inventory = AcceleratorInventory::from_report(node, &detector.run(false).0);
+    let mut inventory = fixture_inventory(node, scenario);
     inventory.metadata.labels = Some(BTreeMap::from([(
         TEST_LABEL.to_string(),
         cluster.prefix().to_string(),

@@ -19,7 +19,6 @@ use hwaccel::api::{AcceleratorInventory, ModelPlacement};
 use hwaccel::controller::leader::LeaseConfig;
 use hwaccel::controller::metrics::ControllerMetrics;
 use hwaccel::controller::{self, Config};
-use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -256,13 +255,7 @@ async fn uninstall_stops_the_writers_then_leaves_no_label_of_ours() -> Result<()
             },
         }))?;
         nodes_api.create(&PostParams::default(), &node).await?;
-        let host = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures/hosts")
-            .join(scenario);
-        let runner = CommandRunner::new(vec![host.join("commands")]);
-        let selection: BackendSelection = "all,-vulkan".parse().expect("valid selection");
-        let detector = Detector::new(HostRoot::new(&host), runner, &selection);
-        let mut inventory = AcceleratorInventory::from_report(&name, &detector.run(false).0);
+        let mut inventory = support::fixture_inventory(&name, scenario);
         inventory.metadata.labels = Some(BTreeMap::from([pool.clone()]));
         Api::<AcceleratorInventory>::all(admin.clone())
             .patch(
