@@ -27,7 +27,14 @@ use hwaccel::plan::Reservations;
 const NODES: usize = 1000;
 const SCENARIOS: [&str; 3] = ["h100-8x-nvswitch", "mi300x-8x", "a100-mig"];
 
+/// The fleet size of the issue-11 target: one plan against 10,000 inventories under 50 ms.
+const LARGE_FLEET: usize = 10_000;
+
 fn inventories() -> Vec<AcceleratorInventory> {
+    inventories_of(NODES)
+}
+
+fn inventories_of(nodes: usize) -> Vec<AcceleratorInventory> {
     let reports: Vec<_> = SCENARIOS
         .iter()
         .map(|scenario| {
@@ -41,10 +48,10 @@ fn inventories() -> Vec<AcceleratorInventory> {
                 .0
         })
         .collect();
-    (0..NODES)
+    (0..nodes)
         .map(|i| {
             let mut inventory =
-                AcceleratorInventory::from_report(&format!("n{i:04}"), &reports[i % 3]);
+                AcceleratorInventory::from_report(&format!("n{i:05}"), &reports[i % 3]);
             inventory.metadata.resource_version = Some("1".to_string());
             inventory
         })
@@ -141,6 +148,22 @@ fn main() {
         let mut ledger = held.clone();
         let kept = candidate(10, &spec);
         b.iter(|| decide(&mut ledger, black_box(&kept), &[], &fleet));
+    });
+    // The same plan against ten times the fleet (built once: converting 10,000 inventories
+    // belongs to start-up, see fleet_view/1000_inventories).
+    let large = inventories_of(LARGE_FLEET);
+    let large_fleet = FleetView::new(large.iter(), &labels);
+    drop(large);
+    criterion.bench_function("evaluate/10000_inventories_free", |b| {
+        b.iter(|| {
+            evaluate(
+                &spec,
+                "bench",
+                "one",
+                black_box(&large_fleet),
+                &Reservations::none(),
+            )
+        });
     });
     criterion.final_summary();
 }

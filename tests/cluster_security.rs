@@ -379,6 +379,28 @@ async fn agent_token_is_confined_to_its_own_node() -> Result<()> {
         &node_policy,
         "agent adds a controller label",
     )?;
+    // A bounded number of labels under its own prefix: 128 pass, 129 are refused.
+    let many = |n: usize| {
+        let labels: serde_json::Map<String, Value> = (0..n)
+            .map(|i| (format!("hwaccel.io/bulk-{i:03}"), json!("x")))
+            .collect();
+        Value::Object(labels)
+    };
+    assert_denied_by(
+        apply_labels(&agent, AGENT_MANAGER, &a, many(129)).await,
+        &node_policy,
+        "agent sets 129 labels under hwaccel.io/",
+    )?;
+    apply_labels(&agent, AGENT_MANAGER, &a, many(127))
+        .await
+        .context("127 labels of its own are allowed")?;
+    apply_labels(
+        &agent,
+        AGENT_MANAGER,
+        &a,
+        json!({"hwaccel.io/product": "h100"}),
+    )
+    .await?;
     let relabel = json!({"metadata": {"labels": {"team": "other"}}});
     assert_denied_by(
         nodes_as_agent
