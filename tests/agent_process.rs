@@ -1,12 +1,12 @@
 //! The `hwaccel agent` process against a hostile environment, without a cluster: a fake
 //! apiserver on 127.0.0.1 that accepts connections and never answers (a hung apiserver), and a
-//! host tree whose reads block (a FIFO where a file should be).
+//! host tree with a FIFO where a file should be (reading it used to block detection for good).
 //!
 //! - every API call fails within `--api-timeout`, and an agent whose calls fail is live but
 //!   not ready;
-//! - `/healthz` turns unhealthy, naming the loop, once the detection loop has made no progress
-//!   within its bound;
-//! - SIGTERM ends the process within `--shutdown-timeout`, stuck or not.
+//! - the FIFO does not stall the detection loop, so `/healthz` stays ok past the loop's bound
+//!   (`health::tests` cover the 503 for a loop that is overdue or ended);
+//! - SIGTERM ends the process within `--shutdown-timeout`, in an API call or idle.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
@@ -219,38 +219,23 @@ fn against_a_hung_apiserver_every_call_fails_in_time_and_the_agent_is_live_but_n
 }
 
 #[test]
-fn a_detection_stuck_on_a_blocking_read_makes_healthz_fail_within_its_bound() {
+fn a_fifo_in_the_host_tree_does_not_stall_the_agent_and_healthz_stays_ok() {
+    // Before reads of special files were made safe, detection blocked on this FIFO for good
+    // and /healthz turned 503 once the loop's bound passed. (The 503 itself, for a loop that
+    // is overdue or has ended, is covered by `health::tests`.)
     let api_timeout = Duration::from_secs(1);
     let mut agent = Agent::start(hung_apiserver(), true, &["--api-timeout", "1s"]);
     let started = Instant::now();
-    let first = agent.wait_for(Duration::from_secs(20), |agent| agent.get("/healthz"));
-    assert_eq!(first, (200, "ok".into()), "live until the bound passes");
-    let bound = bound(api_timeout);
-    let outcome = agent.wait_for(bound + Duration::from_secs(10), |agent| {
-        if agent.detections() > 0 {
-            return Some(None);
-        }
-        agent
-            .get("/healthz")
-            .filter(|(status, _)| *status == 503)
-            .map(|(_, body)| Some(body))
+    agent.wait_for(Duration::from_secs(20), |agent| {
+        (agent.detections() > 0).then_some(())
     });
-    let Some(body) = outcome else {
-        // Detection no longer blocks on a FIFO (reads of special files were made safe): this
-        // host cannot stall the loop any more, which is what the bound guards against.
-        eprintln!("skipped: detection did not block on the FIFO");
-        return;
-    };
-    assert!(
-        started.elapsed() > bound,
-        "unhealthy after {:?}, before the bound {bound:?}",
-        started.elapsed()
-    );
-    assert!(
-        body.contains("agent detect-and-publish loop: no completed iteration"),
-        "{body}"
-    );
-    assert_eq!(agent.detections(), 0, "the detection is still stuck");
+    let bound = bound(api_timeout);
+    while started.elapsed() < bound + Duration::from_secs(2) {
+        let health = agent.get("/healthz").map(|(status, _)| status);
+        assert_eq!(health, Some(200), "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(agent.detections() > 1, "detection keeps completing cycles");
 }
 
 #[test]
