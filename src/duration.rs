@@ -1,5 +1,5 @@
 //! Duration flags (`--interval`, `--hotplug-poll`, `--max-backoff`, `--api-timeout`,
-//! `--shutdown-timeout`): one small grammar with explicit bounds.
+//! `--shutdown-timeout`, `--inventory-grace`): one small grammar with explicit bounds.
 //!
 //! The grammar is a whole number without leading zeros followed by one unit, `s`, `m` or `h`
 //! (`90s`, `5m`, `1h`). Compound forms (`1m30s`), fractions (`1.5m`), sub-second units
@@ -31,6 +31,10 @@ pub const API_TIMEOUT_BOUNDS: (Duration, Duration) =
 /// `--shutdown-timeout`: at least 2 s (the graceful part takes 1.5 s less), at most 1 h.
 pub const SHUTDOWN_TIMEOUT_BOUNDS: (Duration, Duration) =
     (Duration::from_secs(2), Duration::from_secs(3600));
+
+/// The controller's `--inventory-grace`: at least 1 s, at most 24 h.
+pub const INVENTORY_GRACE_BOUNDS: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(24 * 3600));
 
 /// Why a duration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -80,6 +84,11 @@ pub fn parse_api_timeout(text: &str) -> Result<Duration, DurationError> {
 /// Parses `--shutdown-timeout` (bounds: [`SHUTDOWN_TIMEOUT_BOUNDS`]).
 pub fn parse_shutdown_timeout(text: &str) -> Result<Duration, DurationError> {
     parse_bounded(text, SHUTDOWN_TIMEOUT_BOUNDS)
+}
+
+/// Parses `--inventory-grace` (bounds: [`INVENTORY_GRACE_BOUNDS`]).
+pub fn parse_inventory_grace(text: &str) -> Result<Duration, DurationError> {
+    parse_bounded(text, INVENTORY_GRACE_BOUNDS)
 }
 
 /// Parses a duration and checks it lies within `(min, max)`, both inclusive.
@@ -204,6 +213,20 @@ mod tests {
         }
         assert!(parse_hotplug_poll("2h").is_err());
         assert_eq!(parse_hotplug_poll("1h"), Ok(Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn every_flag_has_its_own_bounds() {
+        assert_eq!(parse_inventory_grace("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_inventory_grace("0s").is_err());
+        assert!(parse_inventory_grace("25h").is_err());
+        assert!(
+            parse_shutdown_timeout("1s").is_err(),
+            "the graceful part needs 1.5 s"
+        );
+        assert_eq!(parse_api_timeout("10m"), Ok(Duration::from_secs(600)));
+        assert!(parse_api_timeout("2h").is_err());
+        assert!(parse_max_backoff("0s").is_err());
     }
 
     #[test]

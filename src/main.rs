@@ -142,6 +142,12 @@ struct ControllerArgs {
     /// all). Used by the scale harness and for canaries.
     #[arg(long)]
     selector: Option<String>,
+    /// How long plans on a Node whose AcceleratorInventory disappeared (while the Node
+    /// stayed) are kept, Degraded, before they are planned elsewhere (1s to 24h). Longer
+    /// than the agents' `--interval`: a running agent writes a deleted inventory again on
+    /// its next cycle.
+    #[arg(long, default_value = "5m", value_parser = hwaccel::duration::parse_inventory_grace)]
+    inventory_grace: Duration,
     #[command(flatten)]
     process: ProcessArgs,
     /// Log format.
@@ -334,6 +340,7 @@ fn controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         let mut config = hwaccel::controller::Config::cluster_wide(&identity);
         config.namespace = args.namespace;
         config.selector = args.selector;
+        config.inventory_grace = args.inventory_grace;
         config.reconciles = liveness.work(
             "controller reconcile",
             hwaccel::health::reconcile_bound(process.api_timeout),
