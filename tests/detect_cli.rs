@@ -63,20 +63,28 @@ fn utilities_dir() -> tempfile::TempDir {
     dir
 }
 
-/// Runs `hwaccel` with only the scenario's tools (plus basic utilities) on `PATH`.
-fn hwaccel(host_root: &Path, utilities: &Path, args: &[&str]) -> Output {
+/// `hwaccel detect` on `host_root` with only the scenario's tools (plus basic utilities) on
+/// `PATH`.
+fn detect_command(host_root: &Path, utilities: &Path, args: &[&str]) -> Command {
     let path = format!(
         "{}:{}",
         host_root.join("commands").display(),
         utilities.display()
     );
-    Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hwaccel"));
+    command
         .arg("detect")
         .arg("--host-root")
         .arg(host_root)
         .args(args)
         .env_clear()
-        .env("PATH", path)
+        .env("PATH", path);
+    command
+}
+
+/// Runs [`detect_command`] to the end.
+fn hwaccel(host_root: &Path, utilities: &Path, args: &[&str]) -> Output {
+    detect_command(host_root, utilities, args)
         .output()
         .expect("run hwaccel")
 }
@@ -303,18 +311,7 @@ fn a_misbehaving_tool_is_a_warning_and_the_rest_of_the_report_survives() {
 /// Runs `hwaccel` like [`hwaccel`] but gives up (and fails) after `limit` instead of waiting for
 /// ever, so a regression that blocks fails the test rather than hanging it.
 fn hwaccel_within(host_root: &Path, utilities: &Path, args: &[&str], limit: Duration) -> Output {
-    let path = format!(
-        "{}:{}",
-        host_root.join("commands").display(),
-        utilities.display()
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hwaccel"))
-        .arg("detect")
-        .arg("--host-root")
-        .arg(host_root)
-        .args(args)
-        .env_clear()
-        .env("PATH", path)
+    let mut child = detect_command(host_root, utilities, args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
