@@ -17,10 +17,10 @@ use hwaccel::api::AcceleratorInventory;
 use hwaccel::api::placement::{
     Constraints, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice, ServeGoal,
 };
-use hwaccel::controller::build::evaluate;
-use hwaccel::controller::fleet_view::{FleetView, PartCache};
-use hwaccel::controller::ledger::{Ledger, PlacementKey, Precedence};
-use hwaccel::controller::reconcile::{Candidate, decide};
+use hwaccel::controller::core::build::evaluate;
+use hwaccel::controller::core::decide::{Candidate, decide};
+use hwaccel::controller::core::fleet_view::{FleetView, PartCache};
+use hwaccel::controller::core::ledger::{Ledger, PlacementKey, Precedence};
 use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 use hwaccel::plan::Reservations;
 

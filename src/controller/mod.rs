@@ -2,11 +2,12 @@
 //!
 //! | module | job |
 //! |---|---|
-//! | [`build`] | spec → planner request, plan → status (pure) |
-//! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
-//! | [`ledger`] | which placement holds which devices (pure) |
-//! | [`labels`] | placement label keys and nodeSelectors (pure) |
-//! | [`reconcile`] | one reconcile: decide, label Nodes, write status, events, finalizer |
+//! | [`core`] | the pure placement core: decide, ledger, fleet view, build, desired status |
+//! | [`reconcile`] | one reconcile: dereference → decide → apply → status, finalizer |
+//! | [`dereference`] | what a decision reads, from the watch caches |
+//! | [`apply`] | placement labels onto Nodes by server-side apply |
+//! | [`status`] | the status subresource and Events |
+//! | [`context`] | what reconciles share: client, caches, metrics, the state lock |
 //! | [`node_changes`] | which Node watch events matter: fleet labels, placement labels |
 //! | [`leader`] | Lease-based leader election |
 //! | [`metrics`] | Prometheus metrics |
@@ -16,14 +17,15 @@
 //! over ModelPlacements that reconciles all of them again (debounced) whenever an inventory
 //! changes. See `docs/controller.md`.
 
-pub mod build;
-pub mod fleet_view;
-pub mod labels;
+pub mod apply;
+pub mod context;
+pub mod core;
+pub mod dereference;
 pub mod leader;
-pub mod ledger;
 pub mod metrics;
 pub mod node_changes;
 pub mod reconcile;
+pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -43,10 +45,12 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
-use self::ledger::Ledger;
+use self::context::{Context, State};
+use self::core::ledger::Ledger;
+use self::dereference::holding_from_status;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
-use self::reconcile::{Context, State, error_policy, holding_from_status, reconcile};
+use self::reconcile::{error_policy, reconcile};
 
 /// How long a graceful shutdown may take before the controller is dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -132,7 +136,7 @@ pub async fn run(
         if let Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) = &event {
             inventory_metrics.observe_decoding("AcceleratorInventory", object);
             if let Some(inventory) = object.decoded()
-                && !fleet_view::names_its_node(inventory)
+                && !core::fleet_view::names_its_node(inventory)
             {
                 inventory_metrics.skipped("AcceleratorInventory", "name_mismatch");
                 tracing::warn!(
@@ -243,7 +247,7 @@ async fn run_controller(
         recorder: Recorder::new(
             client.clone(),
             Reporter {
-                controller: reconcile::FIELD_MANAGER.to_string(),
+                controller: context::FIELD_MANAGER.to_string(),
                 instance: Some(config.identity.clone()),
             },
         ),
@@ -259,7 +263,7 @@ async fn run_controller(
         inventory_grace: config.inventory_grace,
     });
     clean_stale_labels(&ctx).await?;
-    reconcile::warm_up(&ctx).await;
+    dereference::warm_up(&ctx).await;
     let reconciles = config.reconciles.clone();
     let controller = controller
         .reconcile_all_on(receiver_stream(inventory_changes))
@@ -297,14 +301,14 @@ async fn restore_placement_labels(
             nodes.insert(node);
         }
         let mut state = ctx.state.lock().await;
-        match reconcile::sync_node_labels(&ctx, &mut state, &nodes).await {
+        match apply::sync_node_labels(&ctx, &mut state, &nodes).await {
             // A Node the controller wrote moments ago may show an older label set because
             // the watch lags; look again once the write must have arrived.
             Ok(unconfirmed) => {
                 for node in unconfirmed {
                     let again = again.clone();
                     tokio::spawn(async move {
-                        tokio::time::sleep(reconcile::CACHE_LAG).await;
+                        tokio::time::sleep(apply::CACHE_LAG).await;
                         let _ = again.send(node);
                     });
                 }
@@ -329,9 +333,10 @@ async fn initial_state(api: &Api<Lenient<ModelPlacement>>) -> anyhow::Result<Sta
     for key in dropped {
         tracing::warn!(placement = %key, "status claims devices another placement holds; re-planning it");
     }
-    let mut state = State::default();
-    state.ledger = ledger;
-    Ok(state)
+    Ok(State {
+        ledger,
+        ..State::default()
+    })
 }
 
 /// Brings every Node that carries a placement label, or should, to the ledger's label set:
@@ -346,7 +351,7 @@ async fn clean_stale_labels(ctx: &Context) -> anyhow::Result<()> {
             node.meta()
                 .labels
                 .as_ref()
-                .is_some_and(|l| l.keys().any(|k| labels::is_placement_label(k)))
+                .is_some_and(|l| l.keys().any(|k| core::labels::is_placement_label(k)))
         })
         .filter_map(|node| node.meta().name.clone())
         .collect();
@@ -356,7 +361,7 @@ async fn clean_stale_labels(ctx: &Context) -> anyhow::Result<()> {
         .flat_map(|(_, holding)| holding.nodes())
         .collect();
     affected.extend(held);
-    reconcile::sync_node_labels(ctx, &mut state, &affected).await?;
+    apply::sync_node_labels(ctx, &mut state, &affected).await?;
     Ok(())
 }
 

@@ -349,7 +349,7 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
 mod tests {
     use super::*;
     use crate::api::placement::{Goal as ApiGoal, ModelSource as ApiModel, ServeGoal};
-    use crate::controller::fleet_view::fixture_inventory as inventory;
+    use crate::controller::core::fleet_view::fixture_inventory as inventory;
 
     fn serve(preset: &str, context: u32) -> ModelPlacementSpec {
         ModelPlacementSpec {

@@ -1,0 +1,21 @@
+//! The placement core: every decision the controller makes, as pure functions over plain
+//! values — no client, no clock, no async. The driver around it (`reconcile.rs`, `apply.rs`,
+//! `status.rs`) only reads caches, calls in here, and writes what comes out.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`build`] | spec → planner request, plan → status |
+//! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
+//! | [`ledger`] | which placement holds which devices |
+//! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
+//! | [`desired`] | the status and conditions a decision leads to |
+//! | [`labels`] | placement label keys and nodeSelectors |
+//!
+//! `tests/` and a unit test keep this module free of `kube`, `tokio` and `clap`.
+
+pub mod build;
+pub mod decide;
+pub mod desired;
+pub mod fleet_view;
+pub mod labels;
+pub mod ledger;
