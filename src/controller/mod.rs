@@ -21,10 +21,14 @@ pub mod apply;
 pub mod context;
 pub mod core;
 pub mod dereference;
+#[cfg(test)]
+mod fake_apiserver;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
 pub mod reconcile;
+#[cfg(test)]
+mod reconcile_tests;
 pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
