@@ -123,11 +123,7 @@ impl std::fmt::Debug for Detector {
 impl Detector {
     /// A detector with the selected built-in backends.
     pub fn new(host: HostRoot, runner: CommandRunner, selection: &BackendSelection) -> Self {
-        let backends = backends::all()
-            .into_iter()
-            .filter(|b| selection.includes(b.name()))
-            .collect();
-        Self::with_backends(host, runner, backends)
+        Self::with_backends(host, runner, backends::selected(selection))
     }
 
     /// A detector with explicit backends, in priority order (earlier wins duplicate devices).
