@@ -1,7 +1,7 @@
 //! The `cpu` backend: the host CPU's model, sockets, cores, threads, AI ISA flags, memory, and
 //! the cgroup limits of the process.
 //!
-//! Sources, all read through [`HostRoot`], each parsed in a file of its own:
+//! Sources, all read through [`HostRoot`](crate::detect::HostRoot), each parsed in a file of its own:
 //! - `/proc/cpuinfo` (`cpuinfo.rs`): model and vendor, with arm64 core names from
 //!   `arm_core_names.rs`; topology; the ISA flags, filtered in `isa_flags.rs`.
 //! - `/proc/sys/kernel/arch` for the instruction set, inferred from cpuinfo when absent.
@@ -28,7 +28,7 @@ pub(crate) use meminfo::parse_kib_value;
 pub use meminfo::parse_meminfo_total;
 pub use sibling_lists::cpulist_len;
 
-use crate::detect::{Backend, Context, Findings, HostRoot};
+use crate::detect::{Backend, Context, Findings};
 use crate::hardware::CpuInfo;
 
 use cgroup_limits::cgroup_limits;
@@ -82,6 +82,7 @@ impl Backend for Cpu {
 mod tests {
     use super::cpuinfo::tests::{GRACE, VM_CPUINFO};
     use super::*;
+    use crate::detect::HostRoot;
     use crate::detect::testing::detect_on;
     use crate::detect::testing::write_host_file as write;
 
