@@ -14,7 +14,7 @@ pub mod kfd;
 
 use std::collections::BTreeMap;
 
-use crate::detect::backends::shared::tool_output::{Wording, run_parsed};
+use crate::detect::backends::shared::tool_output::{Tool, Wording};
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{Device, Family, Partition, Vendor};
 
@@ -27,6 +27,11 @@ const AMD_GPU_VENDOR: u16 = 0x1002;
 
 /// Where the amdgpu module publishes its version (DKMS builds only; in-box drivers have none).
 const MODULE_VERSION: &str = "/sys/module/amdgpu/version";
+
+/// AMD's tool for its GPUs.
+const AMD_SMI: Tool = Tool::new("amd-smi", Wording::UnusableOutput);
+/// Its predecessor, all that older ROCm installs have.
+const ROCM_SMI: Tool = Tool::new("rocm-smi", Wording::UnusableOutput);
 
 /// The `amd` backend.
 #[derive(Debug, Clone, Copy, Default)]
@@ -87,14 +92,8 @@ struct HostFacts {
 /// Asks `amd-smi`, or `rocm-smi` when `amd-smi` is missing or unusable. A missing tool is
 /// silent; one that fails or prints nothing usable leaves a warning.
 fn tool_facts(ctx: &Context, warnings: &mut Vec<String>) -> Vec<SmiGpu> {
-    let amd_smi = run_parsed(
-        ctx,
-        "amd-smi",
-        &["static", "--json"],
-        amd_smi::parse_amd_smi_static,
-        Wording::UnusableOutput,
-        warnings,
-    );
+    let parse = amd_smi::parse_amd_smi_static;
+    let amd_smi = AMD_SMI.run_parsed(ctx, &["static", "--json"], parse, warnings);
     if let Some(gpus) = amd_smi {
         return gpus;
     }
@@ -105,16 +104,9 @@ fn tool_facts(ctx: &Context, warnings: &mut Vec<String>) -> Vec<SmiGpu> {
         "--showbus",
         "--json",
     ];
-    let rocm_smi = amd_smi::parse_rocm_smi;
-    run_parsed(
-        ctx,
-        "rocm-smi",
-        &args,
-        rocm_smi,
-        Wording::UnusableOutput,
-        warnings,
-    )
-    .unwrap_or_default()
+    ROCM_SMI
+        .run_parsed(ctx, &args, amd_smi::parse_rocm_smi, warnings)
+        .unwrap_or_default()
 }
 
 fn build_device(

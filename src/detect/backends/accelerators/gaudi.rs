@@ -14,7 +14,7 @@ pub mod hl_smi;
 
 use std::collections::BTreeMap;
 
-use crate::detect::backends::shared::tool_output::{Wording, run_parsed};
+use crate::detect::backends::shared::tool_output::{Tool, Wording};
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{
     Device, Family, GIB, Health, InterconnectGroup, InterconnectKind, Precision, Vendor,
@@ -145,19 +145,16 @@ impl Backend for Gaudi {
     }
 }
 
+/// Habana's tool.
+const HL_SMI: Tool = Tool::new("hl-smi", Wording::UnusableOutput);
+
 /// Runs the `hl-smi` query; empty when hl-smi is missing (silently) or unusable (warned).
 fn run_query(ctx: &Context, warnings: &mut Vec<String>) -> Vec<HlSmiDevice> {
     let args = ["-Q", hl_smi::QUERY_FIELDS, "-f", "csv,noheader"];
     let parse = hl_smi::parse_query;
-    run_parsed(
-        ctx,
-        "hl-smi",
-        &args,
-        parse,
-        Wording::UnusableOutput,
-        warnings,
-    )
-    .unwrap_or_default()
+    HL_SMI
+        .run_parsed(ctx, &args, parse, warnings)
+        .unwrap_or_default()
 }
 
 /// The driver's class device of each Gaudi, by bus id: its name (`accel0`, `hl0`) and the

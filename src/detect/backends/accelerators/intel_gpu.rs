@@ -12,7 +12,7 @@ pub mod xpu_smi;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::detect::backends::shared::tool_output::{Wording, run_parsed};
+use crate::detect::backends::shared::tool_output::{Tool, Wording};
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{Device, Family, InterconnectGroup, InterconnectKind, Vendor};
 
@@ -69,19 +69,16 @@ impl Backend for IntelGpu {
     }
 }
 
+/// Intel's GPU tool.
+const XPU_SMI: Tool = Tool::new("xpu-smi", Wording::UnusableOutput);
+
 /// Runs the `xpu-smi` dump; empty when the tool is missing (silently) or unusable (warned).
 fn run_dump(ctx: &Context, warnings: &mut Vec<String>) -> Vec<XpuDevice> {
     let args = ["discovery", "--dump", xpu_smi::DUMP_FIELDS];
     let parse = xpu_smi::parse_discovery_dump;
-    run_parsed(
-        ctx,
-        "xpu-smi",
-        &args,
-        parse,
-        Wording::UnusableOutput,
-        warnings,
-    )
-    .unwrap_or_default()
+    XPU_SMI
+        .run_parsed(ctx, &args, parse, warnings)
+        .unwrap_or_default()
 }
 
 /// Xe Link groups: cards joined by direct links, from `xpu-smi topology -m`.
@@ -90,16 +87,8 @@ fn xe_link_groups(
     tool: &[XpuDevice],
     warnings: &mut Vec<String>,
 ) -> Vec<InterconnectGroup> {
-    let args = ["topology", "-m"];
     let parse = xpu_smi::parse_topology_matrix;
-    let Some(pairs) = run_parsed(
-        ctx,
-        "xpu-smi",
-        &args,
-        parse,
-        Wording::UnusableOutput,
-        warnings,
-    ) else {
+    let Some(pairs) = XPU_SMI.run_parsed(ctx, &["topology", "-m"], parse, warnings) else {
         return Vec::new();
     };
     let bus_of: BTreeMap<u32, String> = tool

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::detect::backends::shared::tool_output::{ToolFailure, Wording, try_parsed};
+use crate::detect::backends::shared::tool_output::{Tool, ToolFailure, Wording};
 use crate::detect::pci::canonical_bus_id;
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{
@@ -206,16 +206,19 @@ impl NeuronLsListing {
     }
 }
 
+/// The Neuron SDK's device listing tool.
+const NEURON_LS: Tool = Tool::new("neuron-ls", Wording::PrintedUnparsable);
+
 /// Runs `neuron-ls --json-output`, falling back to the plain table (older releases have no
 /// JSON, and the JSON flag is being replaced). `Ok(None)` when the tool is not installed;
 /// `Err` with a warning when neither form gave a listing.
 fn run_neuron_ls(ctx: &Context) -> Result<Option<NeuronLsListing>, String> {
     let json = ["--json-output"];
-    let json_error = match try_parsed(ctx, "neuron-ls", &json, parse_neuron_ls_json) {
+    let json_error = match NEURON_LS.try_parsed(ctx, &json, parse_neuron_ls_json) {
         Ok(listing) => return Ok(listing),
-        Err(failure) => failure.warning("neuron-ls", &json, Wording::PrintedUnparsable),
+        Err(failure) => NEURON_LS.warning(&failure, &json),
     };
-    match try_parsed(ctx, "neuron-ls", &[], parse_neuron_ls_table) {
+    match NEURON_LS.try_parsed(ctx, &[], parse_neuron_ls_table) {
         Ok(listing) => Ok(listing),
         Err(ToolFailure::Output(err)) => Err(format!(
             "{json_error}; plain neuron-ls printed no device table: {err}"

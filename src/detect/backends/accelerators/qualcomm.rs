@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::detect::backends::shared::tool_output::{Wording, run_parsed};
+use crate::detect::backends::shared::tool_output::{Tool, Wording};
 use crate::detect::pci::canonical_bus_id;
 use crate::detect::{Backend, Context, Findings, HostRoot, PciFunction, pci};
 use crate::hardware::{Device, Family, HealthStatus, MIB, Precision, Vendor};
@@ -51,14 +51,8 @@ impl Backend for Qualcomm {
             return Findings::default();
         }
         let mut findings = Findings::default();
-        let report = run_parsed(
-            ctx,
-            "qaic-util",
-            &["-q"],
-            parse_qaic_util,
-            Wording::PrintedUnparsable,
-            &mut findings.warnings,
-        );
+        let warnings = &mut findings.warnings;
+        let report = QAIC_UTIL.run_parsed(ctx, &["-q"], parse_qaic_util, warnings);
         let nodes = accel_node::nodes_by_bus_id(host);
         findings.devices = cards
             .iter()
@@ -72,6 +66,9 @@ impl Backend for Qualcomm {
         findings
     }
 }
+
+/// The Cloud AI platform SDK's device tool.
+const QAIC_UTIL: Tool = Tool::new("qaic-util", Wording::PrintedUnparsable);
 
 /// The product behind a Qualcomm device id, for the accelerators `qaic` drives.
 fn model_for(device_id: u16) -> Option<&'static str> {

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::detect::backends::shared::tool_output::{Wording, run_parsed};
+use crate::detect::backends::shared::tool_output::{Tool, Wording};
 use crate::detect::{Backend, Context, Findings, PciFunction};
 use crate::hardware::{Device, Family, vendor_from_pci_id};
 
@@ -42,15 +42,7 @@ impl Backend for Vulkan {
         }
         let mut warnings = Vec::new();
         let parse = parse_vulkaninfo_summary;
-        let wording = Wording::PrintedUnparsable;
-        let Some(gpus) = run_parsed(
-            ctx,
-            "vulkaninfo",
-            &["--summary"],
-            parse,
-            wording,
-            &mut warnings,
-        ) else {
+        let Some(gpus) = VULKANINFO.run_parsed(ctx, &["--summary"], parse, &mut warnings) else {
             return Findings {
                 warnings,
                 ..Findings::default()
@@ -69,6 +61,9 @@ impl Backend for Vulkan {
         }
     }
 }
+
+/// The Vulkan loader's device summary tool.
+const VULKANINFO: Tool = Tool::new("vulkaninfo", Wording::PrintedUnparsable);
 
 /// One `GPU<n>:` block of `vulkaninfo --summary`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -29,17 +29,60 @@ pub(crate) enum ToolFailure {
     Output(String),
 }
 
-impl ToolFailure {
-    /// The warning for this failure of `tool args`.
-    pub(crate) fn warning(&self, tool: &str, args: &[&str], wording: Wording) -> String {
-        match self {
-            Self::Run(err) => err.to_string(),
-            Self::Output(reason) => {
-                let command = std::iter::once(tool)
+/// A vendor tool as a backend runs it: its name, and how its warnings word refused output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tool {
+    /// The program, looked up on the runner's search path (`xpu-smi`).
+    pub(crate) name: &'static str,
+    /// How a warning words output the parser refused.
+    pub(crate) wording: Wording,
+}
+
+impl Tool {
+    /// A tool named `name` whose refused output is worded as `wording`.
+    pub(crate) const fn new(name: &'static str, wording: Wording) -> Self {
+        Self { name, wording }
+    }
+
+    /// Runs the tool with `args` and parses its stdout. `Ok(None)` when it is not installed.
+    pub(crate) fn try_parsed<T>(
+        self,
+        ctx: &Context,
+        args: &[&str],
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ToolFailure> {
+        match ctx.run_tool(self.name, args) {
+            Ok(None) => Ok(None),
+            Ok(Some(output)) => parse(&output.stdout).map(Some).map_err(ToolFailure::Output),
+            Err(err) => Err(ToolFailure::Run(err)),
+        }
+    }
+
+    /// Runs the tool with `args` and parses its stdout; `None` when it is not installed
+    /// (silently) or gave nothing usable (with a warning pushed onto `warnings`).
+    pub(crate) fn run_parsed<T>(
+        self,
+        ctx: &Context,
+        args: &[&str],
+        parse: impl FnOnce(&str) -> Result<T, String>,
+        warnings: &mut Vec<String>,
+    ) -> Option<T> {
+        self.try_parsed(ctx, args, parse).unwrap_or_else(|failure| {
+            warnings.push(self.warning(&failure, args));
+            None
+        })
+    }
+
+    /// The warning for a failure of the tool run with `args`.
+    pub(crate) fn warning(self, failure: &ToolFailure, args: &[&str]) -> String {
+        match failure {
+            ToolFailure::Run(err) => err.to_string(),
+            ToolFailure::Output(reason) => {
+                let command = std::iter::once(self.name)
                     .chain(args.iter().copied())
                     .collect::<Vec<_>>()
                     .join(" ");
-                match wording {
+                match self.wording {
                     Wording::UnusableOutput => format!("{command}: unusable output: {reason}"),
                     Wording::PrintedUnparsable => {
                         format!("{command} printed unparsable output: {reason}")
@@ -48,36 +91,6 @@ impl ToolFailure {
             }
         }
     }
-}
-
-/// Runs `tool args` and parses its stdout. `Ok(None)` when the tool is not installed.
-pub(crate) fn try_parsed<T>(
-    ctx: &Context,
-    tool: &str,
-    args: &[&str],
-    parse: impl FnOnce(&str) -> Result<T, String>,
-) -> Result<Option<T>, ToolFailure> {
-    match ctx.run_tool(tool, args) {
-        Ok(None) => Ok(None),
-        Ok(Some(output)) => parse(&output.stdout).map(Some).map_err(ToolFailure::Output),
-        Err(err) => Err(ToolFailure::Run(err)),
-    }
-}
-
-/// Runs `tool args` and parses its stdout; `None` when the tool is not installed (silently) or
-/// gave nothing usable (with a warning pushed onto `warnings`, worded as `wording`).
-pub(crate) fn run_parsed<T>(
-    ctx: &Context,
-    tool: &str,
-    args: &[&str],
-    parse: impl FnOnce(&str) -> Result<T, String>,
-    wording: Wording,
-    warnings: &mut Vec<String>,
-) -> Option<T> {
-    try_parsed(ctx, tool, args, parse).unwrap_or_else(|failure| {
-        warnings.push(failure.warning(tool, args, wording));
-        None
-    })
 }
 
 #[cfg(test)]
@@ -96,8 +109,8 @@ mod tests {
         let tools = tool_dir("counter", script);
         let ctx = context_at(host.path(), Some(tools.path()));
         let mut warnings = Vec::new();
-        let args = ["--count", "all"];
-        let parsed = run_parsed(&ctx, "counter", &args, parse_number, wording, &mut warnings);
+        let counter = Tool::new("counter", wording);
+        let parsed = counter.run_parsed(&ctx, &["--count", "all"], parse_number, &mut warnings);
         (parsed, warnings)
     }
 
@@ -113,14 +126,8 @@ mod tests {
         let host = tempfile::tempdir().unwrap();
         let ctx = context_at(host.path(), None);
         let mut warnings = Vec::new();
-        let parsed = run_parsed(
-            &ctx,
-            "counter",
-            &[],
-            parse_number,
-            Wording::UnusableOutput,
-            &mut warnings,
-        );
+        let counter = Tool::new("counter", Wording::UnusableOutput);
+        let parsed = counter.run_parsed(&ctx, &[], parse_number, &mut warnings);
         assert_eq!(parsed, None);
         assert!(warnings.is_empty());
     }
