@@ -519,11 +519,8 @@ fn neuronlink_topology(degrees: &[usize]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::testing::{detect_on, fixture_dir};
-    use crate::detect::{CommandRunner, HostRoot};
+    use crate::detect::testing::{detect_on, fixture_sysfs_with_tool};
     use proptest::prelude::*;
-    use std::fs;
-    use std::os::unix::fs::PermissionsExt;
 
     const JSON: &str =
         include_str!("../../../../fixtures/hosts/trn1-32xl/commands/outputs/neuron-ls.json");
@@ -626,27 +623,7 @@ mod tests {
 
     /// A copy of the trn1 fixture's sysfs with a different `neuron-ls` script.
     fn trn1_with_tool(script: Option<&str>) -> (tempfile::TempDir, Context) {
-        let dir = tempfile::tempdir().unwrap();
-        let source = fixture_dir("trn1-32xl");
-        let status = std::process::Command::new("cp")
-            .args(["-a"])
-            .arg(source.join("sys"))
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let commands = dir.path().join("commands");
-        fs::create_dir_all(&commands).unwrap();
-        if let Some(body) = script {
-            let path = commands.join("neuron-ls");
-            fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-            fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        let ctx = Context::new(
-            HostRoot::new(dir.path()),
-            CommandRunner::new(vec![commands]),
-        );
-        (dir, ctx)
+        fixture_sysfs_with_tool("trn1-32xl", "neuron-ls", script)
     }
 
     #[test]

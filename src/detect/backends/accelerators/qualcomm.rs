@@ -243,12 +243,9 @@ fn apply_soc(device: &mut Device, soc: &QaicSoc, lrt_version: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::testing::{detect_on, fixture_dir};
-    use crate::detect::{CommandRunner, HostRoot};
+    use crate::detect::testing::{detect_on, fixture_sysfs_with_tool};
     use crate::hardware::GIB;
     use proptest::prelude::*;
-    use std::fs;
-    use std::os::unix::fs::PermissionsExt;
 
     const QUERY: &str =
         include_str!("../../../../fixtures/hosts/cloud-ai100/commands/outputs/qaic-util-q.txt");
@@ -307,26 +304,7 @@ mod tests {
     }
 
     fn cards_with_tool(body: Option<&str>) -> (tempfile::TempDir, Context) {
-        let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(fixture_dir("cloud-ai100").join("sys"))
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let commands = dir.path().join("commands");
-        fs::create_dir_all(&commands).unwrap();
-        if let Some(body) = body {
-            let tool = commands.join("qaic-util");
-            fs::write(&tool, format!("#!/bin/sh\n{body}\n")).unwrap();
-            fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        let ctx = Context::new(
-            HostRoot::new(dir.path()),
-            CommandRunner::new(vec![commands]),
-        );
-        (dir, ctx)
+        fixture_sysfs_with_tool("cloud-ai100", "qaic-util", body)
     }
 
     #[test]
