@@ -47,12 +47,6 @@ mod shared {
     pub(crate) mod tool_output;
 }
 
-use accelerators::{
-    amd, apple, gaudi, generic_pci, intel_gpu, intel_npu, neuron, nvidia, qualcomm, tpu, vulkan,
-    xdna,
-};
-use node::{cpu, runtime, topology};
-
 /// For the crate's fuzz harness (`src/fuzz_tests`); the module is private.
 #[cfg(test)]
 pub(crate) use shared::accel_node::slot_name_from_uevent;
@@ -68,21 +62,21 @@ pub struct Registered {
 
 /// Every built-in backend, in priority order: the one list to edit when adding a backend.
 pub const REGISTRY: &[Registered] = &[
-    entry("nvidia", || Box::new(nvidia::Nvidia)),
-    entry("amd", || Box::new(amd::Amd)),
-    entry("tpu", || Box::new(tpu::Tpu)),
-    entry("neuron", || Box::new(neuron::Neuron)),
-    entry("gaudi", || Box::new(gaudi::Gaudi)),
-    entry("intel-gpu", || Box::new(intel_gpu::IntelGpu)),
-    entry("intel-npu", || Box::new(intel_npu::IntelNpu)),
-    entry("xdna", || Box::new(xdna::Xdna)),
-    entry("qualcomm", || Box::new(qualcomm::Qualcomm)),
-    entry("apple", || Box::new(apple::Apple)),
-    entry("vulkan", || Box::new(vulkan::Vulkan)),
-    entry("pci", || Box::new(generic_pci::Pci)),
-    entry("cpu", || Box::new(cpu::Cpu)),
-    entry("topology", || Box::new(topology::Topology)),
-    entry("runtime", || Box::new(runtime::Runtime)),
+    entry("nvidia", || Box::new(accelerators::nvidia::Nvidia)),
+    entry("amd", || Box::new(accelerators::amd::Amd)),
+    entry("tpu", || Box::new(accelerators::tpu::Tpu)),
+    entry("neuron", || Box::new(accelerators::neuron::Neuron)),
+    entry("gaudi", || Box::new(accelerators::gaudi::Gaudi)),
+    entry("intel-gpu", || Box::new(accelerators::intel_gpu::IntelGpu)),
+    entry("intel-npu", || Box::new(accelerators::intel_npu::IntelNpu)),
+    entry("xdna", || Box::new(accelerators::xdna::Xdna)),
+    entry("qualcomm", || Box::new(accelerators::qualcomm::Qualcomm)),
+    entry("apple", || Box::new(accelerators::apple::Apple)),
+    entry("vulkan", || Box::new(accelerators::vulkan::Vulkan)),
+    entry("pci", || Box::new(accelerators::generic_pci::Pci)),
+    entry("cpu", || Box::new(node::cpu::Cpu)),
+    entry("topology", || Box::new(node::topology::Topology)),
+    entry("runtime", || Box::new(node::runtime::Runtime)),
 ];
 
 const fn entry(name: &'static str, make: fn() -> Box<dyn Backend>) -> Registered {

@@ -6,6 +6,11 @@
 //! agent's pod (`/host`), and against fixture trees in tests. Detection is best effort and
 //! never fatal: a missing tool is silent, a failing one becomes a warning, and a backend that
 //! panics is reported as a warning too.
+//!
+//! Here: [`Detector`], [`Context`] and the [`Backend`] trait. [`HostRoot`] (`host.rs`) and
+//! [`CommandRunner`] (`command.rs`) are the only ways to the host; [`pci`] is the PCI scan the
+//! context shares. The backends are in [`backends`]: one registry table, `accelerators/` (one
+//! backend per family), `node/` (cpu, topology, runtime) and `shared/` helpers.
 
 pub mod backends;
 mod command;

@@ -10,8 +10,9 @@
 
 use crate::detect::{CommandError, Context};
 
-/// How a warning words output that the parser refused. Both wordings are in reports that
-/// agents have already published, so each backend keeps the one it has always used.
+/// How a warning words output that the parser refused. Each backend keeps the wording its
+/// warnings have always had, since reports (and whoever reads them) carry it; a new backend
+/// takes `UnusableOutput`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wording {
     /// `xpu-smi topology -m: unusable output: <reason>`.
