@@ -11,7 +11,7 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hwaccel::detect::backends::cpu::parse_cpuinfo;
+use hwaccel::detect::backends::node::cpu::parse_cpuinfo;
 use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 
 fn fixture(scenario: &str) -> PathBuf {

@@ -6,6 +6,11 @@
 //! agent's pod (`/host`), and against fixture trees in tests. Detection is best effort and
 //! never fatal: a missing tool is silent, a failing one becomes a warning, and a backend that
 //! panics is reported as a warning too.
+//!
+//! Here: [`Detector`], [`Context`] and the [`Backend`] trait. [`HostRoot`] (`host.rs`) and
+//! [`CommandRunner`] (`command.rs`) are the only ways to the host; [`pci`] is the PCI scan the
+//! context shares. The backends are in [`backends`]: one registry table, `accelerators/` (one
+//! backend per family), `node/` (cpu, topology, runtime) and `shared/` helpers.
 
 pub mod backends;
 mod command;
@@ -123,11 +128,7 @@ impl std::fmt::Debug for Detector {
 impl Detector {
     /// A detector with the selected built-in backends.
     pub fn new(host: HostRoot, runner: CommandRunner, selection: &BackendSelection) -> Self {
-        let backends = backends::all()
-            .into_iter()
-            .filter(|b| selection.includes(b.name()))
-            .collect();
-        Self::with_backends(host, runner, backends)
+        Self::with_backends(host, runner, backends::selected(selection))
     }
 
     /// A detector with explicit backends, in priority order (earlier wins duplicate devices).

@@ -49,6 +49,12 @@ impl PciFunction {
     }
 }
 
+/// Bridges, NICs, storage, audio and serial-bus functions (by 16-bit class code) are never
+/// the accelerator, whoever made them; vendor backends skip them before reading device ids.
+pub(crate) fn is_plumbing(class_code: u16) -> bool {
+    matches!(class_code >> 8, 0x01 | 0x02 | 0x04 | 0x06 | 0x0c)
+}
+
 /// Lists the PCI functions, sorted by address. Empty when sysfs has no PCI bus.
 pub fn scan(host: &HostRoot) -> Vec<PciFunction> {
     host.list(PCI_DEVICES)

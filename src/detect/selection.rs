@@ -1,9 +1,10 @@
 //! Which backends run: `--backends all`, `--backends nvidia,amd`, or `--backends all,-vulkan`.
+//! The names are the registry's ([`backends::REGISTRY`]).
 
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
-use super::backends::NAMES;
+use super::backends;
 
 /// A set of enabled backends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,17 +20,22 @@ impl Default for BackendSelection {
 
 /// A selection naming a backend that does not exist.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown backend {name:?}; known backends: {}", NAMES.join(", "))]
+#[error("unknown backend {name:?}; known backends: {}", known_names())]
 pub struct SelectionError {
     /// The unknown name.
     pub name: String,
+}
+
+/// The registered backend names, comma-separated, for the error message.
+fn known_names() -> String {
+    backends::names().collect::<Vec<_>>().join(", ")
 }
 
 impl BackendSelection {
     /// Every backend.
     pub fn all() -> Self {
         Self {
-            enabled: NAMES.iter().copied().collect(),
+            enabled: backends::names().collect(),
         }
     }
 
@@ -70,17 +76,13 @@ impl FromStr for BackendSelection {
                 if remove {
                     enabled.clear();
                 } else {
-                    enabled.extend(NAMES.iter().copied());
+                    enabled.extend(backends::names());
                 }
                 continue;
             }
-            let known = NAMES
-                .iter()
-                .copied()
-                .find(|known| *known == name)
-                .ok_or_else(|| SelectionError {
-                    name: name.to_string(),
-                })?;
+            let known = backends::lookup(name).ok_or_else(|| SelectionError {
+                name: name.to_string(),
+            })?;
             if remove {
                 enabled.remove(known);
             } else {

@@ -55,6 +55,36 @@ pub fn tool_dir(tool: &str, script: &str) -> tempfile::TempDir {
     dir
 }
 
+/// A copy of fixture host `scenario`'s `sys/` tree whose only tool is `tool`, a `#!/bin/sh`
+/// script running `body` (or no tool at all), and a context over it.
+pub fn fixture_sysfs_with_tool(
+    scenario: &str,
+    tool: &str,
+    body: Option<&str>,
+) -> (tempfile::TempDir, Context) {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixture_dir(scenario).join("sys"))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let commands = dir.path().join("commands");
+    std::fs::create_dir_all(&commands).unwrap();
+    if let Some(body) = body {
+        use std::os::unix::fs::PermissionsExt;
+        let path = commands.join(tool);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let ctx = Context::new(
+        HostRoot::new(dir.path()),
+        CommandRunner::new(vec![commands]),
+    );
+    (dir, ctx)
+}
+
 /// A context over a hand-built host root, searching only `tools` (or nothing) for tools.
 pub fn context_at(root: &std::path::Path, tools: Option<&std::path::Path>) -> Context {
     let search_path = tools

@@ -8,10 +8,12 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 
 use super::{cases, text};
-use crate::detect::backends::{
-    self, amd, apple, cpu, gaudi, intel_gpu, intel_npu, neuron, nvidia, pci, qualcomm, runtime,
-    topology, tpu, vulkan, xdna,
+use crate::detect::backends;
+use crate::detect::backends::accelerators::{
+    amd, apple, gaudi, generic_pci, intel_gpu, intel_npu, neuron, nvidia, qualcomm, tpu, vulkan,
+    xdna,
 };
+use crate::detect::backends::node::{cpu, runtime, topology};
 use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
 
 /// Every parser of a vendor tool's output on `s`, as one debug string.
@@ -19,8 +21,8 @@ fn vendor_tools(s: &str) -> String {
     format!(
         "{} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
         nvidia::fuzz_parsers(s),
-        amd::smi::parse_amd_smi_static(s),
-        amd::smi::parse_rocm_smi(s),
+        amd::amd_smi::parse_amd_smi_static(s),
+        amd::amd_smi::parse_rocm_smi(s),
         intel_gpu::xpu_smi::parse_discovery_dump(s),
         intel_gpu::xpu_smi::parse_topology_matrix(s),
         gaudi::hl_smi::parse_query(s),
@@ -79,12 +81,12 @@ fn host_files(s: &str) -> String {
         amd::kfd::parse_properties(s),
         amd::kfd::parse_io_link(s),
         amd::kfd::parse_mem_bank(s),
-        amd::sysfs::parse_mode_list(s),
-        amd::sysfs::parse_error_count(s),
-        amd::sysfs::parse_bad_pages(s),
-        amd::sysfs::parse_feature_mask(s),
-        amd::catalog::generation(s),
-        amd::catalog::is_integrated(s),
+        amd::amdgpu_sysfs::parse_mode_list(s),
+        amd::amdgpu_sysfs::parse_error_count(s),
+        amd::amdgpu_sysfs::parse_bad_pages(s),
+        amd::amdgpu_sysfs::parse_feature_mask(s),
+        amd::gfx_catalog::generation(s),
+        amd::gfx_catalog::is_integrated(s),
         neuron::parse_connected_devices(s),
     );
     let ids = format!(
@@ -129,15 +131,15 @@ fn device_ids(vendor: u16, device: u16, sub: u16, class: u32, rev: u8, big: u64)
     .collect();
     format!(
         "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
-        pci::classify(vendor, class, || Some(device)),
-        pci::model_name(vendor, Some(device), Some(sub)),
-        amd::catalog::gfx_name(big),
-        amd::catalog::known_part(device).map(|p| format!("{p:?}")),
+        generic_pci::classify(vendor, class, || Some(device)),
+        generic_pci::model_name(vendor, Some(device), Some(sub)),
+        amd::gfx_catalog::gfx_name(big),
+        amd::gfx_catalog::known_part(device).map(|p| format!("{p:?}")),
         amd::kfd::bus_id(big, big.rotate_left(17)),
         amd::kfd::gpu_from_properties(u32::from(rev), &props),
-        intel_gpu::catalog::architecture(device),
-        intel_gpu::catalog::part_for(device).map(|p| format!("{p:?}")),
-        intel_gpu::catalog::fallback_name(Some(device)),
+        intel_gpu::part_catalog::architecture(device),
+        intel_gpu::part_catalog::part_for(device).map(|p| format!("{p:?}")),
+        intel_gpu::part_catalog::fallback_name(Some(device)),
         gaudi::generation(Some(device), None),
         tpu::TpuGeneration::from_pci_ids(device, Some(sub))
             // Chip counts come from the PCI bus: a few hundred at most.
