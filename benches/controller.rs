@@ -10,19 +10,18 @@
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::path::Path;
 
 use criterion::Criterion;
 use hwaccel::api::AcceleratorInventory;
-use hwaccel::api::placement::{
-    Constraints, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice, ServeGoal,
-};
+use hwaccel::api::placement::{ModelPlacementSpec, PrecisionChoice};
 use hwaccel::controller::core::build::evaluate;
-use hwaccel::controller::core::decide::{Candidate, decide};
 use hwaccel::controller::core::fleet_view::{FleetView, PartCache};
 use hwaccel::controller::core::ledger::{Ledger, PlacementKey, Precedence};
-use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
+use hwaccel::controller::core::decide::{Candidate, decide};
 use hwaccel::plan::Reservations;
+use hwaccel::testing::PlacementBuilder;
+use hwaccel::testing::fixture::fixture_report;
+use hwaccel::testing::inventory::fleet;
 
 const NODES: usize = 1000;
 const SCENARIOS: [&str; 3] = ["h100-8x-nvswitch", "mi300x-8x", "a100-mig"];
@@ -35,49 +34,16 @@ fn inventories() -> Vec<AcceleratorInventory> {
 }
 
 fn inventories_of(nodes: usize) -> Vec<AcceleratorInventory> {
-    let reports: Vec<_> = SCENARIOS
-        .iter()
-        .map(|scenario| {
-            let host = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("fixtures/hosts")
-                .join(scenario);
-            let runner = CommandRunner::new(vec![host.join("commands")]);
-            let selection: BackendSelection = "all,-vulkan".parse().unwrap_or_default();
-            Detector::new(HostRoot::new(&host), runner, &selection)
-                .run(false)
-                .0
-        })
-        .collect();
-    (0..nodes)
-        .map(|i| {
-            let mut inventory =
-                AcceleratorInventory::from_report(&format!("n{i:05}"), &reports[i % 3]);
-            inventory.metadata.resource_version = Some("1".to_string());
-            inventory
-        })
-        .collect()
+    let reports: Vec<_> = SCENARIOS.iter().map(|s| fixture_report(s)).collect();
+    fleet(&reports, nodes)
 }
 
 /// Serving a 70B model at bf16 for `concurrency` requests: half of an 8 x H100 node.
 fn spec(concurrency: u32) -> ModelPlacementSpec {
-    ModelPlacementSpec {
-        model: ModelSource {
-            preset: Some("llama-3.1-70b".into()),
-            ..ModelSource::default()
-        },
-        goal: Goal {
-            serve: Some(ServeGoal {
-                context: 8192,
-                concurrency,
-            }),
-            train: None,
-        },
-        constraints: Some(Constraints {
-            precision: Some(PrecisionChoice::Bf16),
-            ..Constraints::default()
-        }),
-        replicas: None,
-    }
+    PlacementBuilder::serve("llama-3.1-70b")
+        .concurrency(concurrency)
+        .precision(PrecisionChoice::Bf16)
+        .spec()
 }
 
 fn candidate<'a>(index: usize, spec: &'a ModelPlacementSpec) -> Candidate<'a> {

@@ -8,33 +8,24 @@
 
 use std::fmt::Write as _;
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use hwaccel::detect::BackendSelection;
 use hwaccel::detect::backends::node::cpu::parse_cpuinfo;
-use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
+use hwaccel::testing::fixture::{detector, host_dir};
 
-fn fixture(scenario: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/hosts")
-        .join(scenario)
-}
-
-fn detect_once(dir: &Path) -> usize {
-    let runner = CommandRunner::new(vec![dir.join("commands")]);
-    let detector = Detector::new(HostRoot::new(dir), runner, &BackendSelection::all());
-    let (report, _) = detector.run(false);
+fn detect_once(scenario: &str) -> usize {
+    let (report, _) = detector(scenario, &BackendSelection::all()).run(false);
     report.devices.len()
 }
 
 fn detector_runs(c: &mut Criterion) {
     let mut group = c.benchmark_group("detector_run");
     for scenario in ["cpu-only-vm", "h100-8x-nvswitch"] {
-        let dir = fixture(scenario);
-        if !dir.is_dir() {
+        if !host_dir(scenario).is_dir() {
             continue;
         }
-        group.bench_function(scenario, |b| b.iter(|| black_box(detect_once(&dir))));
+        group.bench_function(scenario, |b| b.iter(|| black_box(detect_once(scenario))));
     }
     group.finish();
 }
@@ -43,7 +34,7 @@ fn detector_runs(c: &mut Criterion) {
 /// processor entry, with the topology fields rewritten per processor.
 fn cpuinfo_192_threads() -> String {
     let vm =
-        std::fs::read_to_string(fixture("cpu-only-vm").join("proc/cpuinfo")).unwrap_or_default();
+        std::fs::read_to_string(host_dir("cpu-only-vm").join("proc/cpuinfo")).unwrap_or_default();
     let entry = vm.split("\n\n").next().unwrap_or_default();
     let mut text = String::new();
     for cpu in 0..192u32 {

@@ -13,6 +13,9 @@
 //! | [`api`] | CRD types | types only |
 //! | [`agent`] | node loop: detect, label, publish the inventory | yes |
 //! | [`controller`] | ModelPlacement reconciler | yes |
+//!
+//! `testing` (builders for reports, inventories and placements) exists only in test builds
+//! and under the `test-support` feature, which tests and benches turn on.
 
 pub mod agent;
 pub mod api;
@@ -32,3 +35,5 @@ pub mod server;
 pub mod shutdown;
 pub mod signals;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;

@@ -19,21 +19,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use hwaccel::api::placement::{
-    Constraints, Goal, ModelPlacementSpec, ModelPlacementStatus, ModelSource, PrecisionChoice,
-    ServeGoal,
-};
+use hwaccel::api::placement::{ModelPlacementSpec, ModelPlacementStatus, PrecisionChoice};
 use hwaccel::api::{AcceleratorInventory, ModelPlacement, conditions};
 use hwaccel::controller::leader::LeaseConfig;
 use hwaccel::controller::metrics::{ControllerMetrics, WriteLabel};
 use hwaccel::controller::{self, Config};
+use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use support::{
-    DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, fixture_inventory, install_crds, wait_for,
-};
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 /// A Node plus its AcceleratorInventory, detected from a fixture host, both labelled for
 /// this test.
@@ -60,11 +56,10 @@ async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<String> {
 }
 
 async fn publish_inventory(cluster: &TestCluster, node: &str, scenario: &str) -> Result<()> {
-    let mut inventory = fixture_inventory(node, scenario);
-    inventory.metadata.labels = Some(BTreeMap::from([(
-        TEST_LABEL.to_string(),
-        cluster.prefix().to_string(),
-    )]));
+    let inventory = InventoryBuilder::fixture(scenario)
+        .node(node)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
     Api::<AcceleratorInventory>::all(cluster.client())
         .patch(
             node,
@@ -109,27 +104,6 @@ fn start_controller(cluster: &TestCluster) -> Running {
         metrics(),
         std::future::pending(),
     )))
-}
-
-fn serve_spec(preset: &str, precision: PrecisionChoice, concurrency: u32) -> ModelPlacementSpec {
-    ModelPlacementSpec {
-        model: ModelSource {
-            preset: Some(preset.to_string()),
-            ..ModelSource::default()
-        },
-        goal: Goal {
-            serve: Some(ServeGoal {
-                context: 8192,
-                concurrency,
-            }),
-            train: None,
-        },
-        constraints: Some(Constraints {
-            precision: Some(precision),
-            ..Constraints::default()
-        }),
-        replicas: None,
-    }
 }
 
 async fn create_placement(
@@ -201,7 +175,9 @@ async fn a_model_that_fits_is_planned_with_an_exact_node_selector() -> Result<()
     create_placement(
         &cluster,
         "llama",
-        serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-70b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     let status = wait_state(&cluster, "llama", "Planned").await?;
@@ -410,7 +386,9 @@ async fn a_refused_label_write_takes_ready_back_until_a_retry_lands() -> Result<
     create_placement(
         &cluster,
         "llama",
-        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-8b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
@@ -462,7 +440,9 @@ async fn a_hand_edited_placement_label_is_taken_back_and_the_node_stays_writable
     create_placement(
         &cluster,
         "edited",
-        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-8b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     let status = wait_state(&cluster, "edited", "Planned").await?;
@@ -499,7 +479,9 @@ async fn a_hand_edited_placement_label_is_taken_back_and_the_node_stays_writable
     create_placement(
         &cluster,
         "next",
-        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-8b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     let next = wait_state(&cluster, "next", "Planned").await?;
@@ -554,7 +536,9 @@ async fn a_placement_nested_deeper_than_json_decoders_go_is_invalid_and_the_rest
     create_placement(
         &cluster,
         "shallow",
-        serve_spec("llama-3.1-8b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-8b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     wait_state(&cluster, "shallow", "Planned").await?;
@@ -588,7 +572,12 @@ async fn competing_placements_never_share_devices_and_a_deletion_lets_the_next_i
     let node = add_node(&cluster, "h100-8x-nvswitch").await?;
     let _controller = start_controller(&cluster);
     // 70B at bf16 for 40 concurrent 8k requests takes 4 of the node's 8 H100s.
-    let spec = || serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 40);
+    let spec = || {
+        PlacementBuilder::serve("llama-3.1-70b")
+            .precision(PrecisionChoice::Bf16)
+            .concurrency(40)
+            .spec()
+    };
     create_placement(&cluster, "first", spec()).await?;
     let first = wait_state(&cluster, "first", "Planned").await?;
     create_placement(&cluster, "second", spec()).await?;
@@ -641,8 +630,10 @@ async fn invalid_specs_are_refused_by_the_apiserver_or_marked_invalid() -> Resul
     install_crds(&cluster.client()).await?;
     add_node(&cluster, "h100-8x-nvswitch").await?;
     let _controller = start_controller(&cluster);
-    let mut two_sources = serve_spec("llama-3.1-8b", PrecisionChoice::Auto, 1);
-    two_sources.model.parameters = Some("8B".into());
+    let two_sources = PlacementBuilder::serve("llama-3.1-8b")
+        .precision(PrecisionChoice::Auto)
+        .parameters("8B")
+        .spec();
     let err = create_placement(&cluster, "two-sources", two_sources)
         .await
         .expect_err("CEL refuses two model sources");
@@ -654,7 +645,9 @@ async fn invalid_specs_are_refused_by_the_apiserver_or_marked_invalid() -> Resul
     create_placement(
         &cluster,
         "unknown",
-        serve_spec("llama-3.1-7b", PrecisionChoice::Auto, 1),
+        PlacementBuilder::serve("llama-3.1-7b")
+            .precision(PrecisionChoice::Auto)
+            .spec(),
     )
     .await?;
     let status = wait_state(&cluster, "unknown", "Invalid").await?;
@@ -687,7 +680,9 @@ async fn a_model_that_does_not_fit_says_why_and_what_would() -> Result<()> {
     create_placement(
         &cluster,
         "huge",
-        serve_spec("llama-3.1-405b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-405b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     let status = wait_state(&cluster, "huge", "Pending").await?;
@@ -723,7 +718,9 @@ async fn losing_an_inventory_replans_its_placements() -> Result<()> {
     create_placement(
         &cluster,
         "moving",
-        serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 1),
+        PlacementBuilder::serve("llama-3.1-70b")
+            .precision(PrecisionChoice::Bf16)
+            .spec(),
     )
     .await?;
     let before = wait_state(&cluster, "moving", "Planned").await?;
@@ -850,7 +847,12 @@ async fn only_the_leader_writes_and_a_handover_reserves_nothing_twice() -> Resul
     };
     let (alpha, alpha_metrics) = start("alpha");
     let (beta, beta_metrics) = start("beta");
-    let spec = || serve_spec("llama-3.1-70b", PrecisionChoice::Bf16, 40);
+    let spec = || {
+        PlacementBuilder::serve("llama-3.1-70b")
+            .precision(PrecisionChoice::Bf16)
+            .concurrency(40)
+            .spec()
+    };
     create_placement(&cluster, "one", spec()).await?;
     let one = wait_state(&cluster, "one", "Planned").await?;
     let leases: Api<Lease> = Api::namespaced(cluster.client(), cluster.namespace());

@@ -17,18 +17,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use futures::{StreamExt, TryStreamExt};
-use hwaccel::api::placement::{
-    Constraints, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice, ServeGoal,
-};
+use hwaccel::api::placement::{ModelPlacementSpec, PrecisionChoice};
 use hwaccel::api::{AcceleratorInventory, ModelPlacement};
 use hwaccel::detect::Report;
-use hwaccel::hardware::{Device, Family, InterconnectGroup, InterconnectKind, Vendor};
+use hwaccel::hardware::{Family, GIB, InterconnectKind, Vendor};
+use hwaccel::testing::report::{ReportBuilder, accelerator, host_cpu};
+use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds};
-
-const GIB: u64 = 1 << 30;
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -40,7 +38,6 @@ fn env_number(name: &str, default: usize) -> usize {
 /// The synthetic detection report of node number `i` (10 % steps: 3 H100, 2 A100, 1 MI300X,
 /// 3 L4, 1 CPU-only).
 fn report(i: usize) -> Report {
-    let mut report = Report::empty();
     let (count, vendor, model, memory, fabric) = match i % 10 {
         0..=2 => (
             8,
@@ -66,37 +63,15 @@ fn report(i: usize) -> Report {
         6..=8 => (1 + i % 4, Vendor::Nvidia, "NVIDIA L4", 24 * GIB, None),
         _ => (0, Vendor::Nvidia, "", 0, None),
     };
-    for d in 0..count {
-        let mut device = Device::new(
-            format!("0000:{:02x}:00.0", 0x10 + d),
-            vendor,
-            Family::Gpu,
-            model,
-            if vendor == Vendor::Amd {
-                "amd"
-            } else {
-                "nvidia"
-            },
-        );
-        device.memory_bytes = Some(memory);
-        report.devices.push(device);
-    }
-    let mut cpu = Device::new("cpu:0", Vendor::Intel, Family::Cpu, "Intel Xeon", "cpu");
+    let mut cpu = host_cpu(Vendor::Intel, "Intel Xeon");
     cpu.memory_bytes = Some(512 * GIB);
-    report.devices.push(cpu);
+    let mut node = ReportBuilder::new()
+        .accelerators(count, &accelerator(vendor, Family::Gpu, model, memory))
+        .device(cpu);
     if let Some(kind) = fabric {
-        report.interconnects.push(InterconnectGroup {
-            kind,
-            id: "0".into(),
-            devices: (0..count)
-                .map(|d| format!("0000:{:02x}:00.0", 0x10 + d))
-                .collect(),
-            links_per_device: None,
-            bandwidth_gbps: None,
-            topology: None,
-        });
+        node = node.fabric(kind, None);
     }
-    report
+    node.build()
 }
 
 /// A mix of models that all fit the fleet.
@@ -109,24 +84,10 @@ fn spec(i: usize) -> ModelPlacementSpec {
         4 => ("gpt-oss-20b", PrecisionChoice::Auto, 4),
         _ => ("llama-3.1-70b", PrecisionChoice::Fp8, 32),
     };
-    ModelPlacementSpec {
-        model: ModelSource {
-            preset: Some(preset.into()),
-            ..ModelSource::default()
-        },
-        goal: Goal {
-            serve: Some(ServeGoal {
-                context: 8192,
-                concurrency,
-            }),
-            train: None,
-        },
-        constraints: Some(Constraints {
-            precision: Some(precision),
-            ..Constraints::default()
-        }),
-        replicas: None,
-    }
+    PlacementBuilder::serve(preset)
+        .precision(precision)
+        .concurrency(concurrency)
+        .spec()
 }
 
 async fn create_fleet(cluster: &TestCluster, count: usize) -> Result<()> {
@@ -142,7 +103,7 @@ async fn create_fleet(cluster: &TestCluster, count: usize) -> Result<()> {
                 let node = Node {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
-                        labels: Some(labels.clone()),
+                        labels: Some(labels),
                         // kwok keeps these fake Nodes Ready.
                         annotations: Some(BTreeMap::from([(
                             "kwok.x-k8s.io/node".to_string(),
@@ -155,8 +116,10 @@ async fn create_fleet(cluster: &TestCluster, count: usize) -> Result<()> {
                 Api::<Node>::all(client.clone())
                     .create(&PostParams::default(), &node)
                     .await?;
-                let mut inventory = AcceleratorInventory::from_report(&name, &report(i));
-                inventory.metadata.labels = Some(labels);
+                let inventory = InventoryBuilder::from_report(report(i))
+                    .node(&name)
+                    .label(TEST_LABEL, &prefix)
+                    .build();
                 Api::<AcceleratorInventory>::all(client)
                     .patch(
                         &name,

@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use hwaccel::api::placement::{Goal, ModelPlacementSpec, ModelSource, ServeGoal};
 use hwaccel::api::{AcceleratorInventory, ModelPlacement};
 use hwaccel::controller::leader::LeaseConfig;
 use hwaccel::controller::metrics::ControllerMetrics;
 use hwaccel::controller::{self, Config};
+use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -255,8 +255,10 @@ async fn uninstall_stops_the_writers_then_leaves_no_label_of_ours() -> Result<()
             },
         }))?;
         nodes_api.create(&PostParams::default(), &node).await?;
-        let mut inventory = support::fixture_inventory(&name, scenario);
-        inventory.metadata.labels = Some(BTreeMap::from([pool.clone()]));
+        let inventory = InventoryBuilder::fixture(scenario)
+            .node(&name)
+            .label(&pool.0, &pool.1)
+            .build();
         Api::<AcceleratorInventory>::all(admin.clone())
             .patch(
                 &name,
@@ -344,23 +346,11 @@ async fn uninstall_stops_the_writers_then_leaves_no_label_of_ours() -> Result<()
     };
 
     let placements: Api<ModelPlacement> = Api::namespaced(admin.clone(), &namespace);
-    let spec = ModelPlacementSpec {
-        model: ModelSource {
-            preset: Some("llama-3.1-8b".to_string()),
-            ..ModelSource::default()
-        },
-        goal: Goal {
-            serve: Some(ServeGoal {
-                context: 8192,
-                concurrency: 1,
-            }),
-            train: None,
-        },
-        constraints: None,
-        replicas: None,
-    };
+    let placement = PlacementBuilder::serve("llama-3.1-8b")
+        .name("llama")
+        .build();
     placements
-        .create(&PostParams::default(), &ModelPlacement::new("llama", spec))
+        .create(&PostParams::default(), &placement)
         .await?;
     let labelled = wait_for(DEFAULT_TIMEOUT, "a placement label on a node", || {
         let (cluster, nodes) = (&cluster, &nodes);

@@ -14,6 +14,7 @@ mod helm;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use hwaccel::testing::PlacementBuilder;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -529,7 +530,7 @@ async fn check_placements(fixture: &Fixture, controller: &Client) -> Result<()> 
         "apiVersion": resource.api_version,
         "kind": resource.kind,
         "metadata": {"name": "mp"},
-        "spec": {"model": {"preset": "llama-3.1-8b"}, "goal": {"serve": {}}},
+        "spec": PlacementBuilder::serve("llama-3.1-8b").spec(),
     });
     admin
         .patch(

@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use hwaccel::detect::Report;
-use hwaccel::hardware::{Device, Family, InterconnectGroup, InterconnectKind, Vendor};
+use hwaccel::hardware::{Family, InterconnectKind, MIB, Vendor};
+use hwaccel::testing::report::{ReportBuilder, accelerator};
 use serde_json::Value;
 
 fn hwaccel(args: &[&str]) -> Output {
@@ -277,31 +277,18 @@ fn bare_parameter_counts_and_training_goals_work() {
     assert!(plan["training"]["trainable_params"].as_u64().unwrap() > 0);
 }
 
-fn gpu(id: &str) -> Device {
-    let mut device = Device::new(
-        id,
+fn write_report(dir: &Path, name: &str, gpus: usize, yaml: bool) {
+    let h100 = accelerator(
         Vendor::Nvidia,
         Family::Gpu,
         "NVIDIA H100 80GB HBM3",
-        "nvidia",
+        81_559 * MIB,
     );
-    device.memory_bytes = Some(81_559 << 20);
-    device
-}
-
-fn write_report(dir: &Path, name: &str, gpus: usize, yaml: bool) {
-    let mut report = Report::empty();
-    report.devices = (0..gpus)
-        .map(|i| gpu(&format!("0000:{:02x}:00.0", i + 1)))
-        .collect();
-    report.interconnects.push(InterconnectGroup {
-        kind: InterconnectKind::Nvswitch,
-        id: "0".into(),
-        devices: report.devices.iter().map(|d| d.id.clone()).collect(),
-        links_per_device: Some(18),
-        bandwidth_gbps: None,
-        topology: None,
-    });
+    let report = ReportBuilder::new()
+        .first_bus(1)
+        .accelerators(gpus, &h100)
+        .fabric(InterconnectKind::Nvswitch, Some(18))
+        .build();
     let (text, ext) = if yaml {
         (hwaccel::output::to_yaml(&report).unwrap(), "yaml")
     } else {

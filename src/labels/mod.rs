@@ -12,8 +12,6 @@
 //! - **No churn.** Nothing time-dependent or health-dependent is a label; the same report
 //!   gives the same labels, byte for byte, whatever the order devices were found in.
 
-#[cfg(test)]
-pub(crate) mod testing;
 mod validate;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,9 +3,13 @@
 
 use proptest::prelude::*;
 
-use super::testing::{arb_report, cpu_only, h100_x8, mixed_l4_a100, overlong_product, report_with};
 use super::*;
 use crate::hardware::{Family, InterconnectGroup, InterconnectKind, Partition, Vendor};
+use crate::testing::arbitrary::arb_report;
+use crate::testing::golden::assert_golden;
+use crate::testing::report::{
+    cpu_only, h100_x8, mixed_l4_a100, nvidia_gpu, overlong_product, report_with, scenarios,
+};
 
 fn get<'a>(labels: &'a Labels, name: &str) -> Option<&'a str> {
     labels
@@ -128,7 +132,7 @@ fn cpu_only_node() {
 
 #[test]
 fn one_bad_value_is_dropped_alone() {
-    let mut gpu = super::testing::nvidia_gpu("0000:18:00.0", "NVIDIA H100", 81559, "hopper", "9.0");
+    let mut gpu = nvidia_gpu("0000:18:00.0", "NVIDIA H100", 81559, "hopper", "9.0");
     gpu.driver_version = Some("???".to_string());
     let labels = labels_for(&report_with(vec![gpu]));
     assert_eq!(get(&labels, "driver.nvidia.version"), None);
@@ -205,14 +209,14 @@ fn gib_rounds_to_nearest() {
 
 #[test]
 fn golden_labels() {
-    for (name, report) in super::testing::scenarios() {
+    for (name, report) in scenarios() {
         let labels = labels_for(&report);
         let text: String = labels
             .labels
             .iter()
             .map(|(k, v)| format!("{k}={v}\n"))
             .collect();
-        super::testing::assert_golden(&format!("{name}.labels"), &text);
+        assert_golden(&format!("{name}.labels"), &text);
     }
 }
 

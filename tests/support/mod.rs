@@ -390,18 +390,3 @@ pub async fn install_crds(client: &Client) -> Result<()> {
     }
     Ok(())
 }
-
-/// The AcceleratorInventory of node `node` as its agent would publish it, detected from
-/// fixture host `scenario` (`fixtures/hosts/<scenario>` and its fake tools).
-pub fn fixture_inventory(node: &str, scenario: &str) -> hwaccel::api::AcceleratorInventory {
-    use hwaccel::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
-    let host = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/hosts")
-        .join(scenario);
-    let runner = CommandRunner::new(vec![host.join("commands")]);
-    let selection: BackendSelection = "all,-vulkan"
-        .parse()
-        .unwrap_or_else(|_| unreachable!("a valid backend selection"));
-    let detector = Detector::new(HostRoot::new(&host), runner, &selection);
-    hwaccel::api::AcceleratorInventory::from_report(node, &detector.run(false).0)
-}

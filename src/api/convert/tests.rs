@@ -7,9 +7,10 @@ use proptest::prelude::*;
 use super::*;
 use crate::api::inventory::MAX_ATTRIBUTES_AND_CAPACITIES;
 use crate::api::owner_reference_for_node;
-use crate::labels::testing::{
-    arb_report, assert_golden, cpu_only, h100_x8, mixed_l4_a100, overlong_product, report_with,
-    scenarios, with_node_facts,
+use crate::testing::arbitrary::arb_report;
+use crate::testing::golden::assert_golden;
+use crate::testing::report::{
+    cpu_only, h100_x8, mixed_l4_a100, overlong_product, report_with, scenarios, with_node_facts,
 };
 
 fn attr<'a>(device: &'a InventoryDevice, name: &str) -> &'a DeviceAttribute {

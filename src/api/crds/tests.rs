@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::api::{AcceleratorInventoryStatus, conditions};
-use crate::labels::testing::{h100_x8, with_node_facts};
+use crate::testing::report::{h100_x8, with_node_facts};
 
 /// The formats an apiserver recognises (apiextensions `supportedFormats`).
 const SUPPORTED_FORMATS: &[&str] = &[
