@@ -51,17 +51,19 @@ pub(super) struct AgentArgs {
 
 /// Runs `hwaccel agent`.
 pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
-    use std::sync::Arc;
     crate::telemetry::init(args.log_format, "info");
     let runtime = process::runtime()?;
-    let process = args.process;
+    let flags = args.process;
     let outcome = runtime.block_on(async move {
-        let client = crate::kube_client::client(process.api_timeout).await?;
-        let mut registry = prometheus_client::registry::Registry::default();
+        let process::Start {
+            client,
+            mut registry,
+            readiness,
+            liveness,
+            stop,
+            stopped,
+        } = process::start(flags.api_timeout).await?;
         let metrics = crate::agent::metrics::AgentMetrics::register(&mut registry);
-        let readiness = Arc::new(crate::server::Readiness::default());
-        let liveness = crate::health::Liveness::default();
-        let (stop, stopped) = tokio::sync::watch::channel(false);
         let config = crate::agent::AgentConfig {
             node_name: args.node_name,
             host_root: args.host_root,
@@ -77,7 +79,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             config.interval,
             config.max_backoff,
             config.tool_timeout,
-            process.api_timeout,
+            flags.api_timeout,
         );
         tracing::info!(node = %config.node_name, liveness_bound_secs = bound.as_secs(), "agent starting");
         let agent = crate::agent::Agent::new(config, client, metrics)
@@ -105,7 +107,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             let _ = worker.await;
             process::join_server(server).await;
         };
-        anyhow::Ok(crate::shutdown::finish_within(process.shutdown_timeout, stopping).await)
+        anyhow::Ok(crate::shutdown::finish_within(flags.shutdown_timeout, stopping).await)
     });
     // Never wait here for a detection thread stuck on a read: it ends with the process.
     crate::shutdown::close_runtime(runtime);

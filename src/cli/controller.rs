@@ -44,7 +44,6 @@ pub(super) struct ControllerArgs {
 
 /// Runs `hwaccel controller`.
 pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
-    use std::sync::Arc;
     crate::telemetry::init(args.log_format, "info");
     let identity = args
         .identity
@@ -54,23 +53,26 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| format!("hwaccel-controller-{}", std::process::id()));
     let runtime = process::runtime()?;
-    let process = args.process;
+    let flags = args.process;
     let outcome = runtime.block_on(async move {
-        let client = crate::kube_client::client(process.api_timeout).await?;
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = crate::controller::metrics::ControllerMetrics::register(&mut registry);
         // Ready means "alive and talking to the apiserver", never "leader": a standby that is
         // never Ready would block rollouts.
-        let readiness = Arc::new(crate::server::Readiness::default());
-        let liveness = crate::health::Liveness::default();
-        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let process::Start {
+            client,
+            mut registry,
+            readiness,
+            liveness,
+            stop,
+            stopped,
+        } = process::start(flags.api_timeout).await?;
+        let metrics = crate::controller::metrics::ControllerMetrics::register(&mut registry);
         let mut config = crate::controller::Config::cluster_wide(&identity);
         config.namespace = args.namespace;
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
         config.reconciles = liveness.work(
             "controller reconcile",
-            crate::health::reconcile_bound(process.api_timeout),
+            crate::health::reconcile_bound(flags.api_timeout),
         );
         let server = process::spawn_server(
             args.metrics_addr,
@@ -108,7 +110,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
                     process::join_server(server).await;
                     outcome
                 };
-                return match crate::shutdown::finish_within(process.shutdown_timeout, stopping).await {
+                return match crate::shutdown::finish_within(flags.shutdown_timeout, stopping).await {
                     Some(outcome) => outcome.map(|()| true),
                     None => Ok(false),
                 };

@@ -33,6 +33,31 @@ pub(super) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// What a long-running command starts with: a client, the metrics registry, the health
+/// state the server reports, and the stop signal (`stop` sends it, `stopped` sees it).
+pub(super) struct Start {
+    pub(super) client: kube::Client,
+    pub(super) registry: Registry,
+    pub(super) readiness: Arc<Readiness>,
+    pub(super) liveness: Liveness,
+    pub(super) stop: watch::Sender<bool>,
+    pub(super) stopped: watch::Receiver<bool>,
+}
+
+/// Connects to the apiserver (every call bounded by `api_timeout`) and sets up the rest.
+pub(super) async fn start(api_timeout: Duration) -> anyhow::Result<Start> {
+    let client = crate::kube_client::client(api_timeout).await?;
+    let (stop, stopped) = watch::channel(false);
+    Ok(Start {
+        client,
+        registry: Registry::default(),
+        readiness: Arc::new(Readiness::default()),
+        liveness: Liveness::default(),
+        stop,
+        stopped,
+    })
+}
+
 /// Starts /healthz, /readyz and /metrics on `addr`; the server stops once `stopped` is true.
 pub(super) fn spawn_server(
     addr: SocketAddr,
