@@ -1,11 +1,12 @@
 //! Output formats shared by the CLI subcommands: JSON and YAML for machines, tables for people.
+//! Pure (no `clap`): `cli` makes [`Format`] a flag value.
 
 use std::borrow::Cow;
 
 use serde::Serialize;
 
 /// How a subcommand prints its result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
     /// Aligned columns for people.
     #[default]

@@ -1,10 +1,11 @@
 //! Logging setup: JSON lines for the long-running agent and controller (what log pipelines in
 //! a cluster expect), plain text for the one-shot CLI commands. `RUST_LOG` overrides the level.
+//! `cli` makes [`LogFormat`] a flag value.
 
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
     /// One JSON object per line.
     #[default]

@@ -25,7 +25,7 @@ fn serve_with(
     let nodes = parse_hardware(hardware).unwrap();
     let mut request = PlanRequest::serve(context, 1);
     if let Some(precision) = precision {
-        request.precision = PrecisionChoice::Exact(precision);
+        request.precision = PrecisionChoice::from(precision);
     }
     tweak(&mut request);
     plan(&model, &nodes, &Reservations::none(), &request).unwrap()

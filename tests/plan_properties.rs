@@ -76,9 +76,9 @@ fn fleet() -> impl Strategy<Value = String> {
 fn choice(index: usize) -> PrecisionChoice {
     [
         PrecisionChoice::Auto,
-        PrecisionChoice::Exact(Precision::Bf16),
-        PrecisionChoice::Exact(Precision::Fp8),
-        PrecisionChoice::Exact(Precision::Int4),
+        PrecisionChoice::Bf16,
+        PrecisionChoice::Fp8,
+        PrecisionChoice::Int4,
     ][index % 4]
 }
 

@@ -1,4 +1,7 @@
-//! Conversions between a detection [`Report`] and an [`AcceleratorInventory`].
+//! Conversions between the CRD types and the core types: a detection [`Report`] to and from
+//! an [`AcceleratorInventory`], an inventory to the planner's [`NodeSpec`] (the one conversion
+//! the controller's fleet view and `hwaccel plan --inventory` share), and, in [`placement`],
+//! a ModelPlacement spec to the planner's input.
 //!
 //! `from_report` is a pure function of the report: the same report gives the same object,
 //! byte for byte, because every map is a `BTreeMap`, every list is sorted, and nothing
@@ -6,6 +9,8 @@
 //! `to_report` / `to_devices` read an inventory back into the core types the planner works
 //! on; for reports within the limits (strings up to 64 bytes are kept whole, longer ones come
 //! back from `fullValues`), `to_report(from_report(r))` is `r` again.
+
+mod placement;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,6 +33,7 @@ use crate::labels::{
     hash_hex, product_label_value, product_slug, shorten_with_hash, slugify,
     truncate_at_char_boundary,
 };
+use crate::plan::NodeSpec;
 
 /// The longest DNS label, the limit on a device name.
 const MAX_DEVICE_NAME_LENGTH: usize = 63;
@@ -49,6 +55,66 @@ impl AcceleratorInventory {
     /// The devices of this inventory as core types, sorted by id.
     pub fn to_devices(&self) -> Vec<Device> {
         self.spec.to_devices()
+    }
+
+    /// This inventory as a planner node named after `spec.nodeName`, with notes about the
+    /// devices the planner cannot use.
+    pub fn planner_node(&self, ids: PlannerDeviceIds) -> (NodeSpec, Vec<String>) {
+        let (mut node, notes) = NodeSpec::from_report(&self.to_report(), &self.spec.node_name);
+        if ids == PlannerDeviceIds::InventoryNames {
+            let names: BTreeMap<String, &str> = self
+                .spec
+                .devices
+                .iter()
+                .map(|entry| {
+                    let id = entry
+                        .text(attribute::ID)
+                        .unwrap_or_else(|| entry.name.clone());
+                    (id, entry.name.as_str())
+                })
+                .collect();
+            for device in &mut node.devices {
+                if let Some(name) = names.get(&device.id) {
+                    device.id = (*name).to_string();
+                }
+            }
+        }
+        (node, notes)
+    }
+}
+
+/// How a planner node made from an inventory names its devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlannerDeviceIds {
+    /// By detection id (a PCI bus id), as `hwaccel plan --inventory` prints them.
+    Detection,
+    /// By the inventory's DNS-label device name (`gpu-0000-18-00-0`), the names statuses,
+    /// reservations and the controller's ledger use.
+    InventoryNames,
+}
+
+/// Reads an `AcceleratorInventory` object (as `kubectl get accinv -o yaml` or `hwaccel detect
+/// --as-inventory NODE` print it) for the planner's inventory files: `None` for any other
+/// `kind`, an error saying what is wrong with a malformed one. The planner's file loader
+/// takes it as its reader of Kubernetes objects, which keeps `plan` free of the CRD types.
+pub fn planner_node_from_object(
+    kind: &str,
+    object: &serde_json::Value,
+) -> Option<Result<(NodeSpec, Vec<String>), String>> {
+    (kind == "AcceleratorInventory").then(|| {
+        let inventory: AcceleratorInventory = serde_json::from_value(object.clone())
+            .map_err(|err| format!("AcceleratorInventory: {err}"))?;
+        Ok(inventory.planner_node(PlannerDeviceIds::Detection))
+    })
+}
+
+impl InventoryDevice {
+    /// A string attribute's full text (kept in `fullValues` when the attribute was cut).
+    pub fn text(&self, name: &str) -> Option<String> {
+        self.full_values
+            .get(name)
+            .cloned()
+            .or_else(|| self.attributes.get(name)?.as_str().map(str::to_string))
     }
 }
 
@@ -233,7 +299,7 @@ fn shorten_attribute(value: &str) -> String {
     format!("{head}-{}", hash_hex(value))
 }
 
-/// The lowercase serde name of a unit enum (`nvidia`, `healthy`, `nvswitch`).
+/// The lowercase serde name of a unit enum (`nvidia`, `healthy`).
 fn enum_name<T: Serialize>(value: T) -> String {
     serde_json::to_value(value)
         .ok()
@@ -321,7 +387,7 @@ fn placement_attributes(attrs: &mut Attributes, device: &Device, groups: &[Inter
     // Groups are sorted by (kind, id): a device in two groups reports the first, and the
     // full membership is in `spec.interconnects`.
     if let Some(group) = groups.iter().find(|g| g.devices.contains(&device.id)) {
-        attrs.string(attribute::INTERCONNECT, &enum_name(group.kind));
+        attrs.string(attribute::INTERCONNECT, group.kind.as_str());
         attrs.string(attribute::INTERCONNECT_GROUP, &group.id);
     }
 }
@@ -376,13 +442,7 @@ fn node_facts(report: &Report) -> InventoryNodeFacts {
 /// Reads one device back. Unknown or missing values come back as `None` (or `Other` for the
 /// vendor, `Asic` for an unrecognised family) rather than failing the whole inventory.
 fn device_from(entry: &InventoryDevice) -> Device {
-    let text = |name: &str| -> Option<String> {
-        entry
-            .full_values
-            .get(name)
-            .cloned()
-            .or_else(|| entry.attributes.get(name)?.as_str().map(str::to_string))
-    };
+    let text = |name: &str| entry.text(name);
     let int = |name: &str| entry.attributes.get(name).and_then(DeviceAttribute::as_int);
     let small = |name: &str| int(name).and_then(|v| u8::try_from(v).ok());
     let count = |name: &str| int(name).and_then(|v| u64::try_from(v).ok());

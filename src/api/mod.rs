@@ -14,6 +14,7 @@ pub mod lenient;
 pub mod placement;
 pub mod quantity;
 
+pub use convert::{PlannerDeviceIds, planner_node_from_object};
 pub use inventory::{
     AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus, DeviceAttribute,
     InventoryCpu, InventoryDevice, InventoryNodeFacts, InventoryNumaNode, InventoryPartition,

@@ -19,6 +19,11 @@ use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+/// Weight precision choice: the planner's own type, whose wire names are the CRD's enum.
+pub use crate::plan::capability::PrecisionChoice;
+/// Fine-tuning method: the planner's own type, whose wire names are the CRD's enum.
+pub use crate::plan::training::Method as TrainMethod;
+
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -115,20 +120,6 @@ fn default_concurrency() -> u32 {
     1
 }
 
-/// Fine-tuning method.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum TrainMethod {
-    /// Full fine-tune with mixed-precision Adam.
-    Full,
-    /// LoRA adapters on a 16-bit base.
-    Lora,
-    /// LoRA adapters on a 4-bit NF4 base.
-    Qlora,
-    /// Direct preference optimisation (policy plus frozen reference model).
-    Dpo,
-}
-
 /// Training: method and batch shape.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -159,29 +150,6 @@ fn default_micro_batch() -> u32 {
 
 fn default_lora_rank() -> u32 {
     16
-}
-
-/// Weight precision choice.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum PrecisionChoice {
-    /// Let the planner choose: the highest precision that fits.
-    #[default]
-    Auto,
-    /// bfloat16.
-    Bf16,
-    /// float16.
-    Fp16,
-    /// 8-bit float.
-    Fp8,
-    /// 8-bit integer.
-    Int8,
-    /// 4-bit integer (AWQ/GPTQ).
-    Int4,
-    /// 4-bit NormalFloat (QLoRA).
-    Nf4,
-    /// 4-bit float (MXFP4/NVFP4).
-    Fp4,
 }
 
 /// Limits on where and how the model is placed.

@@ -255,10 +255,10 @@ fn version_major(version: &str) -> Option<&str> {
 /// The fabrics on the node: one flag per kind, the kind alone when there is only one, and the
 /// size of the largest group (how many devices can do tensor parallelism over the fabric).
 fn interconnect_labels(labels: &mut Labels, report: &Report) {
-    let kinds: BTreeSet<String> = report
+    let kinds: BTreeSet<&str> = report
         .interconnects
         .iter()
-        .map(|group| kind_name(group.kind))
+        .map(|group| group.kind.as_str())
         .collect();
     for kind in &kinds {
         labels.flag(&format!("interconnect.{kind}"));
@@ -271,14 +271,6 @@ fn interconnect_labels(labels: &mut Labels, report: &Report) {
     if let Some(largest) = report.interconnects.iter().map(|g| g.devices.len()).max() {
         labels.put("interconnect-group-size", &largest.to_string());
     }
-}
-
-/// The lowercase serde name of an interconnect kind (`nvswitch`).
-fn kind_name(kind: crate::hardware::InterconnectKind) -> String {
-    serde_json::to_value(kind)
-        .ok()
-        .and_then(|value| value.as_str().map(str::to_string))
-        .unwrap_or_else(|| "other".to_string())
 }
 
 /// Whether any accelerator is partitioned (MIG, AMD compute/memory modes), and which schemes.

@@ -9,7 +9,7 @@
 //! needs hardware FP4 (Blackwell, MI355X). Some models must not run in FP16 at all
 //! (`_FLOAT16_NOT_SUPPORTED_MODELS`, `vllm/config/model.py`: Gemma 2 and 3, GLM-4, PLaMo 2).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::hardware::{Family, Precision, Vendor};
 
@@ -26,16 +26,81 @@ pub enum Execution {
     WeightOnly,
 }
 
-/// What the user asked for with `--precision`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+// One type for `hwaccel plan --precision` and a ModelPlacement's `constraints.precision`: the
+// choices a ModelPlacement may name are (de)serialised by their lowercase names and make up the
+// CRD's enum; the command line also accepts every other precision by name (`FromStr`), which
+// the CRD does not offer. The doc line below is the CRD field's description: keep it as is.
+/// Weight precision choice.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum PrecisionChoice {
-    /// Try the ladder, widest first.
+    /// Let the planner choose: the highest precision that fits.
     #[default]
     Auto,
-    /// Exactly this precision.
-    Exact(Precision),
-    /// Whichever 4-bit float the device has (NVFP4 or MXFP4).
-    AnyFp4,
+    /// bfloat16.
+    Bf16,
+    /// float16.
+    Fp16,
+    /// 8-bit float.
+    Fp8,
+    /// 8-bit integer.
+    Int8,
+    /// 4-bit integer (AWQ/GPTQ).
+    Int4,
+    /// 4-bit NormalFloat (QLoRA).
+    Nf4,
+    /// 4-bit float (MXFP4/NVFP4).
+    Fp4,
+    /// Exactly FP32 (command line only).
+    #[serde(skip)]
+    Fp32,
+    /// Exactly TF32 (command line only; refused: it is a compute mode).
+    #[serde(skip)]
+    Tf32,
+    /// Exactly NVFP4 (command line only).
+    #[serde(skip)]
+    Nvfp4,
+    /// Exactly MXFP4 (command line only).
+    #[serde(skip)]
+    Mxfp4,
+}
+
+impl PrecisionChoice {
+    /// The one precision asked for; `None` for `auto` and for `fp4` (either 4-bit float).
+    pub fn exact(self) -> Option<Precision> {
+        Some(match self {
+            Self::Auto | Self::Fp4 => return None,
+            Self::Bf16 => Precision::Bf16,
+            Self::Fp16 => Precision::Fp16,
+            Self::Fp8 => Precision::Fp8,
+            Self::Int8 => Precision::Int8,
+            Self::Int4 => Precision::Int4,
+            Self::Nf4 => Precision::Nf4,
+            Self::Fp32 => Precision::Fp32,
+            Self::Tf32 => Precision::Tf32,
+            Self::Nvfp4 => Precision::Nvfp4,
+            Self::Mxfp4 => Precision::Mxfp4,
+        })
+    }
+}
+
+impl From<Precision> for PrecisionChoice {
+    fn from(precision: Precision) -> Self {
+        match precision {
+            Precision::Fp32 => Self::Fp32,
+            Precision::Tf32 => Self::Tf32,
+            Precision::Bf16 => Self::Bf16,
+            Precision::Fp16 => Self::Fp16,
+            Precision::Fp8 => Self::Fp8,
+            Precision::Int8 => Self::Int8,
+            Precision::Nvfp4 => Self::Nvfp4,
+            Precision::Mxfp4 => Self::Mxfp4,
+            Precision::Int4 => Self::Int4,
+            Precision::Nf4 => Self::Nf4,
+        }
+    }
 }
 
 impl std::str::FromStr for PrecisionChoice {
@@ -44,8 +109,8 @@ impl std::str::FromStr for PrecisionChoice {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(Self::Auto),
-            "fp4" => Ok(Self::AnyFp4),
-            other => other.parse().map(Self::Exact),
+            "fp4" => Ok(Self::Fp4),
+            other => other.parse::<Precision>().map(Self::from),
         }
     }
 }
@@ -56,8 +121,7 @@ impl std::str::FromStr for PrecisionChoice {
 /// FP16 on a device without BF16; NF4 only when asked for by name.
 pub fn serving_candidates(choice: PrecisionChoice, model: &Model) -> Vec<Precision> {
     match choice {
-        PrecisionChoice::Exact(precision) => vec![precision],
-        PrecisionChoice::AnyFp4 => vec![Precision::Nvfp4, Precision::Mxfp4],
+        PrecisionChoice::Fp4 => vec![Precision::Nvfp4, Precision::Mxfp4],
         PrecisionChoice::Auto => {
             let mut ladder = vec![
                 Precision::Bf16,
@@ -79,6 +143,7 @@ pub fn serving_candidates(choice: PrecisionChoice, model: &Model) -> Vec<Precisi
             }
             ladder
         }
+        exact => exact.exact().into_iter().collect(),
     }
 }
 
@@ -199,8 +264,10 @@ mod tests {
     #[test]
     fn choices_parse() {
         assert_eq!("auto".parse(), Ok(PrecisionChoice::Auto));
-        assert_eq!("FP4".parse(), Ok(PrecisionChoice::AnyFp4));
-        assert_eq!("nf4".parse(), Ok(PrecisionChoice::Exact(Precision::Nf4)));
+        assert_eq!("FP4".parse(), Ok(PrecisionChoice::Fp4));
+        assert_eq!("nf4".parse(), Ok(PrecisionChoice::Nf4));
+        assert_eq!("mxfp4".parse(), Ok(PrecisionChoice::Mxfp4));
+        assert_eq!(PrecisionChoice::Mxfp4.exact(), Some(Precision::Mxfp4));
         assert!("fp5".parse::<PrecisionChoice>().is_err());
     }
 }

@@ -14,6 +14,22 @@ pub enum PlanError {
         /// `; did you mean ...?` or a pointer to the preset list, already formatted.
         hint: String,
     },
+    /// A ModelPlacement's preset key that names no preset.
+    #[error("unknown model preset {name:?}{hint}")]
+    UnknownPreset {
+        /// The key.
+        name: String,
+        /// `; did you mean ...?` or a pointer to the preset list, already formatted.
+        hint: String,
+    },
+    /// An inline model config that cannot be decoded as JSON (malformed, or nested too deep).
+    #[error("{origin}: cannot be read as JSON: {reason}")]
+    UnreadableConfig {
+        /// Where the config came from (`spec.model.huggingFaceConfig`).
+        origin: String,
+        /// The decoder's message.
+        reason: String,
+    },
     /// A model config (config.json or a preset) lacks a field or holds an impossible value.
     #[error("invalid model config {origin}: {reason}")]
     InvalidConfig {

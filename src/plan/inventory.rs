@@ -110,7 +110,7 @@ impl NodeSpec {
             .iter()
             .filter(|group| is_scale_up(group.kind))
             .flat_map(|group| {
-                let domain = format!("{}:{}", kind_name(group.kind), group.id);
+                let domain = format!("{}:{}", group.kind.as_str(), group.id);
                 group
                     .devices
                     .iter()
@@ -192,20 +192,6 @@ fn fabric_of(report: &Report) -> Option<String> {
         .find(|nic| nic.kind == NicKind::Infiniband && nic.state.as_deref() == Some("ACTIVE"))
         .or_else(|| with_fabric().next())
         .and_then(|nic| nic.fabric.clone())
-}
-
-/// The lowercase name of an interconnect kind.
-pub fn kind_name(kind: InterconnectKind) -> &'static str {
-    match kind {
-        InterconnectKind::Nvlink => "nvlink",
-        InterconnectKind::Nvswitch => "nvswitch",
-        InterconnectKind::Xgmi => "xgmi",
-        InterconnectKind::Ici => "ici",
-        InterconnectKind::Neuronlink => "neuronlink",
-        InterconnectKind::Gaudilink => "gaudilink",
-        InterconnectKind::Xelink => "xelink",
-        InterconnectKind::Other => "other",
-    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub const BLOCK_TOKENS: u64 = 16;
 const FP8_MLA_BYTES_PER_TOKEN_LAYER: f64 = 656.0;
 
 /// The KV-cache element type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvDtype {
     /// The model's 16-bit activation type (vLLM's `auto`).

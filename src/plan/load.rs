@@ -4,9 +4,9 @@
 //!
 //! An inventory file may hold a detection report (`hwaccel detect -o json|yaml`; the node is
 //! named after the file), one planner [`NodeSpec`], or a list of them (bare, or under
-//! `nodes:`). `AcceleratorInventory` objects (as `kubectl get accinv -o yaml` or
-//! `hwaccel detect --as-inventory NODE` print them, alone or in a `List`) are read too, the
-//! node named after `spec.nodeName`.
+//! `nodes:`). Kubernetes objects (alone or in a `List`) are read by the caller's
+//! [`ObjectReader`]: the command line passes the `api` module's, which reads
+//! `AcceleratorInventory` objects, so the planner itself never sees a CRD type.
 //!
 //! Every read is bounded and never blocks: only regular files are read (a FIFO or device node
 //! is refused before it is opened), each at most [`MAX_FILE_BYTES`], all inventories together
@@ -24,7 +24,7 @@ use crate::detect::{FileReadError, Report, read_at_most};
 use super::error::{PlanError, Result};
 use super::inventory::NodeSpec;
 use super::model::config::parse_config_text;
-use super::model::{Model, ModelSource, presets};
+use super::model::{Model, presets};
 use super::units::Bytes;
 
 /// Largest model config or inventory file read: a 10,000-device inventory is a few MiB.
@@ -46,15 +46,9 @@ pub fn load_model(spec: &str) -> Result<Model> {
         path.to_path_buf()
     };
     if !file.exists() {
-        let similar = presets::similar(spec);
-        let hint = if similar.is_empty() {
-            "; run `hwaccel plan --list-models` for the presets".to_string()
-        } else {
-            format!("; did you mean {}?", similar.join(", "))
-        };
         return Err(PlanError::UnknownModel {
             name: spec.to_string(),
-            hint,
+            hint: presets::hint(spec, "; run `hwaccel plan --list-models` for the presets"),
         });
     }
     let text = read(&file)?;
@@ -66,15 +60,7 @@ pub fn load_model(spec: &str) -> Result<Model> {
         .filter(|_| file.file_name().is_some_and(|n| n == "config.json"))
         .or_else(|| file.file_stem())
         .map_or_else(|| origin.clone(), |n| n.to_string_lossy().into_owned());
-    let mut model = Model::new(
-        name,
-        ModelSource::Config(origin),
-        parsed.arch,
-        parsed.native,
-    );
-    model.max_context = parsed.max_context;
-    model.notes = parsed.notes;
-    Ok(model)
+    Ok(Model::from_config(name, origin, parsed))
 }
 
 /// Parses a byte size: `462000000000`, `462GB` (10^9), `430GiB` (2^30), `1.5TB`.
@@ -110,14 +96,25 @@ const LIMITS: Limits = Limits {
     files_per_directory: MAX_FILES_PER_DIRECTORY,
 };
 
+/// Reads a Kubernetes object of a `kind` the planner does not define into a node and notes
+/// about its skipped devices: `None` when it does not know the kind, an error (what is wrong)
+/// when the object is malformed.
+pub type ObjectReader<'a> =
+    &'a dyn Fn(&str, &Value) -> Option<std::result::Result<(NodeSpec, Vec<String>), String>>;
+
 /// Reads every `--inventory` path. Directories contribute their `.json`, `.yaml` and `.yml`
-/// files in name order. Returns the nodes and notes about devices that were skipped.
-pub fn load_inventories(paths: &[PathBuf]) -> Result<(Vec<NodeSpec>, Vec<String>)> {
-    load_inventories_within(paths, LIMITS)
+/// files in name order; `objects` reads the Kubernetes objects among them. Returns the nodes
+/// and notes about devices that were skipped.
+pub fn load_inventories(
+    paths: &[PathBuf],
+    objects: ObjectReader<'_>,
+) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+    load_inventories_within(paths, objects, LIMITS)
 }
 
 fn load_inventories_within(
     paths: &[PathBuf],
+    objects: ObjectReader<'_>,
     limits: Limits,
 ) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     let mut nodes = Vec::new();
@@ -136,7 +133,7 @@ fn load_inventories_within(
                     )),
                 });
             }
-            let (found, skipped) = interpret(&file, &text)?;
+            let (found, skipped) = interpret(&file, &text, objects)?;
             nodes.extend(found);
             notes.extend(skipped);
         }
@@ -222,29 +219,28 @@ fn decode(path: &Path, text: &str) -> Result<Value> {
 }
 
 /// Turns one file's text into nodes.
-pub(crate) fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<String>)> {
+pub(crate) fn interpret(
+    path: &Path,
+    text: &str,
+    objects: ObjectReader<'_>,
+) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     let value = decode(path, text)?;
     let invalid = |reason: String| PlanError::InvalidInventory {
         path: path.to_path_buf(),
         reason,
     };
+    if let Some(kind) = value.get("kind").and_then(Value::as_str)
+        && let Some(read) = objects(kind, &value)
+    {
+        let (node, notes) = read.map_err(invalid)?;
+        return Ok((vec![node], notes));
+    }
     let node_list = |list: &Value| {
         serde_json::from_value::<Vec<NodeSpec>>(list.clone())
             .map_err(|err| invalid(format!("node list: {err}")))
     };
     match &value {
         Value::Array(_) => Ok((node_list(&value)?, Vec::new())),
-        Value::Object(map)
-            if map.get("kind").and_then(Value::as_str) == Some("AcceleratorInventory") =>
-        {
-            // The file edge of the planner reads the API object; the planning core only ever
-            // sees the `NodeSpec` made from it.
-            let inventory: crate::api::AcceleratorInventory = serde_json::from_value(value.clone())
-                .map_err(|err| invalid(format!("AcceleratorInventory: {err}")))?;
-            let (node, notes) =
-                NodeSpec::from_report(&inventory.to_report(), &inventory.spec.node_name);
-            Ok((vec![node], notes))
-        }
         Value::Object(map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
             let mut nodes = Vec::new();
             let mut notes = Vec::new();
@@ -255,7 +251,7 @@ pub(crate) fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<S
                 .flatten()
             {
                 let text = serde_json::to_string(item).map_err(|err| invalid(err.to_string()))?;
-                let (mut more, mut more_notes) = interpret(path, &text)?;
+                let (mut more, mut more_notes) = interpret(path, &text, objects)?;
                 nodes.append(&mut more);
                 notes.append(&mut more_notes);
             }
@@ -288,6 +284,36 @@ pub(crate) fn interpret(path: &Path, text: &str) -> Result<(Vec<NodeSpec>, Vec<S
 mod tests {
     use super::*;
 
+    /// Reads no Kubernetes object, like a caller without the `api` module.
+    fn no_objects(
+        _: &str,
+        _: &Value,
+    ) -> Option<std::result::Result<(NodeSpec, Vec<String>), String>> {
+        None
+    }
+
+    /// Reads `kind: Machine` objects: `{name}` makes a node without devices.
+    fn machines(
+        kind: &str,
+        object: &Value,
+    ) -> Option<std::result::Result<(NodeSpec, Vec<String>), String>> {
+        (kind == "Machine").then(|| {
+            let name = object
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or("Machine: missing field `name`")?;
+            Ok((
+                NodeSpec {
+                    name: name.to_string(),
+                    devices: Vec::new(),
+                    fabric: None,
+                    labels: std::collections::BTreeMap::new(),
+                },
+                vec![format!("{name}: a machine")],
+            ))
+        })
+    }
+
     #[test]
     fn byte_sizes() {
         assert_eq!(parse_bytes("462GB"), Some(Bytes(462_000_000_000)));
@@ -309,34 +335,32 @@ mod tests {
         )
         .unwrap();
         std::fs::write(dir.path().join("ignored.txt"), "x").unwrap();
-        let (nodes, _) = load_inventories(&[dir.path().to_path_buf()]).unwrap();
+        let (nodes, _) = load_inventories(&[dir.path().to_path_buf()], &no_objects).unwrap();
         let names: Vec<_> = nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["n1", "n2"]);
         assert_eq!(nodes[1].devices.len(), 1);
     }
 
     #[test]
-    fn reads_accelerator_inventories() {
-        let ctx = crate::detect::testing::fixture_context("h100-8x-nvswitch");
-        let runner = ctx.runner().clone();
-        let detector = crate::detect::Detector::with_backends(
-            ctx.host().clone(),
-            runner,
-            crate::detect::backends::all(),
-        );
-        let report = detector.run(false).0;
-        let inventory = crate::api::AcceleratorInventory::from_report("dgx-01", &report);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("dgx.yaml");
-        std::fs::write(&path, crate::output::to_yaml(&inventory).unwrap()).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let (nodes, _) = interpret(&path, &text).unwrap();
-        assert_eq!(nodes.len(), 1);
-        assert_eq!(nodes[0].name, "dgx-01");
-        assert_eq!(nodes[0].devices.len(), 8);
+    fn kubernetes_objects_go_to_the_callers_reader_alone_or_in_a_list() {
+        let path = Path::new("objects.yaml");
+        let (nodes, notes) = interpret(path, "kind: Machine\nname: m1\n", &machines).unwrap();
+        assert_eq!(nodes[0].name, "m1");
+        assert_eq!(notes, ["m1: a machine"]);
+        let list = "kind: List\nitems:\n- kind: Machine\n  name: a\n- kind: Machine\n  name: b\n";
+        let (nodes, _) = interpret(path, list, &machines).unwrap();
+        let names: Vec<_> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let err = interpret(path, "kind: Machine\n", &machines)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Machine: missing field `name`"), "{err}");
+        let err = interpret(path, "kind: Machine\nname: m1\n", &no_objects)
+            .unwrap_err()
+            .to_string();
         assert!(
-            nodes[0].devices.iter().all(|d| d.domain.is_some()),
-            "NVSwitch domain kept"
+            err.contains("expected a detection report"),
+            "unknown kinds: {err}"
         );
     }
 
@@ -345,11 +369,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cases = [
             ("garbage.json", "{not json: [", "neither JSON"),
-            (
-                "inv.yaml",
-                "kind: AcceleratorInventory\n",
-                "AcceleratorInventory: missing field",
-            ),
             ("other.json", "{\"a\": 1}", "expected a detection report"),
             (
                 "dup.json",
@@ -360,10 +379,12 @@ mod tests {
         for (name, text, expected) in cases {
             let path = dir.path().join(name);
             std::fs::write(&path, text).unwrap();
-            let err = load_inventories(&[path]).unwrap_err().to_string();
+            let err = load_inventories(&[path], &no_objects)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(expected), "{name}: {err}");
         }
-        let missing = load_inventories(&[dir.path().join("absent.json")]).unwrap_err();
+        let missing = load_inventories(&[dir.path().join("absent.json")], &no_objects).unwrap_err();
         assert!(missing.to_string().contains("cannot read"));
     }
 
@@ -378,6 +399,7 @@ mod tests {
         let within = |total_bytes, files_per_directory| {
             load_inventories_within(
                 &paths,
+                &no_objects,
                 Limits {
                     total_bytes,
                     files_per_directory,
@@ -396,11 +418,15 @@ mod tests {
             .unwrap()
             .set_len(MAX_FILE_BYTES + 1)
             .unwrap();
-        let err = load_inventories(&[big]).unwrap_err().to_string();
+        let err = load_inventories(&[big], &no_objects)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("larger than 16 MiB"), "{err}");
         let binary = dir.path().join("bin.json");
         std::fs::write(&binary, [0xff, 0xfe, 0x00]).unwrap();
-        let err = load_inventories(&[binary]).unwrap_err().to_string();
+        let err = load_inventories(&[binary], &no_objects)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not UTF-8"), "{err}");
     }
 

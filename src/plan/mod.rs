@@ -1,6 +1,8 @@
 //! The placement planner: model memory, precision choice, parallelism search and fleet
 //! placement. Pure: no I/O except [`load`], which reads model configs and inventories from
-//! files for the CLI; no Kubernetes.
+//! files for the CLI; no Kubernetes, no `clap` (the `kubernetes` feature is off when this
+//! compiles alone). The command line (`cli::plan`) and the controller both ask their question
+//! as a [`request::PlanInput`] and get the planner's request from [`request::prepare`].
 //!
 //! | module | job |
 //! |---|---|
@@ -15,10 +17,10 @@
 //! | [`search`] | the search over precision, TP, PP and replicas; refusals |
 //! | [`throughput`] | decode-throughput estimate |
 //! | [`report`] | the plan as JSON and as a table |
-//! | [`cli`] | `hwaccel plan` |
+//! | [`request`] | one way in: a [`request::PlanInput`] to a model and a [`PlanRequest`] |
+//! | [`load`] | model configs and inventory files (Kubernetes objects via the caller's reader) |
 
 pub mod capability;
-pub mod cli;
 pub mod error;
 pub mod fleet;
 pub mod inventory;
@@ -28,6 +30,7 @@ pub mod memory;
 pub mod model;
 pub mod products;
 pub mod report;
+pub mod request;
 pub mod search;
 pub mod shorthand;
 pub mod throughput;

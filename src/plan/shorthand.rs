@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use crate::hardware::{Family, GIB, InterconnectKind, Vendor};
 
 use super::error::{PlanError, Result};
-use super::inventory::{DeviceSpec, NodeSpec, kind_name};
+use super::inventory::{DeviceSpec, NodeSpec};
 use super::products::{self, CONSERVATIVE_PRECISIONS};
 use super::units::Bytes;
 
@@ -40,6 +40,13 @@ fn invalid(spec: &str, reason: impl Into<String>) -> PlanError {
     }
 }
 
+/// The scale-up fabrics a shorthand can name after `+`, by their own names.
+const FABRICS: [InterconnectKind; 3] = [
+    InterconnectKind::Nvswitch,
+    InterconnectKind::Nvlink,
+    InterconnectKind::Xgmi,
+];
+
 /// The link options after `+`.
 #[derive(Debug, Default)]
 struct Links {
@@ -52,10 +59,12 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
     let body = parts.next().unwrap_or_default().trim();
     let mut links = Links::default();
     for link in parts {
-        match link.trim().to_ascii_lowercase().as_str() {
-            "nvswitch" => links.domain = Some(Some(InterconnectKind::Nvswitch)),
-            "nvlink" => links.domain = Some(Some(InterconnectKind::Nvlink)),
-            "xgmi" => links.domain = Some(Some(InterconnectKind::Xgmi)),
+        let link = link.trim().to_ascii_lowercase();
+        if let Some(kind) = FABRICS.into_iter().find(|kind| kind.as_str() == link) {
+            links.domain = Some(Some(kind));
+            continue;
+        }
+        match link.as_str() {
             "pcie" => links.domain = Some(None),
             "ib" | "infiniband" => links.infiniband = true,
             other => {
@@ -106,7 +115,7 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
             let devices = (0..devices)
                 .map(|d| DeviceSpec {
                     id: format!("gpu{d}"),
-                    domain: domain_kind.map(|kind| format!("{}:0", kind_name(kind))),
+                    domain: domain_kind.map(|kind| format!("{}:0", kind.as_str())),
                     ..template.clone()
                 })
                 .collect();

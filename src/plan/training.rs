@@ -21,7 +21,7 @@
 //!   checkpointing keeps only each layer's input (`2sbh`) plus one layer being recomputed.
 //!   Logits: `s*b*V*10` bytes (16-bit logits, FP32 upcast for the loss, FP32 gradient).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::memory::DeviceMemory;
 use super::model::{Attention, Model};
@@ -33,8 +33,8 @@ use crate::hardware::{MIB, Precision};
 /// fragmentation.
 pub const DEFAULT_TRAINING_GPU_UTIL: f64 = 0.95;
 
-/// A fine-tuning method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+/// A fine-tuning method (`hwaccel plan --train`, a ModelPlacement's `goal.train.method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     /// Every parameter trained, mixed-precision Adam.

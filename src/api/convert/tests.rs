@@ -341,3 +341,50 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+/// The one inventory → planner node conversion, as `hwaccel plan --inventory` reads an object
+/// (detection ids) and as the controller's fleet view does (inventory device names).
+#[test]
+fn inventories_become_planner_nodes_by_either_device_naming() {
+    let ctx = crate::detect::testing::fixture_context("h100-8x-nvswitch");
+    let detector = crate::detect::Detector::with_backends(
+        ctx.host().clone(),
+        ctx.runner().clone(),
+        crate::detect::backends::all(),
+    );
+    let report = detector.run(false).0;
+    let inventory = AcceleratorInventory::from_report("dgx-01", &report);
+    let object = serde_json::to_value(&inventory).unwrap();
+    let (node, _) = planner_node_from_object("AcceleratorInventory", &object)
+        .expect("the kind is read")
+        .unwrap();
+    assert_eq!(node.name, "dgx-01");
+    assert_eq!(node.devices.len(), 8);
+    assert!(
+        node.devices.iter().all(|d| d.domain.is_some()),
+        "NVSwitch domain kept"
+    );
+    assert!(
+        node.devices.iter().all(|d| d.id.contains(':')),
+        "PCI bus ids"
+    );
+    let (named, _) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
+    let names: BTreeSet<&str> = inventory
+        .spec
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert!(named.devices.iter().all(|d| names.contains(d.id.as_str())));
+    assert!(planner_node_from_object("Node", &object).is_none());
+    let err = planner_node_from_object(
+        "AcceleratorInventory",
+        &serde_json::json!({"kind": "AcceleratorInventory"}),
+    )
+    .expect("the kind is read")
+    .unwrap_err();
+    assert!(
+        err.starts_with("AcceleratorInventory: missing field"),
+        "{err}"
+    );
+}

@@ -11,17 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::placement::{
     Assignment, Constraints, MemoryBreakdown, ModelPlacementSpec, ModelPlacementStatus, PlanStatus,
-    PrecisionChoice as ApiPrecision, TrainMethod,
 };
-use crate::hardware::Precision;
-use crate::plan::capability::PrecisionChoice;
-use crate::plan::kv::KvDtype;
-use crate::plan::memory::DEFAULT_GPU_UTIL;
-use crate::plan::model::config::parse_config;
-use crate::plan::model::{ModelSource, parse_param_count, presets};
 use crate::plan::report::Plan;
-use crate::plan::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
-use crate::plan::{Bytes, Goal, Model, NodeSpec, PlanError, PlanRequest, Reservations, plan};
+use crate::plan::request::prepare;
+use crate::plan::{Model, NodeSpec, PlanError, PlanRequest, Reservations, plan};
 
 use super::fleet_view::FleetView;
 use super::labels;
@@ -50,143 +43,17 @@ pub struct DeviceFilter {
     pub node_selector: BTreeMap<String, String>,
 }
 
-/// Turns a spec into a planner request; the error lists what is wrong with it.
+/// Turns a spec into a planner request, the way `hwaccel plan` turns its flags into one
+/// ([`crate::plan::request::prepare`]); the error lists what is wrong with the spec.
 pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<String>> {
-    let model = model_from_spec(spec).map_err(|reason| vec![reason])?;
-    let constraints = spec.constraints.clone().unwrap_or_default();
-    let training = spec.goal.train.is_some();
-    let goal = match (&spec.goal.serve, &spec.goal.train) {
-        (Some(serve), None) => Goal::Serve {
-            context: Some(u64::from(serve.context)),
-            concurrency: u64::from(serve.concurrency),
-        },
-        (None, Some(train)) => Goal::Train(TrainingTarget {
-            method: method(train.method),
-            seq_len: u64::from(train.seq_len),
-            micro_batch: u64::from(train.micro_batch),
-            gradient_checkpointing: true,
-            lora_rank: u64::from(train.lora_rank),
-            lora_targets: LoraTarget::ALL.to_vec(),
-        }),
-        _ => return Err(vec!["goal: set exactly one of serve or train".to_string()]),
-    };
-    let default_util = if training {
-        DEFAULT_TRAINING_GPU_UTIL
-    } else {
-        DEFAULT_GPU_UTIL
-    };
-    let request = PlanRequest {
-        goal,
-        precision: precision(constraints.precision.unwrap_or_default()),
-        kv_dtype: kv_dtype(constraints.kv_cache_precision)?,
-        max_nodes: constraints.max_nodes,
-        gpu_util: constraints
-            .memory_utilization_percent
-            .map_or(default_util, |p| f64::from(p) / 100.0),
-        replicas: spec.replicas.filter(|_| !training),
-    };
-    let mut notes = Vec::new();
-    if training && spec.replicas.is_some() {
-        notes.push(
-            "spec.replicas applies to serving; training picks its data-parallel degree".to_string(),
-        );
-    }
+    let input = spec.plan_input().map_err(|reason| vec![reason])?;
+    let prepared = prepare(input).map_err(|err| vec![err.to_string()])?;
     Ok(Request {
-        model,
-        request,
-        filter: filter(&constraints),
-        notes,
+        model: prepared.model,
+        request: prepared.request,
+        filter: filter(&spec.constraints.clone().unwrap_or_default()),
+        notes: prepared.notes,
     })
-}
-
-fn model_from_spec(spec: &ModelPlacementSpec) -> Result<Model, String> {
-    let source = &spec.model;
-    let model = match (
-        &source.preset,
-        &source.parameters,
-        &source.hugging_face_config,
-    ) {
-        (Some(key), None, None) => match presets::find(key) {
-            Ok(Some(model)) => model,
-            Ok(None) => {
-                let similar = presets::similar(key);
-                let hint = if similar.is_empty() {
-                    "; `hwaccel plan --list-models` lists the presets".to_string()
-                } else {
-                    format!("; did you mean {}?", similar.join(", "))
-                };
-                return Err(format!("unknown model preset {key:?}{hint}"));
-            }
-            Err(err) => return Err(err.to_string()),
-        },
-        (None, Some(count), None) => {
-            let params = parse_param_count(count).map_err(|err| err.to_string())?;
-            Model::from_param_count(count.trim(), params)
-        }
-        (None, None, Some(config)) => {
-            let origin = "spec.model.huggingFaceConfig";
-            let config = config
-                .value()
-                .map_err(|err| format!("{origin}: cannot be read as JSON: {err}"))?;
-            let parsed = parse_config(origin, &config).map_err(|err| err.to_string())?;
-            let name = config
-                .get("_name_or_path")
-                .and_then(serde_json::Value::as_str)
-                .filter(|n| !n.is_empty())
-                .unwrap_or("inline config")
-                .to_string();
-            let mut model = Model::new(
-                name,
-                ModelSource::Config(origin.to_string()),
-                parsed.arch,
-                parsed.native,
-            );
-            model.max_context = parsed.max_context;
-            model.notes = parsed.notes;
-            model
-        }
-        _ => {
-            return Err(
-                "model: set exactly one of preset, parameters or huggingFaceConfig".to_string(),
-            );
-        }
-    };
-    Ok(model.with_checkpoint_bytes(source.checkpoint_bytes.map(Bytes)))
-}
-
-fn method(method: TrainMethod) -> Method {
-    match method {
-        TrainMethod::Full => Method::Full,
-        TrainMethod::Lora => Method::Lora,
-        TrainMethod::Qlora => Method::Qlora,
-        TrainMethod::Dpo => Method::Dpo,
-    }
-}
-
-fn precision(choice: ApiPrecision) -> PrecisionChoice {
-    let exact = PrecisionChoice::Exact;
-    match choice {
-        ApiPrecision::Auto => PrecisionChoice::Auto,
-        ApiPrecision::Bf16 => exact(Precision::Bf16),
-        ApiPrecision::Fp16 => exact(Precision::Fp16),
-        ApiPrecision::Fp8 => exact(Precision::Fp8),
-        ApiPrecision::Int8 => exact(Precision::Int8),
-        ApiPrecision::Int4 => exact(Precision::Int4),
-        ApiPrecision::Nf4 => exact(Precision::Nf4),
-        ApiPrecision::Fp4 => PrecisionChoice::AnyFp4,
-    }
-}
-
-fn kv_dtype(choice: Option<ApiPrecision>) -> Result<KvDtype, Vec<String>> {
-    match choice.unwrap_or_default() {
-        ApiPrecision::Auto => Ok(KvDtype::Auto),
-        ApiPrecision::Bf16 => Ok(KvDtype::Bf16),
-        ApiPrecision::Fp16 => Ok(KvDtype::Fp16),
-        ApiPrecision::Fp8 => Ok(KvDtype::Fp8),
-        other => Err(vec![format!(
-            "constraints.kvCachePrecision {other:?} is not a KV-cache type (auto, bf16, fp16, fp8)"
-        )]),
-    }
 }
 
 fn filter(constraints: &Constraints) -> DeviceFilter {
@@ -275,7 +142,7 @@ fn refusal(
 
 /// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
 /// fields, so the flag names are rewritten to the field paths that mean the same.
-const FLAG_TO_FIELD: [(&str, &str); 9] = [
+const FLAG_TO_FIELD: [(&str, &str); 10] = [
     ("--precision ", "spec.constraints.precision="),
     ("--kv-dtype ", "spec.constraints.kvCachePrecision="),
     ("--max-nodes ", "spec.constraints.maxNodes="),
@@ -285,6 +152,7 @@ const FLAG_TO_FIELD: [(&str, &str); 9] = [
     ("--seq-len ", "spec.goal.train.seqLen="),
     ("--micro-batch ", "spec.goal.train.microBatch="),
     ("--train ", "spec.goal.train.method="),
+    ("--replicas ", "spec.replicas "),
 ];
 
 fn in_spec_terms(lines: Vec<String>) -> Vec<String> {
@@ -348,8 +216,11 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::placement::{Goal as ApiGoal, ModelSource as ApiModel, ServeGoal};
+    use crate::api::placement::{
+        Goal as ApiGoal, ModelSource as ApiModel, PrecisionChoice, ServeGoal, TrainMethod,
+    };
     use crate::controller::core::fleet_view::fixture_inventory as inventory;
+    use crate::plan::Goal;
 
     fn serve(preset: &str, context: u32) -> ModelPlacementSpec {
         ModelPlacementSpec {
@@ -401,11 +272,24 @@ mod tests {
         };
         let request = request_from_spec(&spec).unwrap();
         assert_eq!(request.request.replicas, None);
-        assert!(request.notes.iter().any(|n| n.contains("spec.replicas")));
+        assert!(request.notes.iter().any(|n| n.contains("--replicas")));
         let Goal::Train(target) = &request.request.goal else {
             panic!("a training goal");
         };
         assert_eq!(target.lora_rank, 64);
+        let Outcome::Planned(status) =
+            evaluate(&spec, "ml", "train", &fleet, &Reservations::none())
+        else {
+            panic!("LoRA on an 8B model fits");
+        };
+        assert!(
+            status
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("spec.replicas applies to serving")),
+            "the note in spec terms: {:?}",
+            status.reasons
+        );
     }
 
     #[test]
@@ -520,7 +404,7 @@ mod tests {
         let fleet = FleetView::new(inventories.iter(), &BTreeMap::new());
         let mut spec = serve("llama-3.1-405b", 131072);
         spec.constraints = Some(Constraints {
-            precision: Some(ApiPrecision::Bf16),
+            precision: Some(PrecisionChoice::Bf16),
             ..Constraints::default()
         });
         let outcome = evaluate(&spec, "ml", "big", &fleet, &Reservations::none());

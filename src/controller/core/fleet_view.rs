@@ -12,8 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::api::AcceleratorInventory;
-use crate::api::attribute;
+use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
 use crate::plan::NodeSpec;
 
 use super::build::DeviceFilter;
@@ -35,32 +34,16 @@ pub struct NodePart {
 impl NodePart {
     /// Converts one inventory.
     pub fn new(inventory: &AcceleratorInventory) -> Self {
-        let node_name = inventory.spec.node_name.clone();
         let mut products = BTreeMap::new();
         let mut present = BTreeSet::new();
         let mut unusable = BTreeMap::new();
-        let mut names_by_id = BTreeMap::new();
         for entry in &inventory.spec.devices {
-            let text = |key: &str| {
-                entry
-                    .full_values
-                    .get(key)
-                    .cloned()
-                    .or_else(|| entry.attributes.get(key)?.as_str().map(str::to_string))
-            };
-            let id = text(attribute::ID).unwrap_or_else(|| entry.name.clone());
-            names_by_id.insert(id, entry.name.clone());
-            if let Some(product) = text(attribute::PRODUCT) {
+            if let Some(product) = entry.text(attribute::PRODUCT) {
                 products.insert(entry.name.clone(), product);
             }
             present.insert(entry.name.clone());
         }
-        let (mut node, _skipped) = NodeSpec::from_report(&inventory.to_report(), &node_name);
-        for device in &mut node.devices {
-            if let Some(name) = names_by_id.get(&device.id) {
-                device.id = name.clone();
-            }
-        }
+        let (node, _skipped) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
         let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
         for entry in &inventory.spec.devices {
             let health = entry

@@ -12,7 +12,10 @@ use serde_json::{Map, Value};
 use crate::hardware::Precision;
 use crate::plan::error::{PlanError, Result};
 
-use super::{Architecture, Attention, MlaDims, Moe, NativeFormat, QuantScope, SlidingWindow};
+use super::{
+    Architecture, Attention, MlaDims, Model, ModelSource, Moe, NativeFormat, QuantScope,
+    SlidingWindow,
+};
 
 /// What a config says, beyond the architecture.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +28,25 @@ pub struct ParsedConfig {
     pub max_context: Option<u64>,
     /// Assumptions made while reading.
     pub notes: Vec<String>,
+}
+
+impl Model {
+    /// The model a config describes, named `name`; `origin` is where the config came from.
+    pub fn from_config(
+        name: impl Into<String>,
+        origin: impl Into<String>,
+        parsed: ParsedConfig,
+    ) -> Self {
+        let mut model = Self::new(
+            name,
+            ModelSource::Config(origin.into()),
+            parsed.arch,
+            parsed.native,
+        );
+        model.max_context = parsed.max_context;
+        model.notes = parsed.notes;
+        model
+    }
 }
 
 /// Upper bounds that no real model comes near; beyond them a value is a corrupt file (or a

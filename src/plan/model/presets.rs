@@ -96,6 +96,17 @@ pub fn find(key: &str) -> Result<Option<Model>> {
     Ok(Some(model))
 }
 
+/// `; did you mean a, b?` when preset keys resemble `name`, else `otherwise`: the tail of an
+/// "unknown model" message.
+pub fn hint(name: &str, otherwise: &str) -> String {
+    let similar = similar(name);
+    if similar.is_empty() {
+        otherwise.to_string()
+    } else {
+        format!("; did you mean {}?", similar.join(", "))
+    }
+}
+
 /// Preset keys that resemble `name`, for "did you mean" hints.
 pub fn similar(name: &str) -> Vec<String> {
     let wanted = name.trim().to_ascii_lowercase();

@@ -83,7 +83,7 @@ impl PlanRequest {
 
     /// The same request with the precision pinned.
     pub fn with_precision(mut self, precision: Precision) -> Self {
-        self.precision = PrecisionChoice::Exact(precision);
+        self.precision = PrecisionChoice::from(precision);
         self
     }
 }

@@ -225,7 +225,7 @@ fn suggest_alternatives(
         let widest = serving_candidates(PrecisionChoice::Auto, model)
             .into_iter()
             .find_map(|precision| {
-                let choice = PrecisionChoice::Exact(precision);
+                let choice = PrecisionChoice::from(precision);
                 (choice != request.precision)
                     .then(|| search(model, fleet, choice, target, demand, request.max_nodes))
                     .and_then(|outcome| describe(&outcome).map(|text| (precision, text)))

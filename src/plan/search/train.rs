@@ -27,15 +27,13 @@ fn method_precisions(
     choice: PrecisionChoice,
 ) -> Result<&'static [Precision], String> {
     match (method, choice) {
-        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Exact(Precision::Nf4)) => {
-            Ok(&[Precision::Nf4])
-        }
+        (Method::Qlora, PrecisionChoice::Auto | PrecisionChoice::Nf4) => Ok(&[Precision::Nf4]),
         (Method::Qlora, _) => {
             Err("--train qlora trains on an NF4 base: use --precision nf4 or auto".to_string())
         }
         (_, PrecisionChoice::Auto) => Ok(&[Precision::Bf16, Precision::Fp16]),
-        (_, PrecisionChoice::Exact(Precision::Bf16)) => Ok(&[Precision::Bf16]),
-        (_, PrecisionChoice::Exact(Precision::Fp16)) => Ok(&[Precision::Fp16]),
+        (_, PrecisionChoice::Bf16) => Ok(&[Precision::Bf16]),
+        (_, PrecisionChoice::Fp16) => Ok(&[Precision::Fp16]),
         (_, _) => Err(format!(
             "--train {} trains in mixed precision: use --precision bf16, fp16 or auto",
             format!("{method:?}").to_lowercase()

@@ -1,23 +1,24 @@
 //! `hwaccel plan`: flags, input loading, and the exit-code contract — 0 when the goal fits,
 //! 2 when it does not (the output says why and what would), 1 on bad input.
+//!
+//! The flags become a [`PlanInput`], the same description of the question a ModelPlacement
+//! spec becomes, and [`prepare`] turns it into the planner's request.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::output::{self, Format};
-
-use super::capability::PrecisionChoice;
-use super::error::{PlanError, Result};
-use super::inventory::{NodeSpec, Reservations};
-use super::kv::KvDtype;
-use super::load::{load_inventories, load_model, parse_bytes};
-use super::memory::DEFAULT_GPU_UTIL;
-use super::model::{Model, parse_param_count, presets};
-use super::report::Plan;
-use super::search::{Goal, PlanRequest, plan};
-use super::shorthand::parse_hardware;
-use super::training::{DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Method, TrainingTarget};
+use crate::plan::capability::PrecisionChoice;
+use crate::plan::error::{PlanError, Result};
+use crate::plan::inventory::{NodeSpec, Reservations};
+use crate::plan::kv::KvDtype;
+use crate::plan::load::{load_inventories, parse_bytes};
+use crate::plan::model::presets;
+use crate::plan::report::Plan;
+use crate::plan::request::{ModelInput, PlanInput, prepare};
+use crate::plan::search::{Goal, plan};
+use crate::plan::shorthand::parse_hardware;
+use crate::plan::training::{LoraTarget, Method, TrainingTarget};
 
 /// Flags of `hwaccel plan`.
 #[derive(Debug, Clone, clap::Args)]
@@ -131,22 +132,23 @@ fn list_models() -> Result<String> {
 
 /// Everything from flags to a plan.
 pub fn plan_from_args(args: &PlanArgs) -> Result<Plan> {
-    let model = model_from_args(args)?;
-    let (nodes, notes) = hardware_from_args(args)?;
+    let prepared = prepare(input_from_args(args)?)?;
+    let (nodes, mut notes) = hardware_from_args(args)?;
     let reserved = reservations(&args.reserved)?;
-    let request = request_from_args(args)?;
-    let mut plan = plan(&model, &nodes, &reserved, &request)?;
+    let mut plan = plan(&prepared.model, &nodes, &reserved, &prepared.request)?;
+    notes.extend(prepared.notes);
     plan.reasons.extend(notes);
     Ok(plan)
 }
 
-fn model_from_args(args: &PlanArgs) -> Result<Model> {
+/// The planning question the flags ask.
+fn input_from_args(args: &PlanArgs) -> Result<PlanInput> {
     let model = match (&args.model, &args.params) {
-        (Some(spec), _) => load_model(spec)?,
-        (None, Some(count)) => Model::from_param_count(count.trim(), parse_param_count(count)?),
+        (Some(spec), _) => ModelInput::PresetOrFile(spec.clone()),
+        (None, Some(count)) => ModelInput::ParamCount(count.clone()),
         (None, None) => return Err(PlanError::constraint("give --model or --params")),
     };
-    let checkpoint = match &args.checkpoint_bytes {
+    let checkpoint_bytes = match &args.checkpoint_bytes {
         Some(text) => Some(parse_bytes(text).ok_or_else(|| {
             PlanError::constraint(format!(
                 "--checkpoint-bytes {text:?} is not a size (e.g. 462GB, 430GiB)"
@@ -154,13 +156,40 @@ fn model_from_args(args: &PlanArgs) -> Result<Model> {
         })?),
         None => None,
     };
-    Ok(model.with_checkpoint_bytes(checkpoint))
+    let precision: PrecisionChoice = args
+        .precision
+        .parse()
+        .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
+    let goal = match args.train {
+        Some(method) => Goal::Train(TrainingTarget {
+            method,
+            seq_len: args.seq_len,
+            micro_batch: args.micro_batch,
+            gradient_checkpointing: !args.no_gradient_checkpointing,
+            lora_rank: args.lora_rank,
+            lora_targets: lora_targets(&args.lora_targets)?,
+        }),
+        None => Goal::Serve {
+            context: args.context,
+            concurrency: args.concurrency,
+        },
+    };
+    Ok(PlanInput {
+        model,
+        checkpoint_bytes,
+        goal,
+        precision,
+        kv_dtype: args.kv_dtype,
+        max_nodes: args.max_nodes,
+        gpu_util: args.gpu_util,
+        replicas: args.replicas,
+    })
 }
 
 fn hardware_from_args(args: &PlanArgs) -> Result<(Vec<NodeSpec>, Vec<String>)> {
     match &args.hardware {
         Some(spec) => Ok((parse_hardware(spec)?, Vec::new())),
-        None => load_inventories(&args.inventory),
+        None => load_inventories(&args.inventory, &crate::api::planner_node_from_object),
     }
 }
 
@@ -176,41 +205,6 @@ fn reservations(entries: &[String]) -> Result<Reservations> {
         reserved.insert(node, device);
     }
     Ok(reserved)
-}
-
-fn request_from_args(args: &PlanArgs) -> Result<PlanRequest> {
-    let precision: PrecisionChoice = args
-        .precision
-        .parse()
-        .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
-    let default_util = if args.train.is_some() {
-        DEFAULT_TRAINING_GPU_UTIL
-    } else {
-        DEFAULT_GPU_UTIL
-    };
-    let gpu_util = args.gpu_util.unwrap_or(default_util);
-    let goal = match args.train {
-        Some(method) => Goal::Train(TrainingTarget {
-            method,
-            seq_len: args.seq_len,
-            micro_batch: args.micro_batch,
-            gradient_checkpointing: !args.no_gradient_checkpointing,
-            lora_rank: args.lora_rank,
-            lora_targets: lora_targets(&args.lora_targets)?,
-        }),
-        None => Goal::Serve {
-            context: args.context,
-            concurrency: args.concurrency,
-        },
-    };
-    Ok(PlanRequest {
-        goal,
-        precision,
-        kv_dtype: args.kv_dtype,
-        max_nodes: args.max_nodes,
-        gpu_util,
-        replicas: args.replicas,
-    })
 }
 
 fn lora_targets(text: &str) -> Result<Vec<LoraTarget>> {
@@ -244,15 +238,8 @@ fn render(plan: &Plan, format: Format) -> Result<String> {
 
 /// Writes to stdout; a closed pipe (`hwaccel plan | head`) is not an error.
 fn write_stdout(text: &str) -> Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => Err(PlanError::Io {
-            path: PathBuf::from("<stdout>"),
-            source: err,
-        }),
-        _ => Ok(()),
-    }
+    super::write_stdout(text).map_err(|source| PlanError::Io {
+        path: PathBuf::from("<stdout>"),
+        source,
+    })
 }

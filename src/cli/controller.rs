@@ -1,0 +1,129 @@
+//! `hwaccel controller`: the ModelPlacement controller's flags, and the process around it:
+//! the Kubernetes client, leader election, the metrics and health server, and a graceful stop
+//! on SIGTERM.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::process::{self, ProcessArgs};
+
+#[derive(Debug, clap::Args)]
+pub(super) struct ControllerArgs {
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: std::net::SocketAddr,
+    /// Namespace of the leader-election Lease (the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "hwaccel-controller")]
+    lease_name: String,
+    /// This replica's identity in the Lease and in Events (default: $POD_NAME, else the
+    /// host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Only watch ModelPlacements in this namespace (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Only consider Nodes and AcceleratorInventories with these labels (`pool=a`; default:
+    /// all). Used by the scale harness and for canaries.
+    #[arg(long)]
+    selector: Option<String>,
+    /// How long plans on a Node whose AcceleratorInventory disappeared (while the Node
+    /// stayed) are kept, Degraded, before they are planned elsewhere (1s to 24h). Longer
+    /// than the agents' `--interval`: a running agent writes a deleted inventory again on
+    /// its next cycle.
+    #[arg(long, default_value = "5m", value_parser = crate::duration::parse_inventory_grace)]
+    inventory_grace: Duration,
+    #[command(flatten)]
+    process: ProcessArgs,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = crate::telemetry::LogFormat::Json)]
+    log_format: crate::telemetry::LogFormat,
+}
+
+/// Runs `hwaccel controller`.
+pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
+    crate::telemetry::init(args.log_format, "info");
+    let identity = args
+        .identity
+        .filter(|i| !i.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|i| i.trim().to_string())
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| format!("hwaccel-controller-{}", std::process::id()));
+    let runtime = process::runtime()?;
+    let flags = args.process;
+    let outcome = runtime.block_on(async move {
+        // Ready means "alive and talking to the apiserver", never "leader": a standby that is
+        // never Ready would block rollouts.
+        let process::Start {
+            client,
+            mut registry,
+            readiness,
+            liveness,
+            stop,
+            stopped,
+        } = process::start(flags.api_timeout).await?;
+        let metrics = crate::controller::metrics::ControllerMetrics::register(&mut registry);
+        let mut config = crate::controller::Config::cluster_wide(&identity);
+        config.namespace = args.namespace;
+        config.selector = args.selector;
+        config.inventory_grace = args.inventory_grace;
+        config.reconciles = liveness.work(
+            "controller reconcile",
+            crate::health::reconcile_bound(flags.api_timeout),
+        );
+        let server = process::spawn_server(
+            args.metrics_addr,
+            registry,
+            readiness.clone(),
+            liveness,
+            stopped.clone(),
+        );
+        let lease = crate::controller::leader::LeaseConfig::new(
+            &args.leader_election_namespace,
+            &args.lease_name,
+            &identity,
+        );
+        tracing::info!(%identity, "controller starting");
+        let mut worker_stop = stopped.clone();
+        let contact = readiness.clone();
+        let result = crate::controller::run_elected(
+            client,
+            config,
+            lease,
+            metrics,
+            move || contact.set(true),
+            async move {
+                let _ = worker_stop.wait_for(|stop| *stop).await;
+            },
+        );
+        tokio::pin!(result);
+        let outcome = tokio::select! {
+            outcome = &mut result => outcome,
+            () = crate::signals::terminated() => {
+                tracing::info!("termination signal received");
+                let _ = stop.send(true);
+                let stopping = async move {
+                    let outcome = result.await;
+                    process::join_server(server).await;
+                    outcome
+                };
+                return match crate::shutdown::finish_within(flags.shutdown_timeout, stopping).await {
+                    Some(outcome) => outcome.map(|()| true),
+                    None => Ok(false),
+                };
+            }
+        };
+        let _ = stop.send(true);
+        process::join_server(server).await;
+        outcome.map(|()| true)
+    });
+    crate::shutdown::close_runtime(runtime);
+    Ok(if outcome? {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

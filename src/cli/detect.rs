@@ -1,0 +1,62 @@
+//! `hwaccel detect`: run the detection backends on this machine (or a host tree) and print
+//! the report, or the AcceleratorInventory object made from it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::api::AcceleratorInventory;
+use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
+use crate::output::{self, Format};
+
+use super::write_stdout;
+
+#[derive(Debug, clap::Args)]
+pub(super) struct DetectArgs {
+    /// Root of the host's filesystem (`/host` inside the agent's pod, a fixture tree in tests).
+    #[arg(long, default_value = "/", env = "HWACCEL_HOST_ROOT")]
+    host_root: PathBuf,
+    /// Backends to run: `all`, a list (`nvidia,amd`), or exclusions (`all,-vulkan`).
+    #[arg(long, default_value = "all")]
+    backends: BackendSelection,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    output: Format,
+    /// Directory searched for vendor tools before `$PATH` (repeatable).
+    #[arg(long)]
+    tool_path: Vec<PathBuf>,
+    /// Per-tool deadline, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    tool_timeout_ms: u64,
+    /// Include per-backend timings (they make otherwise identical reports differ).
+    #[arg(long)]
+    timings: bool,
+    /// Print the AcceleratorInventory object for this node name instead of the report
+    /// (YAML unless `-o json`).
+    #[arg(long, value_name = "NODE")]
+    as_inventory: Option<String>,
+}
+
+/// Runs `hwaccel detect`.
+pub(super) fn run(args: DetectArgs) -> anyhow::Result<ExitCode> {
+    let runner = CommandRunner::with_extra_paths(&args.tool_path)
+        .with_timeout(Duration::from_millis(args.tool_timeout_ms));
+    let detector = Detector::new(HostRoot::new(args.host_root), runner, &args.backends);
+    let (report, _) = detector.run(args.timings);
+    if let Some(node) = &args.as_inventory {
+        let inventory = AcceleratorInventory::from_report(node, &report);
+        let text = match args.output {
+            Format::Json => output::to_json(&inventory)?,
+            Format::Table | Format::Yaml => output::to_yaml(&inventory)?,
+        };
+        write_stdout(&text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let text = match args.output {
+        Format::Table => crate::detect::render::table(&report),
+        Format::Json => output::to_json(&report)?,
+        Format::Yaml => output::to_yaml(&report)?,
+    };
+    write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,99 @@
+//! The command line: every subcommand's flags (clap) and output, one file per subcommand.
+//! `main.rs` only calls [`main`].
+//!
+//! | file | subcommand |
+//! |---|---|
+//! | `detect.rs` | `hwaccel detect`: report this machine's accelerators |
+//! | [`plan`] | `hwaccel plan`: plan a model on an inventory or a hardware shorthand |
+//! | `agent.rs` | `hwaccel agent`: the node agent |
+//! | `controller.rs` | `hwaccel controller`: the ModelPlacement controller |
+//! | `cleanup.rs` | `hwaccel cleanup`: remove our labels (uninstall) |
+//! | `crds.rs` | `hwaccel crds`: print the CRDs |
+//! | `process.rs` | what `agent` and `controller` share: flags, runtime, health server |
+//! | `values.rs` | the core's enums as flag values |
+//!
+//! Exit codes: 0 on success, 1 on bad usage or failure (clap's usual 2 is taken: `hwaccel
+//! plan` exits 2 when the model does not fit).
+
+mod agent;
+mod cleanup;
+mod controller;
+mod crds;
+mod detect;
+pub mod plan;
+mod process;
+mod values;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use agent::AgentArgs;
+use cleanup::CleanupArgs;
+use controller::ControllerArgs;
+use crds::CrdsArgs;
+use detect::DetectArgs;
+
+/// Finds AI accelerators and plans where models run on them.
+#[derive(Debug, Parser)]
+#[command(name = "hwaccel", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Detect the accelerators of this machine (or of a host tree) and print a report.
+    Detect(DetectArgs),
+    /// Plan how a model runs on an inventory: precision, TP/PP/replicas, nodes and devices.
+    Plan(Box<plan::PlanArgs>),
+    /// Run the node agent: publish this node's labels and AcceleratorInventory.
+    Agent(AgentArgs),
+    /// Run the ModelPlacement controller (leader-elected).
+    Controller(ControllerArgs),
+    /// Remove the labels our agent and controller set (the uninstall path).
+    Cleanup(CleanupArgs),
+    /// Print every CustomResourceDefinition as multi-document YAML, or write one file per CRD.
+    Crds(CrdsArgs),
+}
+
+/// Parses the command line and runs the subcommand; the process exits with the code returned.
+pub fn main() -> ExitCode {
+    // Usage errors exit 1, not clap's default 2: `hwaccel plan` uses 2 for "does not fit".
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() { 1 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Detect(args) => detect::run(args),
+        Command::Agent(args) => agent::run(args),
+        Command::Controller(args) => controller::run(args),
+        Command::Cleanup(args) => cleanup::run(args),
+        Command::Crds(args) => crds::run(args),
+        Command::Plan(args) => return plan::run(*args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("hwaccel: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Writes to stdout, treating a closed pipe (`hwaccel detect | head`) as success.
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}

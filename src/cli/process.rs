@@ -1,0 +1,85 @@
+//! What the two long-running commands (`agent`, `controller`) share around their loops: the
+//! flags for API deadlines and shutdown, the runtime, and the health and metrics server that
+//! runs beside the loop until told to stop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::health::Liveness;
+use crate::server::Readiness;
+
+/// Flags every long-running command shares.
+#[derive(Debug, clap::Args)]
+pub(super) struct ProcessArgs {
+    /// Deadline for each Kubernetes API call (watches excepted: the server ends those).
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_api_timeout)]
+    pub(super) api_timeout: Duration,
+    /// After SIGTERM, how long the graceful stop may take before the process exits anyway.
+    /// Keep it below the pod's terminationGracePeriodSeconds (30 s unless set).
+    #[arg(long, default_value = "25s", value_parser = crate::duration::parse_shutdown_timeout)]
+    pub(super) shutdown_timeout: Duration,
+}
+
+/// The runtime of a long-running command: two worker threads carry one loop and the server.
+pub(super) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+/// What a long-running command starts with: a client, the metrics registry, the health
+/// state the server reports, and the stop signal (`stop` sends it, `stopped` sees it).
+pub(super) struct Start {
+    pub(super) client: kube::Client,
+    pub(super) registry: Registry,
+    pub(super) readiness: Arc<Readiness>,
+    pub(super) liveness: Liveness,
+    pub(super) stop: watch::Sender<bool>,
+    pub(super) stopped: watch::Receiver<bool>,
+}
+
+/// Connects to the apiserver (every call bounded by `api_timeout`) and sets up the rest.
+pub(super) async fn start(api_timeout: Duration) -> anyhow::Result<Start> {
+    let client = crate::kube_client::client(api_timeout).await?;
+    let (stop, stopped) = watch::channel(false);
+    Ok(Start {
+        client,
+        registry: Registry::default(),
+        readiness: Arc::new(Readiness::default()),
+        liveness: Liveness::default(),
+        stop,
+        stopped,
+    })
+}
+
+/// Starts /healthz, /readyz and /metrics on `addr`; the server stops once `stopped` is true.
+pub(super) fn spawn_server(
+    addr: SocketAddr,
+    registry: Registry,
+    readiness: Arc<Readiness>,
+    liveness: Liveness,
+    mut stopped: watch::Receiver<bool>,
+) -> JoinHandle<std::io::Result<()>> {
+    tokio::spawn(crate::server::serve(
+        addr,
+        Arc::new(registry),
+        readiness,
+        liveness,
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        },
+    ))
+}
+
+/// Waits for the server to end, logging a failure (the process is stopping either way).
+pub(super) async fn join_server(server: JoinHandle<std::io::Result<()>>) {
+    if let Ok(Err(err)) = server.await {
+        tracing::warn!(error = %err, "metrics server failed");
+    }
+}

@@ -1,0 +1,80 @@
+//! The core's enums as command-line values. `plan`, `output` and `telemetry` stay free of
+//! `clap`; each enum a flag takes gets its `clap::ValueEnum` here: the value's name (its
+//! lowercase name everywhere else too) and the line `--help` prints for it.
+
+use clap::ValueEnum;
+use clap::builder::PossibleValue;
+
+use crate::output::Format;
+use crate::plan::kv::KvDtype;
+use crate::plan::training::Method;
+use crate::telemetry::LogFormat;
+
+/// Implements `ValueEnum` for a unit enum from `Variant => ("name", "help")` lines.
+macro_rules! value_enum {
+    ($type:ty { $($variant:path => ($name:literal, $help:literal)),+ $(,)? }) => {
+        impl ValueEnum for $type {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$($variant),+]
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(match self {
+                    $($variant => PossibleValue::new($name).help($help)),+
+                })
+            }
+        }
+    };
+}
+
+value_enum!(Format {
+    Format::Table => ("table", "Aligned columns for people"),
+    Format::Json => ("json", "Pretty-printed JSON"),
+    Format::Yaml => ("yaml", "YAML"),
+});
+
+value_enum!(KvDtype {
+    KvDtype::Auto => ("auto", "The model's 16-bit activation type (vLLM's `auto`)"),
+    KvDtype::Bf16 => ("bf16", "bfloat16"),
+    KvDtype::Fp16 => ("fp16", "float16"),
+    KvDtype::Fp8 => ("fp8", "FP8 (E4M3), one byte per value"),
+});
+
+value_enum!(Method {
+    Method::Full => ("full", "Every parameter trained, mixed-precision Adam"),
+    Method::Lora => ("lora", "Low-rank adapters on a frozen 16-bit base"),
+    Method::Qlora => ("qlora", "Low-rank adapters on a frozen NF4 base"),
+    Method::Dpo => (
+        "dpo",
+        "Direct preference optimisation: full fine-tuning plus a frozen reference model"
+    ),
+});
+
+value_enum!(LogFormat {
+    LogFormat::Json => ("json", "One JSON object per line"),
+    LogFormat::Text => ("text", "Human-readable text"),
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every value's name is the one the rest of the program uses for it (serde's), so a
+    /// flag value and the same value in JSON or a CRD never disagree.
+    #[test]
+    fn value_names_are_the_serde_names() {
+        fn check<T: ValueEnum + serde::Serialize>() {
+            for value in T::value_variants() {
+                let name = value.to_possible_value().map(|v| v.get_name().to_string());
+                let serde = serde_json::to_value(value).ok();
+                assert_eq!(name.as_deref(), serde.as_ref().and_then(|v| v.as_str()));
+            }
+        }
+        check::<KvDtype>();
+        check::<Method>();
+        for format in Format::value_variants() {
+            let name = format.to_possible_value().map(|v| v.get_name().to_string());
+            assert_eq!(name, Some(format!("{format:?}").to_lowercase()));
+        }
+    }
+}

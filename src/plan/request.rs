@@ -1,0 +1,209 @@
+//! One way into the planner. `hwaccel plan`'s flags and a ModelPlacement's spec both describe
+//! a planning question as a [`PlanInput`]; [`prepare`] turns it into the [`Model`] and the
+//! [`PlanRequest`] the search works on. Model resolution (presets with "did you mean" hints,
+//! parameter counts, `config.json` files and inline configs), the memory-utilisation default
+//! for serving or training, and the rule that training picks its own replicas all live here,
+//! so the command line and the controller cannot drift apart.
+
+use super::capability::PrecisionChoice;
+use super::error::{PlanError, Result};
+use super::kv::KvDtype;
+use super::load::load_model;
+use super::memory::DEFAULT_GPU_UTIL;
+use super::model::config::parse_config;
+use super::model::{Model, parse_param_count, presets};
+use super::search::{Goal, PlanRequest};
+use super::training::DEFAULT_TRAINING_GPU_UTIL;
+use super::units::Bytes;
+
+/// Where the model's description comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelInput {
+    /// A built-in preset key; an unknown key is an error that names similar ones.
+    Preset(String),
+    /// A preset key, else a `config.json` file or a directory holding one (`--model`).
+    PresetOrFile(String),
+    /// A bare parameter count (`70B`, `8e9`); a Llama-like shape is assumed.
+    ParamCount(String),
+    /// A `config.json` given inline as JSON text; `origin` names it in messages.
+    Inline {
+        /// Where the text came from (`spec.model.huggingFaceConfig`).
+        origin: String,
+        /// The JSON text.
+        json: String,
+    },
+}
+
+/// A planning question, whoever asks it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanInput {
+    /// The model.
+    pub model: ModelInput,
+    /// Exact checkpoint size, replacing the weight bytes computed from the architecture.
+    pub checkpoint_bytes: Option<Bytes>,
+    /// Serving or training, and their shape.
+    pub goal: Goal,
+    /// Weight precision.
+    pub precision: PrecisionChoice,
+    /// KV-cache type (serving).
+    pub kv_dtype: KvDtype,
+    /// Most nodes the plan may use.
+    pub max_nodes: Option<u32>,
+    /// Fraction of device memory to use; `None` takes the goal's default.
+    pub gpu_util: Option<f64>,
+    /// Serving replicas asked for; training ignores them (with a note).
+    pub replicas: Option<u32>,
+}
+
+/// A question the planner can answer.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The resolved model.
+    pub model: Model,
+    /// Goal, precision and limits.
+    pub request: PlanRequest,
+    /// Parts of the input that were not applied, in the command line's terms.
+    pub notes: Vec<String>,
+}
+
+/// Resolves the model and fills in the defaults.
+pub fn prepare(input: PlanInput) -> Result<Prepared> {
+    let model = resolve_model(&input.model)?.with_checkpoint_bytes(input.checkpoint_bytes);
+    let training = matches!(input.goal, Goal::Train(_));
+    let default_util = if training {
+        DEFAULT_TRAINING_GPU_UTIL
+    } else {
+        DEFAULT_GPU_UTIL
+    };
+    let mut notes = Vec::new();
+    if training && input.replicas.is_some() {
+        notes.push(
+            "--replicas applies to serving; training picks its data-parallel degree".to_string(),
+        );
+    }
+    let request = PlanRequest {
+        goal: input.goal,
+        precision: input.precision,
+        kv_dtype: input.kv_dtype,
+        max_nodes: input.max_nodes,
+        gpu_util: input.gpu_util.unwrap_or(default_util),
+        replicas: input.replicas.filter(|_| !training),
+    };
+    Ok(Prepared {
+        model,
+        request,
+        notes,
+    })
+}
+
+fn resolve_model(input: &ModelInput) -> Result<Model> {
+    match input {
+        ModelInput::Preset(key) => presets::find(key)?.ok_or_else(|| PlanError::UnknownPreset {
+            name: key.clone(),
+            hint: presets::hint(key, "; `hwaccel plan --list-models` lists the presets"),
+        }),
+        ModelInput::PresetOrFile(spec) => load_model(spec),
+        ModelInput::ParamCount(count) => Ok(Model::from_param_count(
+            count.trim(),
+            parse_param_count(count)?,
+        )),
+        ModelInput::Inline { origin, json } => {
+            let config: serde_json::Value =
+                serde_json::from_str(json).map_err(|err| PlanError::UnreadableConfig {
+                    origin: origin.clone(),
+                    reason: err.to_string(),
+                })?;
+            let parsed = parse_config(origin, &config)?;
+            let name = config
+                .get("_name_or_path")
+                .and_then(serde_json::Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or("inline config");
+            Ok(Model::from_config(name, origin.as_str(), parsed))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::training::{LoraTarget, Method, TrainingTarget};
+
+    fn serve(model: ModelInput) -> PlanInput {
+        PlanInput {
+            model,
+            checkpoint_bytes: None,
+            goal: Goal::Serve {
+                context: Some(8192),
+                concurrency: 1,
+            },
+            precision: PrecisionChoice::Auto,
+            kv_dtype: KvDtype::Auto,
+            max_nodes: None,
+            gpu_util: None,
+            replicas: Some(2),
+        }
+    }
+
+    #[test]
+    fn serving_keeps_replicas_and_takes_the_serving_default() {
+        let prepared = prepare(serve(ModelInput::Preset("llama-3.1-8b".into()))).unwrap();
+        assert_eq!(prepared.model.name, "llama-3.1-8b");
+        assert_eq!(prepared.request.replicas, Some(2));
+        assert!((prepared.request.gpu_util - DEFAULT_GPU_UTIL).abs() < f64::EPSILON);
+        assert!(prepared.notes.is_empty());
+    }
+
+    #[test]
+    fn training_drops_replicas_with_a_note_and_takes_the_training_default() {
+        let mut input = serve(ModelInput::ParamCount("8B".into()));
+        input.goal = Goal::Train(TrainingTarget {
+            method: Method::Lora,
+            seq_len: 2048,
+            micro_batch: 1,
+            gradient_checkpointing: true,
+            lora_rank: 16,
+            lora_targets: LoraTarget::ALL.to_vec(),
+        });
+        input.checkpoint_bytes = Some(Bytes(16_000_000_000));
+        let prepared = prepare(input).unwrap();
+        assert_eq!(prepared.request.replicas, None);
+        assert!((prepared.request.gpu_util - DEFAULT_TRAINING_GPU_UTIL).abs() < f64::EPSILON);
+        assert!(prepared.notes[0].starts_with("--replicas applies to serving"));
+        assert_eq!(prepared.model.checkpoint_bytes, Some(Bytes(16_000_000_000)));
+    }
+
+    #[test]
+    fn unknown_presets_suggest_similar_keys() {
+        let err = prepare(serve(ModelInput::Preset("llama-3.1-7b".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("unknown model preset"), "{err}");
+        assert!(
+            err.contains("did you mean") && err.contains("llama-3.1-8b"),
+            "{err}"
+        );
+        let err = prepare(serve(ModelInput::Preset("zzz".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--list-models"), "{err}");
+    }
+
+    #[test]
+    fn inline_configs_are_named_and_bad_json_is_a_clear_error() {
+        let json = r#"{"_name_or_path": "tiny", "hidden_size": 1024, "num_hidden_layers": 2,
+            "num_attention_heads": 8, "intermediate_size": 4096, "vocab_size": 32000}"#;
+        let origin = "spec.model.huggingFaceConfig".to_string();
+        let inline = |json: &str| ModelInput::Inline {
+            origin: origin.clone(),
+            json: json.to_string(),
+        };
+        let prepared = prepare(serve(inline(json))).unwrap();
+        assert_eq!(prepared.model.name, "tiny");
+        let err = prepare(serve(inline("{"))).unwrap_err().to_string();
+        assert!(
+            err.starts_with("spec.model.huggingFaceConfig: cannot be read as JSON"),
+            "{err}"
+        );
+    }
+}
