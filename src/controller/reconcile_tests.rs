@@ -24,7 +24,6 @@ use tokio::sync::{Mutex, mpsc};
 
 use super::context::{Context, FIELD_MANAGER, State};
 use super::core::decide::tests::half_node;
-use super::core::fleet_view::fixture_inventory;
 use super::core::labels::placement_label_key;
 use super::core::ledger::PlacementKey;
 use super::fake_apiserver::{FakeApiserver, Recorded};
@@ -32,6 +31,7 @@ use super::metrics::ControllerMetrics;
 use super::reconcile::{Error, FINALIZER, reconcile};
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
+use crate::testing::inventory::fixture_inventory;
 
 const NODE_PATH: &str = "/api/v1/nodes/n1";
 const PLACEMENT_PATH: &str = "/apis/hwaccel.io/v1alpha1/namespaces/ml/modelplacements/p";

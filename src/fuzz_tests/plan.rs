@@ -13,12 +13,13 @@ use super::{cases, text};
 use crate::api::placement::ModelPlacementSpec;
 use crate::api::quantity;
 use crate::controller::core::build::evaluate;
-use crate::controller::core::fleet_view::{FleetView, fixture_inventory};
+use crate::controller::core::fleet_view::FleetView;
 use crate::plan::Reservations;
 use crate::plan::load::{interpret, parse_bytes};
 use crate::plan::model::config::{parse_config, parse_config_text};
 use crate::plan::model::parse_param_count;
 use crate::plan::shorthand::parse_hardware;
+use crate::testing::inventory::fixture_inventory;
 
 /// The fields `config.json` parsing looks at, so arbitrary configs reach the arithmetic.
 const CONFIG_KEYS: &[&str] = &[

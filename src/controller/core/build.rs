@@ -217,27 +217,14 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
 mod tests {
     use super::*;
     use crate::api::placement::{
-        Goal as ApiGoal, ModelSource as ApiModel, PrecisionChoice, ServeGoal, TrainMethod,
+        Goal as ApiGoal, ModelSource as ApiModel, PrecisionChoice, TrainMethod,
     };
-    use crate::controller::core::fleet_view::fixture_inventory as inventory;
     use crate::plan::Goal;
+    use crate::testing::PlacementBuilder;
+    use crate::testing::inventory::fixture_inventory as inventory;
 
     fn serve(preset: &str, context: u32) -> ModelPlacementSpec {
-        ModelPlacementSpec {
-            model: ApiModel {
-                preset: Some(preset.to_string()),
-                ..ApiModel::default()
-            },
-            goal: ApiGoal {
-                serve: Some(ServeGoal {
-                    context,
-                    concurrency: 1,
-                }),
-                train: None,
-            },
-            constraints: None,
-            replicas: None,
-        }
+        PlacementBuilder::serve(preset).context(context).spec()
     }
 
     fn fleet() -> FleetView {

@@ -189,11 +189,10 @@ pub(crate) mod tests {
     use super::*;
     use crate::api::AcceleratorInventory;
     use crate::api::conditions;
-    use crate::api::placement::{
-        Constraints, Goal, ModelSource, PrecisionChoice as ApiPrecision, ServeGoal,
-    };
+    use crate::api::placement::PrecisionChoice;
     use crate::controller::core::desired::{DEGRADED, PLANNED, READY, desired_status};
-    use crate::controller::core::fleet_view::fixture_inventory;
+    use crate::testing::PlacementBuilder;
+    use crate::testing::inventory::fixture_inventory;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn inventories(nodes: &[&str]) -> Vec<AcceleratorInventory> {
@@ -209,24 +208,10 @@ pub(crate) mod tests {
 
     /// 70B at bf16 for 40 requests: half of an 8 x H100 node.
     pub(crate) fn half_node() -> ModelPlacementSpec {
-        ModelPlacementSpec {
-            model: ModelSource {
-                preset: Some("llama-3.1-70b".into()),
-                ..ModelSource::default()
-            },
-            goal: Goal {
-                serve: Some(ServeGoal {
-                    context: 8192,
-                    concurrency: 40,
-                }),
-                train: None,
-            },
-            constraints: Some(Constraints {
-                precision: Some(ApiPrecision::Bf16),
-                ..Constraints::default()
-            }),
-            replicas: None,
-        }
+        PlacementBuilder::serve("llama-3.1-70b")
+            .concurrency(40)
+            .precision(PrecisionChoice::Bf16)
+            .spec()
     }
 
     pub(crate) fn candidate<'a>(

@@ -278,20 +278,10 @@ impl PartCache {
     }
 }
 
-/// The inventory of `node`, detected from fixture host `scenario` (for the controller's
-/// unit tests).
-#[cfg(test)]
-pub(crate) fn fixture_inventory(scenario: &str, node: &str) -> AcceleratorInventory {
-    use crate::detect::{Detector, backends, testing::fixture_context};
-    let ctx = fixture_context(scenario);
-    let detector =
-        Detector::with_backends(ctx.host().clone(), ctx.runner().clone(), backends::all());
-    AcceleratorInventory::from_report(node, &detector.run(false).0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::inventory::fixture_inventory;
 
     fn inventory(scenario: &str, node: &str, version: &str) -> AcceleratorInventory {
         let mut inventory = fixture_inventory(scenario, node);
