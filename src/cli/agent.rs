@@ -55,15 +55,8 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let runtime = process::runtime()?;
     let flags = args.process;
     let outcome = runtime.block_on(async move {
-        let process::Start {
-            client,
-            mut registry,
-            readiness,
-            liveness,
-            stop,
-            stopped,
-        } = process::start(flags.api_timeout).await?;
-        let metrics = crate::agent::metrics::AgentMetrics::register(&mut registry);
+        let mut start = process::start(flags.api_timeout).await?;
+        let metrics = crate::agent::metrics::AgentMetrics::register(&mut start.registry);
         let config = crate::agent::AgentConfig {
             node_name: args.node_name,
             host_root: args.host_root,
@@ -82,16 +75,15 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             flags.api_timeout,
         );
         tracing::info!(node = %config.node_name, liveness_bound_secs = bound.as_secs(), "agent starting");
-        let agent = crate::agent::Agent::new(config, client, metrics)
-            .with_heartbeat(liveness.heartbeat("agent detect-and-publish loop", bound));
-        let server = process::spawn_server(
-            args.metrics_addr,
-            registry,
-            readiness.clone(),
-            liveness,
-            stopped.clone(),
-        );
-        let mut worker = tokio::spawn(crate::agent::run::run(agent, readiness, stopped));
+        let heartbeat = start
+            .liveness
+            .heartbeat("agent detect-and-publish loop", bound);
+        let agent = crate::agent::Agent::new(config, start.client.clone(), metrics)
+            .with_heartbeat(heartbeat);
+        let server = start.spawn_server(args.metrics_addr);
+        let worker = crate::agent::run::run(agent, start.readiness.clone(), start.stopped.clone());
+        let mut worker = tokio::spawn(worker);
+        let stop = start.stop;
         tokio::select! {
             () = crate::signals::terminated() => {}
             ended = &mut worker => {

@@ -57,40 +57,28 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
     let outcome = runtime.block_on(async move {
         // Ready means "alive and talking to the apiserver", never "leader": a standby that is
         // never Ready would block rollouts.
-        let process::Start {
-            client,
-            mut registry,
-            readiness,
-            liveness,
-            stop,
-            stopped,
-        } = process::start(flags.api_timeout).await?;
-        let metrics = crate::controller::metrics::ControllerMetrics::register(&mut registry);
+        let mut start = process::start(flags.api_timeout).await?;
+        let metrics = crate::controller::metrics::ControllerMetrics::register(&mut start.registry);
         let mut config = crate::controller::Config::cluster_wide(&identity);
         config.namespace = args.namespace;
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
-        config.reconciles = liveness.work(
+        config.reconciles = start.liveness.work(
             "controller reconcile",
             crate::health::reconcile_bound(flags.api_timeout),
         );
-        let server = process::spawn_server(
-            args.metrics_addr,
-            registry,
-            readiness.clone(),
-            liveness,
-            stopped.clone(),
-        );
+        let server = start.spawn_server(args.metrics_addr);
         let lease = crate::controller::leader::LeaseConfig::new(
             &args.leader_election_namespace,
             &args.lease_name,
             &identity,
         );
         tracing::info!(%identity, "controller starting");
-        let mut worker_stop = stopped.clone();
-        let contact = readiness.clone();
+        let mut worker_stop = start.stopped.clone();
+        let contact = start.readiness.clone();
+        let stop = start.stop;
         let result = crate::controller::run_elected(
-            client,
+            start.client,
             config,
             lease,
             metrics,

@@ -58,23 +58,22 @@ pub(super) async fn start(api_timeout: Duration) -> anyhow::Result<Start> {
     })
 }
 
-/// Starts /healthz, /readyz and /metrics on `addr`; the server stops once `stopped` is true.
-pub(super) fn spawn_server(
-    addr: SocketAddr,
-    registry: Registry,
-    readiness: Arc<Readiness>,
-    liveness: Liveness,
-    mut stopped: watch::Receiver<bool>,
-) -> JoinHandle<std::io::Result<()>> {
-    tokio::spawn(crate::server::serve(
-        addr,
-        Arc::new(registry),
-        readiness,
-        liveness,
-        async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        },
-    ))
+impl Start {
+    /// Starts /healthz, /readyz and /metrics on `addr`, serving the metrics registered so far
+    /// (register before calling this); the server stops once `stop` sends `true`.
+    pub(super) fn spawn_server(&mut self, addr: SocketAddr) -> JoinHandle<std::io::Result<()>> {
+        let registry = std::mem::take(&mut self.registry);
+        let mut stopped = self.stopped.clone();
+        tokio::spawn(crate::server::serve(
+            addr,
+            Arc::new(registry),
+            self.readiness.clone(),
+            self.liveness.clone(),
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            },
+        ))
+    }
 }
 
 /// Waits for the server to end, logging a failure (the process is stopping either way).
