@@ -9,6 +9,7 @@ pub mod bounds;
 pub mod conditions;
 mod convert;
 pub mod crds;
+pub mod dra;
 mod inventory;
 pub mod lenient;
 pub mod placement;

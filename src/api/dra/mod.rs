@@ -1,0 +1,72 @@
+//! Dynamic Resource Allocation (`resource.k8s.io/v1`): what the operator reads from and writes
+//! to the DRA API.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`drivers`] | the vendor DRA drivers we know: names, attribute keys, family |
+//! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
+//! | [`merge`] | an inventory + published devices → one planner node, one device each |
+//! | [`claims`] | a planned placement → ResourceClaims allocated to exactly its devices |
+//! | [`claim_template`] | ordered alternatives → a ResourceClaimTemplate (`firstAvailable`) |
+//! | [`device_classes`] | the capability table → cross-vendor DeviceClasses for the chart |
+//!
+//! A device is named in DRA by `(driver, pool, device)`: [`DeviceRef`]. The same physical
+//! device seen by our agent and by a vendor driver is one device, matched by PCI bus id or
+//! UUID ([`merge`]).
+
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::hardware::{Family, Vendor};
+
+pub mod drivers;
+
+/// A device as DRA names it: the driver, the pool within the driver and the device within
+/// the pool. Exactly what an allocation result carries.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRef {
+    /// The DRA driver (`gpu.nvidia.com`).
+    #[schemars(length(max = 63))]
+    pub driver: String,
+    /// The pool (usually the node name).
+    #[schemars(length(max = 253))]
+    pub pool: String,
+    /// The device's name within the pool (`gpu-0`).
+    #[schemars(length(max = 63))]
+    pub device: String,
+}
+
+impl fmt::Display for DeviceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
+    }
+}
+
+/// One device a DRA driver publishes for a node, reduced to what merging and planning need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedDevice {
+    /// The node the device is on (`spec.nodeName` of its slice).
+    pub node: String,
+    /// Its DRA name.
+    pub reference: DeviceRef,
+    /// PCI bus id, lowercase with domain (`0000:18:00.0`), when the driver publishes one.
+    pub pci_bus_id: Option<String>,
+    /// Vendor UUID or serial, when published.
+    pub uuid: Option<String>,
+    /// Product name as the driver publishes it (`NVIDIA H100 80GB HBM3`).
+    pub product: Option<String>,
+    /// Device memory in bytes (the `memory` capacity), when published.
+    pub memory_bytes: Option<u64>,
+    /// Maker, from the driver.
+    pub vendor: Vendor,
+    /// Kind, from the driver.
+    pub family: Family,
+    /// Why the device must not be planned on (a NoSchedule/NoExecute taint, a partition
+    /// rather than a whole device), or `None` when it is usable.
+    pub unusable: Option<String>,
+}
