@@ -40,6 +40,8 @@ pub use crate::plan::training::Method as TrainMethod;
     printcolumn = r#"{"name":"PP","type":"integer","jsonPath":".status.plan.pipelineParallel"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.plan.replicas"}"#,
     printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodeNames","priority":1}"#,
+    printcolumn = r#"{"name":"Claims","type":"string","jsonPath":".status.claimNames","priority":1}"#,
+    printcolumn = r#"{"name":"Devices","type":"string","jsonPath":".status.deviceNames","priority":1}"#,
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -58,6 +60,36 @@ pub struct ModelPlacementSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("replicas must be between 1 and 1024"))]
     pub replicas: Option<u32>,
+    /// How the chosen devices are held: `labels` (a nodeSelector and the controller's own
+    /// ledger), `claims` (ResourceClaims allocated to exactly the chosen devices, which
+    /// Kubernetes enforces; only devices a DRA driver publishes are planned on) or `auto`
+    /// (claims when every chosen device is published by a DRA driver, labels otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationMode>,
+}
+
+/// How a placement holds its devices (see `docs/dra.md`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum AllocationMode {
+    /// Claims where every chosen device is published by a DRA driver, labels otherwise.
+    #[default]
+    Auto,
+    /// A nodeSelector and the controller's ledger only.
+    Labels,
+    /// ResourceClaims allocated by the controller; only DRA-published devices are planned on.
+    Claims,
+}
+
+impl AllocationMode {
+    /// The name used in the spec and the status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Labels => "labels",
+            Self::Claims => "claims",
+        }
+    }
 }
 
 /// Where the model's architecture comes from: exactly one source.
@@ -217,6 +249,23 @@ pub struct ModelPlacementStatus {
     /// A nodeSelector that selects exactly the chosen nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// How the devices are held now: `labels` or `claims`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub allocation: Option<String>,
+    /// The ResourceClaims holding the devices, one per replica and pipeline stage, each
+    /// with the pod spec fragment that uses it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub claims: Vec<PlacementClaim>,
+    /// The claims' names, comma-separated (for `kubectl get mp -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub claim_names: Option<String>,
+    /// The held DRA devices as `pool/device`, comma-separated (for `kubectl get mp -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub device_names: Option<String>,
     /// Why the model does not fit, or what constrained the choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
@@ -281,6 +330,53 @@ pub struct Assignment {
     pub replica: u32,
     /// Pipeline stage index.
     pub stage: u32,
+}
+
+/// One ResourceClaim a placement holds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementClaim {
+    /// The claim's name, in the placement's namespace.
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The replica it serves.
+    pub replica: u32,
+    /// The pipeline stage it serves.
+    pub stage: u32,
+    /// The node its devices are on.
+    #[schemars(length(max = 253))]
+    pub node: String,
+    /// The devices it is allocated to.
+    #[schemars(length(max = 32))]
+    pub devices: Vec<crate::api::dra::DeviceRef>,
+    /// True once the allocation is written (the devices are then held).
+    pub allocated: bool,
+    /// What to copy into the pod template of the workload for this replica and stage.
+    pub pod_template: PodClaimFragment,
+}
+
+/// The part of a pod spec that uses a placement's claim.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodClaimFragment {
+    /// `spec.resourceClaims` of the pod.
+    #[schemars(length(max = 1))]
+    pub resource_claims: Vec<PodResourceClaimRef>,
+    /// `spec.nodeSelector` of the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// One entry of a pod's `spec.resourceClaims`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResourceClaimRef {
+    /// The name containers use in `resources.claims[].name`.
+    #[schemars(length(max = 63))]
+    pub name: String,
+    /// The ResourceClaim.
+    #[schemars(length(max = 253))]
+    pub resource_claim_name: String,
 }
 
 /// Top-level keys an inline `config.json` may have (real ones have 30 to 100).

@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Client;
 use kube::api::PartialObjectMeta;
 use kube::runtime::events::Recorder;
@@ -53,6 +54,10 @@ pub struct Context {
     pub inventories: Store<Lenient<AcceleratorInventory>>,
     /// Node metadata in scope.
     pub nodes: Store<PartialObjectMeta<Node>>,
+    /// Every ResourceClaim, when the cluster serves `resource.k8s.io/v1` (else `None`).
+    pub claims: Option<Store<ResourceClaim>>,
+    /// Every ResourceSlice, when the cluster serves `resource.k8s.io/v1` (else `None`).
+    pub slices: Option<Store<ResourceSlice>>,
     /// The lock every reconcile holds.
     pub state: Mutex<State>,
     /// Metrics.

@@ -18,9 +18,11 @@
 //! changes. See `docs/controller.md`.
 
 pub mod apply;
+pub mod claims;
 pub mod context;
 pub mod core;
 pub mod dereference;
+mod dra_watch;
 #[cfg(test)]
 mod fake_apiserver;
 pub mod leader;
@@ -52,6 +54,7 @@ use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 use self::context::{Context, State};
 use self::core::ledger::Ledger;
 use self::dereference::holding_from_status;
+use self::dra_watch::dra_watches;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
 use self::reconcile::{error_policy, reconcile};
@@ -179,9 +182,12 @@ pub async fn run(
         }
         async {}
     });
+    let dra = dra_watches(&client, &fleet_epoch, &requeue_tx).await;
     let watches = Watches {
         inventories,
         nodes,
+        claims: dra.claims,
+        slices: dra.slices,
         changes: changed_rx,
         requeue: requeue_tx,
         fleet_epoch,
@@ -193,6 +199,7 @@ pub async fn run(
         result = controller => result,
         () = inventory_events => anyhow::bail!("the AcceleratorInventory watch ended"),
         () = node_events => anyhow::bail!("the Node watch ended"),
+        () = dra.events => anyhow::bail!("the ResourceClaim/ResourceSlice watch ended"),
     }
 }
 
@@ -200,6 +207,8 @@ pub async fn run(
 struct Watches {
     inventories: Store<Lenient<AcceleratorInventory>>,
     nodes: Store<kube::api::PartialObjectMeta<Node>>,
+    claims: Option<Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
+    slices: Option<Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
     /// "Reconcile everything".
     changes: mpsc::UnboundedReceiver<()>,
     requeue: mpsc::UnboundedSender<()>,
@@ -222,6 +231,8 @@ async fn run_controller(
     let Watches {
         inventories,
         nodes,
+        claims,
+        slices,
         changes: inventory_changes,
         requeue: requeue_tx,
         fleet_epoch,
@@ -229,6 +240,12 @@ async fn run_controller(
     } = watches;
     inventories.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
+    for store in claims.iter() {
+        store.wait_until_ready().await?;
+    }
+    for store in slices.iter() {
+        store.wait_until_ready().await?;
+    }
     let api: Api<Lenient<ModelPlacement>> = match &config.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
@@ -259,6 +276,8 @@ async fn run_controller(
         placements: controller.store(),
         inventories,
         nodes,
+        claims,
+        slices,
         state: Mutex::new(state),
         metrics,
         requeue: requeue_tx,

@@ -23,10 +23,13 @@ use kube::{Resource, ResourceExt};
 use crate::api::{Lenient, ModelPlacement};
 
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
+use super::claims::{ClaimError, our_claims, release_claims, sync_claims};
 use super::context::{Context, State, lock};
 use super::core::build::Outcome;
-use super::core::decide::{Candidate, decide};
+use super::core::claims::{self, ClaimsReport, foreign_allocations};
+use super::core::decide::{Candidate, Decision, decide};
 use super::core::desired::state_name;
+use super::core::fleet_view::FleetView;
 use super::core::ledger::{Holding, PlacementKey};
 use super::dereference::{
     DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
@@ -55,6 +58,9 @@ pub enum Error {
     /// Status: the status write failed.
     #[error(transparent)]
     Status(#[from] StatusError),
+    /// Claims: a ResourceClaim write failed.
+    #[error(transparent)]
+    Claims(#[from] ClaimError),
     /// Adding or removing the finalizer, or the work inside it, failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
@@ -117,7 +123,7 @@ pub fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let reason = match error {
-        Error::Apply(_) | Error::Status(_) => "api",
+        Error::Apply(_) | Error::Status(_) | Error::Claims(_) => "api",
         Error::Finalizer(_) => "finalizer",
         Error::Dereference(_) => "metadata",
     };
@@ -149,6 +155,11 @@ async fn place(
     let mut state = lock(ctx, waited).await;
     let deciding = Instant::now();
     let fleet = fleet_view(ctx, &mut state);
+    if let Some(claims) = &ctx.claims {
+        let ours = our_claims(ctx);
+        let external = foreign_allocations(claims.state().iter().map(|c| &**c), &ours, &fleet);
+        state.ledger.set_external(external);
+    }
     let waiting = waiting_placements(ctx);
     let older: Vec<Candidate<'_>> = waiting
         .iter()
@@ -167,6 +178,7 @@ async fn place(
         let _ = ctx.requeue.send(());
         return Ok(Action::requeue(Duration::ZERO));
     }
+    let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
     let check_nodes = nodes_to_check(&decision);
     decision.unlabeled = missing_nodes(ctx, decision.outcome.status());
     state
@@ -200,6 +212,9 @@ async fn place(
         return Err(err.into());
     }
     written?;
+    if let Some(err) = claim_error {
+        return Err(err.into());
+    }
     Ok(match decision.outcome {
         Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),
         Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
@@ -221,6 +236,7 @@ async fn cleanup(
         .get(&key)
         .map(Holding::nodes)
         .unwrap_or_default();
+    release_claims(ctx, placement).await?;
     let removed = state.ledger.forget(&key);
     if let Err(err) = sync_node_labels(ctx, &mut state, &nodes).await {
         // Keep the holding until the labels are gone, so a retry removes them.
@@ -236,6 +252,57 @@ async fn cleanup(
         requeue_waiting(ctx, &state, &key);
     }
     Ok(Action::await_change())
+}
+
+/// Makes the placement's ResourceClaims match its decision (none unless it is planned and
+/// held by claims) and records what they are in the decision. A failed write is recorded
+/// too, so the status says so, and returned, so the reconcile is retried.
+async fn hold_by_claims(
+    ctx: &Context,
+    placement: &ModelPlacement,
+    fleet: &FleetView,
+    decision: &mut Decision,
+) -> Option<ClaimError> {
+    ctx.claims.as_ref()?;
+    let namespace = placement.namespace().unwrap_or_default();
+    let mode = placement.spec.allocation.unwrap_or_default();
+    let wanted = match &decision.outcome {
+        Outcome::Planned(status) => {
+            claims::holding(&namespace, &placement.name_any(), mode, status, fleet)
+        }
+        _ => claims::Holding::Labels,
+    };
+    let plans = match &wanted {
+        claims::Holding::Claims(plans) => plans.as_slice(),
+        claims::Holding::Labels => &[],
+        claims::Holding::Unclaimable(why) => {
+            // Keep whatever claims exist: the devices may come back, and a running
+            // workload holds them anyway.
+            decision.claims = Some(ClaimsReport {
+                error: Some(why.clone()),
+                ..ClaimsReport::default()
+            });
+            return None;
+        }
+    };
+    let result = sync_claims(ctx, placement, plans).await;
+    let held_by_claims = matches!(wanted, claims::Holding::Claims(_));
+    match result {
+        Ok(report) => {
+            if held_by_claims {
+                decision.claims = Some(report);
+            }
+            None
+        }
+        Err(err) => {
+            if held_by_claims {
+                let mut report = ClaimsReport::new(plans, &Default::default());
+                report.error = Some(err.to_string());
+                decision.claims = Some(report);
+            }
+            Some(err)
+        }
+    }
 }
 
 /// Reconciles again when some placement other than `except` holds nothing, so freed

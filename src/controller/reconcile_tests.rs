@@ -71,6 +71,8 @@ impl Harness {
             failures: std::sync::Mutex::new(HashMap::new()),
             fleet_epoch: Arc::new(AtomicU64::new(0)),
             inventory_grace: Duration::from_secs(300),
+            claims: None,
+            slices: None,
         };
         Self {
             ctx: Arc::new(ctx),

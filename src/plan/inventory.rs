@@ -83,6 +83,16 @@ impl Reservations {
         self.0.get(node)
     }
 
+    /// Adds every device `other` reserves.
+    pub fn merge(&mut self, other: &Reservations) {
+        for (node, ids) in &other.0 {
+            self.0
+                .entry(node.clone())
+                .or_default()
+                .extend(ids.iter().cloned());
+        }
+    }
+
     /// Number of reserved devices.
     pub fn len(&self) -> usize {
         self.0.values().map(BTreeSet::len).sum()

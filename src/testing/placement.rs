@@ -71,6 +71,7 @@ impl PlacementBuilder {
                 goal,
                 constraints: None,
                 replicas: None,
+                allocation: None,
             },
             name: DEFAULT_NAME.to_string(),
             namespace: None,

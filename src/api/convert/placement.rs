@@ -110,6 +110,7 @@ mod tests {
                 ..Constraints::default()
             }),
             replicas: Some(2),
+            allocation: None,
         }
     }
 

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hardware::{Family, Vendor};
 
+pub mod claims;
 pub mod drivers;
 
 /// A device as DRA names it: the driver, the pool within the driver and the device within

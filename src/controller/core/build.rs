@@ -7,10 +7,12 @@
 //! the planner are renamed to inventory names up front, so reservations, assignments and the
 //! ledger all speak one language.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::placement::{
-    Assignment, Constraints, MemoryBreakdown, ModelPlacementSpec, ModelPlacementStatus, PlanStatus,
+    AllocationMode, Assignment, Constraints, MemoryBreakdown, ModelPlacementSpec,
+    ModelPlacementStatus, PlanStatus,
 };
 use crate::plan::report::Plan;
 use crate::plan::request::prepare;
@@ -41,6 +43,8 @@ pub struct DeviceFilter {
     pub products: BTreeSet<String>,
     /// Labels a node must carry.
     pub node_selector: BTreeMap<String, String>,
+    /// Only devices a DRA driver publishes (`allocation: claims`).
+    pub dra_only: bool,
 }
 
 /// Turns a spec into a planner request, the way `hwaccel plan` turns its flags into one
@@ -51,7 +55,10 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
     Ok(Request {
         model: prepared.model,
         request: prepared.request,
-        filter: filter(&spec.constraints.clone().unwrap_or_default()),
+        filter: DeviceFilter {
+            dra_only: spec.allocation == Some(AllocationMode::Claims),
+            ..filter(&spec.constraints.clone().unwrap_or_default())
+        },
         notes: prepared.notes,
     })
 }
@@ -61,6 +68,7 @@ fn filter(constraints: &Constraints) -> DeviceFilter {
         families: constraints.families.iter().cloned().collect(),
         products: constraints.products.iter().cloned().collect(),
         node_selector: constraints.node_selector.clone(),
+        dra_only: false,
     }
 }
 
@@ -97,6 +105,11 @@ pub fn evaluate(
         Err(reasons) => return Outcome::Invalid(refusal(None, reasons, Vec::new())),
     };
     let nodes = fleet.filtered(&request.filter);
+    let nodes = if request.filter.dra_only {
+        Cow::Owned(dra_published(&nodes, fleet))
+    } else {
+        nodes
+    };
     let nodes: &[NodeSpec] = &nodes;
     match plan(&request.model, nodes, reserved, &request.request) {
         Ok(plan) if plan.fits => {
@@ -125,6 +138,19 @@ pub fn evaluate(
             Vec::new(),
         )),
     }
+}
+
+/// `nodes` with only the devices a DRA driver publishes, and only nodes left with some.
+fn dra_published(nodes: &[NodeSpec], fleet: &FleetView) -> Vec<NodeSpec> {
+    nodes
+        .iter()
+        .filter_map(|node| {
+            let mut node = node.clone();
+            node.devices
+                .retain(|device| fleet.dra_device(&node.name, &device.id).is_some());
+            (!node.devices.is_empty()).then_some(node)
+        })
+        .collect()
 }
 
 fn refusal(

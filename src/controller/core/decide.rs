@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use crate::api::placement::{ModelPlacementSpec, ModelPlacementStatus};
 
 use super::build::{Outcome, evaluate};
+use super::claims::ClaimsReport;
 use super::fleet_view::FleetView;
 use super::ledger::{Holding, Ledger, PlacementKey, Precedence, Tried};
 
@@ -49,6 +50,9 @@ pub struct Decision {
     pub unlabeled: Vec<String>,
     /// Why writing the placement labels failed, if it did.
     pub label_error: Option<String>,
+    /// The ResourceClaims holding the plan, when it is held by claims (filled in after the
+    /// claims are written).
+    pub claims: Option<ClaimsReport>,
     /// True when older placements still wait to be tried, so `me` was not decided on this
     /// turn (the outcome means nothing) and must be reconciled again.
     pub deferred: bool,
@@ -79,6 +83,7 @@ pub fn decide(
         degraded: Vec::new(),
         unlabeled: Vec::new(),
         label_error: None,
+        claims: None,
         deferred: false,
     };
     if let Some(holding) = ledger.get(key) {

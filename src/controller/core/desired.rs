@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::conditions;
-use crate::api::placement::ModelPlacementStatus;
+use crate::api::placement::{AllocationMode, ModelPlacementStatus};
 
 use super::build::Outcome;
+use super::claims::ClaimsReport;
 use super::decide::Decision;
 
 /// The condition saying whether the placement has a plan.
@@ -123,6 +124,12 @@ pub fn desired_status(
         &mut conds,
         conditions::condition(READY, Some(ready), reason, &message, generation, now),
     );
+    if let Outcome::Planned(_) = &decision.outcome {
+        match &decision.claims {
+            Some(report) => report.fill(&mut status),
+            None => status.allocation = Some(AllocationMode::Labels.as_str().to_string()),
+        }
+    }
     status.conditions = conds;
     status.observed_generation = generation;
     status.state = Some(state_name(&decision.outcome).to_string());
@@ -149,6 +156,9 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
         );
         return (false, "NodeNotFound", message);
     }
+    if let Some(report) = decision.claims.as_ref().filter(|r| !r.complete()) {
+        return claims_not_ready(report);
+    }
     if !decision.degraded.is_empty() {
         return (
             false,
@@ -162,10 +172,52 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
         .map(|a| a.node.as_str())
         .collect::<BTreeSet<_>>()
         .len();
+    if let Some(report) = &decision.claims {
+        return (
+            true,
+            "ClaimsAllocated",
+            format!(
+                "{} ResourceClaim(s) hold the planned devices on {nodes} node(s); use status.claims[].podTemplate",
+                report.claims.len()
+            ),
+        );
+    }
     (
         true,
         "NodesLabelled",
         format!("status.nodeSelector selects the {nodes} planned node(s)"),
+    )
+}
+
+/// The Ready condition while the claims are not all allocated.
+fn claims_not_ready(report: &ClaimsReport) -> (bool, &'static str, String) {
+    if let Some(error) = &report.error {
+        return (
+            false,
+            "ClaimWriteFailed",
+            format!("writing the ResourceClaims failed: {error}"),
+        );
+    }
+    if !report.blocked.is_empty() {
+        return (
+            false,
+            "DevicesHeldByOtherClaims",
+            format!(
+                "waiting for other ResourceClaims to release planned devices: {}",
+                report.blocked.join(", ")
+            ),
+        );
+    }
+    let pending: Vec<&str> = report
+        .claims
+        .iter()
+        .filter(|c| !c.allocated)
+        .map(|c| c.name.as_str())
+        .collect();
+    (
+        false,
+        "ClaimsPending",
+        format!("ResourceClaims not allocated yet: {}", pending.join(", ")),
     )
 }
 

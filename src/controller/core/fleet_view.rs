@@ -341,3 +341,11 @@ mod tests {
         assert_eq!(names, vec!["b".to_string()]);
     }
 }
+
+// Placeholder until the ResourceSlice merge lands: no device is DRA-published.
+impl FleetView {
+    /// The DRA name of `device` on `node`, when a DRA driver publishes it.
+    pub fn dra_device(&self, _node: &str, _device: &str) -> Option<&crate::api::dra::DeviceRef> {
+        None
+    }
+}

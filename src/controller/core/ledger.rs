@@ -129,6 +129,8 @@ pub struct Ledger {
     releases: u64,
     /// Placements that did not fit, by key.
     unfit: HashMap<PlacementKey, Unfit>,
+    /// Devices held outside the ledger: allocated by ResourceClaims that are not ours.
+    external: Reservations,
 }
 
 impl Ledger {
@@ -239,9 +241,24 @@ impl Ledger {
         self.holdings.iter()
     }
 
-    /// The devices every placement other than `key` holds, for the planner.
+    /// Replaces the devices held outside the ledger (allocated by ResourceClaims that are
+    /// not ours). Returns true when they changed; a release among them counts as a release,
+    /// so placements that did not fit are tried again.
+    pub fn set_external(&mut self, external: Reservations) -> bool {
+        if external == self.external {
+            return false;
+        }
+        if !self.external.is_empty() {
+            self.releases = self.releases.wrapping_add(1);
+        }
+        self.external = external;
+        true
+    }
+
+    /// The devices every placement other than `key` holds, plus those held outside the
+    /// ledger, for the planner.
     pub fn reserved_by_others(&self, key: &PlacementKey) -> Reservations {
-        let mut reserved = Reservations::none();
+        let mut reserved = self.external.clone();
         for ((node, device), holder) in &self.owners {
             if holder != key {
                 reserved.insert(node.clone(), device.clone());

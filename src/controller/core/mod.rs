@@ -5,6 +5,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`build`] | spec → planner request, plan → status |
+//! | [`claims`] | which ResourceClaims hold a plan, and devices other claims hold |
 //! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
 //! | [`ledger`] | which placement holds which devices |
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
@@ -14,6 +15,7 @@
 //! `tests/` and a unit test keep this module free of `kube`, `tokio` and `clap`.
 
 pub mod build;
+pub mod claims;
 pub mod decide;
 pub mod desired;
 pub mod fleet_view;
