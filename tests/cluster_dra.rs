@@ -1,0 +1,441 @@
+//! Placements Kubernetes enforces, against the real control plane (kube-apiserver 1.36,
+//! kube-scheduler, kube-controller-manager, kwok nodes): the test publishes NVIDIA-shaped
+//! ResourceSlices for a node whose AcceleratorInventory lists the same GPUs (matched by PCI
+//! bus id), and the controller holds a placement's devices as ResourceClaims it allocates.
+//!
+//! - the claims are allocated to exactly the planned devices, the placement's own pod is
+//!   scheduled by kube-scheduler onto the planned node, and a rival pod asking for all the
+//!   driver's GPUs stays Pending with the scheduler's reason;
+//! - deleting the placement frees the devices and the rival schedules;
+//! - a restarted controller neither duplicates nor drops claims;
+//! - `allocation: labels` makes no claims; `allocation: claims` plans only on published
+//!   devices.
+//!
+//! Full tier only (needs the scheduler and kwok): `tests/cluster/up.sh --full && cargo test
+//! --test cluster_dra -- --include-ignored`.
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use hwaccel::api::placement::{AllocationMode, ModelPlacementSpec, ModelPlacementStatus};
+use hwaccel::api::{AcceleratorInventory, ModelPlacement, attribute, conditions};
+use hwaccel::controller::metrics::ControllerMetrics;
+use hwaccel::controller::{self, Config};
+use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
+
+const DRIVER: &str = "gpu.nvidia.com";
+const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
+
+/// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
+/// an NVIDIA-shaped ResourceSlice publishing its GPUs under the driver's own names
+/// (`gpu-<index>`), matched to the inventory by PCI bus id. Returns the node name and the
+/// number of GPUs published.
+async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, usize)> {
+    let client = cluster.client();
+    let name = cluster.unique_name(scenario);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": name},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    let inventory = InventoryBuilder::fixture(scenario)
+        .node(&name)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    let devices: Vec<serde_json::Value> = inventory
+        .spec
+        .devices
+        .iter()
+        .filter(|d| d.text(attribute::VENDOR).as_deref() == Some("nvidia"))
+        .enumerate()
+        .map(|(index, device)| {
+            json!({
+                "name": format!("gpu-{index}"),
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "uuid": {"string": device.text(attribute::UUID).unwrap_or_default()},
+                    "productName": {"string": device.text(attribute::MODEL).unwrap_or_default()},
+                    "resource.kubernetes.io/pciBusID": {"string": device.text(attribute::PCI_BUS_ID).unwrap_or_default()},
+                },
+                "capacity": {"memory": {"value": "80Gi"}},
+            })
+        })
+        .collect();
+    let published = devices.len();
+    Api::<AcceleratorInventory>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&inventory),
+        )
+        .await?;
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-{DRIVER}")},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }))?;
+    Api::<ResourceSlice>::all(client)
+        .create(&PostParams::default(), &slice)
+        .await?;
+    Ok((name, published))
+}
+
+/// The vendor chart's DeviceClass for the driver (every NVIDIA DRA install has it).
+async fn ensure_driver_class(cluster: &TestCluster) -> Result<()> {
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
+    }))?;
+    Api::<DeviceClass>::all(cluster.client())
+        .patch(
+            DRIVER,
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(&class),
+        )
+        .await?;
+    Ok(())
+}
+
+struct Running(tokio::task::JoinHandle<Result<()>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn start_controller(cluster: &TestCluster) -> Running {
+    let mut config = Config::cluster_wide("test-controller");
+    config.namespace = Some(cluster.namespace().to_string());
+    config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
+    config.debounce = Duration::from_millis(200);
+    let metrics =
+        ControllerMetrics::register(&mut prometheus_client::registry::Registry::default());
+    Running(tokio::spawn(controller::run(
+        cluster.client(),
+        config,
+        metrics,
+        std::future::pending(),
+    )))
+}
+
+async fn create_placement(
+    cluster: &TestCluster,
+    name: &str,
+    mut spec: ModelPlacementSpec,
+    allocation: AllocationMode,
+) -> Result<()> {
+    spec.allocation = Some(allocation);
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.create(&PostParams::default(), &ModelPlacement::new(name, spec))
+        .await?;
+    Ok(())
+}
+
+/// Waits until the placement is Ready for its current generation.
+async fn wait_ready(cluster: &TestCluster, name: &str) -> Result<ModelPlacementStatus> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, &format!("{name} Ready"), || {
+        let api = api.clone();
+        async move {
+            let placement = api.get(name).await?;
+            let generation = placement.metadata.generation;
+            Ok(placement.status.filter(|s| {
+                s.observed_generation == generation
+                    && conditions::find(&s.conditions, "Ready").is_some_and(|c| c.status == "True")
+            }))
+        }
+    })
+    .await
+}
+
+async fn claims_of(cluster: &TestCluster, placement: &str) -> Result<Vec<ResourceClaim>> {
+    let api: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    let list = api
+        .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}={placement}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// `(pool, device)` of every allocation result of `claims`.
+fn allocated(claims: &[ResourceClaim]) -> BTreeSet<(String, String)> {
+    claims
+        .iter()
+        .filter_map(|c| {
+            c.status
+                .as_ref()?
+                .allocation
+                .as_ref()?
+                .devices
+                .as_ref()?
+                .results
+                .as_ref()
+        })
+        .flatten()
+        .map(|r| (r.pool.clone(), r.device.clone()))
+        .collect()
+}
+
+/// A pod with one claim; `claim` is `("resourceClaimName"|"resourceClaimTemplateName", name)`.
+async fn create_pod(cluster: &TestCluster, name: &str, claim: (&str, &str)) -> Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{
+                "name": "model",
+                "image": "registry.invalid/model:test",
+                "resources": {"claims": [{"name": "accelerators"}]},
+            }],
+            "resourceClaims": [{"name": "accelerators", claim.0: claim.1}],
+        },
+    }))?;
+    Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
+/// A claim template asking for `count` GPUs of the driver, any of them.
+async fn create_any_gpus_template(cluster: &TestCluster, name: &str, count: usize) -> Result<()> {
+    let template = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{
+            "name": "gpus",
+            "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count},
+        }]}}},
+    });
+    let api: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(cluster.client(), cluster.namespace());
+    api.create(&PostParams::default(), &serde_json::from_value(template)?)
+        .await?;
+    Ok(())
+}
+
+async fn scheduled_node(cluster: &TestCluster, pod: &str) -> Result<Option<String>> {
+    let pod = Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+        .get(pod)
+        .await?;
+    Ok(pod.spec.and_then(|s| s.node_name))
+}
+
+/// The scheduler's latest FailedScheduling message for `pod`, if any.
+async fn scheduling_failure(cluster: &TestCluster, pod: &str) -> Result<Option<String>> {
+    let out = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            cluster.namespace(),
+            "--field-selector",
+            &format!("involvedObject.name={pod},reason=FailedScheduling"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .await?;
+    Ok((!out.trim().is_empty()).then(|| out.trim().to_string()))
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (node, gpus) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    assert!(gpus >= 2, "fixture has {gpus} NVIDIA GPUs");
+    let controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "llama",
+        PlacementBuilder::serve("llama-3.1-8b").spec(),
+        AllocationMode::Claims,
+    )
+    .await?;
+    let status = wait_ready(&cluster, "llama").await?;
+    assert_eq!(status.allocation.as_deref(), Some("claims"));
+    let claims = claims_of(&cluster, "llama").await?;
+    assert_eq!(claims.len(), status.claims.len(), "{status:?}");
+    // (a) The allocations name exactly the planned devices, and the status says the same
+    // (`kubectl get mp -o wide` prints status.deviceNames).
+    let held = allocated(&claims);
+    let planned: BTreeSet<(String, String)> = status
+        .claims
+        .iter()
+        .flat_map(|c| c.devices.iter().map(|d| (d.pool.clone(), d.device.clone())))
+        .collect();
+    assert_eq!(held, planned);
+    let planned_devices: usize = status.assignments.iter().map(|a| a.devices.len()).sum();
+    assert_eq!(held.len(), planned_devices);
+    let wide: BTreeSet<(String, String)> = status
+        .device_names
+        .as_deref()
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|d| d.split_once('/'))
+        .map(|(p, d)| (p.to_string(), d.to_string()))
+        .collect();
+    assert_eq!(wide, held);
+    assert!(status.claims.iter().all(|c| c.node == node && c.allocated));
+
+    // The placement's own pod, built from the status's fragment, lands on the planned node.
+    let claim_name = status.claims[0].pod_template.resource_claims[0]
+        .resource_claim_name
+        .clone();
+    create_pod(&cluster, "model-0", ("resourceClaimName", &claim_name)).await?;
+    wait_for(DEFAULT_TIMEOUT, "model-0 scheduled", || async {
+        scheduled_node(&cluster, "model-0").await
+    })
+    .await
+    .map(|n| assert_eq!(n, node))?;
+
+    // A rival asking for all the driver's GPUs cannot get the held ones and stays Pending.
+    create_any_gpus_template(&cluster, "all-gpus", gpus).await?;
+    create_pod(&cluster, "rival", ("resourceClaimTemplateName", "all-gpus")).await?;
+    let reason = wait_for(DEFAULT_TIMEOUT, "rival FailedScheduling", || async {
+        scheduling_failure(&cluster, "rival").await
+    })
+    .await?;
+    assert!(reason.contains("cannot allocate all claims"), "{reason}");
+    assert_eq!(scheduled_node(&cluster, "rival").await?, None);
+
+    // (d) A restarted controller finds its claims: none added, none dropped.
+    let before: BTreeMap<String, Option<String>> = claims
+        .iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap_or_default(),
+                c.metadata.uid.clone(),
+            )
+        })
+        .collect();
+    drop(controller);
+    let restarted = start_controller(&cluster);
+    // Give the new controller time to reconcile everything at least once.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    wait_ready(&cluster, "llama").await?;
+    let after: BTreeMap<String, Option<String>> = claims_of(&cluster, "llama")
+        .await?
+        .iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap_or_default(),
+                c.metadata.uid.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(before, after, "claims changed across a controller restart");
+
+    // (b) Deleting the placement (and its pod) frees the devices: the rival schedules.
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("llama", &DeleteParams::default())
+        .await?;
+    Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+        .delete("model-0", &DeleteParams::default().grace_period(0))
+        .await?;
+    let rival_node = wait_for(DEFAULT_TIMEOUT, "rival scheduled", || async {
+        scheduled_node(&cluster, "rival").await
+    })
+    .await?;
+    assert_eq!(rival_node, node);
+    drop(restarted);
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn labels_mode_makes_no_claims_and_claims_mode_plans_only_published_devices() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (_node, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    // A node whose GPUs no DRA driver publishes (an inventory, no slice).
+    let plain = cluster.unique_name("plain");
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": plain,
+            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": plain},
+        },
+    }))?;
+    Api::<Node>::all(cluster.client())
+        .create(&PostParams::default(), &node)
+        .await?;
+    let inventory = InventoryBuilder::fixture("mi300x-8x")
+        .node(&plain)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .patch(
+            &plain,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&inventory),
+        )
+        .await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "by-labels",
+        PlacementBuilder::serve("llama-3.1-8b").spec(),
+        AllocationMode::Labels,
+    )
+    .await?;
+    create_placement(
+        &cluster,
+        "on-amd",
+        PlacementBuilder::serve("llama-3.1-8b")
+            .node_selector("kubernetes.io/hostname", &plain)
+            .spec(),
+        AllocationMode::Claims,
+    )
+    .await?;
+    let labels = wait_ready(&cluster, "by-labels").await?;
+    assert_eq!(labels.allocation.as_deref(), Some("labels"));
+    assert!(labels.claims.is_empty());
+    assert!(claims_of(&cluster, "by-labels").await?.is_empty());
+    // Only the plain node is allowed and no driver publishes its GPUs: claims cannot hold it.
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let refused = wait_for(DEFAULT_TIMEOUT, "on-amd Pending", || {
+        let api = api.clone();
+        async move {
+            Ok(api
+                .get("on-amd")
+                .await?
+                .status
+                .filter(|s| s.state.as_deref() == Some("Pending")))
+        }
+    })
+    .await?;
+    if !claims_of(&cluster, "on-amd").await?.is_empty() {
+        bail!("a refused placement holds claims: {refused:?}");
+    }
+    Ok(())
+}
