@@ -3,7 +3,8 @@
 //! tokens. An agent token bound to a pod on node A may label node A under `hwaccel.io/` and
 //! write inventory A, and is denied node B, inventory B, labels outside its prefix, taints,
 //! and everything when the token is not bound to a pod. The controller's token may only touch
-//! `placement.hwaccel.io/` labels.
+//! `placement.hwaccel.io/` labels, and in `resource.k8s.io` only hold devices with
+//! ResourceClaims (create, allocate, delete).
 //!
 //! Needs a cluster: `tests/cluster/up.sh` then `source target/testcluster/env` (KUBECONFIG),
 //! and `cargo test --test cluster_security -- --include-ignored`. Each test renders the chart
@@ -799,4 +800,116 @@ fn minimal_instance(schema: &Value, text: &str) -> Value {
         Some("boolean") => json!(false),
         _ => json!({}),
     }
+}
+
+/// Fails unless `result` is RBAC's 403 (no admission policy involved).
+fn assert_forbidden<T: std::fmt::Debug>(result: kube::Result<T>, what: &str) -> Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+        other => bail!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+/// The controller's DRA rights are exactly what holding devices with claims takes: read
+/// slices and claims, create a claim, write its allocation, delete it. It may not rewrite a
+/// claim (an allocation is never re-pointed), publish devices, or define device classes.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn controller_token_may_hold_devices_with_claims_and_nothing_more() -> Result<()> {
+    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+    let Some(fixture) = Fixture::install("claims").await? else {
+        return Ok(());
+    };
+    let controller = fixture.client_as(&fixture.user("controller"), None).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(controller.clone(), &fixture.prefix);
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "llama-r0-s0", "labels": {"hwaccel.io/placement": "llama"}},
+        "spec": {"devices": {"requests": [{"name": "accelerators", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}},
+    }))?;
+    // RBAC reaches the API server's cache a moment after the chart's objects are applied.
+    let deadline = Instant::now() + PROPAGATION_TIMEOUT;
+    let created = loop {
+        match claims.create(&PostParams::default(), &claim).await {
+            Ok(created) => break created,
+            Err(err) if Instant::now() < deadline => {
+                wait_for_rbac(&err).await;
+            }
+            Err(err) => bail!("the controller may not create a claim: {err}"),
+        }
+    };
+    Api::<ResourceSlice>::all(controller.clone())
+        .list(&Default::default())
+        .await
+        .context("the controller reads ResourceSlices")?;
+    claims
+        .list(&Default::default())
+        .await
+        .context("the controller reads ResourceClaims")?;
+    let allocation = json!({"status": {"allocation": {
+        "devices": {"results": [{"request": "accelerators", "driver": "gpu.nvidia.com",
+                                  "pool": "node-a", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]},
+        "allocationTimestamp": "2026-01-01T00:00:00Z",
+    }}});
+    claims
+        .patch_status(
+            "llama-r0-s0",
+            &PatchParams::default(),
+            &Patch::Merge(&allocation),
+        )
+        .await
+        .context("the controller writes a claim's allocation")?;
+
+    let mut rewritten = created.clone();
+    rewritten.metadata.labels = Some([("stolen".to_string(), "yes".to_string())].into());
+    assert_forbidden(
+        claims
+            .replace("llama-r0-s0", &PostParams::default(), &rewritten)
+            .await,
+        "controller replaces a claim",
+    )?;
+    assert_forbidden(
+        claims
+            .patch(
+                "llama-r0-s0",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"stolen": "yes"}}})),
+            )
+            .await,
+        "controller patches a claim's metadata",
+    )?;
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}-fake", fixture.prefix)},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
+                 "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}, "devices": []},
+    }))?;
+    assert_forbidden(
+        Api::<ResourceSlice>::all(controller.clone())
+            .create(&PostParams::default(), &slice)
+            .await,
+        "controller publishes a ResourceSlice",
+    )?;
+    let class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": format!("{}.example.com", fixture.prefix)},
+        "spec": {},
+    }))?;
+    assert_forbidden(
+        Api::<DeviceClass>::all(controller.clone())
+            .create(&PostParams::default(), &class)
+            .await,
+        "controller defines a DeviceClass",
+    )?;
+    claims
+        .delete("llama-r0-s0", &DeleteParams::default())
+        .await
+        .context("the controller deletes its claim")?;
+    fixture.clean_up().await;
+    Ok(())
+}
+
+/// Waits half a second after a refusal that may only mean RBAC has not propagated yet.
+async fn wait_for_rbac(_refusal: &kube::Error) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
 }
