@@ -822,22 +822,62 @@ async fn controller_token_may_hold_devices_with_claims_and_nothing_more() -> Res
     };
     let controller = fixture.client_as(&fixture.user("controller"), None).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(controller.clone(), &fixture.prefix);
+    let admin_claims: Api<ResourceClaim> = Api::namespaced(fixture.admin.clone(), &fixture.prefix);
+    // The owner: a real placement (a claim owned by a uid that does not exist would be
+    // collected by kube-controller-manager's garbage collector mid-test).
+    let crd = repository_crd(PLACEMENT_CRD)?.context("crds/ has the ModelPlacement CRD")?;
+    let resource = install_crd(&fixture.admin, &crd).await?;
+    let placement =
+        Api::<DynamicObject>::namespaced_with(fixture.admin.clone(), &fixture.prefix, &resource)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": resource.api_version,
+                    "kind": resource.kind,
+                    "metadata": {"name": "llama"},
+                    "spec": PlacementBuilder::serve("llama-3.1-8b").spec(),
+                }))?,
+            )
+            .await?;
+    let owner = json!([{
+        "apiVersion": resource.api_version, "kind": resource.kind, "name": "llama",
+        "uid": placement.metadata.uid, "controller": true,
+    }]);
+    let request = json!({"devices": {"requests": [{"name": "accelerators", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}});
     let claim: ResourceClaim = serde_json::from_value(json!({
-        "metadata": {"name": "llama-r0-s0", "labels": {"hwaccel.io/placement": "llama"}},
-        "spec": {"devices": {"requests": [{"name": "accelerators", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]}},
+        "metadata": {"name": "llama-r0-s0", "labels": {"hwaccel.io/placement": "llama"},
+                     "ownerReferences": owner},
+        "spec": request,
     }))?;
-    // RBAC reaches the API server's cache a moment after the chart's objects are applied.
-    let deadline = Instant::now() + PROPAGATION_TIMEOUT;
-    let created = loop {
-        match claims.create(&PostParams::default(), &claim).await {
-            Ok(created) => break created,
-            Err(err) if Instant::now() < deadline => {
-                wait_for_rbac(&err).await;
-            }
-            Err(err) => bail!("the controller may not create a claim: {err}"),
+    // A tenant's own claim, which the controller must never touch.
+    let tenant: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "tenant"}, "spec": request,
+    }))?;
+    // RBAC and the policy reach the API server's caches a moment after they are applied:
+    // wait until the policy refuses deleting the tenant's claim.
+    let policy = fixture.policy("controller-claim-writes");
+    wait_until_enforced(&policy, |_| {
+        let (claims, admin_claims, tenant) = (claims.clone(), admin_claims.clone(), tenant.clone());
+        async move {
+            // A try that got through before the policy was live deleted it: put it back.
+            let _ = admin_claims.create(&PostParams::default(), &tenant).await;
+            claims.delete("tenant", &DeleteParams::default()).await
         }
-    };
+    })
+    .await?;
+    let unlabelled: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "unlabelled", "ownerReferences": owner}, "spec": request,
+    }))?;
+    assert_denied_by(
+        claims.create(&PostParams::default(), &unlabelled).await,
+        &policy,
+        "controller creates a claim without the placement label",
+    )?;
+    let created = claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .context("the controller creates its claim")?;
     Api::<ResourceSlice>::all(controller.clone())
         .list(&Default::default())
         .await
@@ -907,9 +947,4 @@ async fn controller_token_may_hold_devices_with_claims_and_nothing_more() -> Res
         .context("the controller deletes its claim")?;
     fixture.clean_up().await;
     Ok(())
-}
-
-/// Waits half a second after a refusal that may only mean RBAC has not propagated yet.
-async fn wait_for_rbac(_refusal: &kube::Error) {
-    tokio::time::sleep(Duration::from_millis(500)).await;
 }
