@@ -31,11 +31,20 @@ pub struct KnownDriver {
     /// An attribute and the value it has on whole devices (partitions have another value),
     /// if the driver publishes partitions next to whole devices.
     pub whole_device: Option<(&'static str, &'static str)>,
+    /// A bool attribute that is `false` on a device the driver itself reports unhealthy, if
+    /// the driver publishes one (drivers that use DRA device taints need none).
+    pub healthy: Option<&'static str>,
 }
 
 /// Every driver we know, by name.
+///
+/// Not here, for want of a public driver source to take attribute names from (none found
+/// when this table was checked, 2026-11): AWS Neuron and Google TPU. A slice of either is
+/// ignored with a note rather than read with guessed names.
 pub const KNOWN_DRIVERS: &[KnownDriver] = &[
     // kubernetes-sigs/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/deviceinfo.go
+    // (GpuInfo.Attributes: `type`=gpu, `uuid`, `productName`, the standard pciBusID; the
+    // `memory` capacity in bytes). MIG devices carry `type`=mig and their own `MIG-` uuid.
     KnownDriver {
         name: "gpu.nvidia.com",
         vendor: Vendor::Nvidia,
@@ -45,8 +54,12 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         pci_address: None,
         memory: Some("memory"),
         whole_device: Some(("type", "gpu")),
+        healthy: None,
     },
-    // ROCm/k8s-gpu-dra-driver cmd/gpu-kubeletplugin/deviceinfo.go
+    // ROCm/k8s-gpu-dra-driver cmd/gpu-kubeletplugin/deviceinfo.go and pkg/consts/consts.go
+    // (`type` is `amdgpu` for a whole GPU, `amdgpu-partition` for a compute partition;
+    // `pciAddr` only on VFIO devices, whole GPUs carry the standard pciBusID; no uuid
+    // attribute).
     KnownDriver {
         name: "gpu.amd.com",
         vendor: Vendor::Amd,
@@ -55,7 +68,8 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         uuid: None,
         pci_address: Some("pciAddr"),
         memory: Some("memory"),
-        whole_device: None,
+        whole_device: Some(("type", "amdgpu")),
+        healthy: None,
     },
     // intel/intel-resource-drivers-for-kubernetes doc/gpu/USAGE.md
     KnownDriver {
@@ -67,8 +81,11 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         pci_address: Some("pciAddress"),
         memory: Some("memory"),
         whole_device: None,
+        healthy: None,
     },
-    // intel/intel-resource-drivers-for-kubernetes doc/gaudi/USAGE.md
+    // intel/intel-resource-drivers-for-kubernetes cmd/kubelet-gaudi-plugin/node_state.go
+    // (`model` is the SKU name such as `Gaudi2`, `serial`, `healthy`, `pciRoot`; no
+    // memory capacity) and doc/gaudi/USAGE.md.
     KnownDriver {
         name: "gaudi.intel.com",
         vendor: Vendor::Intel,
@@ -78,6 +95,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         pci_address: None,
         memory: None,
         whole_device: None,
+        healthy: Some("healthy"),
     },
 ];
 

@@ -23,6 +23,8 @@ use crate::hardware::{Family, Vendor};
 
 pub mod claims;
 pub mod drivers;
+pub mod merge;
+pub mod slices;
 
 /// A device as DRA names it: the driver, the pool within the driver and the device within
 /// the pool. Exactly what an allocation result carries.

@@ -6,12 +6,18 @@
 //! tens of milliseconds for a 1,000-node fleet), and a fleet changes one node at a time. So
 //! the view is assembled from [`NodePart`]s, one per inventory, which the controller keeps
 //! across rebuilds and converts again only when that inventory's resourceVersion changed.
+//!
+//! A part may also carry the devices DRA drivers publish for its node
+//! ([`NodePart::with_published`]): the same device seen by both is one device, and each
+//! device a driver publishes keeps its DRA name ([`FleetView::dra_device`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::api::dra::merge::merge_node;
+use crate::api::dra::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
 use crate::plan::NodeSpec;
 
@@ -29,6 +35,10 @@ pub struct NodePart {
     present: BTreeSet<String>,
     /// Devices present but not plannable now, with the reason.
     unusable: BTreeMap<String, String>,
+    /// DRA name by planner device id, for the devices a DRA driver publishes.
+    dra: BTreeMap<String, DeviceRef>,
+    /// What merging published devices left out, one line each.
+    notes: Vec<String>,
 }
 
 impl NodePart {
@@ -68,7 +78,57 @@ impl NodePart {
             products,
             present,
             unusable,
+            dra: BTreeMap::new(),
+            notes: Vec::new(),
         }
+    }
+
+    /// `node_name` from its inventory (if any) and the devices DRA drivers publish for it.
+    /// Without published devices this is exactly [`NodePart::new`] (or an empty node).
+    pub fn with_published(
+        node_name: &str,
+        inventory: Option<&AcceleratorInventory>,
+        published: &[PublishedDevice],
+    ) -> Self {
+        let mut part = match inventory {
+            Some(inventory) => Self::new(inventory),
+            None => Self::empty(node_name),
+        };
+        if published.is_empty() {
+            return part;
+        }
+        // Converting the inventory twice (here and in `new`) costs tens of microseconds on
+        // a node with published devices only, and keeps `new`'s health reasons in one place.
+        let merged = merge_node(node_name, inventory, published);
+        part.node = merged.node;
+        part.products.extend(merged.products);
+        part.present.extend(merged.present);
+        part.unusable.extend(merged.unusable);
+        part.dra = merged.dra;
+        part.notes = merged.notes;
+        part
+    }
+
+    /// A node nothing is known about yet.
+    fn empty(node_name: &str) -> Self {
+        Self {
+            node: NodeSpec {
+                name: node_name.to_string(),
+                devices: Vec::new(),
+                fabric: None,
+                labels: BTreeMap::new(),
+            },
+            products: BTreeMap::new(),
+            present: BTreeSet::new(),
+            unusable: BTreeMap::new(),
+            dra: BTreeMap::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// What merging the node's published devices left out, one line each.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 }
 
@@ -152,6 +212,12 @@ impl FleetView {
             .products
             .get(device)
             .map(String::as_str)
+    }
+
+    /// The DRA name of a device, by node and planner device id, when a DRA driver
+    /// publishes it.
+    pub fn dra_device(&self, node: &str, device: &str) -> Option<&DeviceRef> {
+        self.parts.get(node)?.dra.get(device)
     }
 
     /// The assigned devices that are still present but no longer plannable, as
@@ -339,6 +405,169 @@ mod tests {
             .map(|n| n.name.clone())
             .collect();
         assert_eq!(names, vec!["b".to_string()]);
+    }
+
+    /// An NVIDIA slice for `node` shaped like dra-driver-nvidia-gpu's, with GPUs at the
+    /// h100-8x-nvswitch fixture's bus ids, generation `generation` of `count` slices.
+    fn nvidia_slice(
+        name: &str,
+        node: &str,
+        generation: i64,
+        count: i64,
+        devices: &[(u32, &str, Option<&str>)],
+    ) -> k8s_openapi::api::resource::v1::ResourceSlice {
+        let devices: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|(minor, bus, taint)| {
+                let mut device = serde_json::json!({
+                    "name": format!("gpu-{minor}"),
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": format!("GPU-test-{minor}")},
+                        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                        "resource.kubernetes.io/pciBusID": {"string": bus},
+                    },
+                    "capacity": {"memory": {"value": "81559Mi"}},
+                });
+                if let Some(effect) = taint {
+                    device["taints"] = serde_json::json!([{"key": "gpu.nvidia.com/xid", "value": "79", "effect": effect}]);
+                }
+                device
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": node,
+                "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                "devices": devices,
+            }
+        }))
+        .expect("test slice")
+    }
+
+    fn view_of(
+        inventories: &[AcceleratorInventory],
+        slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
+        nodes: &[&str],
+    ) -> FleetView {
+        let fleet = crate::api::dra::slices::published_devices(slices);
+        let parts = nodes.iter().map(|node| {
+            let inventory = inventories.iter().find(|i| i.spec.node_name == *node);
+            Arc::new(NodePart::with_published(node, inventory, fleet.node(node)))
+        });
+        FleetView::from_parts(parts, &BTreeMap::new())
+    }
+
+    #[test]
+    fn a_device_in_the_inventory_and_a_slice_is_one_device_with_a_dra_name() {
+        let a = inventory("h100-8x-nvswitch", "a", "1");
+        let slice = nvidia_slice(
+            "a-gpu",
+            "a",
+            1,
+            1,
+            &[(0, "0000:1b:00.0", None), (1, "0000:43:00.0", None)],
+        );
+        let view = view_of(&[a.clone()], &[slice], &["a"]);
+        assert_eq!(view.nodes()[0].devices.len(), 8, "not ten");
+        assert_eq!(
+            view.dra_device("a", "gpu-0000-43-00-0")
+                .map(ToString::to_string)
+                .as_deref(),
+            Some("gpu.nvidia.com/a/gpu-1")
+        );
+        assert_eq!(
+            view.dra_device("a", "gpu-0000-52-00-0"),
+            None,
+            "not published"
+        );
+        assert_eq!(
+            view.product("a", "gpu-0000-1b-00-0"),
+            Some("nvidia-h100-80gb-hbm3")
+        );
+        // Nothing published: exactly the inventory-only part.
+        let plain = NodePart::with_published("a", Some(&a), &[]);
+        let new = NodePart::new(&a);
+        assert_eq!(plain.node, new.node);
+        assert_eq!(plain.unusable, new.unusable);
+        assert!(plain.dra.is_empty());
+    }
+
+    #[test]
+    fn a_slice_only_node_is_planned_and_its_devices_are_held() {
+        let slice = nvidia_slice(
+            "b-gpu",
+            "b",
+            3,
+            1,
+            &[(0, "0000:1b:00.0", None), (1, "0000:43:00.0", None)],
+        );
+        let view = view_of(&[], &[slice], &["b"]);
+        let node = &view.nodes()[0];
+        assert_eq!(node.devices.len(), 2);
+        let id = node.devices[0].id.clone();
+        assert_eq!(
+            view.dra_device("b", &id).map(|r| r.device.as_str()),
+            Some("gpu-0")
+        );
+        assert_eq!(view.product("b", &id), Some("nvidia-h100-80gb-hbm3"));
+        let assignment = Assignment {
+            replica: 0,
+            stage: 0,
+            node: "b".into(),
+            devices: vec![id],
+        };
+        assert!(view.holds(std::slice::from_ref(&assignment)).is_ok());
+    }
+
+    #[test]
+    fn a_tainted_device_is_not_planned_and_is_reported_degraded() {
+        let a = inventory("h100-8x-nvswitch", "a", "1");
+        let slice = nvidia_slice(
+            "a-gpu",
+            "a",
+            1,
+            1,
+            &[(0, "0000:1b:00.0", Some("NoExecute"))],
+        );
+        let view = view_of(&[a], &[slice], &["a"]);
+        assert_eq!(view.nodes()[0].devices.len(), 7);
+        let assignment = Assignment {
+            replica: 0,
+            stage: 0,
+            node: "a".into(),
+            devices: vec!["gpu-0000-1b-00-0".into()],
+        };
+        let degraded = view.degraded(std::slice::from_ref(&assignment));
+        assert_eq!(degraded.len(), 1);
+        assert!(degraded[0].contains("NoExecute"), "{degraded:?}");
+    }
+
+    #[test]
+    fn an_incomplete_pool_adds_nothing() {
+        let a = inventory("h100-8x-nvswitch", "a", "1");
+        // Generation 2 is being written: one of its two slices is there, and it taints gpu-0.
+        let old = nvidia_slice("a-1", "a", 1, 1, &[(0, "0000:1b:00.0", None)]);
+        let half = nvidia_slice("a-2", "a", 2, 2, &[(0, "0000:1b:00.0", Some("NoSchedule"))]);
+        let view = view_of(&[a], &[old, half], &["a"]);
+        assert_eq!(
+            view.nodes()[0].devices.len(),
+            8,
+            "the half-written taint is not read"
+        );
+        assert_eq!(
+            view.dra_device("a", "gpu-0000-1b-00-0"),
+            None,
+            "nor generation 1"
+        );
+        let slice_only = view_of(
+            &[],
+            &[nvidia_slice("c-2", "c", 2, 2, &[(0, "0000:1b:00.0", None)])],
+            &["c"],
+        );
+        assert!(slice_only.nodes()[0].devices.is_empty());
     }
 }
 

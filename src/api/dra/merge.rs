@@ -1,0 +1,225 @@
+//! One node's AcceleratorInventory and the devices DRA drivers publish for it → one planner
+//! node, each physical device once.
+//!
+//! The same device seen by our agent and by a vendor driver is matched by PCI bus id, else
+//! by UUID (case-insensitively). A match keeps the inventory's device (its name, topology
+//! and measured facts) and gains its DRA name; a match the driver marks unusable leaves the
+//! planner node. A published device nobody else saw becomes a planner device of its own,
+//! which is how a DRA-only node (no agent, or an agent without vendor tools) gets planned.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{DeviceRef, PublishedDevice};
+use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
+use crate::detect::pci::canonical_bus_id;
+use crate::labels::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
+use crate::plan::products::{self, CONSERVATIVE_PRECISIONS};
+use crate::plan::units::Bytes;
+use crate::plan::{DeviceSpec, NodeSpec};
+
+/// One node as the planner sees it after merging.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MergedNode {
+    /// The planner's node: inventory devices by inventory name, slice-only devices by a
+    /// name derived from their DRA name. Labels are not filled in.
+    pub node: NodeSpec,
+    /// DRA name by planner device id, for every planner device a driver publishes.
+    pub dra: BTreeMap<String, DeviceRef>,
+    /// Product slug by planner device id (`nvidia-h100-80gb-hbm3`).
+    pub products: BTreeMap<String, String>,
+    /// Devices present but not plannable, by planner device id, with why.
+    pub unusable: BTreeMap<String, String>,
+    /// Every device id on the node, plannable or not.
+    pub present: BTreeSet<String>,
+    /// What was merged away or skipped, one line each.
+    pub notes: Vec<String>,
+}
+
+/// Merges `node`'s inventory (if any) with the devices drivers publish for it.
+pub fn merge_node(
+    node: &str,
+    inventory: Option<&AcceleratorInventory>,
+    published: &[PublishedDevice],
+) -> MergedNode {
+    let mut merged = MergedNode {
+        node: NodeSpec {
+            name: node.to_string(),
+            devices: Vec::new(),
+            fabric: None,
+            labels: BTreeMap::new(),
+        },
+        dra: BTreeMap::new(),
+        products: BTreeMap::new(),
+        unusable: BTreeMap::new(),
+        present: BTreeSet::new(),
+        notes: Vec::new(),
+    };
+    let mut by_bus = BTreeMap::new();
+    let mut by_uuid = BTreeMap::new();
+    if let Some(inventory) = inventory {
+        merged.node = inventory.planner_node(PlannerDeviceIds::InventoryNames).0;
+        merged.node.name = node.to_string();
+        for entry in &inventory.spec.devices {
+            merged.present.insert(entry.name.clone());
+            if let Some(product) = entry.text(attribute::PRODUCT) {
+                merged.products.insert(entry.name.clone(), product);
+            }
+            let bus = entry
+                .text(attribute::PCI_BUS_ID)
+                .or_else(|| entry.text(attribute::ID))
+                .and_then(|id| canonical_bus_id(&id));
+            if let Some(bus) = bus {
+                by_bus.insert(bus, entry.name.clone());
+            }
+            if let Some(uuid) = entry.text(attribute::UUID) {
+                by_uuid.insert(uuid.to_ascii_lowercase(), entry.name.clone());
+            }
+        }
+    }
+
+    let mut matched = BTreeSet::new();
+    for device in published {
+        let found = device
+            .pci_bus_id
+            .as_ref()
+            .and_then(|bus| by_bus.get(bus))
+            .or_else(|| {
+                let uuid = device.uuid.as_ref()?.to_ascii_lowercase();
+                by_uuid.get(&uuid)
+            })
+            .cloned();
+        match found {
+            Some(name) => merge_matched(&mut merged, &mut matched, name, device),
+            None => add_published(&mut merged, device),
+        }
+    }
+    merged
+}
+
+/// A published device the inventory also has: one device, the inventory's name.
+fn merge_matched(
+    merged: &mut MergedNode,
+    matched: &mut BTreeSet<String>,
+    name: String,
+    device: &PublishedDevice,
+) {
+    if !matched.insert(name.clone()) {
+        merged.notes.push(format!(
+            "{} names the same device as another published device ({name}); ignored",
+            device.reference
+        ));
+        return;
+    }
+    if let Some(why) = &device.unusable {
+        merged.node.devices.retain(|d| d.id != name);
+        merged.notes.push(format!(
+            "{name} not planned: {} publishes it as {why}",
+            device.reference
+        ));
+        merged.unusable.insert(name.clone(), why.clone());
+    }
+    merged.dra.insert(name, device.reference.clone());
+}
+
+/// A published device the inventory lacks: a planner device of its own, when what it is
+/// can be told.
+fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
+    let id = unique_id(&merged.present, &device.reference);
+    merged.present.insert(id.clone());
+    if let Some(why) = &device.unusable {
+        merged
+            .notes
+            .push(format!("{} not planned: {why}", device.reference));
+        merged.unusable.insert(id.clone(), why.clone());
+        merged.dra.insert(id, device.reference.clone());
+        return;
+    }
+    let memory = device.memory_bytes.map(Bytes);
+    let name = device.product.as_deref().unwrap_or("");
+    let memory_gb = device.memory_bytes.map(|b| b as f64 / 1e9);
+    let spec = match products::lookup(name, memory_gb) {
+        Some(product) => product.device_spec(id.clone(), memory),
+        None => match memory {
+            Some(memory) => DeviceSpec {
+                id: id.clone(),
+                product: if name.is_empty() {
+                    format!("{} {}", device.vendor.as_str(), device.family.as_str())
+                } else {
+                    name.to_string()
+                },
+                vendor: device.vendor,
+                family: device.family,
+                memory,
+                precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
+                domain: None,
+                bandwidth_tbps: None,
+            },
+            None => {
+                merged.notes.push(format!(
+                    "{} not planned: an unknown product ({}) without a memory capacity",
+                    device.reference,
+                    if name.is_empty() { "no name" } else { name }
+                ));
+                merged
+                    .unusable
+                    .insert(id.clone(), "unknown product without memory".to_string());
+                merged.dra.insert(id, device.reference.clone());
+                return;
+            }
+        },
+    };
+    merged.products.insert(
+        id.clone(),
+        product_slug(
+            device.vendor.as_str(),
+            device.family.as_str(),
+            &spec.product,
+        ),
+    );
+    merged.node.devices.push(spec);
+    merged.dra.insert(id, device.reference.clone());
+}
+
+/// A DNS label for a slice-only device, from its driver and device name, not yet used on
+/// the node (`gpu-nvidia-com-gpu-0`).
+fn unique_id(used: &BTreeSet<String>, reference: &DeviceRef) -> String {
+    let full = format!("{}-{}", reference.driver, reference.device);
+    let base = fit(&slugify(&full), &full);
+    let mut id = base.clone();
+    let mut attempt = 2u32;
+    while used.contains(&id) {
+        let identity = format!("{full}#{attempt}");
+        id = shorten_with_hash(&base, &identity, MAX_LABEL_LENGTH);
+        attempt += 1;
+    }
+    id
+}
+
+/// The product slug the labels use for the same product: the model as a slug, prefixed
+/// by the vendor unless it already starts with it; never empty; at most 63 characters.
+fn product_slug(vendor: &str, family: &str, model: &str) -> String {
+    let model_slug = slugify(model);
+    let slug = if model_slug.is_empty() {
+        format!("{vendor}-{family}")
+    } else if model_slug == vendor || model_slug.starts_with(&format!("{vendor}-")) {
+        model_slug
+    } else {
+        format!("{vendor}-{model_slug}")
+    };
+    fit(&slug, &slug)
+}
+
+/// `text` when it fits a label, else shortened with a hash of `identity`.
+fn fit(text: &str, identity: &str) -> String {
+    if text.is_empty() {
+        return shorten_with_hash("device", identity, MAX_LABEL_LENGTH);
+    }
+    if text.len() <= MAX_LABEL_LENGTH {
+        text.to_string()
+    } else {
+        shorten_with_hash(text, identity, MAX_LABEL_LENGTH)
+    }
+}
+
+#[cfg(test)]
+mod tests;

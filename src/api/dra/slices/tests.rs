@@ -1,0 +1,282 @@
+//! Tests for reading ResourceSlices: pool rules, known drivers, partitions and taints.
+//! Device shapes follow the public drivers (see `fixtures/dra/PROVENANCE.md`).
+
+use serde_json::{Value, json};
+
+use super::*;
+
+/// One NVIDIA slice for `node`, shaped like dra-driver-nvidia-gpu publishes it.
+fn nvidia_slice(
+    name: &str,
+    node: &str,
+    generation: i64,
+    count: i64,
+    devices: Value,
+) -> ResourceSlice {
+    slice(
+        name,
+        "gpu.nvidia.com",
+        node,
+        node,
+        generation,
+        count,
+        devices,
+    )
+}
+
+fn slice(
+    name: &str,
+    driver: &str,
+    node: &str,
+    pool: &str,
+    generation: i64,
+    count: i64,
+    devices: Value,
+) -> ResourceSlice {
+    let mut object = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+            "devices": devices,
+        }
+    });
+    if !node.is_empty() {
+        object["spec"]["nodeName"] = json!(node);
+    }
+    serde_json::from_value(object).expect("test slice")
+}
+
+fn h100(minor: u32, bus: &str) -> Value {
+    json!({
+        "name": format!("gpu-{minor}"),
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": format!("GPU-5c6d1f2a-0000-4000-8000-00000000000{minor}")},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            "architecture": {"string": "Hopper"},
+            "cudaComputeCapability": {"version": "9.0.0"},
+            "resource.kubernetes.io/pciBusID": {"string": bus},
+        },
+        "capacity": {"memory": {"value": "81559Mi"}}
+    })
+}
+
+#[test]
+fn a_complete_pool_yields_its_devices_with_bus_id_uuid_product_and_memory() {
+    let fleet = published_devices(&[nvidia_slice(
+        "node-a-gpu.nvidia.com-x",
+        "node-a",
+        1,
+        1,
+        json!([h100(0, "0000:18:00.0"), h100(1, "0000:2A:00.0")]),
+    )]);
+    assert!(fleet.notes.is_empty(), "{:?}", fleet.notes);
+    let devices = fleet.node("node-a");
+    assert_eq!(devices.len(), 2);
+    assert_eq!(
+        devices[0].reference.to_string(),
+        "gpu.nvidia.com/node-a/gpu-0"
+    );
+    assert_eq!(devices[1].pci_bus_id.as_deref(), Some("0000:2a:00.0"));
+    assert_eq!(devices[0].product.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(devices[0].memory_bytes, Some(81559 << 20));
+    assert!(
+        devices[0]
+            .uuid
+            .as_deref()
+            .is_some_and(|u| u.starts_with("GPU-"))
+    );
+    assert_eq!(devices[0].unusable, None);
+}
+
+#[test]
+fn only_the_highest_generation_counts_and_only_when_complete() {
+    let old = nvidia_slice("old", "node-a", 1, 1, json!([h100(0, "0000:18:00.0")]));
+    let new_half = nvidia_slice("new-1", "node-a", 2, 2, json!([h100(1, "0000:2a:00.0")]));
+    let fleet = published_devices(&[old.clone(), new_half.clone()]);
+    assert!(
+        fleet.node("node-a").is_empty(),
+        "generation 2 is incomplete"
+    );
+    assert!(
+        fleet.notes.iter().any(|n| n.contains("1 of 2 slices")),
+        "{:?}",
+        fleet.notes
+    );
+    // The same slice twice does not complete the pool.
+    let twice = published_devices(&[new_half.clone(), new_half.clone()]);
+    assert!(twice.node("node-a").is_empty());
+    let other_half = nvidia_slice("new-2", "node-a", 2, 2, json!([h100(2, "0000:3b:00.0")]));
+    let fleet = published_devices(&[old, new_half, other_half]);
+    let names: Vec<&str> = fleet
+        .node("node-a")
+        .iter()
+        .map(|d| d.reference.device.as_str())
+        .collect();
+    assert_eq!(names, ["gpu-1", "gpu-2"], "generation 1's gpu-0 is stale");
+}
+
+#[test]
+fn unknown_drivers_and_slices_without_a_node_are_ignored_with_notes() {
+    let fleet = published_devices(&[
+        slice(
+            "x",
+            "gpu.example.com",
+            "node-a",
+            "node-a",
+            1,
+            1,
+            json!([h100(0, "0000:18:00.0")]),
+        ),
+        slice(
+            "y",
+            "gpu.nvidia.com",
+            "",
+            "fabric",
+            1,
+            1,
+            json!([h100(0, "0000:18:00.0")]),
+        ),
+    ]);
+    assert!(fleet.nodes.is_empty());
+    assert_eq!(fleet.notes.len(), 2, "{:?}", fleet.notes);
+    assert!(fleet.notes[0].contains("gpu.example.com"));
+    assert!(fleet.notes[1].contains("nodeName"));
+}
+
+#[test]
+fn partitions_and_blocking_taints_are_unusable_and_partitions_do_not_claim_the_parent_bus() {
+    let mig = json!({
+        "name": "gpu-0-mig-1g10gb-19-0",
+        "attributes": {
+            "type": {"string": "mig"},
+            "uuid": {"string": "MIG-1a2b3c4d-0000-5000-8000-000000000001"},
+            "parentUUID": {"string": "GPU-5c6d1f2a-0000-4000-8000-000000000000"},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            "profile": {"string": "1g.10gb"},
+            "resource.kubernetes.io/pciBusID": {"string": "0000:18:00.0"},
+        },
+        "capacity": {"memory": {"value": "9856Mi"}}
+    });
+    let mut tainted = h100(1, "0000:2a:00.0");
+    tainted["taints"] = json!([
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
+    ]);
+    let mut advisory = h100(2, "0000:3b:00.0");
+    advisory["taints"] = json!([{"key": "example.com/note", "effect": "None"}]);
+    let fleet = published_devices(&[nvidia_slice(
+        "s",
+        "node-a",
+        1,
+        1,
+        json!([h100(0, "0000:18:00.0"), mig, tainted, advisory]),
+    )]);
+    let devices = fleet.node("node-a");
+    let by_name = |name: &str| {
+        devices
+            .iter()
+            .find(|d| d.reference.device == name)
+            .expect(name)
+    };
+    let mig = by_name("gpu-0-mig-1g10gb-19-0");
+    assert!(
+        mig.unusable
+            .as_deref()
+            .is_some_and(|r| r.contains("type=mig"))
+    );
+    assert_eq!(mig.pci_bus_id, None);
+    assert!(
+        by_name("gpu-1")
+            .unusable
+            .as_deref()
+            .is_some_and(|r| r.contains("xid=79:NoExecute"))
+    );
+    assert_eq!(
+        by_name("gpu-2").unusable,
+        None,
+        "an effect None taint does not block"
+    );
+    assert_eq!(by_name("gpu-0").unusable, None);
+}
+
+#[test]
+fn qualified_attribute_names_odd_quantities_and_vendor_bus_ids_are_read_safely() {
+    let device = json!({
+        "name": "gpu-0",
+        "attributes": {
+            "gpu.intel.com/model": {"string": "Data Center GPU Max 1550"},
+            "pciAddress": {"string": "3a:00.0"},
+        },
+        "capacity": {"memory": {"value": "1e400"}}
+    });
+    let fleet = published_devices(&[slice("i", "gpu.intel.com", "n", "n", 1, 1, json!([device]))]);
+    let d = &fleet.node("n")[0];
+    assert_eq!(d.product.as_deref(), Some("Data Center GPU Max 1550"));
+    assert_eq!(d.pci_bus_id.as_deref(), Some("0000:3a:00.0"));
+    assert_eq!(d.memory_bytes, None, "an exponent is not guessed at");
+}
+
+#[test]
+fn a_gaudi_reported_unhealthy_is_unusable() {
+    let device = json!({
+        "name": "0000-33-00-0-0x1020",
+        "attributes": {
+            "model": {"string": "Gaudi2"},
+            "serial": {"string": "AN12345678"},
+            "healthy": {"bool": false},
+            "pciRoot": {"string": "0000:32"},
+        }
+    });
+    let fleet = published_devices(&[slice(
+        "g",
+        "gaudi.intel.com",
+        "n",
+        "n",
+        1,
+        1,
+        json!([device]),
+    )]);
+    let d = &fleet.node("n")[0];
+    assert_eq!(d.uuid.as_deref(), Some("AN12345678"));
+    assert!(
+        d.unusable
+            .as_deref()
+            .is_some_and(|r| r.contains("unhealthy"))
+    );
+}
+
+#[test]
+fn a_hostile_pool_is_bounded() {
+    let slices: Vec<ResourceSlice> = (0..8)
+        .map(|i| {
+            let many: Vec<Value> = (0..200)
+                .map(|j| json!({"name": format!("s{i}-d{j}")}))
+                .collect();
+            slice(
+                &format!("s{i}"),
+                "gpu.nvidia.com",
+                "n",
+                "n",
+                1,
+                8,
+                json!(many),
+            )
+        })
+        .collect();
+    let fleet = published_devices(&slices);
+    assert_eq!(fleet.node("n").len(), MAX_DEVICES_PER_NODE);
+    assert!(fleet.notes.iter().any(|n| n.contains("more than")));
+    let absurd = published_devices(&[slice(
+        "s",
+        "gpu.nvidia.com",
+        "n",
+        "n",
+        1,
+        i64::MAX,
+        json!([]),
+    )]);
+    assert!(absurd.notes.iter().any(|n| n.contains("not usable")));
+}
