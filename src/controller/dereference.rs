@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
+use crate::api::dra::slices::published_devices;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 
@@ -151,12 +153,20 @@ pub fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
     // Only inventories that describe the Node they are named after: the agent's admission
     // policy ties an agent to the inventory named after its Node, so an inventory naming
     // another node in spec.nodeName would let one node's agent attract models to another.
-    let parts = state.parts.refresh(
-        inventories
-            .iter()
-            .filter_map(|i| i.decoded())
-            .filter(|i| names_its_node(i)),
-    );
+    let inventories = inventories
+        .iter()
+        .filter_map(|i| i.decoded())
+        .filter(|i| names_its_node(i));
+    let parts = match &ctx.slices {
+        Some(slices) => {
+            let slices: Vec<ResourceSlice> = slices.state().iter().map(|s| (**s).clone()).collect();
+            let published = published_devices(&slices);
+            state
+                .parts
+                .refresh_with_published(inventories, &published.nodes)
+        }
+        None => state.parts.refresh(inventories),
+    };
     let awaiting = awaited_inventories(ctx, state, &had_inventory);
     let view = Arc::new(FleetView::from_parts(parts, &node_labels).with_awaiting(awaiting));
     ctx.metrics

@@ -303,10 +303,19 @@ pub fn names_its_node(inventory: &AcceleratorInventory) -> bool {
 }
 
 /// Converted inventories kept across fleet changes, keyed by inventory name and
-/// resourceVersion.
+/// resourceVersion; nodes with DRA-published devices are keyed by those devices too.
 #[derive(Debug, Default)]
 pub struct PartCache {
     parts: HashMap<String, (String, Arc<NodePart>)>,
+    published: HashMap<String, PublishedPart>,
+}
+
+/// A node part built with published devices, and what it was built from.
+#[derive(Debug)]
+struct PublishedPart {
+    inventory_version: Option<String>,
+    devices: Vec<PublishedDevice>,
+    part: Arc<NodePart>,
 }
 
 impl PartCache {
@@ -340,6 +349,53 @@ impl PartCache {
             fresh.insert(name, (version, part));
         }
         self.parts = fresh;
+        out
+    }
+
+    /// Like [`PartCache::refresh`], with the devices DRA drivers publish (by node) merged
+    /// in: a node with published devices is converted again only when its inventory or its
+    /// published devices changed, and a node that only a DRA driver describes gets a part too.
+    pub fn refresh_with_published<'a>(
+        &mut self,
+        inventories: impl IntoIterator<Item = &'a AcceleratorInventory>,
+        published: &BTreeMap<String, Vec<PublishedDevice>>,
+    ) -> Vec<Arc<NodePart>> {
+        let inventories: Vec<&AcceleratorInventory> = inventories.into_iter().collect();
+        let (with_devices, plain): (Vec<&AcceleratorInventory>, Vec<&AcceleratorInventory>) =
+            inventories
+                .into_iter()
+                .partition(|i| published.contains_key(&i.spec.node_name));
+        let mut out = self.refresh(plain);
+        let mut by_node: BTreeMap<&str, Option<&AcceleratorInventory>> =
+            published.keys().map(|node| (node.as_str(), None)).collect();
+        for inventory in with_devices {
+            by_node.insert(inventory.spec.node_name.as_str(), Some(inventory));
+        }
+        let mut fresh = HashMap::with_capacity(by_node.len());
+        for (node, inventory) in by_node {
+            let devices = published.get(node).map(Vec::as_slice).unwrap_or_default();
+            let version = inventory.and_then(|i| i.metadata.resource_version.clone());
+            let part = match self.published.remove(node) {
+                Some(seen)
+                    if version.is_some()
+                        && seen.inventory_version == version
+                        && seen.devices == devices =>
+                {
+                    seen.part
+                }
+                _ => Arc::new(NodePart::with_published(node, inventory, devices)),
+            };
+            out.push(part.clone());
+            fresh.insert(
+                node.to_string(),
+                PublishedPart {
+                    inventory_version: version,
+                    devices: devices.to_vec(),
+                    part,
+                },
+            );
+        }
+        self.published = fresh;
         out
     }
 }
@@ -568,13 +624,5 @@ mod tests {
             &["c"],
         );
         assert!(slice_only.nodes()[0].devices.is_empty());
-    }
-}
-
-// Placeholder until the ResourceSlice merge lands: no device is DRA-published.
-impl FleetView {
-    /// The DRA name of `device` on `node`, when a DRA driver publishes it.
-    pub fn dra_device(&self, _node: &str, _device: &str) -> Option<&crate::api::dra::DeviceRef> {
-        None
     }
 }
