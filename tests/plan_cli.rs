@@ -579,3 +579,165 @@ fn special_and_oversized_inventory_files_are_refused_promptly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `draDevices` of a plan as (node, device, driver/pool/device) triples.
+fn dra_devices(plan: &Value) -> Vec<(String, String, String)> {
+    plan["draDevices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no draDevices: {plan}"))
+        .iter()
+        .map(|d| {
+            let dra = &d["dra"];
+            (
+                d["node"].as_str().unwrap().to_string(),
+                d["device"].as_str().unwrap().to_string(),
+                format!(
+                    "{}/{}/{}",
+                    dra["driver"].as_str().unwrap(),
+                    dra["pool"].as_str().unwrap(),
+                    dra["device"].as_str().unwrap()
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn resource_slices_alone_plan_on_the_published_gpus_and_name_their_dra_devices() {
+    let slices = "fixtures/dra/nvidia-h100-8x.yaml";
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--precision",
+        "bf16",
+        "--resource-slices",
+        slices,
+        "--replicas",
+        "8",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    let chosen = dra_devices(&plan);
+    assert_eq!(chosen.len(), 8, "{chosen:?}");
+    assert!(
+        chosen
+            .iter()
+            .all(|(node, _, dra)| node == "h100-8x-nvswitch"
+                && dra.starts_with("gpu.nvidia.com/h100-8x-nvswitch/gpu-"))
+    );
+    assert!(
+        !chosen.iter().any(|(_, _, dra)| dra.contains("mig")),
+        "{chosen:?}"
+    );
+    // The MIG device is no ninth GPU.
+    let (code, _) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--precision",
+        "bf16",
+        "--resource-slices",
+        slices,
+        "--replicas",
+        "9",
+    ]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn an_inventory_and_slices_of_the_same_node_count_each_gpu_once() {
+    let args = |replicas: &'static str| {
+        [
+            "--model",
+            "llama-3.1-8b",
+            "--precision",
+            "bf16",
+            "--inventory",
+            "fixtures/golden/h100-8x-nvswitch.inventory.yaml",
+            "--resource-slices",
+            "fixtures/dra/nvidia-h100-8x.yaml",
+            "--replicas",
+            replicas,
+        ]
+    };
+    let (code, plan) = json(&args("8"));
+    assert_eq!(code, 0, "{plan}");
+    let chosen = dra_devices(&plan);
+    assert_eq!(chosen.len(), 8);
+    // Devices keep the inventory's names and gain the driver's.
+    assert!(
+        chosen.contains(&(
+            "h100-8x-nvswitch".to_string(),
+            "gpu-0000-18-00-0".to_string(),
+            "gpu.nvidia.com/h100-8x-nvswitch/gpu-0".to_string()
+        )),
+        "{chosen:?}"
+    );
+    let (code, _) = json(&args("9"));
+    assert_eq!(code, 2, "eight GPUs, not sixteen");
+}
+
+#[test]
+fn multi_document_yaml_and_single_json_slices_are_read() {
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--precision",
+        "bf16",
+        "--resource-slices",
+        "fixtures/dra/amd-mi300x-8x.yaml",
+        "--replicas",
+        "8",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert!(
+        dra_devices(&plan)
+            .iter()
+            .all(|(_, _, dra)| dra.starts_with("gpu.amd.com/mi300x-8x/gpu-"))
+    );
+    // One Gaudi is reported unhealthy: seven usable.
+    let gaudi = |replicas| {
+        json(&[
+            "--model",
+            "llama-3.1-8b",
+            "--precision",
+            "bf16",
+            "--resource-slices",
+            "fixtures/dra/intel-gaudi2-8x.json",
+            "--replicas",
+            replicas,
+        ])
+    };
+    let (code, plan) = gaudi("7");
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(dra_devices(&plan).len(), 7);
+    assert_eq!(gaudi("8").0, 2);
+}
+
+#[test]
+fn a_file_of_other_objects_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pods.yaml");
+    std::fs::write(&path, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n").unwrap();
+    bad_input(
+        &[
+            "--model",
+            "llama-3.1-8b",
+            "--resource-slices",
+            path.to_str().unwrap(),
+        ],
+        "expected ResourceSlices",
+    );
+    // A table names the DRA devices too.
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-8b",
+        "--precision",
+        "bf16",
+        "--resource-slices",
+        "fixtures/dra/nvidia-h100-8x.yaml",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("DRA DEVICE") && stdout.contains("gpu.nvidia.com/h100-8x-nvswitch/gpu-"),
+        "{stdout}"
+    );
+}

@@ -21,6 +21,7 @@ mod controller;
 mod crds;
 mod detect;
 pub mod plan;
+pub mod plan_dra;
 mod process;
 mod values;
 

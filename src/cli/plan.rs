@@ -2,10 +2,14 @@
 //! 2 when it does not (the output says why and what would), 1 on bad input.
 //!
 //! The flags become a [`PlanInput`], the same description of the question a ModelPlacement
-//! spec becomes, and [`prepare`] turns it into the planner's request.
+//! spec becomes, and [`prepare`] turns it into the planner's request. DRA ResourceSlices
+//! (`--resource-slices`) are read and merged in [`super::plan_dra`].
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+use super::plan_dra::{self, DraNames};
 
 use crate::output::{self, Format};
 use crate::plan::capability::PrecisionChoice;
@@ -36,8 +40,12 @@ pub struct PlanArgs {
     /// Inventory file or directory (detection reports or node lists, JSON or YAML); repeatable.
     #[arg(long = "inventory", conflicts_with = "hardware")]
     pub inventory: Vec<PathBuf>,
+    /// DRA ResourceSlices (`kubectl get resourceslices -o yaml` output, JSON or YAML);
+    /// merged with --inventory files, one device per PCI bus id or UUID; repeatable.
+    #[arg(long = "resource-slices", conflicts_with = "hardware")]
+    pub resource_slices: Vec<PathBuf>,
     /// Hardware shorthand: NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib].
-    #[arg(long, required_unless_present_any = ["inventory", "list_models"])]
+    #[arg(long, required_unless_present_any = ["inventory", "resource_slices", "list_models"])]
     pub hardware: Option<String>,
     /// Plan serving (the default goal).
     #[arg(long, conflicts_with = "train")]
@@ -98,9 +106,9 @@ pub fn run(args: PlanArgs) -> ExitCode {
     if args.list_models {
         return finish(list_models());
     }
-    match plan_from_args(&args)
-        .and_then(|plan| render(&plan, args.output).map(|text| (plan.fits, text)))
-    {
+    match plan_with_dra(&args).and_then(|(plan, names)| {
+        render(&plan, names.as_ref(), args.output).map(|text| (plan.fits, text))
+    }) {
         Ok((fits, text)) => match write_stdout(&text) {
             Ok(()) if fits => ExitCode::SUCCESS,
             Ok(()) => ExitCode::from(2),
@@ -132,13 +140,19 @@ fn list_models() -> Result<String> {
 
 /// Everything from flags to a plan.
 pub fn plan_from_args(args: &PlanArgs) -> Result<Plan> {
+    plan_with_dra(args).map(|(plan, _)| plan)
+}
+
+/// Everything from flags to a plan, with the DRA names of the devices when
+/// `--resource-slices` was given.
+fn plan_with_dra(args: &PlanArgs) -> Result<(Plan, Option<DraNames>)> {
     let prepared = prepare(input_from_args(args)?)?;
-    let (nodes, mut notes) = hardware_from_args(args)?;
+    let (nodes, mut notes, names) = hardware_from_args(args)?;
     let reserved = reservations(&args.reserved)?;
     let mut plan = plan(&prepared.model, &nodes, &reserved, &prepared.request)?;
     notes.extend(prepared.notes);
     plan.reasons.extend(notes);
-    Ok(plan)
+    Ok((plan, names))
 }
 
 /// The planning question the flags ask.
@@ -186,11 +200,27 @@ fn input_from_args(args: &PlanArgs) -> Result<PlanInput> {
     })
 }
 
-fn hardware_from_args(args: &PlanArgs) -> Result<(Vec<NodeSpec>, Vec<String>)> {
-    match &args.hardware {
-        Some(spec) => Ok((parse_hardware(spec)?, Vec::new())),
-        None => load_inventories(&args.inventory, &crate::api::planner_node_from_object),
+type Hardware = (Vec<NodeSpec>, Vec<String>, Option<DraNames>);
+
+fn hardware_from_args(args: &PlanArgs) -> Result<Hardware> {
+    if let Some(spec) = &args.hardware {
+        return Ok((parse_hardware(spec)?, Vec::new(), None));
     }
+    if args.resource_slices.is_empty() {
+        let (nodes, notes) =
+            load_inventories(&args.inventory, &crate::api::planner_node_from_object)?;
+        return Ok((nodes, notes, None));
+    }
+    // The inventories are kept whole so their nodes merge with the slices the way the
+    // controller merges them (by PCI bus id, else UUID).
+    let kept = RefCell::new(Vec::new());
+    let reader =
+        |kind: &str, object: &serde_json::Value| plan_dra::keep_inventory(&kept, kind, object);
+    let (nodes, mut notes) = load_inventories(&args.inventory, &reader)?;
+    let slices = plan_dra::load_resource_slices(&args.resource_slices)?;
+    let (nodes, names, merge_notes) = plan_dra::merge_slices(nodes, &kept.borrow(), &slices);
+    notes.extend(merge_notes);
+    Ok((nodes, notes, Some(names)))
 }
 
 fn reservations(entries: &[String]) -> Result<Reservations> {
@@ -227,12 +257,33 @@ fn lora_targets(text: &str) -> Result<Vec<LoraTarget>> {
     Ok(targets)
 }
 
-fn render(plan: &Plan, format: Format) -> Result<String> {
+fn render(plan: &Plan, names: Option<&DraNames>, format: Format) -> Result<String> {
     let encode = |err: String| PlanError::constraint(format!("cannot encode the plan: {err}"));
+    let Some(names) = names else {
+        return match format {
+            Format::Table => Ok(plan.to_table()),
+            Format::Json => output::to_json(plan).map_err(|e| encode(e.to_string())),
+            Format::Yaml => output::to_yaml(plan).map_err(|e| encode(e.to_string())),
+        };
+    };
+    // With slices, the chosen devices' DRA names join the plan: a table section, or a
+    // `draDevices` field next to the plan's own (which stay as they are).
+    let chosen = plan_dra::chosen_devices(plan, names);
+    if format == Format::Table {
+        return Ok(format!(
+            "{}{}",
+            plan.to_table(),
+            plan_dra::table_section(&chosen)
+        ));
+    }
+    let mut value = serde_json::to_value(plan).map_err(|e| encode(e.to_string()))?;
+    if let Some(map) = value.as_object_mut() {
+        let chosen = serde_json::to_value(&chosen).map_err(|e| encode(e.to_string()))?;
+        map.insert("draDevices".to_string(), chosen);
+    }
     match format {
-        Format::Table => Ok(plan.to_table()),
-        Format::Json => output::to_json(plan).map_err(|e| encode(e.to_string())),
-        Format::Yaml => output::to_yaml(plan).map_err(|e| encode(e.to_string())),
+        Format::Yaml => output::to_yaml(&value).map_err(|e| encode(e.to_string())),
+        _ => output::to_json(&value).map_err(|e| encode(e.to_string())),
     }
 }
 
