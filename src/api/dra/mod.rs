@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::hardware::{Family, Vendor};
 
+pub mod claim_template;
+pub mod device_classes;
 pub mod drivers;
 
 /// A device as DRA names it: the driver, the pool within the driver and the device within
