@@ -7,8 +7,10 @@
 //! Needs the full tier: `tests/cluster/up.sh --full && cargo test --test cluster_dra_classes
 //! -- --ignored`. The classes are cluster-scoped with fixed names, so the tests take turns
 //! (one lock) and each removes what it created. Pods are pinned to their own test's nodes by
-//! a label, so other tests' devices are never candidates.
+//! a label, so other tests' devices are never candidates. The chart test at the end needs no
+//! cluster, only a helm binary (skipped with a notice without one).
 
+mod helm;
 mod support;
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -639,4 +641,38 @@ async fn prioritized_list_falls_back_when_the_first_choice_is_taken() -> Result<
     }
     .await;
     result.and(cleaned)
+}
+
+/// The chart renders no DeviceClass by default, and exactly the generated ones with
+/// `dra.deviceClasses.enabled=true`.
+#[test]
+fn chart_renders_the_generated_classes_only_when_enabled() {
+    let test = "chart_renders_the_generated_classes_only_when_enabled";
+    let Some(helm_bin) = helm::find_helm() else {
+        helm::skip_notice(test);
+        return;
+    };
+    let render = |extra: &[&str]| {
+        let yaml = helm::template(
+            &helm_bin,
+            &helm::chart_dir(),
+            "hwaccel",
+            "hwaccel-system",
+            extra,
+        )
+        .unwrap_or_else(|err| panic!("helm template {extra:?} failed:\n{err}"));
+        helm::documents(&yaml)
+    };
+    let off = render(&[]);
+    assert!(helm::of_kind(&off, "DeviceClass").is_empty());
+    let on = render(&["--set", "dra.deviceClasses.enabled=true"]);
+    let rendered: Vec<Value> = helm::of_kind(&on, "DeviceClass")
+        .into_iter()
+        .cloned()
+        .collect();
+    let generated: Vec<Value> = device_classes()
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("a DeviceClass serialises"))
+        .collect();
+    assert_eq!(rendered, generated);
 }
