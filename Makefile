@@ -92,8 +92,8 @@ check-manifests:
 generate:
 	rm -f crds/*.yaml
 	$(CARGO) run --quiet -- crds --out-dir crds
-	$(CARGO) run --quiet -- deviceclasses --chart > $(CHART)/templates/dra-deviceclasses.yaml.tmp
-	mv $(CHART)/templates/dra-deviceclasses.yaml.tmp $(CHART)/templates/dra-deviceclasses.yaml
+	$(CARGO) run --quiet -- deviceclasses --chart > target/dra-deviceclasses.yaml.tmp
+	mv target/dra-deviceclasses.yaml.tmp $(CHART)/templates/dra-deviceclasses.yaml
 	$(MAKE) manifests
 
 ## check-generated: fail when the committed crds/ differs from what `hwaccel crds` generates
