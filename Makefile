@@ -86,11 +86,14 @@ check-manifests:
 	  echo "error: manifests/hwaccel-operator.yaml is stale; run 'make manifests'" >&2; exit 1; fi
 
 
-## generate: write crds/ from `hwaccel crds` (one file per CRD), copy them into the chart and
+## generate: write crds/ from `hwaccel crds` (one file per CRD) and the chart's DRA
+## DeviceClasses from `hwaccel deviceclasses --chart`, copy the CRDs into the chart and
 ## re-render manifests/
 generate:
 	rm -f crds/*.yaml
 	$(CARGO) run --quiet -- crds --out-dir crds
+	$(CARGO) run --quiet -- deviceclasses --chart > target/dra-deviceclasses.yaml.tmp
+	mv target/dra-deviceclasses.yaml.tmp $(CHART)/templates/dra-deviceclasses.yaml
 	$(MAKE) manifests
 
 ## check-generated: fail when the committed crds/ differs from what `hwaccel crds` generates

@@ -9,6 +9,7 @@
 //! | `controller.rs` | `hwaccel controller`: the ModelPlacement controller |
 //! | `cleanup.rs` | `hwaccel cleanup`: remove our labels (uninstall) |
 //! | `crds.rs` | `hwaccel crds`: print the CRDs |
+//! | `deviceclasses.rs` | `hwaccel deviceclasses`: print the DRA DeviceClasses |
 //! | `process.rs` | what `agent` and `controller` share: flags, runtime, health server |
 //! | `values.rs` | the core's enums as flag values |
 //!
@@ -20,6 +21,7 @@ mod cleanup;
 mod controller;
 mod crds;
 mod detect;
+mod deviceclasses;
 pub mod plan;
 pub mod plan_dra;
 mod process;
@@ -58,6 +60,8 @@ enum Command {
     Cleanup(CleanupArgs),
     /// Print every CustomResourceDefinition as multi-document YAML, or write one file per CRD.
     Crds(CrdsArgs),
+    /// Print the cross-vendor DRA DeviceClasses as YAML (`--chart`: as the chart's template).
+    Deviceclasses(deviceclasses::DeviceClassesArgs),
 }
 
 /// Parses the command line and runs the subcommand; the process exits with the code returned.
@@ -76,6 +80,7 @@ pub fn main() -> ExitCode {
         Command::Controller(args) => controller::run(args),
         Command::Cleanup(args) => cleanup::run(args),
         Command::Crds(args) => crds::run(args),
+        Command::Deviceclasses(args) => deviceclasses::run(args),
         Command::Plan(args) => return plan::run(*args),
     };
     match result {

@@ -21,7 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::hardware::{Family, Vendor};
 
+pub mod claim_template;
 pub mod claims;
+pub mod device_classes;
 pub mod drivers;
 pub mod merge;
 pub mod slices;

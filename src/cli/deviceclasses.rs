@@ -1,0 +1,25 @@
+//! `hwaccel deviceclasses`: print the cross-vendor DRA DeviceClasses, or the chart file that
+//! installs them.
+
+use std::process::ExitCode;
+
+use super::write_stdout;
+
+#[derive(Debug, clap::Args)]
+pub(super) struct DeviceClassesArgs {
+    /// Print the chart template (the classes behind `.Values.dra.deviceClasses.enabled`)
+    /// instead of plain YAML.
+    #[arg(long)]
+    chart: bool,
+}
+
+/// Runs `hwaccel deviceclasses`.
+pub(super) fn run(args: DeviceClassesArgs) -> anyhow::Result<ExitCode> {
+    let text = if args.chart {
+        crate::api::dra::device_classes::chart_template()?
+    } else {
+        crate::api::dra::device_classes::all_yaml()?
+    };
+    write_stdout(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
