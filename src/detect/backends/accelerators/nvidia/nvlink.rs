@@ -145,7 +145,7 @@ pub struct TopoRow {
 /// the matrix.
 ///
 /// After the matrix cells come the affinity columns the header names: `CPU Affinity` alone on
-/// old drivers, then `NUMA Affinity`, then `GPU NUMA ID` (R530 and later). A cell may be empty
+/// old drivers, then `NUMA Affinity`, then `GPU NUMA ID` on newer drivers. A cell may be empty
 /// (the CPU affinity of a GPU the driver cannot place), which whitespace splitting cannot see,
 /// so those cells are matched by their shape, not their position ([`affinity_cells`]).
 pub fn parse_topo_matrix(text: &str) -> Vec<TopoRow> {
