@@ -5,6 +5,11 @@
 //! Where each capture comes from (repository or page, commit or date, hardware, command) is in
 //! the `PROVENANCE.md` next to it; `docs/detection.md` lists which captures back each backend.
 
+#![allow(
+    clippy::expect_used,
+    reason = "helpers of a test binary: a failed setup step should fail the test loudly"
+)]
+
 use std::path::{Path, PathBuf};
 
 use hwaccel::detect::backends::accelerators::amd::amd_smi::parse_rocm_smi;
