@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use hwaccel::detect::backends::accelerators::amd::amd_smi::parse_rocm_smi;
+use hwaccel::detect::backends::accelerators::neuron::parse_neuron_ls_table;
 use hwaccel::detect::backends::accelerators::nvidia::nvidia_smi::parse_gpu_list;
 use hwaccel::detect::backends::accelerators::nvidia::nvlink::parse_topo_matrix;
 use hwaccel::detect::backends::node::cpu::Cpu;
@@ -300,4 +301,24 @@ fn cpuinfo_armv7_board() {
     assert_eq!(cpu.model.as_deref(), Some("Cortex-A7"));
     assert_eq!(cpu.arch.as_deref(), Some("arm"));
     assert_eq!(cpu.threads, Some(2));
+}
+
+// ---- neuron-ls (the plain-table fallback) ----
+
+#[test]
+fn neuron_ls_v1_16_table_after_its_banner() {
+    let listing =
+        parse_neuron_ls_table(&capture("neuron-ls", "aws-neuron-sdk-359-inf1-banner.txt"))
+            .expect("a device table");
+    assert_eq!(listing.devices.len(), 1);
+    let device = &listing.devices[0];
+    assert_eq!(device.index, 0);
+    assert_eq!(device.neuroncores, Some(4));
+    assert_eq!(
+        device.memory_bytes,
+        Some(8 << 30),
+        "8 GB, as the tool means it: GiB"
+    );
+    assert_eq!(device.bus_id.as_deref(), Some("0000:00:1f.0"));
+    assert_eq!(listing.instance_type, None);
 }
