@@ -221,11 +221,13 @@ fn parse_topo_row(tokens: &[&str], header: &Header) -> Option<TopoRow> {
 /// The `NUMA Affinity` cell among the cells after the matrix, or `None` when the header has
 /// no such column or the cells cannot be told apart.
 ///
-/// With every cell present they are positional. With one fewer, one is empty: a CPU list
-/// (`0-7`, `0-55,112-167`) in first place is the CPU affinity, so the NUMA cell is the empty
-/// one; otherwise the CPU affinity is the empty one and the first cell is the NUMA affinity.
-/// A bare number is read as a NUMA node there because a GPU's CPU affinity is never a single
-/// CPU on the machines `topo -m` describes.
+/// With every cell present they are positional. With one fewer, one is empty. A CPU list
+/// (`0-7`, `0-55,112-167`) in first place is the CPU affinity, and the NUMA affinity is the
+/// cell after it, if any (nvidia-smi writes `N/A`, not nothing, for an unknown NUMA node or
+/// GPU NUMA ID, so an empty cell there is the rarer case). Otherwise the CPU affinity is the
+/// empty one (a process whose cpuset shares no CPU with the GPU's node) and the first cell is
+/// the NUMA affinity. A bare number is read as a NUMA node there because a GPU's CPU affinity
+/// is never a single CPU on the machines `topo -m` describes.
 fn affinity_cells<'a>(trailing: &[&'a str], header: &Header) -> Option<&'a str> {
     if !header.has_numa {
         return None;
@@ -236,7 +238,11 @@ fn affinity_cells<'a>(trailing: &[&'a str], header: &Header) -> Option<&'a str> 
         n if n == expected => trailing.get(1).copied(),
         n if n + 1 == expected => {
             let first = trailing.first()?;
-            (!looks_like_cpu_list(first)).then_some(*first)
+            if looks_like_cpu_list(first) {
+                trailing.get(1).copied()
+            } else {
+                Some(*first)
+            }
         }
         _ => None,
     }
@@ -419,6 +425,10 @@ GPU1\tPIX\t X \tPHB\t0-9,20-29\n";
         // No `GPU NUMA ID` column, CPU affinity present, NUMA cell empty.
         let empty_numa = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-7\t\t\n";
         assert_eq!(parse_topo_matrix(empty_numa)[0].numa, None);
+        // `GPU NUMA ID` column, CPU affinity present, one of the two later cells empty.
+        let one_empty = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n\
+GPU0\t X \t0-7\t\t0\t\t\n";
+        assert_eq!(parse_topo_matrix(one_empty)[0].numa, Some(0));
         // No `GPU NUMA ID` column, CPU affinity empty.
         let empty_cpu = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t\t\t1\n";
         assert_eq!(parse_topo_matrix(empty_cpu)[0].numa, Some(1));
