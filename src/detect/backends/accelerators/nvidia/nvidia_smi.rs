@@ -386,10 +386,9 @@ pub struct ListedGpu {
 /// Parses `nvidia-smi -L`: `GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-...)` lines, each followed
 /// by its `MIG 1g.10gb     Device  0: (UUID: MIG-...)` lines.
 ///
-/// Anything else is skipped, including lines that merely start like one: error text the driver
-/// prints on stdout (`GPU access blocked by the operating system`, `Unable to determine the
-/// device handle for GPU 0000:3B:00.0: Unknown Error`), and MIG lines without a device number
-/// or UUID. A GPU line must carry a `GPU-` UUID and a MIG line a `MIG-` one (or the older
+/// Anything else is skipped: error text the driver prints on stdout (`Unable to determine the
+/// device handle for GPU 0000:3B:00.0: Unknown Error`), lines that merely start like a GPU line
+/// (`GPU 2:` without a UUID), and MIG lines without a device number or UUID. A GPU line must carry a `GPU-` UUID and a MIG line a `MIG-` one (or the older
 /// `MIG-GPU-<uuid>/<gi>/<ci>` form, which also starts with `MIG-`).
 pub fn parse_gpu_list(text: &str) -> Vec<ListedGpu> {
     let mut gpus: Vec<ListedGpu> = Vec::new();
@@ -635,12 +634,13 @@ mod tests {
     #[test]
     fn the_listing_skips_lines_that_are_not_gpu_or_mig_lines() {
         // Error texts nvidia-smi prints on stdout, quoted from NVIDIA/open-gpu-kernel-modules#387
-        // and NVIDIA/nvidia-container-toolkit#69, and a GPU line without a UUID.
+        // and NVIDIA/nvidia-container-toolkit#69; the GPU line without a UUID and the `MIG mode`
+        // line are made up, to show that looking like a GPU or MIG line is not enough.
         let text = "GPU 0: NVIDIA GeForce RTX 2080 Ti (UUID: GPU-67a571b1-79ee-1016-8ea3-c1fff3f1c1d2)\n\
 Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error\n\
   MIG 1g.5gb Device 0: (UUID: MIG-GPU-1/7/0)\n\
 GPU 2: the driver said nothing useful\n\
-GPU access blocked by the operating system\n\
+Unable to determine the device handle for GPU0000:65:00.0: Unknown Error\n\
 MIG mode: Enabled\n";
         let listing = parse_gpu_list(text);
         assert_eq!(listing.len(), 1, "{listing:?}");
