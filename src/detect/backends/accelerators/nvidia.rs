@@ -9,8 +9,10 @@
 //! fallen off the bus, or no tool installed) is still reported, from what sysfs knows.
 
 mod bus_and_driver;
-mod nvidia_smi;
-mod nvlink;
+// The text parsers are public so the real-capture corpus test (`tests/detect_captures.rs`)
+// can feed them; everything else in these modules stays private to the backend.
+pub mod nvidia_smi;
+pub mod nvlink;
 mod nvml;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,7 +3,8 @@
 //!
 //! Sources, all read through [`HostRoot`](crate::detect::HostRoot), each parsed in a file of its own:
 //! - `/proc/cpuinfo` (`cpuinfo.rs`): model and vendor, with arm64 core names from
-//!   `arm_core_names.rs`; topology; the ISA flags, filtered in `isa_flags.rs`.
+//!   `arm_core_names.rs`, IBM Z machine types from `s390_machines.rs`; topology; the ISA
+//!   flags, filtered in `isa_flags.rs`.
 //! - `/proc/sys/kernel/arch` for the instruction set, inferred from cpuinfo when absent.
 //! - `/sys/devices/system/cpu/cpu0/topology/*` where cpuinfo has no topology (arm64;
 //!   `sibling_lists.rs`).
@@ -16,6 +17,7 @@ mod cgroup_limits;
 mod cpuinfo;
 mod isa_flags;
 mod meminfo;
+mod s390_machines;
 mod sibling_lists;
 
 pub use cgroup_limits::{

@@ -14,6 +14,8 @@ use crate::detect::parse_u64;
 use crate::detect::pci::canonical_bus_id;
 use crate::hardware::{GIB, MIB};
 
+use super::gfx_catalog::normalize_gfx;
+
 /// What a tool says about one GPU; every field optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SmiGpu {
@@ -72,7 +74,7 @@ fn amd_smi_gpu(entry: &Map<String, Value>) -> SmiGpu {
         market_name: at(&["asic", "market_name"]).and_then(text),
         gfx: at(&["asic", "target_graphics_version"])
             .and_then(text)
-            .map(|gfx| gfx.to_ascii_lowercase()),
+            .and_then(|gfx| normalize_gfx(&gfx)),
         compute_units: at(&["asic", "num_compute_units"])
             .and_then(number)
             .and_then(|n| u32::try_from(n).ok())
@@ -117,7 +119,7 @@ fn rocm_smi_gpu(index: u32, entry: &Map<String, Value>) -> SmiGpu {
         index: Some(index),
         bus_id: field("PCI Bus").and_then(|bdf| canonical_bus_id(&bdf)),
         market_name: field("Card series"),
-        gfx: field("GFX Version").map(|gfx| gfx.to_ascii_lowercase()),
+        gfx: field("GFX Version").and_then(|gfx| normalize_gfx(&gfx)),
         vram_bytes: field("VRAM Total Memory (B)")
             .and_then(|b| parse_u64(&b))
             .filter(|&b| b > 0),

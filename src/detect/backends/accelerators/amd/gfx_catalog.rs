@@ -32,16 +32,20 @@ const PACKED_FP16: &[Precision] = &[Fp32, Fp16];
 /// The generation of a gfx target (`gfx942` is CDNA 3).
 pub fn generation(gfx: &str) -> Option<Generation> {
     let (name, precisions) = match gfx {
-        "gfx906" => ("gcn5", PACKED_FP16),
+        // GCN 5 (Vega): Vega 10 (MI25, RX Vega), Raven/Picasso and Renoir APUs, Vega 12,
+        // Vega 20 (MI50/MI60, Radeon VII).
+        "gfx900" | "gfx902" | "gfx904" | "gfx906" | "gfx909" | "gfx90c" => ("gcn5", PACKED_FP16),
         "gfx908" => ("cdna", CDNA12),
         "gfx90a" => ("cdna2", CDNA12),
         "gfx940" | "gfx941" | "gfx942" => ("cdna3", CDNA3),
         "gfx950" => ("cdna4", CDNA4),
+        // RDNA 1 (Navi 10/12/14) and the Cyan Skillfish APU.
+        "gfx1010" | "gfx1011" | "gfx1012" | "gfx1013" => ("rdna1", PACKED_FP16),
         "gfx1030" | "gfx1031" | "gfx1032" | "gfx1033" | "gfx1034" | "gfx1035" | "gfx1036" => {
             ("rdna2", PACKED_FP16)
         }
         "gfx1100" | "gfx1101" | "gfx1102" | "gfx1103" => ("rdna3", RDNA3),
-        "gfx1150" | "gfx1151" | "gfx1152" => ("rdna3.5", RDNA3),
+        "gfx1150" | "gfx1151" | "gfx1152" | "gfx1153" => ("rdna3.5", RDNA3),
         "gfx1200" | "gfx1201" => ("rdna4", RDNA4),
         _ => return None,
     };
@@ -53,7 +57,10 @@ pub fn generation(gfx: &str) -> Option<Generation> {
 pub fn is_integrated(gfx: &str) -> bool {
     matches!(
         gfx,
-        "gfx90c"
+        "gfx902"
+            | "gfx909"
+            | "gfx90c"
+            | "gfx1013"
             | "gfx1033"
             | "gfx1035"
             | "gfx1036"
@@ -61,6 +68,7 @@ pub fn is_integrated(gfx: &str) -> bool {
             | "gfx1150"
             | "gfx1151"
             | "gfx1152"
+            | "gfx1153"
     )
 }
 
@@ -76,6 +84,28 @@ pub fn gfx_name(target_version: u64) -> Option<String> {
     Some(format!("gfx{major}{minor:x}{stepping:x}"))
 }
 
+/// The gfx target from a tool's `GFX Version` text. ROCm 6's `rocm-smi` prints the KFD
+/// version's three parts in decimal (`gfx9010` for `gfx90a`, `gfx9012` for `gfx90c`); newer
+/// tools print the target itself (`gfx90a`). All-digit text is read as major (one digit for
+/// gfx9 and older, two from gfx10), minor (one digit) and a decimal stepping.
+pub fn normalize_gfx(text: &str) -> Option<String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let digits = lower.strip_prefix("gfx")?;
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return None;
+    }
+    if !digits.chars().all(|c| c.is_ascii_digit()) {
+        return Some(lower);
+    }
+    let major_len = if digits.starts_with('1') { 2 } else { 1 };
+    let (major, rest) = digits.split_at_checked(major_len)?;
+    let (minor, stepping) = rest.split_at_checked(1)?;
+    let version = major.parse::<u64>().ok()? * 10_000
+        + minor.parse::<u64>().ok()? * 100
+        + stepping.parse::<u64>().ok()?;
+    gfx_name(version)
+}
+
 /// A PCI device id whose product is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownPart {
@@ -87,7 +117,16 @@ pub struct KnownPart {
 
 /// Marketing names of common parts by PCI device id (pci.ids and AMD's Instinct docs, which list
 /// `lspci -d 1002:74a1` for MI300X, `74a2` MI308X, `74a5` MI325X, `75a0` MI350X, `75a3` MI355X).
+/// The gfx9 ids are pci.ids' Vega 10 and Vega 20 entries.
 const KNOWN_PARTS: &[(u16, KnownPart)] = &[
+    (0x6860, part("AMD Instinct MI25", "gfx900")),
+    (0x6861, part("AMD Radeon Pro WX 9100", "gfx900")),
+    (0x6863, part("AMD Radeon Vega Frontier Edition", "gfx900")),
+    (0x687f, part("AMD Radeon RX Vega 56/64", "gfx900")),
+    (0x66a0, part("AMD Instinct MI50/MI60", "gfx906")),
+    (0x66a1, part("AMD Instinct MI50", "gfx906")),
+    (0x66a3, part("AMD Radeon Pro Vega II", "gfx906")),
+    (0x66af, part("AMD Radeon VII", "gfx906")),
     (0x738c, part("AMD Instinct MI100", "gfx908")),
     (0x7408, part("AMD Instinct MI250X", "gfx90a")),
     (0x740c, part("AMD Instinct MI250X/MI250", "gfx90a")),
@@ -134,6 +173,30 @@ mod tests {
         assert_eq!(gfx_name(120001).as_deref(), Some("gfx1201"));
         assert_eq!(gfx_name(0), None);
         assert_eq!(gfx_name(91700), None);
+    }
+
+    #[test]
+    fn rocm_6_decimal_gfx_versions_are_read_as_targets() {
+        // `rocm-smi --showproductname --json` on an MI250X (ROCm/rocm_smi_lib#159).
+        assert_eq!(normalize_gfx("gfx9010").as_deref(), Some("gfx90a"));
+        assert_eq!(normalize_gfx("gfx9012").as_deref(), Some("gfx90c"));
+        assert_eq!(normalize_gfx("gfx942").as_deref(), Some("gfx942"));
+        assert_eq!(normalize_gfx("gfx906").as_deref(), Some("gfx906"));
+        assert_eq!(normalize_gfx("gfx1100").as_deref(), Some("gfx1100"));
+        assert_eq!(normalize_gfx("gfx1010").as_deref(), Some("gfx1010"));
+        assert_eq!(normalize_gfx("GFX90A").as_deref(), Some("gfx90a"));
+        assert_eq!(normalize_gfx("gfx9016"), None, "stepping above 15");
+        assert_eq!(normalize_gfx("N/A"), None);
+        assert_eq!(normalize_gfx("gfx"), None);
+    }
+
+    #[test]
+    fn gfx9_parts_have_names_and_generations() {
+        assert_eq!(known_part(0x6860).unwrap().name, "AMD Instinct MI25");
+        assert_eq!(known_part(0x66a1).unwrap().gfx, "gfx906");
+        assert_eq!(generation("gfx900").unwrap().name, "gcn5");
+        assert_eq!(generation("gfx1012").unwrap().name, "rdna1");
+        assert!(is_integrated("gfx90c"));
     }
 
     #[test]

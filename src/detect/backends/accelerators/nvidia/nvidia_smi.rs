@@ -372,7 +372,7 @@ fn apply_remapped_rows(gpus: &mut [GpuRecord], remaps: &BTreeMap<String, RemapFa
 
 /// One `GPU n:` entry of `nvidia-smi -L` with the MIG devices listed under it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct ListedGpu {
+pub struct ListedGpu {
     /// The GPU index.
     pub index: u32,
     /// Product name.
@@ -383,39 +383,61 @@ pub(super) struct ListedGpu {
     pub partitions: Vec<Partition>,
 }
 
-/// Parses `nvidia-smi -L`.
-pub(super) fn parse_gpu_list(text: &str) -> Vec<ListedGpu> {
+/// Parses `nvidia-smi -L`: `GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-...)` lines, each followed
+/// by its `MIG 1g.10gb     Device  0: (UUID: MIG-...)` lines.
+///
+/// Anything else is skipped: error text the driver prints on stdout (`Unable to determine the
+/// device handle for GPU 0000:3B:00.0: Unknown Error`), lines that merely start like a GPU line
+/// (`GPU 2:` without a UUID), and MIG lines without a device number or UUID. A GPU line must carry a `GPU-` UUID and a MIG line a `MIG-` one (or the older
+/// `MIG-GPU-<uuid>/<gi>/<ci>` form, which also starts with `MIG-`).
+pub fn parse_gpu_list(text: &str) -> Vec<ListedGpu> {
     let mut gpus: Vec<ListedGpu> = Vec::new();
+    let mut last_was_gpu = false;
     for line in text.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("GPU ") {
-            let Some((index, description)) = rest.split_once(':') else {
-                continue;
-            };
-            let Ok(index) = index.trim().parse() else {
-                continue;
-            };
-            let (name, uuid) = split_uuid(description);
-            gpus.push(ListedGpu {
-                index,
-                name,
-                uuid,
-                partitions: Vec::new(),
-            });
-        } else if let Some(rest) = line.strip_prefix("MIG ")
+        if let Some(gpu) = listed_gpu(line) {
+            gpus.push(gpu);
+            last_was_gpu = true;
+        } else if let Some(partition) = listed_mig(line)
+            && last_was_gpu
             && let Some(gpu) = gpus.last_mut()
         {
-            let Some(profile) = rest.split_whitespace().next() else {
-                continue;
-            };
-            gpu.partitions.push(Partition {
-                kind: "mig".into(),
-                profile: profile.to_string(),
-                id: split_uuid(rest).1,
-                memory_bytes: None,
-            });
+            gpu.partitions.push(partition);
+        } else {
+            // A MIG line belongs to the GPU line above it, not to one before a foreign line.
+            last_was_gpu = last_was_gpu && line.is_empty();
         }
     }
     gpus
+}
+
+/// `GPU 0: NVIDIA A100 80GB PCIe (UUID: GPU-41255406-...)`.
+fn listed_gpu(line: &str) -> Option<ListedGpu> {
+    let (index, description) = line.strip_prefix("GPU ")?.split_once(':')?;
+    let index = index.trim().parse().ok()?;
+    let (name, uuid) = split_uuid(description);
+    let uuid = uuid.filter(|uuid| uuid.starts_with("GPU-"))?;
+    (!name.is_empty()).then_some(ListedGpu {
+        index,
+        name,
+        uuid: Some(uuid),
+        partitions: Vec::new(),
+    })
+}
+
+/// `MIG 3g.40gb     Device  0: (UUID: MIG-0929581a-...)`.
+fn listed_mig(line: &str) -> Option<Partition> {
+    let rest = line.strip_prefix("MIG ")?;
+    let mut words = rest.split_whitespace();
+    let profile = words.next()?;
+    let device = words.next()? == "Device";
+    let number = words.next()?.trim_end_matches(':').parse::<u32>().is_ok();
+    let uuid = split_uuid(rest).1.filter(|uuid| uuid.starts_with("MIG-"))?;
+    (device && number).then(|| Partition {
+        kind: "mig".into(),
+        profile: profile.to_string(),
+        id: Some(uuid),
+        memory_bytes: None,
+    })
 }
 
 /// Splits `NVIDIA H100 80GB HBM3 (UUID: GPU-...)` into the text before and the UUID.
@@ -607,6 +629,26 @@ mod tests {
             "GPU 0: A100-SXM4-40GB (UUID: GPU-1)\n  MIG 1g.5gb Device 0: (UUID: MIG-GPU-1/7/0)\n",
         );
         assert_eq!(old[0].partitions[0].id.as_deref(), Some("MIG-GPU-1/7/0"));
+    }
+
+    #[test]
+    fn the_listing_skips_lines_that_are_not_gpu_or_mig_lines() {
+        // Error texts nvidia-smi prints on stdout, quoted from NVIDIA/open-gpu-kernel-modules#387
+        // and NVIDIA/nvidia-container-toolkit#69; the GPU line without a UUID and the `MIG mode`
+        // line are made up, to show that looking like a GPU or MIG line is not enough.
+        let text = "GPU 0: NVIDIA GeForce RTX 2080 Ti (UUID: GPU-67a571b1-79ee-1016-8ea3-c1fff3f1c1d2)\n\
+Unable to determine the device handle for GPU 0000:0B:00.0: Unknown Error\n\
+  MIG 1g.5gb Device 0: (UUID: MIG-GPU-1/7/0)\n\
+GPU 2: the driver said nothing useful\n\
+Unable to determine the device handle for GPU0000:65:00.0: Unknown Error\n\
+MIG mode: Enabled\n";
+        let listing = parse_gpu_list(text);
+        assert_eq!(listing.len(), 1, "{listing:?}");
+        assert_eq!(listing[0].index, 0);
+        assert!(
+            listing[0].partitions.is_empty(),
+            "a MIG line after an error line belongs to no GPU"
+        );
     }
 
     #[test]

@@ -130,7 +130,7 @@ impl DisjointSets {
 
 /// One GPU row of `nvidia-smi topo -m`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct TopoRow {
+pub struct TopoRow {
     /// The GPU index.
     pub index: u32,
     /// Peer GPU index to the number of bonded NVLinks (`NV18` → 18).
@@ -140,11 +140,17 @@ pub(super) struct TopoRow {
 }
 
 /// Parses the `nvidia-smi topo -m` matrix. Header cells are underlined with ANSI escapes on
-/// many drivers, columns are tab-separated with irregular padding, NIC columns and rows may
-/// follow the GPUs, and a legend ends the matrix.
-pub(super) fn parse_topo_matrix(text: &str) -> Vec<TopoRow> {
+/// many drivers, columns are tab-separated with irregular padding (so neither tabs nor
+/// whitespace give cell positions), NIC columns and rows may follow the GPUs, and a legend ends
+/// the matrix.
+///
+/// After the matrix cells come the affinity columns the header names: `CPU Affinity` alone on
+/// old drivers, then `NUMA Affinity`, then `GPU NUMA ID` on newer drivers. A cell may be empty
+/// (the CPU affinity of a GPU the driver cannot place), which whitespace splitting cannot see,
+/// so those cells are matched by their shape, not their position ([`affinity_cells`]).
+pub fn parse_topo_matrix(text: &str) -> Vec<TopoRow> {
     let clean = strip_ansi(text);
-    let mut columns: Option<Vec<&str>> = None;
+    let mut header: Option<Header> = None;
     let mut rows = Vec::new();
     for line in clean.lines() {
         let tokens: Vec<&str> = line.split_whitespace().collect();
@@ -154,12 +160,12 @@ pub(super) fn parse_topo_matrix(text: &str) -> Vec<TopoRow> {
         if first.starts_with("Legend") {
             break;
         }
-        match &columns {
+        match &header {
             None if gpu_index(first).is_some() && !tokens.contains(&"X") => {
-                columns = Some(tokens.iter().copied().take_while(|t| *t != "CPU").collect());
+                header = Some(Header::parse(&tokens));
             }
-            Some(columns) => {
-                if let Some(row) = parse_topo_row(&tokens, columns) {
+            Some(header) => {
+                if let Some(row) = parse_topo_row(&tokens, header) {
                     rows.push(row);
                 }
             }
@@ -171,7 +177,27 @@ pub(super) fn parse_topo_matrix(text: &str) -> Vec<TopoRow> {
     rows
 }
 
-fn parse_topo_row(tokens: &[&str], columns: &[&str]) -> Option<TopoRow> {
+/// The matrix header: the device columns, then which affinity columns follow them.
+struct Header<'a> {
+    columns: Vec<&'a str>,
+    has_numa: bool,
+    has_gpu_numa_id: bool,
+}
+
+impl<'a> Header<'a> {
+    fn parse(tokens: &[&'a str]) -> Self {
+        let columns: Vec<&str> = tokens.iter().copied().take_while(|t| *t != "CPU").collect();
+        let rest = tokens.get(columns.len()..).unwrap_or_default().join(" ");
+        Header {
+            columns,
+            has_numa: rest.contains("NUMA Affinity"),
+            has_gpu_numa_id: rest.contains("GPU NUMA ID"),
+        }
+    }
+}
+
+fn parse_topo_row(tokens: &[&str], header: &Header) -> Option<TopoRow> {
+    let columns = &header.columns;
     let index = gpu_index(tokens.first()?)?;
     let cells = tokens.get(1..=columns.len())?;
     let nvlinks = columns
@@ -183,15 +209,43 @@ fn parse_topo_row(tokens: &[&str], columns: &[&str]) -> Option<TopoRow> {
             (peer != index).then_some((peer, count))
         })
         .collect();
-    // After the cells: CPU affinity, then NUMA affinity (`N/A` on single-node machines).
-    let numa = tokens
-        .get(columns.len() + 2)
-        .and_then(|token| token.parse().ok());
+    let trailing = tokens.get(columns.len() + 1..).unwrap_or_default();
+    let numa = affinity_cells(trailing, header).and_then(|numa| numa.parse().ok());
     Some(TopoRow {
         index,
         nvlinks,
         numa,
     })
+}
+
+/// The `NUMA Affinity` cell among the cells after the matrix, or `None` when the header has
+/// no such column or the cells cannot be told apart.
+///
+/// With every cell present they are positional. With one fewer, one is empty. A CPU list
+/// (`0-7`, `0-55,112-167`) in first place is the CPU affinity, and the NUMA affinity is the
+/// cell after it, if any (nvidia-smi writes `N/A`, not nothing, for an unknown NUMA node or
+/// GPU NUMA ID, so an empty cell there is the rarer case). Otherwise the CPU affinity is the
+/// empty one (a process whose cpuset shares no CPU with the GPU's node) and the first cell is
+/// the NUMA affinity. A bare number is read as a NUMA node there because a GPU's CPU affinity
+/// is never a single CPU on the machines `topo -m` describes.
+fn affinity_cells<'a>(trailing: &[&'a str], header: &Header) -> Option<&'a str> {
+    if !header.has_numa {
+        return None;
+    }
+    let expected = 2 + usize::from(header.has_gpu_numa_id);
+    let looks_like_cpu_list = |cell: &str| cell.contains('-') || cell.contains(',');
+    match trailing.len() {
+        n if n == expected => trailing.get(1).copied(),
+        n if n + 1 == expected => {
+            let first = trailing.first()?;
+            if looks_like_cpu_list(first) {
+                trailing.get(1).copied()
+            } else {
+                Some(*first)
+            }
+        }
+        _ => None,
+    }
 }
 
 /// `GPU3` → 3.
@@ -358,6 +412,26 @@ mod tests {
         assert_eq!(groups.len(), 1);
         assert_eq!(groups[0].kind, InterconnectKind::Nvlink);
         assert_eq!(groups[0].devices, ["0000:01:00.0", "0000:02:00.0"]);
+    }
+
+    #[test]
+    fn affinity_cells_are_read_by_header_and_shape() {
+        // A pre-R450 header has only `CPU Affinity` (kubernetes/kubernetes#53497, 2017).
+        let old = "\tGPU0\tGPU1\tmlx4_0\tCPU Affinity\nGPU0\t X \tPIX\tPHB\t0-9,20-29\n\
+GPU1\tPIX\t X \tPHB\t0-9,20-29\n";
+        let rows = parse_topo_matrix(old);
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|row| row.numa.is_none()));
+        // No `GPU NUMA ID` column, CPU affinity present, NUMA cell empty.
+        let empty_numa = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-7\t\t\n";
+        assert_eq!(parse_topo_matrix(empty_numa)[0].numa, None);
+        // `GPU NUMA ID` column, CPU affinity present, one of the two later cells empty.
+        let one_empty = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n\
+GPU0\t X \t0-7\t\t0\t\t\n";
+        assert_eq!(parse_topo_matrix(one_empty)[0].numa, Some(0));
+        // No `GPU NUMA ID` column, CPU affinity empty.
+        let empty_cpu = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t\t\t1\n";
+        assert_eq!(parse_topo_matrix(empty_cpu)[0].numa, Some(1));
     }
 
     #[test]

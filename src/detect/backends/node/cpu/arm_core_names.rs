@@ -24,6 +24,9 @@ pub(super) fn implementer_name(implementer: u32) -> Option<&'static str> {
 /// is V1, Graviton4 and NVIDIA Grace are V2, Azure Cobalt 100 is N2.
 pub(super) fn part_name(implementer: u32, part: u32) -> Option<&'static str> {
     Some(match (implementer, part) {
+        // Small boards (Raspberry Pi, Allwinner) that run the agent on edge nodes.
+        (0x41, 0xc07) => "Cortex-A7",
+        (0x41, 0xd03) => "Cortex-A53",
         (0x41, 0xd08) => "Cortex-A72",
         (0x41, 0xd0b) => "Cortex-A76",
         (0x41, 0xd0c) => "Neoverse-N1",

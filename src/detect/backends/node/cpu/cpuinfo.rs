@@ -4,6 +4,12 @@
 //! (`physical id`, `core id`, `cpu cores`, `siblings`), and the first processor's ISA flags
 //! (`flags` on x86, `Features` on arm64).
 //!
+//! POWER and IBM Z print neither `model name` nor the arm64 MIDR fields. POWER names the core
+//! in `cpu` (`POWER9 (raw), altivec supported`); IBM Z prints one header for the machine
+//! (`vendor_id : IBM/S390`, `# processors : 4`, `max thread id : 0`) and a
+//! `processor N: ... machine = 2964` line per CPU, whose machine type names the generation
+//! (`s390_machines.rs`).
+//!
 //! `/proc/cpuinfo` of a 192-thread machine is about 300 KB, almost all of it repeated `flags`
 //! lines, so the parser makes one pass, borrows every value from the input, and reads only the
 //! first processor's flags.
@@ -13,6 +19,7 @@ use crate::hardware::CpuInfo;
 
 use super::arm_core_names::{implementer_name, part_name};
 use super::isa_flags::ai_flags;
+use super::s390_machines::machine_name;
 
 /// Parses `/proc/cpuinfo` into model, vendor, an inferred architecture, topology and AI flags.
 /// Memory and cgroup limits are left empty.
@@ -51,6 +58,14 @@ struct Scan<'a> {
     parts: Vec<(u32, u32)>,
     arm_architecture: Option<u32>,
     riscv_isa: Option<&'a str>,
+    /// POWER's `cpu` line (`POWER8E (raw), altivec supported`).
+    power_cpu: Option<&'a str>,
+    /// IBM Z: `# processors`, the `processor N:` lines seen, the first machine type, and
+    /// `max thread id` (0 when SMT is off).
+    s390_declared: Option<u32>,
+    s390_lines: u32,
+    s390_machine: Option<&'a str>,
+    s390_max_thread: Option<u32>,
 }
 
 impl<'a> Scan<'a> {
@@ -81,7 +96,30 @@ impl<'a> Scan<'a> {
                 self.arm_architecture = self.arm_architecture.or_else(|| value.parse().ok());
             }
             "isa" => first(&mut self.riscv_isa, value),
-            _ => {}
+            // Only POWER's `cpu` names a core; other architectures do not print the key.
+            "cpu" if value.starts_with("POWER") => first(&mut self.power_cpu, value),
+            "# processors" => self.s390_declared = value.parse().ok(),
+            "max thread id" => self.s390_max_thread = value.parse().ok(),
+            _ => {
+                if let Some(id) = key.strip_prefix("processor ")
+                    && id.trim().parse::<u32>().is_ok()
+                {
+                    self.s390_processor(value);
+                }
+            }
+        }
+    }
+
+    /// One `processor N: version = FF,  identification = 2733E8,  machine = 2964` line.
+    fn s390_processor(&mut self, value: &'a str) {
+        self.s390_lines += 1;
+        if self.s390_machine.is_none() {
+            self.s390_machine = value
+                .split(',')
+                .filter_map(|part| part.split_once('='))
+                .find(|(name, _)| name.trim() == "machine")
+                .map(|(_, machine)| machine.trim())
+                .filter(|machine| !machine.is_empty());
         }
     }
 
@@ -110,10 +148,18 @@ impl<'a> Scan<'a> {
                 .filter(|&n| n > 0)
         };
         let counted_cores = u32::try_from(self.cores.len()).ok().filter(|&n| n > 0);
-        let cores = counted_cores.max(per_socket(self.cpu_cores));
         let threads = Some(self.processors)
             .filter(|&n| n > 0)
-            .max(per_socket(self.siblings));
+            .max(per_socket(self.siblings))
+            .max(Some(self.s390_lines).filter(|&n| n > 0))
+            .max(self.s390_declared.filter(|&n| n > 0));
+        // IBM Z says how many threads each core runs (`max thread id` + 1); other
+        // architectures without `core id` get their cores from sysfs.
+        let s390_cores = self
+            .s390_max_thread
+            .and_then(|max| threads.map(|threads| threads / (max + 1)))
+            .filter(|&n| n > 0);
+        let cores = counted_cores.max(per_socket(self.cpu_cores)).or(s390_cores);
         let (vendor, model) = self.identity();
         CpuInfo {
             model,
@@ -127,15 +173,25 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Vendor and model: x86 names itself; arm64 gives only MIDR fields to look up.
+    /// Vendor and model: x86 names itself, POWER names its core, IBM Z its machine type, and
+    /// arm64 gives only MIDR fields to look up.
     fn identity(&self) -> (Option<String>, Option<String>) {
         let model_name = self.model_name.filter(|m| !m.is_empty());
         let vendor_id = self.vendor_id.filter(|v| !v.is_empty());
-        if model_name.is_some() || vendor_id.is_some() || self.parts.is_empty() {
+        if model_name.is_some() || (vendor_id.is_some() && self.s390_machine.is_none()) {
             return (
                 vendor_id.map(str::to_string),
                 model_name.map(str::to_string),
             );
+        }
+        if let Some(machine) = self.s390_machine {
+            return (vendor_id.map(str::to_string), Some(machine_name(machine)));
+        }
+        if let Some(cpu) = self.power_cpu {
+            return (Some("IBM".to_string()), Some(power_core(cpu).to_string()));
+        }
+        if self.parts.is_empty() {
+            return (None, None);
         }
         let (first_implementer, _) = self.parts[0];
         let vendor = implementer_name(first_implementer)
@@ -170,11 +226,35 @@ impl<'a> Scan<'a> {
             };
             return Some(arch.to_string());
         }
+        if let Some(cpu) = self.power_cpu {
+            // Little-endian Linux needs POWER8 or later, and every current distribution for
+            // POWER8+ is little-endian; older cores only ran big-endian Linux.
+            let generation: u32 = cpu
+                .trim_start_matches("POWER")
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap_or(0);
+            let arch = if generation >= 8 { "ppc64le" } else { "ppc64" };
+            return Some(arch.to_string());
+        }
+        if self.vendor_id == Some("IBM/S390") {
+            // 31-bit s390 kernels are long gone; every IBM Z Linux is s390x.
+            return Some("s390x".to_string());
+        }
         let flags = self.flags?;
         self.vendor_id?;
         let long_mode = flags.split_ascii_whitespace().any(|f| f == "lm");
         Some(if long_mode { "x86_64" } else { "i686" }.to_string())
     }
+}
+
+/// `POWER8E (raw), altivec supported` → `POWER8E`: the core, without the compatibility mode
+/// (`raw`, `architected`) or the vector unit note.
+fn power_core(cpu: &str) -> &str {
+    let core = cpu.split(',').next().unwrap_or(cpu);
+    core.split(" (").next().unwrap_or(core).trim()
 }
 
 fn first<'a>(slot: &mut Option<&'a str>, value: &'a str) {
