@@ -41,6 +41,10 @@ fn api_error(e: &kube::Error) -> Option<&kube::core::Status> {
     }
 }
 
+fn not_found(e: &kube::Error) -> bool {
+    api_error(e).is_some_and(|s| s.code == 404)
+}
+
 /// Creates (or takes over) every generated class.
 async fn apply_classes(tc: &TestCluster) -> Result<()> {
     let api: Api<DeviceClass> = Api::all(tc.client());
@@ -164,7 +168,7 @@ async fn delete_nodes(tc: &TestCluster, nodes: &[String]) -> Result<()> {
                 .map(|_| ()),
         ] {
             match result {
-                Err(e) if !api_error(&e).is_some_and(|s| s.code == 404) => return Err(e.into()),
+                Err(e) if !not_found(&e) => return Err(e.into()),
                 _ => {}
             }
         }
@@ -322,14 +326,14 @@ async fn delete_pods_and_claims(tc: &TestCluster, pods: &[&str], claims: &[&str]
     };
     for pod in pods {
         if let Err(e) = pod_api.delete(pod, &now).await
-            && !api_error(&e).is_some_and(|s| s.code == 404)
+            && !not_found(&e)
         {
             return Err(e.into());
         }
     }
     for claim in claims {
         if let Err(e) = claim_api.delete(claim, &DeleteParams::default()).await
-            && !api_error(&e).is_some_and(|s| s.code == 404)
+            && !not_found(&e)
         {
             return Err(e.into());
         }

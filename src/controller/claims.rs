@@ -130,9 +130,11 @@ fn claims_in_cache(ctx: &Context) -> Vec<ResourceClaim> {
         .unwrap_or_default()
 }
 
-/// Our claims by `(namespace, name)`: those carrying our label and owned by the placement
-/// whose name the label gives. A claim that only carries the label is not ours.
-pub fn our_claims(ctx: &Context) -> BTreeSet<(String, String)> {
+/// Our claims by `(namespace, name)`: those carrying our label, owned by the placement whose
+/// name the label gives, and whose placement holds its devices in the ledger (`held`). A
+/// claim that only carries the label is not ours; nor is one whose placement holds nothing
+/// (a status lost before a restart): its devices count as taken until it is deleted.
+pub fn our_claims(ctx: &Context, held: impl Fn(&str, &str) -> bool) -> BTreeSet<(String, String)> {
     let placements: BTreeMap<(String, String), String> = ctx
         .placements
         .state()
@@ -146,6 +148,9 @@ pub fn our_claims(ctx: &Context) -> BTreeSet<(String, String)> {
         .iter()
         .filter_map(|claim| {
             let (namespace, placement) = owning_placement(claim)?;
+            if !held(namespace, placement) {
+                return None;
+            }
             let uid = placements.get(&(namespace.to_string(), placement.to_string()))?;
             claim
                 .owner_references()

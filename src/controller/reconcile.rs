@@ -156,7 +156,10 @@ async fn place(
     let deciding = Instant::now();
     let fleet = fleet_view(ctx, &mut state);
     if let Some(claims) = &ctx.claims {
-        let ours = our_claims(ctx);
+        let ledger = &state.ledger;
+        let ours = our_claims(ctx, |namespace, name| {
+            ledger.get(&PlacementKey::new(namespace, name)).is_some()
+        });
         let external = foreign_allocations(claims.state().iter().map(|c| &**c), &ours, &fleet);
         state.ledger.set_external(external);
     }

@@ -30,7 +30,8 @@ pub const REQUEST_NAME: &str = "accelerators";
 pub const MAX_ALTERNATIVES: usize = 8;
 
 /// Most devices one alternative may ask for: an allocation holds at most 32 results
-/// (`AllocationResultsMaxSize`, kubernetes/api `resource/v1/types.go`).
+/// (`AllocationResultsMaxSize`, kubernetes/api `resource/v1/types.go`). The apiserver takes a
+/// larger count, but kube-scheduler 1.36 refuses to allocate it and the pod stays Pending.
 pub const MAX_COUNT: u32 = 32;
 
 /// Longest string attribute value DRA stores; a longer product name can never match.

@@ -60,6 +60,36 @@ pub enum DeviceClassError {
     },
 }
 
+/// A precision class: its name's first label, its description, and which products qualify.
+struct PrecisionClass {
+    short: &'static str,
+    long: &'static str,
+    native: fn(&Product) -> bool,
+}
+
+const PRECISION_CLASSES: &[PrecisionClass] = &[
+    PrecisionClass {
+        short: "fp8",
+        long: "FP8",
+        native: fp8_native,
+    },
+    PrecisionClass {
+        short: "fp4",
+        long: "FP4 (NVFP4 or MXFP4)",
+        native: fp4_native,
+    },
+];
+
+/// The product computes natively in FP8.
+pub(crate) fn fp8_native(product: &Product) -> bool {
+    product.precisions.contains(&Precision::Fp8)
+}
+
+/// The product computes natively in a 4-bit float format (NVFP4 or MXFP4).
+pub(crate) fn fp4_native(product: &Product) -> bool {
+    product.precisions.contains(&Precision::Nvfp4) || product.precisions.contains(&Precision::Mxfp4)
+}
+
 /// The family class for `family`: `gpu.hwaccel.io`.
 pub fn family_class_name(family: Family) -> String {
     format!("{}.{CLASS_DOMAIN}", family.as_str())
@@ -82,13 +112,12 @@ pub fn device_classes() -> Vec<DeviceClass> {
             &clauses,
         ));
     }
-    let precisions: [(&str, &str, fn(&Product) -> bool); 2] = [
-        ("fp8", "FP8", |p| p.precisions.contains(&Precision::Fp8)),
-        ("fp4", "FP4 (NVFP4 or MXFP4)", |p| {
-            p.precisions.contains(&Precision::Nvfp4) || p.precisions.contains(&Precision::Mxfp4)
-        }),
-    ];
-    for (short, long, native) in precisions {
+    for &PrecisionClass {
+        short,
+        long,
+        native,
+    } in PRECISION_CLASSES
+    {
         let clauses: Vec<String> = KNOWN_DRIVERS
             .iter()
             .filter_map(|d| product_clause(d, native))
