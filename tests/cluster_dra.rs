@@ -201,10 +201,18 @@ fn allocated(claims: &[ResourceClaim]) -> BTreeSet<(String, String)> {
 }
 
 /// A pod with one claim; `claim` is `("resourceClaimName"|"resourceClaimTemplateName", name)`.
-async fn create_pod(cluster: &TestCluster, name: &str, claim: (&str, &str)) -> Result<()> {
+/// `node` pins it (through its hostname label) to one node: other tests' nodes publish GPUs
+/// of the same driver, and a pod free to go anywhere could take theirs.
+async fn create_pod(
+    cluster: &TestCluster,
+    name: &str,
+    claim: (&str, &str),
+    node: &str,
+) -> Result<()> {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [{
                 "name": "model",
                 "image": "registry.invalid/model:test",
@@ -305,13 +313,49 @@ async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Resu
         .map(|(p, d)| (p.to_string(), d.to_string()))
         .collect();
     assert_eq!(wide, held);
+    // What people see: `kubectl get mp -o wide` (Devices column) and `kubectl get
+    // resourceclaims` name the same devices.
+    let mp_wide = cluster
+        .kubectl_ok(&[
+            "get",
+            "mp",
+            "llama",
+            "-n",
+            cluster.namespace(),
+            "-o",
+            "wide",
+        ])
+        .await?;
+    let claims_view = cluster
+        .kubectl_ok(&[
+            "get",
+            "resourceclaims",
+            "-n",
+            cluster.namespace(),
+            "-l",
+            &format!("{PLACEMENT_LABEL}=llama"),
+            "-o",
+            "custom-columns=POOL:.status.allocation.devices.results[*].pool,DEVICE:.status.allocation.devices.results[*].device",
+            "--no-headers",
+        ])
+        .await?;
+    for (pool, device) in &held {
+        assert!(mp_wide.contains(&format!("{pool}/{device}")), "{mp_wide}");
+        assert!(claims_view.contains(device.as_str()), "{claims_view}");
+    }
     assert!(status.claims.iter().all(|c| c.node == node && c.allocated));
 
     // The placement's own pod, built from the status's fragment, lands on the planned node.
     let claim_name = status.claims[0].pod_template.resource_claims[0]
         .resource_claim_name
         .clone();
-    create_pod(&cluster, "model-0", ("resourceClaimName", &claim_name)).await?;
+    create_pod(
+        &cluster,
+        "model-0",
+        ("resourceClaimName", &claim_name),
+        &node,
+    )
+    .await?;
     wait_for(DEFAULT_TIMEOUT, "model-0 scheduled", || async {
         scheduled_node(&cluster, "model-0").await
     })
@@ -320,7 +364,13 @@ async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Resu
 
     // A rival asking for all the driver's GPUs cannot get the held ones and stays Pending.
     create_any_gpus_template(&cluster, "all-gpus", gpus).await?;
-    create_pod(&cluster, "rival", ("resourceClaimTemplateName", "all-gpus")).await?;
+    create_pod(
+        &cluster,
+        "rival",
+        ("resourceClaimTemplateName", "all-gpus"),
+        &node,
+    )
+    .await?;
     let reason = wait_for(DEFAULT_TIMEOUT, "rival FailedScheduling", || async {
         scheduling_failure(&cluster, "rival").await
     })
