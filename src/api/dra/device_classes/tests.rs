@@ -113,12 +113,13 @@ fn known(driver: &str) -> Option<&'static KnownDriver> {
 }
 
 #[test]
-fn family_class_takes_whole_nvidia_gpus_and_every_other_gpu_driver() {
+fn family_class_takes_only_whole_gpus_of_drivers_that_publish_partitions() {
     assert_eq!(
         expression(&class_named("gpu.hwaccel.io")),
         "(device.driver == 'gpu.nvidia.com' && 'type' in device.attributes['gpu.nvidia.com'] \
          && device.attributes['gpu.nvidia.com'].type == 'gpu') \
-         || (device.driver == 'gpu.amd.com') || (device.driver == 'gpu.intel.com')"
+         || (device.driver == 'gpu.amd.com' && 'type' in device.attributes['gpu.amd.com'] \
+         && device.attributes['gpu.amd.com'].type == 'amdgpu') || (device.driver == 'gpu.intel.com')"
     );
     assert_eq!(
         expression(&class_named("asic.hwaccel.io")),
