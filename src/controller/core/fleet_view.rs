@@ -470,7 +470,7 @@ mod tests {
             1,
             &[(0, "0000:1b:00.0", None), (1, "0000:43:00.0", None)],
         );
-        let view = view_of(&[a.clone()], &[slice], &["a"]);
+        let view = view_of(std::slice::from_ref(&a), &[slice], &["a"]);
         assert_eq!(view.nodes()[0].devices.len(), 8, "not ten");
         assert_eq!(
             view.dra_device("a", "gpu-0000-43-00-0")
