@@ -5,6 +5,7 @@
 //! tested alone: [`presence`] (pure debouncing), [`node_labels`] (server-side apply of labels),
 //! [`hotplug`] (device-directory fingerprint), [`metrics`].
 
+pub mod dra_labels;
 pub mod hotplug;
 pub mod metrics;
 pub mod node_labels;

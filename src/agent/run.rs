@@ -24,6 +24,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::dra_labels::{SliceReader, fill_from_published};
 use super::hotplug::DeviceFingerprint;
 use super::metrics::AgentMetrics;
 use super::node_labels::{LabelOutcome, NodeLabeler};
@@ -61,6 +62,10 @@ pub struct AgentConfig {
     pub max_backoff: Duration,
 }
 
+/// Longest wait for this node's ResourceSlices each cycle; past it the labels go out from
+/// detection alone.
+const SLICE_LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What one publish did, for logs and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PublishOutcome {
@@ -79,6 +84,8 @@ pub struct Agent {
     nodes: Api<Node>,
     inventories: Api<AcceleratorInventory>,
     labeler: NodeLabeler,
+    /// This node's DRA ResourceSlices, a second source for the labels.
+    slices: SliceReader,
     tracker: PresenceTracker,
     metrics: AgentMetrics,
     seeded: bool,
@@ -107,7 +114,9 @@ impl Agent {
         let detector = Detector::new(HostRoot::new(&config.host_root), runner, &config.backends);
         let nodes: Api<Node> = Api::all(client.clone());
         let labeler = NodeLabeler::new(nodes.clone(), &config.node_name, FIELD_MANAGER);
+        let slices = SliceReader::new(client.clone(), &config.node_name, SLICE_LIST_TIMEOUT);
         Self {
+            slices,
             tracker: PresenceTracker::new(config.misses_to_remove),
             detector: Arc::new(detector),
             inventories: Api::all(client),
@@ -182,7 +191,14 @@ impl Agent {
             .set(i64::try_from(stale.len()).unwrap_or(0));
 
         let mut outcome = PublishOutcome::default();
-        let node_labels = labels::labels_for(&published);
+        // Labels also count what DRA drivers publish and detection missed (DRA-only nodes);
+        // the inventory stays detection only.
+        let from_slices = self.slices.published().await;
+        let node_labels = if from_slices.is_empty() {
+            labels::labels_for(&published)
+        } else {
+            labels::labels_for(&fill_from_published(&published, &from_slices))
+        };
         for (key, reason) in &node_labels.dropped {
             tracing::warn!(key, reason, "label dropped");
         }
