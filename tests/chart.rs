@@ -376,8 +376,34 @@ fn rbac_is_least_privilege() {
                     name_of(role)
                 );
             }
-            // The one delete: the uninstall hook removes the agent DaemonSet by name (helm
-            // deletes it a moment later anyway), from a namespaced Role.
+            // The controller deletes the ResourceClaims it made: RBAC cannot narrow that by
+            // label, so the chart's `controller-claim-writes` admission policy confines it to
+            // claims labelled and owned by a placement (checked in the policy test below and,
+            // with the controller's token, in tests/cluster_security.rs).
+            if rule["apiGroups"] == serde_json::json!(["resource.k8s.io"]) {
+                for forbidden in ["update", "deletecollection"] {
+                    assert!(
+                        !verbs.contains(&Value::from(forbidden)),
+                        "{forbidden}: {rule}"
+                    );
+                }
+                if verbs.contains(&Value::from("delete")) || verbs.contains(&Value::from("create"))
+                {
+                    assert_eq!(name_of(role), "hwaccel-controller", "{rule}");
+                    assert_eq!(
+                        rule["resources"],
+                        serde_json::json!(["resourceclaims"]),
+                        "{rule}"
+                    );
+                    assert!(
+                        !verbs.contains(&Value::from("patch")),
+                        "patch claims: {rule}"
+                    );
+                }
+                continue;
+            }
+            // Otherwise the one delete: the uninstall hook removes the agent DaemonSet by name
+            // (helm deletes it a moment later anyway), from a namespaced Role.
             if verbs.contains(&Value::from("delete")) {
                 assert_eq!(
                     role["kind"],
@@ -431,8 +457,8 @@ fn admission_policies_match_the_chart_service_accounts() {
     let all_policies = of_kind(&docs, "ValidatingAdmissionPolicy");
     assert_eq!(
         all_policies.len(),
-        3,
-        "node writes, agent inventory writes, controller placement writes"
+        4,
+        "node writes, agent inventory writes, controller placement and claim writes"
     );
     // The controller's placement policy: only its own finalizer on a ModelPlacement.
     let placements = all_policies
@@ -457,6 +483,25 @@ fn admission_policies_match_the_chart_service_accounts() {
     let checks = placements["spec"]["validations"].to_string();
     assert!(checks.contains("object.spec == oldObject.spec"), "{checks}");
     assert!(checks.contains("hwaccel.io/placement-cleanup"), "{checks}");
+    // The controller's claim policy: only claims labelled and owned by a placement.
+    let claims = all_policies
+        .iter()
+        .find(|policy| {
+            policy["spec"]["matchConstraints"]["resourceRules"]
+                .to_string()
+                .contains("resourceclaims")
+        })
+        .expect("a policy over the controller's claim writes");
+    assert!(
+        claims["spec"]["matchConditions"]
+            .to_string()
+            .contains(&format!("'{controller_user}'")),
+        "{}",
+        claims["spec"]["matchConditions"]
+    );
+    let checks = claims["spec"]["validations"].to_string();
+    assert!(checks.contains("hwaccel.io/placement"), "{checks}");
+    assert!(checks.contains("ModelPlacement"), "{checks}");
     let policies: Vec<_> = all_policies
         .into_iter()
         .filter(|policy| {

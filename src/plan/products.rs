@@ -362,11 +362,7 @@ pub fn lookup(name: &str, memory_gb: Option<f64>) -> Option<&'static Product> {
     let key = normalise(name);
     let candidates: Vec<&Product> = PRODUCTS
         .iter()
-        .filter(|p| {
-            p.patterns
-                .iter()
-                .all(|pattern| contains_model(&key, pattern))
-        })
+        .filter(|p| patterns_match(p.patterns, &key))
         .collect();
     let sized = memory_gb.and_then(|gb| {
         candidates
@@ -375,6 +371,17 @@ pub fn lookup(name: &str, memory_gb: Option<f64>) -> Option<&'static Product> {
             .copied()
     });
     sized.or_else(|| candidates.first().copied())
+}
+
+/// The table's matching rule on a display name: every pattern occurs in the normalised name
+/// and none is the prefix of a longer model number. Other encodings of the table (the DRA
+/// DeviceClasses' CEL) are tested against this.
+pub fn name_matches(patterns: &[&str], name: &str) -> bool {
+    patterns_match(patterns, &normalise(name))
+}
+
+fn patterns_match(patterns: &[&str], key: &str) -> bool {
+    patterns.iter().all(|pattern| contains_model(key, pattern))
 }
 
 /// True when `pattern` occurs in `key` and is not the prefix of a longer model number: "a10"

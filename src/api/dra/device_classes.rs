@@ -23,7 +23,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::hardware::{Family, Precision};
-use crate::plan::products::{PRODUCTS, Product};
+use crate::plan::products::{PRODUCTS, Product, name_matches};
 
 use super::drivers::{KNOWN_DRIVERS, KnownDriver};
 
@@ -346,31 +346,6 @@ pub(crate) fn pattern_sets(
 /// of other characters may separate the words, as the table's own matching allows.
 fn pattern_regex(pattern: &str) -> String {
     pattern.split(' ').collect::<Vec<_>>().join("[^a-z0-9]+")
-}
-
-/// The table's matching rule on a display name: every pattern occurs in the normalised name
-/// and is not followed by a digit ("h20" is not "h200"). The CEL regular expressions encode
-/// the same rule.
-pub(crate) fn name_matches(patterns: &[&str], name: &str) -> bool {
-    let key: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                ' '
-            }
-        })
-        .collect();
-    let key = key.split_whitespace().collect::<Vec<_>>().join(" ");
-    patterns.iter().all(|pattern| {
-        key.match_indices(pattern).any(|(at, _)| {
-            !key[at + pattern.len()..]
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_digit())
-        })
-    })
 }
 
 #[cfg(test)]
