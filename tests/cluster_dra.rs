@@ -35,6 +35,12 @@ use serde_json::json;
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const DRIVER: &str = "gpu.nvidia.com";
+
+/// Held by each test for its whole run. The slices a test publishes are cluster-wide, and
+/// a controller selecting its own test's inventories still plans on another test's
+/// slice-only devices (a DRA-only node has no inventory to select by), so tests that
+/// publish slices take turns, and the claim-template test removes its nodes when done.
+static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
 
 /// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
@@ -272,6 +278,7 @@ async fn scheduling_failure(cluster: &TestCluster, pod: &str) -> Result<Option<S
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Result<()> {
+    let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
     if !cluster.full() {
         eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
@@ -424,6 +431,7 @@ async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Resu
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn labels_mode_makes_no_claims_and_claims_mode_plans_only_published_devices() -> Result<()> {
+    let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
     install_crds(&cluster.client()).await?;
     ensure_driver_class(&cluster).await?;
@@ -609,6 +617,7 @@ async fn pod_claim_results(cluster: &TestCluster, pod: &str) -> Result<Vec<(Stri
 #[ignore = "needs cluster"]
 async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_back() -> Result<()>
 {
+    let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
     if !cluster.full() {
         eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
@@ -618,20 +627,49 @@ async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_
     apply_hwaccel_classes(&cluster).await?;
     let (nvidia, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
     let amd = add_amd_slice_node(&cluster).await?;
-    let _controller = start_controller(&cluster);
+    let result = template_fallback(&cluster, &nvidia, &amd).await;
+    let removed = remove_nodes(&cluster, &[&nvidia, &amd]).await;
+    result.and(removed)
+}
+
+/// Deletes `nodes` and every ResourceSlice published for them.
+async fn remove_nodes(cluster: &TestCluster, nodes: &[&str]) -> Result<()> {
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    for slice in slices.list(&ListParams::default()).await?.items {
+        if slice
+            .spec
+            .node_name
+            .as_deref()
+            .is_some_and(|n| nodes.contains(&n))
+        {
+            let name = slice.metadata.name.unwrap_or_default();
+            slices.delete(&name, &DeleteParams::default()).await?;
+        }
+    }
+    for node in nodes {
+        Api::<Node>::all(cluster.client())
+            .delete(node, &DeleteParams::default())
+            .await?;
+    }
+    Ok(())
+}
+
+async fn template_fallback(cluster: &TestCluster, nvidia: &str, amd: &str) -> Result<()> {
+    let (nvidia, amd) = (nvidia.to_string(), amd.to_string());
+    let _controller = start_controller(cluster);
     let spec = PlacementBuilder::serve("llama-3.1-70b")
         .context(8192)
         .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
         .spec();
-    create_placement(&cluster, "llama", spec, AllocationMode::ClaimTemplate).await?;
-    let status = wait_ready(&cluster, "llama").await?;
+    create_placement(cluster, "llama", spec, AllocationMode::ClaimTemplate).await?;
+    let status = wait_ready(cluster, "llama").await?;
     assert_eq!(status.allocation.as_deref(), Some("claimTemplate"));
     assert_eq!(status.claim_template.as_deref(), Some("llama"));
     let ready = conditions::find(&status.conditions, "Ready").expect("Ready");
     assert_eq!(ready.reason, "ClaimTemplateWritten");
     assert!(status.assignments.is_empty() && status.node_selector.is_empty());
     assert!(
-        claims_of(&cluster, "llama").await?.is_empty(),
+        claims_of(cluster, "llama").await?.is_empty(),
         "no claims of ours"
     );
     assert_eq!(status.alternatives.len(), 2, "{:?}", status.alternatives);
@@ -700,12 +738,12 @@ async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_
     let fragment = status.pod_template.clone().expect("a pod fragment");
 
     // A pod free to go to either node gets the first choice.
-    create_template_pod(&cluster, "first", &fragment).await?;
+    create_template_pod(cluster, "first", &fragment).await?;
     let node = wait_for(DEFAULT_TIMEOUT, "first scheduled", || async {
-        scheduled_node(&cluster, "first").await
+        scheduled_node(cluster, "first").await
     })
     .await?;
-    let results = pod_claim_results(&cluster, "first").await?;
+    let results = pod_claim_results(cluster, "first").await?;
     assert_eq!(node, amd, "{results:?}");
     let first_request = format!("accelerators/{}", subrequests[0].0);
     assert_eq!(results, [(first_request, amd.clone())]);
@@ -727,20 +765,20 @@ async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_
         )
         .await?;
     create_pod(
-        &cluster,
+        cluster,
         "blocker",
         ("resourceClaimTemplateName", "seven-mi300x"),
         &amd,
     )
     .await?;
-    let held = pod_claim_results(&cluster, "blocker").await?;
+    let held = pod_claim_results(cluster, "blocker").await?;
     assert_eq!(held.len(), 7);
-    create_template_pod(&cluster, "second", &fragment).await?;
+    create_template_pod(cluster, "second", &fragment).await?;
     let node = wait_for(DEFAULT_TIMEOUT, "second scheduled", || async {
-        scheduled_node(&cluster, "second").await
+        scheduled_node(cluster, "second").await
     })
     .await?;
-    let results = pod_claim_results(&cluster, "second").await?;
+    let results = pod_claim_results(cluster, "second").await?;
     assert_eq!(node, nvidia, "{results:?}");
     let second_request = format!("accelerators/{}", subrequests[1].0);
     assert!(
@@ -751,10 +789,41 @@ async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_
         "{results:?}"
     );
 
-    // Deleting the placement deletes its template (the finalizer; pods keep their claims).
-    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
-        .delete("llama", &DeleteParams::default())
+    // Switching to labels deletes the template; switching back writes it again.
+    let placements: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    // Pinned to the NVIDIA node: with labels, the plan needs a Node this test labels.
+    let switch = |mode: &str| {
+        json!({"spec": {"allocation": mode,
+            "constraints": {"nodeSelector": {"kubernetes.io/hostname": nvidia}}}})
+    };
+    placements
+        .patch(
+            "llama",
+            &PatchParams::default(),
+            &Patch::Merge(switch("labels")),
+        )
         .await?;
+    let labelled = wait_ready(cluster, "llama").await?;
+    assert_eq!(labelled.allocation.as_deref(), Some("labels"));
+    assert!(labelled.claim_template.is_none() && labelled.alternatives.is_empty());
+    wait_for(DEFAULT_TIMEOUT, "template deleted on the switch", || {
+        let templates = templates.clone();
+        async move { Ok(templates.get_opt("llama").await?.is_none().then_some(())) }
+    })
+    .await?;
+    placements
+        .patch(
+            "llama",
+            &PatchParams::default(),
+            &Patch::Merge(switch("claimTemplate")),
+        )
+        .await?;
+    let again = wait_ready(cluster, "llama").await?;
+    assert_eq!(again.claim_template.as_deref(), Some("llama"));
+    templates.get("llama").await?;
+
+    // Deleting the placement deletes its template (the finalizer; pods keep their claims).
+    placements.delete("llama", &DeleteParams::default()).await?;
     wait_for(DEFAULT_TIMEOUT, "template deleted", || {
         let templates = templates.clone();
         async move { Ok(templates.get_opt("llama").await?.is_none().then_some(())) }
