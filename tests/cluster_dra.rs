@@ -35,6 +35,12 @@ use serde_json::json;
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const DRIVER: &str = "gpu.nvidia.com";
+
+/// Held by each test for its whole run. The slices a test publishes are cluster-wide, and
+/// a controller selecting its own test's inventories still plans on another test's
+/// slice-only devices (a DRA-only node has no inventory to select by), so tests that
+/// publish slices take turns, and the claim-template test removes its nodes when done.
+static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
 
 /// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
@@ -272,6 +278,7 @@ async fn scheduling_failure(cluster: &TestCluster, pod: &str) -> Result<Option<S
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Result<()> {
+    let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
     if !cluster.full() {
         eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
@@ -424,6 +431,7 @@ async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Resu
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn labels_mode_makes_no_claims_and_claims_mode_plans_only_published_devices() -> Result<()> {
+    let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
     install_crds(&cluster.client()).await?;
     ensure_driver_class(&cluster).await?;
@@ -487,5 +495,339 @@ async fn labels_mode_makes_no_claims_and_claims_mode_plans_only_published_device
     if !claims_of(&cluster, "on-amd").await?.is_empty() {
         bail!("a refused placement holds claims: {refused:?}");
     }
+    Ok(())
+}
+
+/// A kwok Node, known from its vendor slices alone (no AcceleratorInventory, as on a
+/// DRA-only cluster): the AMD driver's two-slice pool from `fixtures/dra/amd-mi300x-8x.yaml`
+/// (8x MI300X, 196,592 MiB each; provenance in `fixtures/dra/PROVENANCE.md`), moved to the
+/// new node. Returns the node name.
+async fn add_amd_slice_node(cluster: &TestCluster) -> Result<String> {
+    let client = cluster.client();
+    let name = cluster.unique_name("mi300x");
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": name},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dra/amd-mi300x-8x.yaml");
+    let slices = hwaccel::cli::plan_dra::load_resource_slices(&[path])?;
+    for (index, mut slice) in slices.into_iter().enumerate() {
+        slice.metadata = kube::core::ObjectMeta {
+            name: Some(format!("{name}-gpu.amd.com-{index}")),
+            ..Default::default()
+        };
+        slice.spec.node_name = Some(name.clone());
+        slice.spec.pool.name = name.clone();
+        Api::<ResourceSlice>::all(client.clone())
+            .create(&PostParams::default(), &slice)
+            .await?;
+    }
+    Ok(name)
+}
+
+/// The hwaccel DeviceClasses (a claim template's subrequests name the family class).
+async fn apply_hwaccel_classes(cluster: &TestCluster) -> Result<()> {
+    let api: Api<DeviceClass> = Api::all(cluster.client());
+    for class in hwaccel::api::dra::device_classes::device_classes() {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let mut body = serde_json::to_value(&class)?;
+        body["apiVersion"] = json!("resource.k8s.io/v1");
+        body["kind"] = json!("DeviceClass");
+        api.patch(
+            &name,
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(body),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// A pod using the placement's template fragment, free to go to either of this test's
+/// nodes (selected by the test label, so other tests' GPUs stay out).
+async fn create_template_pod(
+    cluster: &TestCluster,
+    name: &str,
+    fragment: &hwaccel::api::placement::PodTemplateClaimFragment,
+) -> Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {TEST_LABEL: cluster.prefix()},
+            "containers": [{
+                "name": "model",
+                "image": "registry.invalid/model:test",
+                "resources": {"claims": [{"name": "accelerators"}]},
+            }],
+            "resourceClaims": serde_json::to_value(&fragment.resource_claims)?,
+        },
+    }))?;
+    Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
+/// `(request, pool)` of each allocation result of the claim the pod's template made.
+async fn pod_claim_results(cluster: &TestCluster, pod: &str) -> Result<Vec<(String, String)>> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, &format!("{pod}'s claim allocated"), || {
+        let (pods, claims) = (pods.clone(), claims.clone());
+        async move {
+            let Some(claim) = pods
+                .get(pod)
+                .await?
+                .status
+                .and_then(|s| s.resource_claim_statuses)
+                .and_then(|s| s.into_iter().find_map(|c| c.resource_claim_name))
+            else {
+                return Ok(None);
+            };
+            let results: Vec<(String, String)> = claims
+                .get(&claim)
+                .await?
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .and_then(|d| d.results)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| (r.request, r.pool))
+                .collect();
+            Ok((!results.is_empty()).then_some(results))
+        }
+    })
+    .await
+}
+
+/// (c) `allocation: claimTemplate` on an NVIDIA node (8x H100 80GB, with an inventory) and
+/// an AMD node (8x MI300X, slices only): the controller writes one template whose
+/// alternatives follow the planner (1x MI300X first for 70B at bf16, then an H100 group),
+/// holds nothing itself, and the real scheduler gives a pod the first choice, then the
+/// second once another claim holds the rest of the first choice's devices.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_back() -> Result<()>
+{
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    apply_hwaccel_classes(&cluster).await?;
+    let (nvidia, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    let amd = add_amd_slice_node(&cluster).await?;
+    let result = template_fallback(&cluster, &nvidia, &amd).await;
+    let removed = remove_nodes(&cluster, &[&nvidia, &amd]).await;
+    result.and(removed)
+}
+
+/// Deletes `nodes` and every ResourceSlice published for them.
+async fn remove_nodes(cluster: &TestCluster, nodes: &[&str]) -> Result<()> {
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    for slice in slices.list(&ListParams::default()).await?.items {
+        if slice
+            .spec
+            .node_name
+            .as_deref()
+            .is_some_and(|n| nodes.contains(&n))
+        {
+            let name = slice.metadata.name.unwrap_or_default();
+            slices.delete(&name, &DeleteParams::default()).await?;
+        }
+    }
+    for node in nodes {
+        Api::<Node>::all(cluster.client())
+            .delete(node, &DeleteParams::default())
+            .await?;
+    }
+    Ok(())
+}
+
+async fn template_fallback(cluster: &TestCluster, nvidia: &str, amd: &str) -> Result<()> {
+    let (nvidia, amd) = (nvidia.to_string(), amd.to_string());
+    let _controller = start_controller(cluster);
+    let spec = PlacementBuilder::serve("llama-3.1-70b")
+        .context(8192)
+        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
+        .spec();
+    create_placement(cluster, "llama", spec, AllocationMode::ClaimTemplate).await?;
+    let status = wait_ready(cluster, "llama").await?;
+    assert_eq!(status.allocation.as_deref(), Some("claimTemplate"));
+    assert_eq!(status.claim_template.as_deref(), Some("llama"));
+    let ready = conditions::find(&status.conditions, "Ready").expect("Ready");
+    assert_eq!(ready.reason, "ClaimTemplateWritten");
+    assert!(status.assignments.is_empty() && status.node_selector.is_empty());
+    assert!(
+        claims_of(cluster, "llama").await?.is_empty(),
+        "no claims of ours"
+    );
+    assert_eq!(status.alternatives.len(), 2, "{:?}", status.alternatives);
+    assert!(
+        status.alternatives[0].starts_with("1x gpu.amd.com >="),
+        "{:?}",
+        status.alternatives
+    );
+    assert!(
+        status.alternatives[1].contains("x gpu.nvidia.com >="),
+        "{:?}",
+        status.alternatives
+    );
+
+    // The template: ours (label, owner), the alternatives in the planner's order.
+    let templates: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(cluster.client(), cluster.namespace());
+    let template = templates.get("llama").await?;
+    let labels = template.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get(PLACEMENT_LABEL).map(String::as_str),
+        Some("llama")
+    );
+    let owners = template
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owners
+            .iter()
+            .any(|o| o.kind == "ModelPlacement" && o.name == "llama")
+    );
+    let subrequests: Vec<(String, String)> = template
+        .spec
+        .spec
+        .devices
+        .and_then(|d| d.requests)
+        .and_then(|r| r.into_iter().next())
+        .and_then(|r| r.first_available)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            let selector = s
+                .selectors
+                .and_then(|s| s.into_iter().next())
+                .and_then(|s| s.cel)
+                .map(|c| c.expression)
+                .unwrap_or_default();
+            (s.name, selector)
+        })
+        .collect();
+    assert_eq!(subrequests.len(), 2);
+    assert!(
+        subrequests[0]
+            .1
+            .starts_with("device.driver == 'gpu.amd.com'"),
+        "{subrequests:?}"
+    );
+    assert!(
+        subrequests[1]
+            .1
+            .starts_with("device.driver == 'gpu.nvidia.com'"),
+        "{subrequests:?}"
+    );
+    let fragment = status.pod_template.clone().expect("a pod fragment");
+
+    // A pod free to go to either node gets the first choice.
+    create_template_pod(cluster, "first", &fragment).await?;
+    let node = wait_for(DEFAULT_TIMEOUT, "first scheduled", || async {
+        scheduled_node(cluster, "first").await
+    })
+    .await?;
+    let results = pod_claim_results(cluster, "first").await?;
+    assert_eq!(node, amd, "{results:?}");
+    let first_request = format!("accelerators/{}", subrequests[0].0);
+    assert_eq!(results, [(first_request, amd.clone())]);
+
+    // Another workload takes the other seven MI300X: the next pod falls back to the H100s.
+    let blocker_template = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "seven-mi300x"},
+        "spec": {"spec": {"devices": {"requests": [{
+            "name": "gpus",
+            "exactly": {"deviceClassName": "gpu.hwaccel.io", "allocationMode": "ExactCount", "count": 7},
+        }]}}},
+    });
+    templates
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(blocker_template)?,
+        )
+        .await?;
+    create_pod(
+        cluster,
+        "blocker",
+        ("resourceClaimTemplateName", "seven-mi300x"),
+        &amd,
+    )
+    .await?;
+    let held = pod_claim_results(cluster, "blocker").await?;
+    assert_eq!(held.len(), 7);
+    create_template_pod(cluster, "second", &fragment).await?;
+    let node = wait_for(DEFAULT_TIMEOUT, "second scheduled", || async {
+        scheduled_node(cluster, "second").await
+    })
+    .await?;
+    let results = pod_claim_results(cluster, "second").await?;
+    assert_eq!(node, nvidia, "{results:?}");
+    let second_request = format!("accelerators/{}", subrequests[1].0);
+    assert!(
+        !results.is_empty()
+            && results
+                .iter()
+                .all(|r| *r == (second_request.clone(), nvidia.clone())),
+        "{results:?}"
+    );
+
+    // Switching to labels deletes the template; switching back writes it again.
+    let placements: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    // Pinned to the NVIDIA node: with labels, the plan needs a Node this test labels.
+    let switch = |mode: &str| {
+        json!({"spec": {"allocation": mode,
+            "constraints": {"nodeSelector": {"kubernetes.io/hostname": nvidia}}}})
+    };
+    placements
+        .patch(
+            "llama",
+            &PatchParams::default(),
+            &Patch::Merge(switch("labels")),
+        )
+        .await?;
+    let labelled = wait_ready(cluster, "llama").await?;
+    assert_eq!(labelled.allocation.as_deref(), Some("labels"));
+    assert!(labelled.claim_template.is_none() && labelled.alternatives.is_empty());
+    wait_for(DEFAULT_TIMEOUT, "template deleted on the switch", || {
+        let templates = templates.clone();
+        async move { Ok(templates.get_opt("llama").await?.is_none().then_some(())) }
+    })
+    .await?;
+    placements
+        .patch(
+            "llama",
+            &PatchParams::default(),
+            &Patch::Merge(switch("claimTemplate")),
+        )
+        .await?;
+    let again = wait_ready(cluster, "llama").await?;
+    assert_eq!(again.claim_template.as_deref(), Some("llama"));
+    templates.get("llama").await?;
+
+    // Deleting the placement deletes its template (the finalizer; pods keep their claims).
+    placements.delete("llama", &DeleteParams::default()).await?;
+    wait_for(DEFAULT_TIMEOUT, "template deleted", || {
+        let templates = templates.clone();
+        async move { Ok(templates.get_opt("llama").await?.is_none().then_some(())) }
+    })
+    .await?;
     Ok(())
 }

@@ -945,6 +945,62 @@ async fn controller_token_may_hold_devices_with_claims_and_nothing_more() -> Res
         .delete("llama-r0-s0", &DeleteParams::default())
         .await
         .context("the controller deletes its claim")?;
+
+    // Claim templates (allocation: claimTemplate): its own, by server-side apply, and
+    // deleted; a tenant's is out of reach (the same policy), and there is nothing to list.
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+    let templates: Api<ResourceClaimTemplate> =
+        Api::namespaced(controller.clone(), &fixture.prefix);
+    let template_spec = json!({"spec": request});
+    let ours = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "llama", "labels": {"hwaccel.io/placement": "llama"},
+                     "ownerReferences": owner},
+        "spec": template_spec,
+    });
+    templates
+        .patch(
+            "llama",
+            &PatchParams::apply("hwaccel-controller").force(),
+            &Patch::Apply(&ours),
+        )
+        .await
+        .context("the controller applies its claim template")?;
+    let stray = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "stray", "ownerReferences": owner},
+        "spec": template_spec,
+    });
+    assert_denied_by(
+        templates
+            .patch(
+                "stray",
+                &PatchParams::apply("hwaccel-controller").force(),
+                &Patch::Apply(&stray),
+            )
+            .await,
+        &policy,
+        "controller writes a claim template without the placement label",
+    )?;
+    let tenant_template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "metadata": {"name": "tenant"}, "spec": template_spec,
+    }))?;
+    Api::<ResourceClaimTemplate>::namespaced(fixture.admin.clone(), &fixture.prefix)
+        .create(&PostParams::default(), &tenant_template)
+        .await?;
+    assert_denied_by(
+        templates.delete("tenant", &DeleteParams::default()).await,
+        &policy,
+        "controller deletes a tenant's claim template",
+    )?;
+    assert_forbidden(
+        templates.list(&Default::default()).await,
+        "controller lists claim templates",
+    )?;
+    templates
+        .delete("llama", &DeleteParams::default())
+        .await
+        .context("the controller deletes its claim template")?;
     fixture.clean_up().await;
     Ok(())
 }

@@ -62,8 +62,10 @@ pub struct ModelPlacementSpec {
     pub replicas: Option<u32>,
     /// How the chosen devices are held: `labels` (a nodeSelector and the controller's own
     /// ledger), `claims` (ResourceClaims allocated to exactly the chosen devices, which
-    /// Kubernetes enforces; only devices a DRA driver publishes are planned on) or `auto`
-    /// (claims when every chosen device is published by a DRA driver, labels otherwise).
+    /// Kubernetes enforces; only devices a DRA driver publishes are planned on), `auto`
+    /// (claims when every chosen device is published by a DRA driver, labels otherwise) or
+    /// `claimTemplate` (a ResourceClaimTemplate whose prioritized list holds the planner's
+    /// alternatives in order; the scheduler picks the devices, nothing is reserved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationMode>,
 }
@@ -79,6 +81,9 @@ pub enum AllocationMode {
     Labels,
     /// ResourceClaims allocated by the controller; only DRA-published devices are planned on.
     Claims,
+    /// A ResourceClaimTemplate listing the planner's alternatives in order; the scheduler
+    /// picks the devices and nothing is reserved by the controller.
+    ClaimTemplate,
 }
 
 impl AllocationMode {
@@ -88,6 +93,7 @@ impl AllocationMode {
             Self::Auto => "auto",
             Self::Labels => "labels",
             Self::Claims => "claims",
+            Self::ClaimTemplate => "claimTemplate",
         }
     }
 }
@@ -249,7 +255,7 @@ pub struct ModelPlacementStatus {
     /// A nodeSelector that selects exactly the chosen nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
-    /// How the devices are held now: `labels` or `claims`.
+    /// How the devices are held now: `labels`, `claims` or `claimTemplate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub allocation: Option<String>,
@@ -266,6 +272,18 @@ pub struct ModelPlacementStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 262144))]
     pub device_names: Option<String>,
+    /// The ResourceClaimTemplate (`allocation: claimTemplate`), named after the placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub claim_template: Option<String>,
+    /// The template's alternatives in the order the scheduler tries them
+    /// (`2x gpu.nvidia.com >=75Gi`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(max = 128)))]
+    pub alternatives: Vec<String>,
+    /// What to copy into the workload's pod template to use the claim template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplateClaimFragment>,
     /// Why the model does not fit, or what constrained the choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
@@ -377,6 +395,28 @@ pub struct PodResourceClaimRef {
     /// The ResourceClaim.
     #[schemars(length(max = 253))]
     pub resource_claim_name: String,
+}
+
+/// The part of a pod spec that uses a placement's ResourceClaimTemplate: each pod gets its
+/// own claim made from it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplateClaimFragment {
+    /// `spec.resourceClaims` of the pod.
+    #[schemars(length(max = 1))]
+    pub resource_claims: Vec<PodResourceClaimTemplateRef>,
+}
+
+/// One entry of a pod's `spec.resourceClaims` that names a ResourceClaimTemplate.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResourceClaimTemplateRef {
+    /// The name containers use in `resources.claims[].name`.
+    #[schemars(length(max = 63))]
+    pub name: String,
+    /// The ResourceClaimTemplate.
+    #[schemars(length(max = 253))]
+    pub resource_claim_template_name: String,
 }
 
 /// Top-level keys an inline `config.json` may have (real ones have 30 to 100).

@@ -18,6 +18,7 @@
 //! changes. See `docs/controller.md`.
 
 pub mod apply;
+pub mod claim_template;
 pub mod claims;
 pub mod context;
 pub mod core;

@@ -20,9 +20,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent};
 use kube::{Resource, ResourceExt};
 
+use crate::api::placement::AllocationMode;
 use crate::api::{Lenient, ModelPlacement};
 
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
+use super::claim_template::{TemplateWriteError, release_template, sync_template};
 use super::claims::{ClaimError, our_claims, release_claims, sync_claims};
 use super::context::{Context, State, lock};
 use super::core::build::Outcome;
@@ -31,6 +33,7 @@ use super::core::decide::{Candidate, Decision, decide};
 use super::core::desired::state_name;
 use super::core::fleet_view::FleetView;
 use super::core::ledger::{Holding, PlacementKey};
+use super::core::template;
 use super::dereference::{
     DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
     waiting_placements,
@@ -61,6 +64,9 @@ pub enum Error {
     /// Claims: a ResourceClaim write failed.
     #[error(transparent)]
     Claims(#[from] ClaimError),
+    /// Template: a ResourceClaimTemplate write failed.
+    #[error(transparent)]
+    Template(#[from] TemplateWriteError),
     /// Adding or removing the finalizer, or the work inside it, failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
@@ -123,7 +129,7 @@ pub fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let reason = match error {
-        Error::Apply(_) | Error::Status(_) | Error::Claims(_) => "api",
+        Error::Apply(_) | Error::Status(_) | Error::Claims(_) | Error::Template(_) => "api",
         Error::Finalizer(_) => "finalizer",
         Error::Dereference(_) => "metadata",
     };
@@ -182,6 +188,7 @@ async fn place(
         return Ok(Action::requeue(Duration::ZERO));
     }
     let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
+    let template_error = write_template(ctx, placement, &fleet, &mut decision).await;
     let check_nodes = nodes_to_check(&decision);
     decision.unlabeled = missing_nodes(ctx, decision.outcome.status());
     state
@@ -218,6 +225,9 @@ async fn place(
     if let Some(err) = claim_error {
         return Err(err.into());
     }
+    if let Some(err) = template_error {
+        return Err(err.into());
+    }
     Ok(match decision.outcome {
         Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),
         Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
@@ -240,6 +250,9 @@ async fn cleanup(
         .map(Holding::nodes)
         .unwrap_or_default();
     release_claims(ctx, placement).await?;
+    if had_template(placement) {
+        release_template(ctx, placement).await?;
+    }
     let removed = state.ledger.forget(&key);
     if let Err(err) = sync_node_labels(ctx, &mut state, &nodes).await {
         // Keep the holding until the labels are gone, so a retry removes them.
@@ -306,6 +319,45 @@ async fn hold_by_claims(
             Some(err)
         }
     }
+}
+
+/// Writes the placement's ResourceClaimTemplate when it is planned in `claimTemplate` mode,
+/// and deletes one it had when it is not (another mode, or no plan: a template that lists
+/// alternatives nothing can satisfy would leave pods Pending with no reason of ours). A
+/// failed write is recorded, so Ready says so, and returned, so the reconcile is retried.
+async fn write_template(
+    ctx: &Context,
+    placement: &ModelPlacement,
+    fleet: &FleetView,
+    decision: &mut Decision,
+) -> Option<TemplateWriteError> {
+    // Without DRA there is no template API, and the plan (on DRA devices only) is empty.
+    ctx.claims.as_ref()?;
+    let planned = matches!(&decision.outcome, Outcome::Planned(s) if s.claim_template.is_some());
+    let result = if planned {
+        let namespace = placement.namespace().unwrap_or_default();
+        let choices =
+            template::alternatives(&placement.spec, &namespace, &placement.name_any(), fleet);
+        let alternatives: Vec<_> = choices.into_iter().map(|c| c.alternative).collect();
+        sync_template(ctx, placement, &alternatives).await
+    } else if had_template(placement) {
+        release_template(ctx, placement).await
+    } else {
+        return None;
+    };
+    let err = result.err()?;
+    decision.template_error = Some(err.to_string());
+    Some(err)
+}
+
+/// True when the placement may have a template of ours: its spec asks for one or its
+/// status names one (it was in that mode before).
+fn had_template(placement: &ModelPlacement) -> bool {
+    placement.spec.allocation == Some(AllocationMode::ClaimTemplate)
+        || placement
+            .status
+            .as_ref()
+            .is_some_and(|s| s.claim_template.is_some())
 }
 
 /// Reconciles again when some placement other than `except` holds nothing, so freed

@@ -56,7 +56,11 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
         model: prepared.model,
         request: prepared.request,
         filter: DeviceFilter {
-            dra_only: spec.allocation == Some(AllocationMode::Claims),
+            // Both claim modes hold devices through DRA, so only what a driver publishes counts.
+            dra_only: matches!(
+                spec.allocation,
+                Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
+            ),
             ..filter(&spec.constraints.clone().unwrap_or_default())
         },
         notes: prepared.notes,
@@ -110,11 +114,24 @@ pub fn evaluate(
     } else {
         nodes
     };
-    let nodes: &[NodeSpec] = &nodes;
+    if spec.allocation == Some(AllocationMode::ClaimTemplate) {
+        return super::template::evaluate_template(&request, &nodes, fleet, namespace, name);
+    }
+    outcome_of(&request, &nodes, reserved, namespace, name)
+}
+
+/// Plans `request` on `nodes` minus `reserved`: the plan's status, or why there is none.
+pub(super) fn outcome_of(
+    request: &Request,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    namespace: &str,
+    name: &str,
+) -> Outcome {
     match plan(&request.model, nodes, reserved, &request.request) {
         Ok(plan) if plan.fits => {
             let mut status = planned_status(&plan, namespace, name);
-            status.reasons.extend(request.notes);
+            status.reasons.extend(request.notes.iter().cloned());
             status.reasons = in_spec_terms(status.reasons);
             status.suggestions = in_spec_terms(status.suggestions);
             Outcome::Planned(status)
@@ -141,7 +158,7 @@ pub fn evaluate(
 }
 
 /// `nodes` with only the devices a DRA driver publishes, and only nodes left with some.
-fn dra_published(nodes: &[NodeSpec], fleet: &FleetView) -> Vec<NodeSpec> {
+pub(super) fn dra_published(nodes: &[NodeSpec], fleet: &FleetView) -> Vec<NodeSpec> {
     nodes
         .iter()
         .filter_map(|node| {

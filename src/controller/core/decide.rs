@@ -7,7 +7,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::api::placement::{ModelPlacementSpec, ModelPlacementStatus};
+use crate::api::placement::{AllocationMode, ModelPlacementSpec, ModelPlacementStatus};
+use crate::plan::Reservations;
 
 use super::build::{Outcome, evaluate};
 use super::claims::ClaimsReport;
@@ -53,6 +54,8 @@ pub struct Decision {
     /// The ResourceClaims holding the plan, when it is held by claims (filled in after the
     /// claims are written).
     pub claims: Option<ClaimsReport>,
+    /// Why writing the ResourceClaimTemplate failed, if it did (`allocation: claimTemplate`).
+    pub template_error: Option<String>,
     /// True when older placements still wait to be tried, so `me` was not decided on this
     /// turn (the outcome means nothing) and must be reconciled again.
     pub deferred: bool,
@@ -84,8 +87,13 @@ pub fn decide(
         unlabeled: Vec::new(),
         label_error: None,
         claims: None,
+        template_error: None,
         deferred: false,
     };
+    if me.spec.allocation == Some(AllocationMode::ClaimTemplate) {
+        decide_template(ledger, me, fleet, &mut decision);
+        return decision;
+    }
     if let Some(holding) = ledger.get(key) {
         let same_object = holding.uid == me.uid && holding.generation == me.generation;
         match fleet.holds(holding.assignments()) {
@@ -131,6 +139,45 @@ pub fn decide(
     decision.changed_nodes.extend(nodes.into_iter().flatten());
     decision.outcome = outcome;
     decision
+}
+
+/// A claim-template placement holds nothing and waits for no one: the scheduler picks its
+/// devices. It is planned afresh on every reconcile (the alternatives follow the fleet) and
+/// entered in the ledger with no devices, so it does not count as waiting; a plan it held
+/// before (another mode) is released.
+fn decide_template(
+    ledger: &mut Ledger,
+    me: &Candidate<'_>,
+    fleet: &FleetView,
+    decision: &mut Decision,
+) {
+    let key = &me.precedence.key;
+    if ledger.get(key).is_some_and(|h| !h.assignments().is_empty())
+        && let Some(old) = ledger.remove(key)
+    {
+        decision.changed_nodes.extend(old.nodes());
+        decision.freed = true;
+    }
+    let outcome = evaluate(
+        me.spec,
+        &key.namespace,
+        &key.name,
+        fleet,
+        &Reservations::none(),
+    );
+    match &outcome {
+        Outcome::Planned(status) => {
+            decision.kept = ledger.get(key).is_some_and(|h| {
+                h.uid == me.uid && h.generation == me.generation && h.status == *status
+            });
+            // No devices, so no conflict is possible.
+            let _ = ledger.insert(key.clone(), holding_for(me, status.clone()));
+        }
+        _ => {
+            ledger.remove(key);
+        }
+    }
+    decision.outcome = outcome;
 }
 
 /// Plans `candidate` against the fleet minus what others hold. A plan is entered in the

@@ -49,6 +49,11 @@ pub fn desired_status(
             let where_ = s.node_names.clone().unwrap_or_default();
             let devices: usize = s.assignments.iter().map(|a| a.devices.len()).sum();
             match (&decision.replanned, &current_planned) {
+                (_, _) if s.claim_template.is_some() => (
+                    "Planned".to_string(),
+                    format!("alternatives in order: {}", s.alternatives.join("; ")),
+                    true,
+                ),
                 (Some(why), _) => (
                     "Replanned".to_string(),
                     format!("re-planned because {why}; now {devices} device(s) on {where_}"),
@@ -127,6 +132,8 @@ pub fn desired_status(
     if let Outcome::Planned(_) = &decision.outcome {
         match &decision.claims {
             Some(report) => report.fill(&mut status),
+            // A template placement's evaluation already says `claimTemplate`.
+            None if status.allocation.is_some() => {}
             None => status.allocation = Some(AllocationMode::Labels.as_str().to_string()),
         }
     }
@@ -145,6 +152,23 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
             "no plan; see the Planned condition".to_string(),
         );
     };
+    if let Some(template) = &status.claim_template {
+        return match &decision.template_error {
+            Some(error) => (
+                false,
+                "ClaimTemplateWriteFailed",
+                format!("writing ResourceClaimTemplate {template} failed: {error}"),
+            ),
+            None => (
+                true,
+                "ClaimTemplateWritten",
+                format!(
+                    "ResourceClaimTemplate {template} lists {} alternative(s); use status.podTemplate",
+                    status.alternatives.len()
+                ),
+            ),
+        };
+    }
     if let Some(error) = &decision.label_error {
         let message = format!("writing the placement labels failed: {error}");
         return (false, "LabelWriteFailed", message);

@@ -190,10 +190,16 @@ impl Ledger {
     /// Forgets what `key` holds; returns it.
     pub fn remove(&mut self, key: &PlacementKey) -> Option<Holding> {
         let holding = self.holdings.remove(key)?;
+        let mut freed = false;
         for (node, device) in holding.devices() {
             self.owners.remove(&(node.to_string(), device.to_string()));
+            freed = true;
         }
-        self.releases += 1;
+        // A holding without devices (a claim-template placement) frees nothing, so what did
+        // not fit before still does not.
+        if freed {
+            self.releases += 1;
+        }
         Some(holding)
     }
 

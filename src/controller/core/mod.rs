@@ -11,6 +11,7 @@
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
 //! | [`desired`] | the status and conditions a decision leads to |
 //! | [`labels`] | placement label keys and nodeSelectors |
+//! | [`template`] | the planner's alternatives for a ResourceClaimTemplate |
 //!
 //! `tests/` and a unit test keep this module free of `kube`, `tokio` and `clap`.
 
@@ -21,3 +22,4 @@ pub mod desired;
 pub mod fleet_view;
 pub mod labels;
 pub mod ledger;
+pub mod template;
