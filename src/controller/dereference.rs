@@ -159,7 +159,20 @@ pub fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
         .filter(|i| names_its_node(i));
     let parts = match &ctx.slices {
         Some(slices) => {
-            let slices: Vec<ResourceSlice> = slices.state().iter().map(|s| (**s).clone()).collect();
+            // Only slices of Nodes in this controller's view: a controller scoped by a label
+            // selector must not plan on nodes outside it because a driver publishes devices
+            // there (a DRA-only node has no inventory to be filtered by).
+            let slices: Vec<ResourceSlice> = slices
+                .state()
+                .iter()
+                .filter(|s| {
+                    s.spec
+                        .node_name
+                        .as_ref()
+                        .is_some_and(|node| ctx.nodes.get(&ObjectRef::new(node)).is_some())
+                })
+                .map(|s| (**s).clone())
+                .collect();
             let published = published_devices(&slices);
             state
                 .parts
