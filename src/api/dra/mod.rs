@@ -6,6 +6,7 @@
 //! | [`drivers`] | the vendor DRA drivers we know: names, attribute keys, family |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`merge`] | an inventory + published devices → one planner node, one device each |
+//! | [`own_slices`] | driverless devices → the agent's own `hwaccel.io` slice, never double-exposed |
 //! | [`claims`] | a planned placement → ResourceClaims allocated to exactly its devices |
 //! | [`claim_template`] | ordered alternatives → a ResourceClaimTemplate (`firstAvailable`) |
 //! | [`device_classes`] | the capability table → cross-vendor DeviceClasses for the chart |
@@ -26,6 +27,7 @@ pub mod claims;
 pub mod device_classes;
 pub mod drivers;
 pub mod merge;
+pub mod own_slices;
 pub mod slices;
 
 /// A device as DRA names it: the driver, the pool within the driver and the device within
