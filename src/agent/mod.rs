@@ -3,12 +3,14 @@
 //! [`run::Agent`] does one cycle (detect → debounce → publish where changed) and
 //! [`run::run`] loops it on an interval and on hot-plug. The pieces are separate so each can be
 //! tested alone: [`presence`] (pure debouncing), [`node_labels`] (server-side apply of labels),
-//! [`hotplug`] (device-directory fingerprint), [`metrics`].
+//! [`hotplug`] (device-directory fingerprint), [`own_slice`] (the opt-in `hwaccel.io`
+//! ResourceSlice), [`metrics`].
 
 pub mod dra_labels;
 pub mod hotplug;
 pub mod metrics;
 pub mod node_labels;
+pub mod own_slice;
 pub mod presence;
 pub mod run;
 

@@ -28,13 +28,16 @@ use super::dra_labels::{SliceReader, fill_from_published};
 use super::hotplug::DeviceFingerprint;
 use super::metrics::AgentMetrics;
 use super::node_labels::{LabelOutcome, NodeLabeler};
+use super::own_slice::OwnSlicePublisher;
 use super::presence::PresenceTracker;
 use crate::api::conditions::{self, DEGRADED, READY};
+use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
 use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, Report};
 use crate::hardware::HealthStatus;
 use crate::labels;
 use crate::server::Readiness;
+use std::collections::BTreeSet;
 
 /// The agent's field manager.
 pub const FIELD_MANAGER: &str = "hwaccel-agent";
@@ -86,6 +89,8 @@ pub struct Agent {
     labeler: NodeLabeler,
     /// This node's DRA ResourceSlices, a second source for the labels.
     slices: SliceReader,
+    /// The opt-in `hwaccel.io` slice for driverless devices (off unless families are set).
+    own_slices: OwnSlicePublisher,
     tracker: PresenceTracker,
     metrics: AgentMetrics,
     seeded: bool,
@@ -115,8 +120,15 @@ impl Agent {
         let nodes: Api<Node> = Api::all(client.clone());
         let labeler = NodeLabeler::new(nodes.clone(), &config.node_name, FIELD_MANAGER);
         let slices = SliceReader::new(client.clone(), &config.node_name, SLICE_LIST_TIMEOUT);
+        let own_slices = OwnSlicePublisher::new(
+            client.clone(),
+            &config.node_name,
+            BTreeSet::new(),
+            FIELD_MANAGER,
+        );
         Self {
             slices,
+            own_slices,
             tracker: PresenceTracker::new(config.misses_to_remove),
             detector: Arc::new(detector),
             inventories: Api::all(client),
@@ -132,6 +144,13 @@ impl Agent {
             heartbeat: crate::health::Heartbeat::default(),
             config,
         }
+    }
+
+    /// Publishes an own `hwaccel.io` ResourceSlice for devices of `families` that no driver
+    /// or device plugin exposes (see [`crate::api::dra::own_slices`]); empty keeps it off.
+    pub fn with_own_slices(mut self, families: BTreeSet<OwnFamily>) -> Self {
+        self.own_slices.set_families(families);
+        self
     }
 
     /// Beats `heartbeat` after every cycle, for `/healthz` (see [`crate::health`]).
@@ -229,6 +248,8 @@ impl Agent {
             self.metrics.wrote("inventory");
             outcome.inventory_written = true;
         }
+        // After the inventory, so the slice never names a device the inventory lacks.
+        self.own_slices.sync(&inventory.spec.devices).await;
 
         let status = self.next_status(detected, &published, &stale);
         if self.applied_status.as_ref() != Some(&status) {

@@ -39,6 +39,11 @@ pub(super) struct AgentArgs {
     /// Consecutive clean detections a device must be missing from before it is removed.
     #[arg(long, default_value_t = 3)]
     misses_to_remove: u32,
+    /// Driverless device families to publish in an own `hwaccel.io` ResourceSlice
+    /// (`qualcomm-ai100`, `xdna`, `vulkan`; comma-separated). Empty: off, and an old slice
+    /// of this node is deleted.
+    #[arg(long, value_delimiter = ',')]
+    own_slice_families: Vec<crate::api::dra::own_slices::OwnFamily>,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
@@ -79,7 +84,8 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .liveness
             .heartbeat("agent detect-and-publish loop", bound);
         let agent = crate::agent::Agent::new(config, start.client.clone(), metrics)
-            .with_heartbeat(heartbeat);
+            .with_heartbeat(heartbeat)
+            .with_own_slices(args.own_slice_families.into_iter().collect());
         let server = start.spawn_server(args.metrics_addr);
         let worker = crate::agent::run::run(agent, start.readiness.clone(), start.stopped.clone());
         let mut worker = tokio::spawn(worker);
