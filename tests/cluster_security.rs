@@ -62,6 +62,11 @@ impl Fixture {
     /// Renders the chart under a fresh prefix and applies its security objects. `None` when
     /// there is no helm binary.
     async fn install(tag: &str) -> Result<Option<Self>> {
+        Self::install_with(tag, &[]).await
+    }
+
+    /// [`Self::install`] with extra `helm template` arguments (`--set` values).
+    async fn install_with(tag: &str, extra: &[&str]) -> Result<Option<Self>> {
         let Some(helm) = find_helm() else {
             skip_notice(tag);
             return Ok(None);
@@ -82,11 +87,15 @@ impl Fixture {
             &prefix,
             &prefix,
             &[
-                "--set",
-                &format!("fullnameOverride={prefix}"),
-                "--set",
-                "crds.install=false",
-            ],
+                &[
+                    "--set",
+                    &format!("fullnameOverride={prefix}"),
+                    "--set",
+                    "crds.install=false",
+                ][..],
+                extra,
+            ]
+            .concat(),
         )
         .map_err(|err| anyhow!("helm template failed: {err}"))?;
         let mut fixture = Self {
@@ -449,6 +458,95 @@ async fn agent_token_is_confined_to_its_own_node() -> Result<()> {
     )?;
 
     check_inventories(&fixture, &agent, &node_a, &node_b).await?;
+    fixture.clean_up().await;
+    Ok(())
+}
+
+/// A node-local ResourceSlice of `driver` for `node`, one device, as the agent writes it.
+fn own_slice_doc(name: &str, driver: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "npu-0000-c5-00-1", "attributes": {
+                "vendor": {"string": "amd"}, "family": {"string": "npu"}}}],
+        },
+    })
+}
+
+/// With `dra.ownSlices.enabled`, the agent's pod-bound token may write and delete its own
+/// node's `hwaccel.io` slice, and the agent-slices policy denies another node's slice and
+/// any other driver name.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn agent_token_writes_only_its_own_nodes_hwaccel_slices() -> Result<()> {
+    let Some(mut fixture) =
+        Fixture::install_with("ownslice", &["--set", "dra.ownSlices.enabled=true"]).await?
+    else {
+        return Ok(());
+    };
+    let node_a = fixture.create_node("a").await?;
+    let node_b = fixture.create_node("b").await?;
+    let (a, b) = (
+        node_a.metadata.name.clone().unwrap_or_default(),
+        node_b.metadata.name.clone().unwrap_or_default(),
+    );
+    let agent_sa = fixture.user("agent");
+    let pod = fixture.create_pod_on(&a, &agent_sa).await?;
+    let agent = fixture.client_as(&agent_sa, Some(&pod)).await?;
+    let policy = fixture.policy("agent-slices");
+    let slices = Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(agent.clone());
+    let admin_slices = Api::<DynamicObject>::all_with(
+        fixture.admin.clone(),
+        &ApiResource::erase::<k8s_openapi::api::resource::v1::ResourceSlice>(&()),
+    );
+    let params = PatchParams::apply(AGENT_MANAGER).force();
+    let apply = |name: String, driver: &'static str, node: String| {
+        let slices = slices.clone();
+        let params = params.clone();
+        async move {
+            let doc = own_slice_doc(&name, driver, &node);
+            slices.patch(&name, &params, &Patch::Apply(&doc)).await
+        }
+    };
+    let other = format!("{b}-hwaccel.io");
+    let outcome =
+        wait_until_enforced(&policy, |_| apply(other.clone(), "hwaccel.io", b.clone())).await;
+    // Probes that went through before the policy was live must not linger.
+    let _ = admin_slices.delete(&other, &DeleteParams::default()).await;
+    outcome?;
+
+    // Its own node under our driver: created, updated, deleted.
+    let own = format!("{a}-hwaccel.io");
+    apply(own.clone(), "hwaccel.io", a.clone()).await?;
+    apply(own.clone(), "hwaccel.io", a.clone()).await?;
+    // Another driver name on its own node: denied.
+    let vendor = format!("{a}-gpu.nvidia.com");
+    assert_denied_by(
+        apply(vendor.clone(), "gpu.nvidia.com", a.clone()).await,
+        &policy,
+        "agent writing a vendor driver's slice",
+    )?;
+    // Another node's slice, written by the admin: the agent may not delete it.
+    admin_slices
+        .patch(
+            &other,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(&own_slice_doc(&other, "hwaccel.io", &b)),
+        )
+        .await?;
+    assert_denied_by(
+        slices.delete(&other, &DeleteParams::default()).await,
+        &policy,
+        "agent deleting another node's slice",
+    )?;
+    slices.delete(&own, &DeleteParams::default()).await?;
+    let _ = admin_slices.delete(&other, &DeleteParams::default()).await;
+    let _ = admin_slices.delete(&vendor, &DeleteParams::default()).await;
     fixture.clean_up().await;
     Ok(())
 }
