@@ -9,6 +9,7 @@
 //! | [`inventory`] | AcceleratorInventories from either, one node or a fleet |
 //! | [`placement`] | ModelPlacements: [`placement::PlacementBuilder`] |
 //! | [`golden`] | golden-file comparison |
+//! | [`dra`] | vendor-shaped ResourceSlices from `fixtures/dra/` |
 //! | `arbitrary` | proptest strategies (unit tests only: proptest is a dev-dependency) |
 //!
 //! Compiled for `cfg(test)` and under the `test-support` feature, which the crate's own
@@ -20,6 +21,7 @@
 
 #[cfg(test)]
 pub mod arbitrary;
+pub mod dra;
 pub mod fixture;
 pub mod golden;
 pub mod inventory;

@@ -2,34 +2,25 @@
 //! 8x H100 80GB node and an 8x MI300X node; provenance in `fixtures/dra/PROVENANCE.md`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::*;
 use crate::api::dra::slices::published_devices;
 use crate::api::placement::PrecisionChoice;
-use crate::cli::plan_dra::load_resource_slices;
 use crate::controller::core::build::evaluate;
 use crate::controller::core::decide::decide;
 use crate::controller::core::decide::tests::candidate;
 use crate::controller::core::fleet_view::NodePart;
 use crate::controller::core::ledger::Ledger;
 use crate::testing::PlacementBuilder;
+use crate::testing::dra::fixture_slices;
 
 const NVIDIA: &str = "h100-8x-nvswitch";
 const AMD: &str = "mi300x-8x";
 
 /// The two fixture nodes, known from their slices alone (a DRA-only cluster).
 fn fleet(files: &[&str]) -> FleetView {
-    let paths: Vec<PathBuf> = files
-        .iter()
-        .map(|f| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("fixtures/dra")
-                .join(f)
-        })
-        .collect();
-    let slices = load_resource_slices(&paths).unwrap();
+    let slices = fixture_slices(files);
     let published = published_devices(&slices);
     let parts = [NVIDIA, AMD]
         .iter()
