@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use crate::api::ModelPlacement;
@@ -17,6 +17,7 @@ use crate::api::dra::claim_template::{Alternative, TemplateError, claim_template
 use crate::api::dra::claims::PLACEMENT_LABEL;
 use crate::labels::hash_hex;
 
+use super::claims::delete_exactly;
 use super::context::{Context, FIELD_MANAGER};
 
 /// The annotation holding the hash of the spec the controller wrote.
@@ -135,19 +136,9 @@ async fn delete(
     api: &Api<ResourceClaimTemplate>,
     template: &ResourceClaimTemplate,
 ) -> Result<(), TemplateWriteError> {
-    let name = template.name_any();
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: template.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
-        Err(source) => Err(failed(ctx, &name, source)),
-    }
+    delete_exactly(api, template)
+        .await
+        .map_err(|source| failed(ctx, &template.name_any(), source))
 }
 
 fn failed(ctx: &Context, name: &str, source: kube::Error) -> TemplateWriteError {

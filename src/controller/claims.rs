@@ -249,18 +249,28 @@ async fn delete(
     api: &Api<ResourceClaim>,
     claim: &ResourceClaim,
 ) -> Result<(), ClaimError> {
-    let name = claim.name_any();
+    delete_exactly(api, claim)
+        .await
+        .map_err(|source| failed(ctx, &claim.name_any(), source))
+}
+
+/// Deletes exactly `object`: its uid is a precondition, so a namesake created since survives.
+/// Already gone (404) or already replaced (409) counts as done.
+pub(super) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: claim.uid(),
+            uid: object.uid(),
             resource_version: None,
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&name, &params).await {
+    match api.delete(&object.name_any(), &params).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
-        Err(source) => Err(failed(ctx, &name, source)),
+        Err(err) => Err(err),
     }
 }
 
