@@ -43,13 +43,9 @@ const DRIVER: &str = "gpu.nvidia.com";
 static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
 
-/// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
-/// an NVIDIA-shaped ResourceSlice publishing its GPUs under the driver's own names
-/// (`gpu-<index>`), matched to the inventory by PCI bus id. Returns the node name and the
-/// number of GPUs published.
-async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, usize)> {
-    let client = cluster.client();
-    let name = cluster.unique_name(scenario);
+/// A Node kwok makes Ready (so kube-scheduler can place pods on it), labelled for this test
+/// and with its hostname label.
+async fn create_kwok_node(cluster: &TestCluster, name: &str) -> Result<()> {
     let node: Node = serde_json::from_value(json!({
         "metadata": {
             "name": name,
@@ -57,9 +53,20 @@ async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, 
             "annotations": {"kwok.x-k8s.io/node": "fake"},
         },
     }))?;
-    Api::<Node>::all(client.clone())
+    Api::<Node>::all(cluster.client())
         .create(&PostParams::default(), &node)
         .await?;
+    Ok(())
+}
+
+/// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
+/// an NVIDIA-shaped ResourceSlice publishing its GPUs under the driver's own names
+/// (`gpu-<index>`), matched to the inventory by PCI bus id. Returns the node name and the
+/// number of GPUs published.
+async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, usize)> {
+    let client = cluster.client();
+    let name = cluster.unique_name(scenario);
+    create_kwok_node(cluster, &name).await?;
     let inventory = InventoryBuilder::fixture(scenario)
         .node(&name)
         .label(TEST_LABEL, cluster.prefix())
@@ -505,16 +512,7 @@ async fn labels_mode_makes_no_claims_and_claims_mode_plans_only_published_device
 async fn add_amd_slice_node(cluster: &TestCluster) -> Result<String> {
     let client = cluster.client();
     let name = cluster.unique_name("mi300x");
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": name},
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-        },
-    }))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
+    create_kwok_node(cluster, &name).await?;
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/dra/amd-mi300x-8x.yaml");
     let slices = hwaccel::cli::plan_dra::load_resource_slices(&[path])?;

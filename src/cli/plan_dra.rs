@@ -6,7 +6,6 @@
 //! `ResourceSliceList`, several YAML documents, or a single slice.
 
 use std::collections::BTreeMap;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -18,9 +17,9 @@ use crate::api::dra::slices::{PublishedFleet, published_devices};
 use crate::api::dra::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds};
 use crate::detect::pci::canonical_bus_id;
-use crate::detect::{FileReadError, read_at_most};
 use crate::plan::error::{PlanError, Result};
 use crate::plan::inventory::NodeSpec;
+use crate::plan::load::read_text;
 use crate::plan::report::Plan;
 
 /// A slices file larger than this is refused (a 1,000-node cluster's slices are a few MiB).
@@ -36,7 +35,7 @@ pub type DraNames = BTreeMap<(String, String), DeviceRef>;
 pub fn load_resource_slices(paths: &[PathBuf]) -> Result<Vec<ResourceSlice>> {
     let mut slices = Vec::new();
     for path in paths {
-        let text = read(path)?;
+        let text = read_text(path, MAX_FILE_BYTES)?;
         for document in documents(path, &text)? {
             collect(path, document, &mut slices)?;
             if slices.len() > MAX_SLICES {
@@ -55,27 +54,6 @@ fn invalid(path: &Path, reason: String) -> PlanError {
         path: path.to_path_buf(),
         reason,
     }
-}
-
-fn read(path: &Path) -> Result<String> {
-    let error = |source: io::Error| PlanError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let (bytes, more) = read_at_most(path, MAX_FILE_BYTES).map_err(|err| match err {
-        FileReadError::Io(source) => error(source),
-        other => error(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            other.to_string(),
-        )),
-    })?;
-    if more {
-        return Err(error(io::Error::new(
-            io::ErrorKind::FileTooLarge,
-            format!("larger than {} MiB", MAX_FILE_BYTES >> 20),
-        )));
-    }
-    String::from_utf8(bytes).map_err(|err| error(io::Error::new(io::ErrorKind::InvalidData, err)))
 }
 
 /// The file's documents: one JSON value, or each YAML document.

@@ -180,14 +180,19 @@ fn inventory_files(path: &Path, cap: usize) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads a whole regular file of at most [`MAX_FILE_BYTES`] as UTF-8; anything else is an
-/// error naming the path.
+/// Reads a whole regular file of at most [`MAX_FILE_BYTES`] as UTF-8.
 fn read(path: &Path) -> Result<String> {
+    read_text(path, MAX_FILE_BYTES)
+}
+
+/// Reads a whole regular file of at most `max` bytes as UTF-8; anything else is an
+/// error naming the path.
+pub fn read_text(path: &Path, max: u64) -> Result<String> {
     let error = |source: io::Error| PlanError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let (bytes, more) = read_at_most(path, MAX_FILE_BYTES).map_err(|err| match err {
+    let (bytes, more) = read_at_most(path, max).map_err(|err| match err {
         FileReadError::Io(source) => error(source),
         not_regular @ FileReadError::NotRegular { .. } => error(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -197,7 +202,7 @@ fn read(path: &Path) -> Result<String> {
     if more {
         return Err(error(io::Error::new(
             io::ErrorKind::FileTooLarge,
-            format!("larger than {} MiB", MAX_FILE_BYTES >> 20),
+            format!("larger than {} MiB", max >> 20),
         )));
     }
     String::from_utf8(bytes)
