@@ -14,6 +14,7 @@
 //! | [`detect`] | backends over a host view, merged into a report | no |
 //! | [`plan`] | model memory, precision and parallelism search, placement; [`plan::request`] is the one way in | no |
 //! | [`labels`] | report to node labels | no |
+//! | [`fleet`] | fleet questions: expected and missing devices, health roll-up, capacity in units of models | no |
 //! | [`output`], [`duration`] | tables, JSON/YAML, byte sizes; duration-flag grammar | no |
 //! | `api` | CRD types and their conversions to and from the core types | yes |
 //! | `agent` | node loop: detect, label, publish the inventory | yes |
@@ -37,6 +38,7 @@ pub mod cli;
 pub mod controller;
 pub mod detect;
 pub mod duration;
+pub mod fleet;
 #[cfg(test)]
 #[cfg(feature = "kubernetes")]
 mod fuzz_tests;

@@ -11,6 +11,9 @@ pub const READY: &str = "Ready";
 /// Something is wrong but the inventory is still published: a detector failed, a device is
 /// unhealthy, or the last good devices are being kept while a detector misbehaves.
 pub const DEGRADED: &str = "Degraded";
+/// The node has fewer accelerators than it should (`status.expectedDevices`): detection no
+/// longer sees some of them, even while their last good copy is still published.
+pub const DEVICES_MISSING: &str = "DevicesMissing";
 
 /// `True`, `False` or `Unknown`, as the API spells them.
 pub fn status_text(status: Option<bool>) -> &'static str {

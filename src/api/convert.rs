@@ -219,6 +219,8 @@ fn summary(report: &Report) -> InventorySummary {
         accelerators: u32::try_from(accelerators.len()).unwrap_or(u32::MAX),
         product,
         memory,
+        memory_layout: None,
+        healthy: None,
     }
 }
 

@@ -118,7 +118,23 @@ pub mod attribute {
         type_ = "string",
         json_path = ".spec.summary.product"
     ),
-    printcolumn(name = "Memory", type_ = "string", json_path = ".spec.summary.memory"),
+    printcolumn(
+        name = "Memory",
+        type_ = "string",
+        json_path = ".spec.summary.memoryLayout"
+    ),
+    printcolumn(
+        name = "Healthy",
+        type_ = "integer",
+        json_path = ".spec.summary.healthy"
+    ),
+    printcolumn(name = "Free", type_ = "integer", json_path = ".status.freeDevices"),
+    printcolumn(
+        name = "Missing",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"DevicesMissing\")].status",
+        priority = 1
+    ),
     printcolumn(
         name = "Ready",
         type_ = "string",
@@ -187,6 +203,13 @@ pub struct InventorySummary {
     /// Total accelerator memory, when any device reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// The same memory as people read it: `8×80Gi`, or `4×80Gi+2×48Gi` on a mixed node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub memory_layout: Option<String>,
+    /// Accelerators whose health is `healthy` (absent from agents older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<u32>,
 }
 
 /// One device, shaped like a DRA `ResourceSlice` device.
@@ -354,6 +377,19 @@ pub struct AcceleratorInventoryStatus {
     /// The `metadata.generation` the agent last reconciled the status against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Accelerators the node should have (written by the agent): the Node's
+    /// `hwaccel.io/expected-devices` annotation, else its instance type's count, else the most
+    /// the agent has seen on it. `DevicesMissing` compares detection against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_devices: Option<u32>,
+    /// Where `expectedDevices` comes from: `annotation`, `instanceType` or `seen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub expected_source: Option<String>,
+    /// Accelerators no placement holds (written by the controller, field manager
+    /// `hwaccel-controller`); absent until the controller has seen the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_devices: Option<u32>,
 }
 
 /// The owner reference that makes a node's inventory go away with its Node.

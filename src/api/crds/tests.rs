@@ -151,7 +151,9 @@ fn names_scope_columns_and_subresources() {
             ("Node", ".spec.nodeName"),
             ("Accelerators", ".spec.summary.accelerators"),
             ("Product", ".spec.summary.product"),
-            ("Memory", ".spec.summary.memory"),
+            ("Memory", ".spec.summary.memoryLayout"),
+            ("Healthy", ".spec.summary.healthy"),
+            ("Free", ".status.freeDevices"),
             ("Age", ".metadata.creationTimestamp"),
         ]
     );

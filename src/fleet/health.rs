@@ -1,0 +1,1 @@
+//! The fleet's health roll-up: per node and per product, devices present, healthy, missing.
