@@ -393,3 +393,34 @@ fn a_fifo_in_the_host_tree_is_a_warning_not_a_hang() {
         "{text}"
     );
 }
+
+fn run_plain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+        .args(args)
+        .output()
+        .expect("the hwaccel binary runs")
+}
+
+/// `detect` parses its flags with a parser of its own (so it never builds the other
+/// subcommands' flag trees); to a user it must be the same command as `hwaccel help detect`.
+#[test]
+fn detect_parsed_alone_reads_like_the_full_command_line() {
+    let alone = run_plain(&["detect", "--help"]);
+    let through_help = run_plain(&["help", "detect"]);
+    assert!(alone.status.success() && through_help.status.success());
+    let alone = String::from_utf8_lossy(&alone.stdout).into_owned();
+    assert_eq!(alone, String::from_utf8_lossy(&through_help.stdout));
+    for flag in ["--host-root", "--backends", "--output", "--as-inventory"] {
+        assert!(alone.contains(flag), "{flag} missing from:\n{alone}");
+    }
+
+    let bad = run_plain(&["detect", "--no-such-flag"]);
+    assert_eq!(bad.status.code(), Some(1), "usage errors exit 1");
+    let message = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        message.contains("--no-such-flag") && message.contains("Usage: hwaccel detect"),
+        "{message}"
+    );
+    let version = run_plain(&["detect", "--version"]);
+    assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
