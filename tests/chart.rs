@@ -653,6 +653,151 @@ fn service_monitors_select_the_metrics_services() {
 }
 
 #[test]
+fn prometheus_rule_and_dashboard_are_opt_in() {
+    let Some(docs) = render("prometheus_rule_and_dashboard_are_opt_in", &[]) else {
+        return;
+    };
+    assert!(
+        of_kind(&docs, "PrometheusRule").is_empty(),
+        "a PrometheusRule needs the Prometheus Operator's CRDs: opt-in"
+    );
+    assert!(
+        of_kind(&docs, "ConfigMap")
+            .iter()
+            .all(|map| map["metadata"]["labels"]["grafana_dashboard"].is_null()),
+        "the dashboard ConfigMap must be opt-in"
+    );
+}
+
+#[test]
+fn prometheus_rule_and_dashboard_render_with_their_labels() {
+    let Some(docs) = render(
+        "prometheus_rule_and_dashboard_render_with_their_labels",
+        &[
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.prometheusRule.labels.release=prom",
+            "--set",
+            "metrics.dashboard.enabled=true",
+            "--set",
+            "metrics.dashboard.namespace=monitoring",
+            "--set",
+            "metrics.dashboard.annotations.grafana_folder=GPUs",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+        ],
+    ) else {
+        return;
+    };
+    let rules = of_kind(&docs, "PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rules[0]["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(rules[0]["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        rules[0]["metadata"]["labels"]["app.kubernetes.io/name"],
+        "hwaccel-operator"
+    );
+
+    let dashboards: Vec<&Value> = of_kind(&docs, "ConfigMap")
+        .into_iter()
+        .filter(|map| map["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .collect();
+    assert_eq!(dashboards.len(), 1, "one dashboard ConfigMap");
+    let dashboard = dashboards[0];
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(
+        dashboard["metadata"]["annotations"]["grafana_folder"],
+        "GPUs"
+    );
+    let json = dashboard["data"]["hwaccel-fleet.json"]
+        .as_str()
+        .expect("the dashboard JSON under data");
+    let shipped: Value = serde_json::from_str(json).expect("the ConfigMap holds valid JSON");
+    let file = std::fs::read_to_string(chart_dir().join("dashboards/hwaccel-fleet.json"))
+        .expect("dashboards/hwaccel-fleet.json");
+    let file: Value = serde_json::from_str(&file).expect("the chart file is JSON");
+    assert_eq!(
+        shipped, file,
+        "the ConfigMap ships the chart's file unchanged"
+    );
+
+    // The placement series carry their own `namespace`: only the controller's scrape
+    // honours exported labels; an agent may not name other nodes.
+    for monitor in of_kind(&docs, "ServiceMonitor") {
+        let honour = &monitor["spec"]["endpoints"][0]["honorLabels"];
+        match monitor["metadata"]["labels"]["app.kubernetes.io/component"].as_str() {
+            Some("controller") => assert_eq!(honour, true),
+            _ => assert!(honour.is_null(), "{}", name_of(monitor)),
+        }
+    }
+}
+
+#[test]
+fn dashboard_sidecar_label_is_configurable() {
+    let Some(docs) = render(
+        "dashboard_sidecar_label_is_configurable",
+        &[
+            "--set",
+            "metrics.dashboard.enabled=true",
+            "--set",
+            "metrics.dashboard.sidecarLabel=example.com/dashboard",
+            "--set",
+            "metrics.dashboard.sidecarLabelValue=fleet",
+        ],
+    ) else {
+        return;
+    };
+    let labelled: Vec<&Value> = of_kind(&docs, "ConfigMap")
+        .into_iter()
+        .filter(|map| map["metadata"]["labels"]["example.com/dashboard"] == "fleet")
+        .collect();
+    assert_eq!(labelled.len(), 1);
+    assert!(labelled[0]["metadata"]["labels"]["grafana_dashboard"].is_null());
+    assert_eq!(labelled[0]["metadata"]["namespace"], NAMESPACE);
+}
+
+#[test]
+fn bad_alert_windows_are_refused_with_and_without_the_schema() {
+    let Some(helm) = find_helm() else {
+        skip_notice("bad_alert_windows_are_refused_with_and_without_the_schema");
+        return;
+    };
+    let chart = chart_dir();
+    for bad in ["soon", "10", "-5m", "5 m", "1.5h"] {
+        let value = format!("metrics.prometheusRule.unschedulableFor={bad}");
+        for skip_schema in [false, true] {
+            let mut args = vec![
+                "--set",
+                "metrics.prometheusRule.enabled=true",
+                "--set",
+                &value,
+            ];
+            if skip_schema {
+                args.push("--skip-schema-validation");
+            }
+            let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &args);
+            assert!(
+                result.is_err(),
+                "{value} (skip schema: {skip_schema}) rendered"
+            );
+        }
+    }
+    for good in ["15m", "1h30m", "90s"] {
+        let value = format!("metrics.prometheusRule.unschedulableFor={good}");
+        let args = [
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            &value,
+        ];
+        helm::template(&helm, &chart, "hwaccel", NAMESPACE, &args)
+            .unwrap_or_else(|err| panic!("{value} refused: {err}"));
+    }
+}
+
+#[test]
 fn schema_rejects_unknown_and_unsafe_values() {
     let Some(helm) = find_helm() else {
         skip_notice("schema_rejects_unknown_and_unsafe_values");

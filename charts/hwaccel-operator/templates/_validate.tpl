@@ -63,6 +63,20 @@ cannot climb out.
 {{- if and .Values.cleanup.enabled (lt (int .Values.cleanup.activeDeadlineSeconds) (add (int .Values.cleanup.stopTimeoutSeconds) 60)) -}}
 {{- fail (printf "cleanup.activeDeadlineSeconds=%v must be at least cleanup.stopTimeoutSeconds + 60 (%v): the Job must have time to remove the labels after the writers stopped" .Values.cleanup.activeDeadlineSeconds (add (int .Values.cleanup.stopTimeoutSeconds) 60)) -}}
 {{- end -}}
+{{- /* The alert durations go verbatim into PromQL (`for:` and a range selector): a value
+the schema would refuse would make Prometheus reject the whole rule group. */ -}}
+{{- $rule := .Values.metrics.prometheusRule -}}
+{{- if $rule.enabled -}}
+{{- range $key := list "devicesMissingFor" "unhealthyFor" "unschedulableFor" "agentNotReportingFor" "agentSilence" -}}
+{{- $value := toString (index $rule $key) -}}
+{{- if not (regexMatch "^([0-9]+(ms|[smhdwy]))+$" $value) -}}
+{{- fail (printf "metrics.prometheusRule.%s=%q is not a Prometheus duration such as 10m or 1h30m" $key $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.metrics.dashboard.enabled (not .Values.metrics.dashboard.sidecarLabel) -}}
+{{- fail "metrics.dashboard.sidecarLabel is empty: Grafana's sidecar finds the dashboard ConfigMap by that label" -}}
+{{- end -}}
 {{- $policy := .Values.admissionPolicy -}}
 {{- if and $policy.enabled (eq (toString $policy.failurePolicy) "Ignore") (not $policy.acknowledgeFailOpen) -}}
 {{- fail "admissionPolicy.failurePolicy=Ignore fails open: whenever the API server cannot evaluate a policy (a CEL error, a cost-budget overrun an oversized request can provoke, a broken binding), the write is admitted with RBAC alone, so the agent of any node could rewrite any Node's labels, taints and annotations and any node's inventory. Keep Fail, or also set admissionPolicy.acknowledgeFailOpen=true." -}}
