@@ -93,7 +93,13 @@ fn violations(dir: &str, crates: &[&str], modules: &[&str]) -> Vec<String> {
 #[test]
 fn the_pure_core_names_no_kubernetes_runtime_or_cli_code() {
     let mut found = Vec::new();
-    for dir in ["src/hardware", "src/detect", "src/plan", "src/labels", "src/fleet"] {
+    for dir in [
+        "src/hardware",
+        "src/detect",
+        "src/plan",
+        "src/labels",
+        "src/fleet",
+    ] {
         found.extend(violations(dir, CLUSTER_CRATES, CLUSTER_MODULES));
     }
     assert!(
