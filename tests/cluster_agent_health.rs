@@ -7,7 +7,8 @@
 //!   `hwaccel.io/devices-missing=1` and `hwaccel_node_devices_missing 1` within one detection
 //!   interval (plus slack), and its return clears all three;
 //! - the `hwaccel.io/expected-devices` annotation overrides what was seen (16 on an 8-GPU node:
-//!   8 missing), and setting it to what is there acknowledges the loss;
+//!   8 missing), and setting it to what is there acknowledges the loss; the agent's status
+//!   writes keep the controller's `freeDevices`;
 //! - `kubectl get accinv` shows the memory as `8×80Gi`.
 //!
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
@@ -280,6 +281,27 @@ async fn wait_shown(
     }
 }
 
+/// `status.freeDevices` is still the controller's 5, and the agent does not own it.
+async fn assert_free_devices_kept(
+    inventories: &Api<AcceleratorInventory>,
+    node: &str,
+) -> Result<()> {
+    let inventory = inventories.get(node).await?;
+    let status = inventory.status.clone().unwrap_or_default();
+    assert_eq!(status.free_devices, Some(5), "{status:?}");
+    for entry in inventory.metadata.managed_fields.iter().flatten() {
+        if entry.manager.as_deref() == Some("hwaccel-agent") {
+            let fields = entry
+                .fields_v1
+                .as_ref()
+                .map(|f| f.0.to_string())
+                .unwrap_or_default();
+            assert!(!fields.contains("freeDevices"), "{fields}");
+        }
+    }
+    Ok(())
+}
+
 fn present(expected: u32, source: &str) -> Shown {
     Shown {
         condition: Some("False".into()),
@@ -457,6 +479,21 @@ async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Res
         "{body}"
     );
 
+    // The controller's field: the agent's status writes must leave it alone.
+    let free = serde_json::json!({
+        "apiVersion": "hwaccel.io/v1alpha1",
+        "kind": "AcceleratorInventory",
+        "status": { "freeDevices": 5 },
+    });
+    let inventories = Api::<AcceleratorInventory>::all(client.clone());
+    inventories
+        .patch_status(
+            &node,
+            &PatchParams::apply("hwaccel-controller"),
+            &Patch::Apply(&free),
+        )
+        .await?;
+
     // The operator acknowledges: 8 is what this node has.
     let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "8" } } });
     Api::<Node>::all(client.clone())
@@ -471,6 +508,25 @@ async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Res
         &present(8, "annotation"),
     )
     .await?;
+    assert_free_devices_kept(&inventories, &node).await?;
+
+    // Also after a restart, when the agent seeds itself from a status holding freeDevices.
+    drop(agent);
+    let agent = RunningAgent::start(&client, &node).await?;
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "7" } } });
+    Api::<Node>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "more than expected is nothing missing",
+        &present(7, "annotation"),
+    )
+    .await?;
+    assert_free_devices_kept(&inventories, &node).await?;
 
     // A malformed annotation is ignored: the count falls back to what was seen.
     let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "lots" } } });
