@@ -162,7 +162,16 @@ async fn labels_and_inventory_appear_and_a_steady_node_writes_nothing() -> Resul
         .collect();
     assert_eq!(
         header,
-        ["NAME", "NODE", "ACCELERATORS", "PRODUCT", "MEMORY", "AGE"],
+        [
+            "NAME",
+            "NODE",
+            "ACCELERATORS",
+            "PRODUCT",
+            "MEMORY",
+            "HEALTHY",
+            "FREE",
+            "AGE"
+        ],
         "{table}"
     );
     assert!(table.contains("NVIDIA H100 80GB HBM3"), "{table}");

@@ -4,8 +4,9 @@
 //! [`run::run`] loops it on an interval and on hot-plug. The pieces are separate so each can be
 //! tested alone: [`presence`] (pure debouncing), [`node_labels`] (server-side apply of labels),
 //! [`hotplug`] (device-directory fingerprint), [`own_slice`] (the opt-in `hwaccel.io`
-//! ResourceSlice), [`metrics`].
+//! ResourceSlice), [`devices_missing`] (expected versus present devices), [`metrics`].
 
+pub mod devices_missing;
 pub mod dra_labels;
 pub mod hotplug;
 pub mod metrics;

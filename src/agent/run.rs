@@ -13,6 +13,16 @@
 //! was deleted, or changed by anyone else since the agent's last write, is written again on
 //! that same cycle, so the controller never plans on a missing or edited inventory for longer
 //! than one interval.
+//!
+//! Every cycle also reads its Node's metadata (one small GET, no write; it replaces the GET
+//! that learnt the Node's uid): the `hwaccel.io/expected-devices` annotation and the instance
+//! type label say how many accelerators the node should have (see
+//! [`crate::fleet::expected`]), which the status (`expectedDevices`, `DevicesMissing`), the
+//! `hwaccel.io/devices-missing` label and the device metrics compare detection with.
+//!
+//! The status is written by server-side apply of the agent's fields only (`Ready`, `Degraded`,
+//! `DevicesMissing`, `observedGeneration`, `expectedDevices`, `expectedSource`): the
+//! controller's `freeDevices` and any condition it adds are never sent, so never taken over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,16 +34,20 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::devices_missing::DevicesMissing;
 use super::dra_labels::{SliceReader, fill_from_published};
 use super::hotplug::DeviceFingerprint;
-use super::metrics::AgentMetrics;
+use super::metrics::{AgentMetrics, DeviceRow, NodeCounts};
 use super::node_labels::{LabelOutcome, NodeLabeler};
 use super::own_slice::OwnSlicePublisher;
 use super::presence::PresenceTracker;
-use crate::api::conditions::{self, DEGRADED, READY};
+use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
 use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
 use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, Report};
+use crate::fleet::expected::{
+    EXPECTED_DEVICES_ANNOTATION, Expected, ExpectedInputs, ExpectedSource, INSTANCE_TYPE_LABEL,
+};
 use crate::hardware::HealthStatus;
 use crate::labels;
 use crate::server::Readiness;
@@ -94,13 +108,16 @@ pub struct Agent {
     tracker: PresenceTracker,
     metrics: AgentMetrics,
     seeded: bool,
-    node_uid: Option<String>,
     applied_spec: Option<AcceleratorInventorySpec>,
     applied_status: Option<AcceleratorInventoryStatus>,
     /// The inventory's resourceVersion after the agent's last write (or as seeded).
     applied_version: Option<String>,
     generation: Option<i64>,
     heartbeat: crate::health::Heartbeat,
+    /// The expected count last decided (seeded from the status), so `seen` only grows.
+    last_expected: Option<Expected>,
+    /// The malformed annotation value last warned about, so a bad value is logged once.
+    warned_annotation: Option<String>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -136,12 +153,13 @@ impl Agent {
             labeler,
             metrics,
             seeded: false,
-            node_uid: None,
             applied_spec: None,
             applied_status: None,
             applied_version: None,
             generation: None,
             heartbeat: crate::health::Heartbeat::default(),
+            last_expected: None,
+            warned_annotation: None,
             config,
         }
     }
@@ -200,6 +218,11 @@ impl Agent {
     /// Folds a detection into the tracker and publishes the result where it changed.
     pub async fn publish(&mut self, detected: &Report) -> Result<PublishOutcome, kube::Error> {
         self.seed_once().await?;
+        let node = self
+            .nodes
+            .get_metadata(&self.config.node_name)
+            .await?
+            .metadata;
         let published = self.tracker.observe(detected);
         let stale: Vec<String> = self.tracker.stale_devices().map(str::to_string).collect();
         self.metrics
@@ -209,15 +232,22 @@ impl Agent {
             .stale_devices
             .set(i64::try_from(stale.len()).unwrap_or(0));
 
+        let uid = node.uid.clone().unwrap_or_default();
+        let inventory = AcceleratorInventory::from_report(&self.config.node_name, &published)
+            .owned_by_node(&uid);
+        let missing = self.devices_missing(&node, &published, &stale, &inventory);
+        self.record_device_metrics(&inventory, &missing);
+
         let mut outcome = PublishOutcome::default();
         // Labels also count what DRA drivers publish and detection missed (DRA-only nodes);
         // the inventory stays detection only.
         let from_slices = self.slices.published().await;
-        let node_labels = if from_slices.is_empty() {
+        let mut node_labels = if from_slices.is_empty() {
             labels::labels_for(&published)
         } else {
             labels::labels_for(&fill_from_published(&published, &from_slices))
         };
+        node_labels.set_devices_missing(missing.missing());
         for (key, reason) in &node_labels.dropped {
             tracing::warn!(key, reason, "label dropped");
         }
@@ -233,9 +263,6 @@ impl Agent {
         }
 
         self.forget_if_changed_elsewhere().await?;
-        let uid = self.node_uid().await?;
-        let inventory = AcceleratorInventory::from_report(&self.config.node_name, &published)
-            .owned_by_node(&uid);
         if self.applied_spec.as_ref() != Some(&inventory.spec) {
             let params = PatchParams::apply(FIELD_MANAGER).force();
             let applied = self
@@ -251,7 +278,7 @@ impl Agent {
         // After the inventory, so the slice never names a device the inventory lacks.
         self.own_slices.sync(&inventory.spec.devices).await;
 
-        let status = self.next_status(detected, &published, &stale);
+        let status = self.next_status(detected, &published, &stale, &missing);
         if self.applied_status.as_ref() != Some(&status) {
             let patch = json!({
                 "apiVersion": "hwaccel.io/v1alpha1",
@@ -278,12 +305,11 @@ impl Agent {
         self.applied_spec = None;
         self.applied_status = None;
         self.applied_version = None;
-        self.node_uid = None;
     }
 
     /// Forgets what was last written when the inventory is gone or someone else changed it
     /// since, so this cycle writes it again. A deleted inventory may have gone with a Node
-    /// that was re-created under the same name, so the Node's uid is read again too.
+    /// that was re-created under the same name; the Node's uid is read every cycle anyway.
     async fn forget_if_changed_elsewhere(&mut self) -> Result<(), kube::Error> {
         let Some(written) = self.applied_version.clone() else {
             return Ok(());
@@ -297,7 +323,6 @@ impl Agent {
             found => {
                 if found.is_none() {
                     tracing::warn!("the inventory was deleted; writing it again");
-                    self.node_uid = None;
                 } else {
                     tracing::warn!("the inventory was changed by someone else; writing it again");
                 }
@@ -309,14 +334,65 @@ impl Agent {
         Ok(())
     }
 
-    async fn node_uid(&mut self) -> Result<String, kube::Error> {
-        if let Some(uid) = &self.node_uid {
-            return Ok(uid.clone());
+    /// Compares what the node should have (its annotation, instance type, or the most seen)
+    /// with what the last detection saw.
+    fn devices_missing(
+        &mut self,
+        node: &kube::api::ObjectMeta,
+        published: &Report,
+        stale: &[String],
+        inventory: &AcceleratorInventory,
+    ) -> DevicesMissing {
+        let annotation = node
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EXPECTED_DEVICES_ANNOTATION))
+            .map(String::as_str);
+        let instance_type = node
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(INSTANCE_TYPE_LABEL))
+            .map(String::as_str);
+        let inputs = ExpectedInputs {
+            annotation,
+            instance_type,
+            previous: self.last_expected,
+            published: u32::try_from(published.accelerators().count()).unwrap_or(u32::MAX),
+        };
+        let (expected, ignored) = crate::fleet::expected::expected(&inputs);
+        match ignored {
+            Some(reason) => {
+                if self.warned_annotation.as_deref() != annotation {
+                    tracing::warn!(%reason, "expected-devices annotation ignored");
+                    self.warned_annotation = annotation.map(str::to_string);
+                }
+            }
+            None => self.warned_annotation = None,
         }
-        let node = self.nodes.get(&self.config.node_name).await?;
-        let uid = node.metadata.uid.unwrap_or_default();
-        self.node_uid = Some(uid.clone());
-        Ok(uid)
+        self.last_expected = Some(expected);
+        DevicesMissing::new(
+            expected,
+            instance_type,
+            published,
+            stale,
+            &inventory.spec.devices,
+        )
+    }
+
+    fn record_device_metrics(&self, inventory: &AcceleratorInventory, missing: &DevicesMissing) {
+        let node = &self.config.node_name;
+        let rows: Vec<DeviceRow> = inventory
+            .spec
+            .devices
+            .iter()
+            .filter_map(|d| DeviceRow::of(node, d))
+            .collect();
+        let counts = NodeCounts {
+            expected: missing.expected,
+            present: missing.present,
+            missing: missing.missing(),
+        };
+        self.metrics.device_series.set(node, &rows, counts);
     }
 
     /// Reads the existing inventory once and seeds the tracker and caches with it.
@@ -330,7 +406,14 @@ impl Agent {
             self.generation = existing.metadata.generation;
             self.applied_version = existing.metadata.resource_version;
             self.applied_spec = Some(existing.spec);
-            self.applied_status = existing.status;
+            let status = existing.status.map(agent_fields);
+            self.last_expected = status.as_ref().and_then(|s| {
+                Some(Expected {
+                    count: s.expected_devices?,
+                    source: ExpectedSource::parse(s.expected_source.as_deref()?)?,
+                })
+            });
+            self.applied_status = status;
             tracing::info!("seeded from the existing inventory");
         }
         self.seeded = true;
@@ -342,8 +425,9 @@ impl Agent {
         detected: &Report,
         published: &Report,
         stale: &[String],
+        missing: &DevicesMissing,
     ) -> AcceleratorInventoryStatus {
-        let mut status = self.applied_status.clone().unwrap_or_default();
+        let mut status = agent_fields(self.applied_status.clone().unwrap_or_default());
         let now = Time(jiff_now());
         let generation = self.generation;
         conditions::set(
@@ -361,9 +445,29 @@ impl Agent {
             &mut status.conditions,
             degraded_condition(detected, published, stale, generation, &now),
         );
+        conditions::set(
+            &mut status.conditions,
+            missing.condition(&self.config.node_name, generation, &now),
+        );
         status.observed_generation = generation;
+        status.expected_devices = Some(missing.expected.count);
+        status.expected_source = Some(missing.expected.source.as_str().to_string());
         status
     }
+}
+
+/// The condition types the agent owns in the inventory's status.
+const AGENT_CONDITIONS: [&str; 3] = [READY, DEGRADED, DEVICES_MISSING];
+
+/// `status` cut to the fields the agent owns: what it sends by server-side apply, and what it
+/// compares with before writing (so the controller's `freeDevices` never causes a write and
+/// is never taken over).
+fn agent_fields(mut status: AcceleratorInventoryStatus) -> AcceleratorInventoryStatus {
+    status.free_devices = None;
+    status
+        .conditions
+        .retain(|c| AGENT_CONDITIONS.contains(&c.type_.as_str()));
+    status
 }
 
 fn jiff_now() -> k8s_openapi::jiff::Timestamp {

@@ -219,9 +219,65 @@ fn summary(report: &Report) -> InventorySummary {
         accelerators: u32::try_from(accelerators.len()).unwrap_or(u32::MAX),
         product,
         memory,
-        memory_layout: None,
-        healthy: None,
+        memory_layout: memory_layout(&accelerators),
+        healthy: Some(
+            u32::try_from(
+                accelerators
+                    .iter()
+                    .filter(|d| d.health.status == HealthStatus::Healthy)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
+        ),
     }
+}
+
+/// The `memoryLayout` column's longest value (the CRD's bound).
+const MAX_MEMORY_LAYOUT_LENGTH: usize = 128;
+
+/// Device memory as people say it: `8×80Gi`, `4×80Gi+2×48Gi` on a mixed node (largest first),
+/// `2×?` for devices that report no memory. Sizes are rounded to the nearest whole GiB, which
+/// is how the parts are sold (an H100's 79.6 GiB reads `80Gi`); below half a GiB, whole MiB.
+/// `None` when the node has no accelerators.
+fn memory_layout(accelerators: &[&Device]) -> Option<String> {
+    if accelerators.is_empty() {
+        return None;
+    }
+    // Keyed by (bytes rounded to the unit, unit is GiB); unknown memory sorts last.
+    let mut groups: BTreeMap<std::cmp::Reverse<Option<(u64, bool)>>, usize> = BTreeMap::new();
+    for device in accelerators {
+        let size = device.memory_bytes.map(|bytes| {
+            let gib = rounded(bytes, crate::hardware::GIB);
+            if gib > 0 {
+                (gib * crate::hardware::GIB, true)
+            } else {
+                (rounded(bytes, 1 << 20) << 20, false)
+            }
+        });
+        *groups.entry(std::cmp::Reverse(size)).or_default() += 1;
+    }
+    let mut layout = String::new();
+    for (std::cmp::Reverse(size), count) in groups {
+        let part = match size {
+            Some((bytes, true)) => format!("{count}×{}Gi", bytes / crate::hardware::GIB),
+            Some((bytes, false)) => format!("{count}×{}Mi", bytes >> 20),
+            None => format!("{count}×?"),
+        };
+        let separator = if layout.is_empty() { "" } else { "+" };
+        // Room for the part and a final `+…` should more groups follow.
+        if layout.len() + separator.len() + part.len() + "+…".len() > MAX_MEMORY_LAYOUT_LENGTH {
+            layout.push_str("+…");
+            break;
+        }
+        layout.push_str(separator);
+        layout.push_str(&part);
+    }
+    Some(layout)
+}
+
+/// `value / unit`, rounded to the nearest whole number.
+fn rounded(value: u64, unit: u64) -> u64 {
+    value / unit + u64::from(value % unit >= unit / 2)
 }
 
 /// A DNS-label name per device (`gpu-0000-18-00-0`), in the order given (sorted by id).

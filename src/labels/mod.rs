@@ -65,7 +65,20 @@ impl Labels {
     fn flag(&mut self, name: &str) {
         self.put(name, "true");
     }
+
+    /// Adds [`DEVICES_MISSING_LABEL`] when `missing` is above zero. Not part of
+    /// [`labels_for`]: the count compares detection with what the node should have, which the
+    /// agent learns from the Node, not from the report.
+    pub fn set_devices_missing(&mut self, missing: u32) {
+        if missing > 0 {
+            self.put(DEVICES_MISSING_NAME, &missing.to_string());
+        }
+    }
 }
+
+const DEVICES_MISSING_NAME: &str = "devices-missing";
+/// Accelerators the node should have but the last detection did not see; absent when none.
+pub const DEVICES_MISSING_LABEL: &str = "hwaccel.io/devices-missing";
 
 /// The full key for a name under our prefix; a name over 63 characters keeps a readable head
 /// and a hash suffix. The flag says whether it was shortened.

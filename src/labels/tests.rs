@@ -248,3 +248,15 @@ proptest! {
         prop_assert_eq!(labels_for(&report).labels, labels_for(&shuffled).labels);
     }
 }
+
+#[test]
+fn devices_missing_is_labelled_only_while_above_zero() {
+    let mut labels = Labels::default();
+    labels.set_devices_missing(0);
+    assert!(!labels.labels.contains_key(DEVICES_MISSING_LABEL));
+    labels.set_devices_missing(2);
+    assert_eq!(
+        labels.labels.get(DEVICES_MISSING_LABEL).map(String::as_str),
+        Some("2")
+    );
+}

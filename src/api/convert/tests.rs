@@ -97,6 +97,67 @@ fn h100_node_inventory() {
 }
 
 #[test]
+fn memory_layout_reads_like_people_say_it() {
+    // 81559 MiB is 79.6 GiB: sold, and shown, as 80Gi.
+    let h100 = AcceleratorInventorySpec::from_report("n", &h100_x8());
+    assert_eq!(h100.summary.memory_layout.as_deref(), Some("8×80Gi"));
+    assert_eq!(h100.summary.healthy, Some(8));
+
+    // Largest first on a mixed node.
+    let mixed = AcceleratorInventorySpec::from_report("n", &mixed_l4_a100());
+    let layout = mixed.summary.memory_layout.clone().unwrap_or_default();
+    let sizes: Vec<&str> = layout.split('+').collect();
+    assert_eq!(sizes.len(), 2, "{layout}");
+    let gib = |part: &str| -> u64 {
+        part.split('×')
+            .nth(1)
+            .and_then(|s| s.strip_suffix("Gi"))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(gib(sizes[0]) > gib(sizes[1]), "{layout}");
+
+    // Unknown memory is `?`, last; a sick device is not counted healthy.
+    let mut report = h100_x8();
+    report.devices.truncate(3);
+    report.devices[0].memory_bytes = None;
+    report.devices[1].memory_bytes = Some(48 * crate::hardware::GIB + 100);
+    report.devices[2].health.status = HealthStatus::Unhealthy;
+    let spec = AcceleratorInventorySpec::from_report("n", &report);
+    assert_eq!(
+        spec.summary.memory_layout.as_deref(),
+        Some("1×80Gi+1×48Gi+1×?")
+    );
+    assert_eq!(spec.summary.healthy, Some(2));
+
+    // A tiny device reads in MiB rather than `0Gi`.
+    let mut report = h100_x8();
+    report.devices.truncate(1);
+    report.devices[0].memory_bytes = Some(256 << 20);
+    let spec = AcceleratorInventorySpec::from_report("n", &report);
+    assert_eq!(spec.summary.memory_layout.as_deref(), Some("1×256Mi"));
+}
+
+#[test]
+fn memory_layout_stays_within_its_bound() {
+    let mut report = h100_x8();
+    let template = report.devices[0].clone();
+    report.devices = (0..200u64)
+        .map(|i| {
+            let mut device = template.clone();
+            device.id = format!("0000:{:02x}:{:02x}.0", i / 32, i % 32);
+            device.memory_bytes = Some((i + 1) * crate::hardware::GIB);
+            device
+        })
+        .collect();
+    let spec = AcceleratorInventorySpec::from_report("n", &report);
+    let layout = spec.summary.memory_layout.unwrap_or_default();
+    assert!(layout.len() <= MAX_MEMORY_LAYOUT_LENGTH, "{layout}");
+    assert!(layout.starts_with("1×200Gi+1×199Gi"), "{layout}");
+    assert!(layout.ends_with("+…"), "{layout}");
+}
+
+#[test]
 fn summaries_of_mixed_and_cpu_only_nodes() {
     let mixed = AcceleratorInventorySpec::from_report("n", &mixed_l4_a100());
     assert_eq!(mixed.summary.accelerators, 3);
@@ -121,6 +182,8 @@ fn summaries_of_mixed_and_cpu_only_nodes() {
     assert_eq!(cpu.summary.accelerators, 0);
     assert_eq!(cpu.summary.product, None);
     assert_eq!(cpu.summary.memory, None);
+    assert_eq!(cpu.summary.memory_layout, None);
+    assert_eq!(cpu.summary.healthy, Some(0));
     assert_eq!(cpu.devices.len(), 1, "the CPU is listed but not counted");
     assert_eq!(cpu.devices[0].name, "cpu-cpu-0");
     assert_eq!(cpu.node.cpu.ai_flags.len(), 4);

@@ -1,0 +1,546 @@
+//! Expected versus present devices against a real kube-apiserver, with the agent running its
+//! own loop and serving `/metrics` as it does in the DaemonSet:
+//!
+//! - `/metrics` has one `hwaccel_device_info` per fixture GPU, with the fixture's UUID and
+//!   PCI address;
+//! - a GPU disappearing from the host sets `DevicesMissing=True`, the Node label
+//!   `hwaccel.io/devices-missing=1` and `hwaccel_node_devices_missing 1` within one detection
+//!   interval (plus slack), and its return clears all three;
+//! - the `hwaccel.io/expected-devices` annotation overrides what was seen (16 on an 8-GPU node:
+//!   8 missing), and setting it to what is there acknowledges the loss; the agent's status
+//!   writes keep the controller's `freeDevices`;
+//! - `kubectl get accinv` shows the memory as `8×80Gi`.
+//!
+//! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
+//! cluster_agent_health -- --ignored --test-threads=1`.
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use hwaccel::agent::{Agent, AgentConfig, metrics::AgentMetrics};
+use hwaccel::api::{AcceleratorInventory, conditions};
+use hwaccel::detect::BackendSelection;
+use hwaccel::health::Liveness;
+use hwaccel::server::{Limits, Readiness, router, serve_on};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use support::{TestCluster, install_crds};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::watch;
+
+const FIXTURE: &str = "h100-8x-nvswitch";
+/// The agent's detection interval in these tests.
+const INTERVAL: Duration = Duration::from_secs(3);
+/// Slack on top of one interval: a detection of the fixture (a few shell-script tool runs) and
+/// the apiserver round trips, on a loaded test machine.
+const SLACK: Duration = Duration::from_secs(12);
+const MISSING_LABEL: &str = "hwaccel.io/devices-missing";
+const ANNOTATION: &str = "hwaccel.io/expected-devices";
+
+/// An agent loop and its `/metrics` server, stopped on drop.
+struct RunningAgent {
+    stop: watch::Sender<bool>,
+    metrics: SocketAddr,
+    _host: tempfile::TempDir,
+    host: PathBuf,
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl RunningAgent {
+    async fn start(client: &Client, node: &str) -> Result<Self> {
+        let host = copy_fixture()?;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let config = AgentConfig {
+            node_name: node.to_string(),
+            host_root: host.path().to_path_buf(),
+            backends: "all,-vulkan"
+                .parse::<BackendSelection>()
+                .expect("valid selection"),
+            tool_paths: vec![host.path().join("commands")],
+            tool_timeout: Duration::from_secs(10),
+            interval: INTERVAL,
+            hotplug_poll: Duration::from_secs(1),
+            misses_to_remove: 3,
+            max_backoff: Duration::from_secs(2),
+        };
+        let agent = Agent::new(
+            config,
+            client.clone(),
+            AgentMetrics::register(&mut registry),
+        );
+        let readiness = Arc::new(Readiness::default());
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(hwaccel::agent::run::run(
+            agent,
+            Arc::clone(&readiness),
+            stopped.clone(),
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let metrics = listener.local_addr()?;
+        let app = router(Arc::new(registry), readiness, Liveness::default());
+        let mut server_stop = stopped;
+        tokio::spawn(serve_on(listener, app, Limits::default(), async move {
+            let _ = server_stop.changed().await;
+        }));
+        Ok(Self {
+            stop,
+            metrics,
+            host: host.path().to_path_buf(),
+            _host: host,
+        })
+    }
+
+    /// The `/metrics` body, as a scraper gets it.
+    async fn scrape(&self) -> Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(self.metrics).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut response = String::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+            .await??;
+        anyhow::ensure!(response.starts_with("HTTP/1.1 200"), "{response}");
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+        body.context("no body")
+    }
+}
+
+fn copy_fixture() -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    copy_tree(&fixture_dir(), dir.path())?;
+    Ok(dir)
+}
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/hosts")
+        .join(FIXTURE)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(to)
+        .status()?;
+    anyhow::ensure!(status.success(), "copying {}", from.display());
+    Ok(())
+}
+
+/// The fixture's GPUs as `(pci address, uuid)`, read from its `nvidia-smi --query-gpu`
+/// capture (`index, pci.bus_id, name, uuid, ...`), bus ids in the lower-case 4-digit-domain
+/// form the metrics use.
+fn fixture_gpus() -> Result<Vec<(String, String)>> {
+    let capture = fixture_dir().join("commands/outputs/query-gpu.csv");
+    let text = std::fs::read_to_string(&capture)?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let bus = fields.get(1).context("no bus id")?.to_ascii_lowercase();
+            // `00000000:1b:00.0` → `0000:1b:00.0`.
+            let bus = bus
+                .split_once(':')
+                .map(|(domain, rest)| {
+                    format!("{:0>4}:{rest}", &domain[domain.len().saturating_sub(4)..])
+                })
+                .context("bus id without a domain")?;
+            let uuid = fields.get(3).context("no uuid")?.to_string();
+            Ok((bus, uuid))
+        })
+        .collect()
+}
+
+/// Removes one GPU from the host copy: its sysfs PCI function and its lines in every
+/// `nvidia-smi` capture, which is everything the NVIDIA backend reads.
+fn remove_gpu(host: &Path, bus_id: &str) -> Result<()> {
+    let function = host.join("sys/bus/pci/devices").join(bus_id);
+    if function.is_symlink() || function.is_file() {
+        std::fs::remove_file(&function)?;
+    } else {
+        std::fs::remove_dir_all(&function)?;
+    }
+    let short = bus_id.trim_start_matches("0000:").to_ascii_uppercase();
+    let outputs = host.join("commands/outputs");
+    for entry in std::fs::read_dir(&outputs)? {
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.to_ascii_uppercase().contains(&short) {
+            let kept: String = text
+                .lines()
+                .filter(|line| !line.to_ascii_uppercase().contains(&short))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            std::fs::write(&path, kept)?;
+        }
+    }
+    Ok(())
+}
+
+async fn create_node(client: &Client, name: &str, annotations: &[(&str, &str)]) -> Result<()> {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([(
+                "kubernetes.io/hostname".to_string(),
+                name.to_string(),
+            )])),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    Ok(())
+}
+
+/// The value of the first sample of `metric` whose line contains every one of `having`.
+fn sample(body: &str, metric: &str, having: &[&str]) -> Option<f64> {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .find(|l| having.iter().all(|h| l.contains(h)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// What the node shows: (DevicesMissing status, expectedDevices, expectedSource, label,
+/// `hwaccel_node_devices_missing`).
+#[derive(Debug, Clone, PartialEq)]
+struct Shown {
+    condition: Option<String>,
+    expected: Option<u32>,
+    source: Option<String>,
+    label: Option<String>,
+    metric: Option<f64>,
+}
+
+async fn shown(client: &Client, agent: &RunningAgent, node: &str) -> Result<Shown> {
+    let inventory = Api::<AcceleratorInventory>::all(client.clone())
+        .get_opt(node)
+        .await?;
+    let status = inventory.and_then(|i| i.status).unwrap_or_default();
+    let labels = Api::<Node>::all(client.clone())
+        .get(node)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    let body = agent.scrape().await?;
+    let node_label = format!("node=\"{node}\"");
+    Ok(Shown {
+        condition: conditions::find(&status.conditions, conditions::DEVICES_MISSING)
+            .map(|c| c.status.clone()),
+        expected: status.expected_devices,
+        source: status.expected_source,
+        label: labels.get(MISSING_LABEL).cloned(),
+        metric: sample(&body, "hwaccel_node_devices_missing", &[&node_label]),
+    })
+}
+
+async fn wait_shown(
+    client: &Client,
+    agent: &RunningAgent,
+    node: &str,
+    limit: Duration,
+    what: &str,
+    want: &Shown,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let last = match shown(client, agent, node).await {
+            Ok(now) if now == *want => return Ok(started.elapsed()),
+            Ok(now) => format!("{now:?}"),
+            Err(err) => format!("{err:#}"),
+        };
+        anyhow::ensure!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}; last seen: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `status.freeDevices` is still the controller's 5, and the agent does not own it.
+async fn assert_free_devices_kept(
+    inventories: &Api<AcceleratorInventory>,
+    node: &str,
+) -> Result<()> {
+    let inventory = inventories.get(node).await?;
+    let status = inventory.status.clone().unwrap_or_default();
+    assert_eq!(status.free_devices, Some(5), "{status:?}");
+    for entry in inventory.metadata.managed_fields.iter().flatten() {
+        if entry.manager.as_deref() == Some("hwaccel-agent") {
+            let fields = entry
+                .fields_v1
+                .as_ref()
+                .map(|f| f.0.to_string())
+                .unwrap_or_default();
+            assert!(!fields.contains("freeDevices"), "{fields}");
+        }
+    }
+    Ok(())
+}
+
+fn present(expected: u32, source: &str) -> Shown {
+    Shown {
+        condition: Some("False".into()),
+        expected: Some(expected),
+        source: Some(source.into()),
+        label: None,
+        metric: Some(0.0),
+    }
+}
+
+fn missing(n: u32, expected: u32, source: &str) -> Shown {
+    Shown {
+        condition: Some("True".into()),
+        expected: Some(expected),
+        source: Some(source.into()),
+        label: Some(n.to_string()),
+        metric: Some(f64::from(n)),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_gpu_that_disappears_is_reported_missing_within_one_interval_and_cleared_on_return()
+-> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("health");
+    create_node(&client, &node, &[]).await?;
+    let agent = RunningAgent::start(&client, &node).await?;
+
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "all 8 present",
+        &present(8, "seen"),
+    )
+    .await?;
+
+    // One info series per fixture GPU, carrying its UUID and PCI address.
+    let body = agent.scrape().await?;
+    let info: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("hwaccel_device_info{"))
+        .collect();
+    let gpus = fixture_gpus()?;
+    assert_eq!(info.len(), gpus.len(), "{body}");
+    for (bus, uuid) in &gpus {
+        let matching: Vec<&&str> = info
+            .iter()
+            .filter(|l| {
+                l.contains(&format!("pci_address=\"{bus}\""))
+                    && l.contains(&format!("uuid=\"{uuid}\""))
+                    && l.contains(&format!("node=\"{node}\""))
+                    && l.contains("vendor=\"nvidia\"")
+            })
+            .collect();
+        assert_eq!(matching.len(), 1, "{bus} {uuid}: {body}");
+        assert!(matching[0].ends_with(" 1"), "{}", matching[0]);
+    }
+    assert_eq!(
+        sample(&body, "hwaccel_node_devices_present", &[]),
+        Some(8.0),
+        "{body}"
+    );
+    // Health per device agrees with the inventory (the fixture has a GPU with retired
+    // pages, so not every one is healthy).
+    let inventory = Api::<AcceleratorInventory>::all(client.clone())
+        .get(&node)
+        .await?;
+    for device in inventory
+        .spec
+        .devices
+        .iter()
+        .filter(|d| d.name.starts_with("gpu-"))
+    {
+        let healthy = device.text("health").as_deref() == Some("healthy");
+        let device_label = format!("device=\"{}\"", device.name);
+        assert_eq!(
+            sample(&body, "hwaccel_device_healthy", &[&device_label]),
+            Some(if healthy { 1.0 } else { 0.0 }),
+            "{}: {body}",
+            device.name
+        );
+    }
+    assert_eq!(
+        body.lines()
+            .filter(|l| l.starts_with("hwaccel_device_memory_bytes{"))
+            .count(),
+        8,
+        "{body}"
+    );
+
+    // People read the memory column.
+    let table = cluster.kubectl_ok(&["get", "accinv", &node]).await?;
+    assert!(table.contains("8×80Gi"), "{table}");
+
+    // A GPU falls off the bus.
+    let gone = "0000:df:00.0";
+    remove_gpu(&agent.host, gone)?;
+    let took = wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "the missing GPU reported",
+        &missing(1, 8, "seen"),
+    )
+    .await?;
+    eprintln!("DevicesMissing after {took:?}");
+    let inventory = Api::<AcceleratorInventory>::all(client.clone())
+        .get(&node)
+        .await?;
+    let status = inventory.status.unwrap_or_default();
+    let condition = conditions::find(&status.conditions, conditions::DEVICES_MISSING)
+        .context("no DevicesMissing")?;
+    assert_eq!(condition.reason, "DevicesMissing");
+    assert!(
+        condition.message.contains("gpu-0000-df-00-0"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        condition.message.contains(ANNOTATION),
+        "{}",
+        condition.message
+    );
+
+    // It comes back.
+    copy_tree(&fixture_dir(), &agent.host)?;
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "the GPU back",
+        &present(8, "seen"),
+    )
+    .await?;
+    let body = agent.scrape().await?;
+    assert!(body.contains(&format!("pci_address=\"{gone}\"")), "{body}");
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("annotated");
+    create_node(&client, &node, &[(ANNOTATION, "16")]).await?;
+    let agent = RunningAgent::start(&client, &node).await?;
+
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "8 of 16 missing",
+        &missing(8, 16, "annotation"),
+    )
+    .await?;
+    let body = agent.scrape().await?;
+    let node_label = format!("node=\"{node}\"");
+    assert_eq!(
+        sample(
+            &body,
+            "hwaccel_node_devices_expected",
+            &[&node_label, "source=\"annotation\""]
+        ),
+        Some(16.0),
+        "{body}"
+    );
+
+    // The controller's field: the agent's status writes must leave it alone.
+    let free = serde_json::json!({
+        "apiVersion": "hwaccel.io/v1alpha1",
+        "kind": "AcceleratorInventory",
+        "status": { "freeDevices": 5 },
+    });
+    let inventories = Api::<AcceleratorInventory>::all(client.clone());
+    inventories
+        .patch_status(
+            &node,
+            &PatchParams::apply("hwaccel-controller"),
+            &Patch::Apply(&free),
+        )
+        .await?;
+
+    // The operator acknowledges: 8 is what this node has.
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "8" } } });
+    Api::<Node>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "the loss acknowledged",
+        &present(8, "annotation"),
+    )
+    .await?;
+    assert_free_devices_kept(&inventories, &node).await?;
+
+    // Also after a restart, when the agent seeds itself from a status holding freeDevices.
+    drop(agent);
+    let agent = RunningAgent::start(&client, &node).await?;
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "7" } } });
+    Api::<Node>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "more than expected is nothing missing",
+        &present(7, "annotation"),
+    )
+    .await?;
+    assert_free_devices_kept(&inventories, &node).await?;
+
+    // A malformed annotation is ignored: the count falls back to what was seen.
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "lots" } } });
+    Api::<Node>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "the bad annotation ignored",
+        &present(8, "seen"),
+    )
+    .await?;
+    Ok(())
+}
