@@ -102,8 +102,10 @@ pub struct ExpectedLabels {
 pub struct DeviceRow {
     /// `hwaccel_device_info`'s labels.
     pub info: DeviceInfoLabels,
-    /// Health is `healthy`.
-    pub healthy: bool,
+    /// Health is `healthy` (`Some(true)`), `degraded` or `unhealthy` (`Some(false)`), or not
+    /// known (`None`: no series, so an alert on `== 0` fires only on a real finding and a
+    /// node whose tools cannot report health does not page anyone).
+    pub healthy: Option<bool>,
     /// Device memory in bytes, when known (no memory series otherwise).
     pub memory_bytes: Option<u64>,
 }
@@ -134,7 +136,11 @@ impl DeviceRow {
         };
         Some(Self {
             info,
-            healthy: text(attribute::HEALTH) == "healthy",
+            healthy: match text(attribute::HEALTH).as_str() {
+                "healthy" => Some(true),
+                "" | "unknown" => None,
+                _ => Some(false),
+            },
             memory_bytes: device
                 .capacity
                 .get(attribute::MEMORY)
@@ -232,6 +238,11 @@ impl DeviceMetrics {
         };
         let info: Vec<DeviceInfoLabels> = rows.iter().map(|r| r.info.clone()).collect();
         let devices: Vec<DeviceLabels> = rows.iter().map(DeviceRow::labels).collect();
+        let with_health: Vec<DeviceLabels> = rows
+            .iter()
+            .filter(|r| r.healthy.is_some())
+            .map(DeviceRow::labels)
+            .collect();
         let with_memory: Vec<DeviceLabels> = rows
             .iter()
             .filter(|r| r.memory_bytes.is_some())
@@ -247,7 +258,7 @@ impl DeviceMetrics {
         for gone in last.info.iter().filter(|l| !info.contains(l)) {
             self.info.remove(gone);
         }
-        for gone in last.devices.iter().filter(|l| !devices.contains(l)) {
+        for gone in last.devices.iter().filter(|l| !with_health.contains(l)) {
             self.healthy.remove(gone);
         }
         for gone in last.devices.iter().filter(|l| !with_memory.contains(l)) {
@@ -263,9 +274,9 @@ impl DeviceMetrics {
         for row in rows {
             self.info.get_or_create(&row.info).set(1);
             let labels = row.labels();
-            self.healthy
-                .get_or_create(&labels)
-                .set(i64::from(row.healthy));
+            if let Some(healthy) = row.healthy {
+                self.healthy.get_or_create(&labels).set(i64::from(healthy));
+            }
             if let Some(bytes) = row.memory_bytes {
                 self.memory_bytes
                     .get_or_create(&labels)
@@ -494,26 +505,27 @@ mod tests {
     #[test]
     fn health_memory_and_bounded_labels() {
         let mut report = h100_x8();
-        report.devices.truncate(2);
+        report.devices.truncate(3);
         report.devices[1].health.status = crate::hardware::HealthStatus::Unhealthy;
+        report.devices[2].health.status = crate::hardware::HealthStatus::Unknown;
         report.devices[1].memory_bytes = None;
         report.devices[0].uuid = Some("U".repeat(300));
         let spec = AcceleratorInventorySpec::from_report("n1", &report);
         let rows = rows("n1", &spec);
-        assert!(rows[0].healthy && !rows[1].healthy);
+        let health: Vec<Option<bool>> = rows.iter().map(|r| r.healthy).collect();
+        assert_eq!(health, [Some(true), Some(false), None]);
         assert!(
             rows.iter()
                 .all(|r| r.info.uuid.len() <= MAX_LABEL_VALUE_LENGTH)
         );
         let mut registry = Registry::default();
         let metrics = AgentMetrics::register(&mut registry);
-        metrics.device_series.set("n1", &rows, counts(2, 2));
+        metrics.device_series.set("n1", &rows, counts(3, 3));
         let text = exposition(&registry);
-        let memory = text
-            .lines()
-            .filter(|l| l.starts_with("hwaccel_device_memory_bytes{"))
-            .count();
-        assert_eq!(memory, 1, "{text}");
+        let count = |prefix: &str| text.lines().filter(|l| l.starts_with(prefix)).count();
+        assert_eq!(count("hwaccel_device_memory_bytes{"), 2, "{text}");
+        // Unknown health is no series, not an unhealthy one.
+        assert_eq!(count("hwaccel_device_healthy{"), 2, "{text}");
         assert!(
             text.lines()
                 .any(|l| l.starts_with("hwaccel_device_healthy{")
