@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::hardware::{Family, Precision, Vendor};
+use super::health::NodeInput;
 use crate::plan::report::Plan;
 use crate::plan::units::Bytes;
 use crate::plan::{Goal, Model, NodeSpec, PlanError, PlanRequest, Reservations, Result, plan};
@@ -140,6 +141,9 @@ pub struct Question<'a> {
     /// Replicas wanted on top of what runs now: nodes to add are computed when more than
     /// that fit (`Some(1)`: only when not even one fits); `None` never computes them.
     pub wanted: Option<u32>,
+    /// Node shapes to add from ([`whole_shapes`] of the fleet); empty: [`node_shapes`] of
+    /// the planner's nodes as they are now.
+    pub shapes: &'a [NodeSpec],
 }
 
 /// Requests each replica holds: the goal's concurrency (serving only).
@@ -295,7 +299,16 @@ pub fn capacity(
     };
     let wanted = question.wanted.filter(|&w| w > more_replicas);
     let add = match wanted {
-        Some(w) => add_nodes(question.model, nodes, reserved, question.request, w)?,
+        Some(w) => {
+            let derived;
+            let shapes = if question.shapes.is_empty() {
+                derived = node_shapes(nodes);
+                derived.as_slice()
+            } else {
+                question.shapes
+            };
+            add_nodes(question.model, nodes, reserved, question.request, w, shapes)?
+        }
         None => None,
     };
     Ok(Capacity {
@@ -344,7 +357,7 @@ fn stranded(
                     devices.len(),
                     tp.saturating_mul(pp)
                 ),
-                None => format!("{product} cannot hold a replica of {model}"),
+                None => format!("no replica of {model} fits on the free {product} devices"),
             };
             out.push(Stranded {
                 node: node.name.clone(),
@@ -444,23 +457,73 @@ fn synthetic(template: &NodeSpec, count: u32) -> impl Iterator<Item = NodeSpec> 
     })
 }
 
-/// The cheapest nodes to add, of one shape already in the fleet, for `wanted` replicas;
-/// `None` when no shape does it within [`MAX_ADDED_NODES`] nodes.
+/// The node shapes of the fleet as its nodes are meant to be: each node's plannable devices
+/// of a product padded, with copies of one of them, to the devices of that product it has
+/// (unhealthy ones included) and, on a one-product node, to its expected count. A node
+/// bought new has all its GPUs, even when its template has lost one.
+pub fn whole_shapes(inputs: &[NodeInput]) -> Vec<NodeSpec> {
+    let padded: Vec<NodeSpec> = inputs
+        .iter()
+        .map(|input| {
+            let mut node = input.node.clone();
+            let mut extra: BTreeMap<&str, u32> = BTreeMap::new();
+            for device in &input.unusable {
+                *extra.entry(device.product.as_str()).or_default() += 1;
+            }
+            let products: BTreeSet<&str> = node
+                .devices
+                .iter()
+                .map(|d| d.product.as_str())
+                .chain(input.unusable.iter().map(|d| d.product.as_str()))
+                .collect();
+            if let (Some(expected), [product]) =
+                (input.expected, products.iter().copied().collect::<Vec<_>>().as_slice())
+            {
+                let present = u32::try_from(node.devices.len() + input.unusable.len())
+                    .unwrap_or(u32::MAX);
+                *extra.entry(product).or_default() += expected.saturating_sub(present);
+            }
+            let mut copies = Vec::new();
+            for (product, count) in extra {
+                let Some(sample) = node.devices.iter().find(|d| d.product == product) else {
+                    continue;
+                };
+                for i in 0..count.min(MAX_PADDING) {
+                    copies.push(crate::plan::DeviceSpec {
+                        id: format!("{}+{i}", sample.id),
+                        ..sample.clone()
+                    });
+                }
+            }
+            node.devices.extend(copies);
+            node
+        })
+        .collect();
+    node_shapes(&padded)
+}
+
+/// Most devices [`whole_shapes`] adds to one node's shape.
+const MAX_PADDING: u32 = 64;
+
+/// The cheapest nodes to add, of one of `shapes` (templates from [`node_shapes`] or
+/// [`whole_shapes`]), for `wanted` replicas; `None` when no shape does it within
+/// [`MAX_ADDED_NODES`] nodes.
 pub fn add_nodes(
     model: &Model,
     nodes: &[NodeSpec],
     reserved: &Reservations,
     request: &PlanRequest,
     wanted: u32,
+    shapes: &[NodeSpec],
 ) -> Result<Option<AddNodes>> {
     let base = nodes.len();
     let mut work: Vec<NodeSpec> = nodes.to_vec();
     let mut best: Option<AddNodes> = None;
-    for template in node_shapes(nodes) {
+    for template in shapes.iter().take(MAX_SHAPES) {
         let per_node = u32::try_from(template.devices.len()).unwrap_or(u32::MAX);
         let mut attempt = |count: u32| -> Result<Option<Plan>> {
             work.truncate(base);
-            work.extend(synthetic(&template, count));
+            work.extend(synthetic(template, count));
             plan_replicas(model, &work, reserved, request, wanted)
         };
         // More nodes of one shape never hurt: double until it fits, then bisect.
@@ -478,7 +541,7 @@ pub fn add_nodes(
             if high / 2 < MAX_ADDED_NODES
                 && let Some(plan) = attempt(MAX_ADDED_NODES)?
             {
-                keep_cheapest(&mut best, MAX_ADDED_NODES, &template, per_node, plan);
+                keep_cheapest(&mut best, MAX_ADDED_NODES, template, per_node, plan);
             }
             continue;
         };
@@ -490,7 +553,7 @@ pub fn add_nodes(
                 None => low = mid,
             }
         }
-        keep_cheapest(&mut best, high, &template, per_node, plan);
+        keep_cheapest(&mut best, high, template, per_node, plan);
     }
     Ok(best)
 }
@@ -544,6 +607,7 @@ mod tests {
             model,
             request,
             wanted,
+            shapes: &[],
         }
     }
 
@@ -619,7 +683,7 @@ mod tests {
             .iter()
             .find(|s| s.product.contains("L4"))
             .expect("the lone L4 cannot hold 70B");
-        assert!(l4.reason.contains("cannot hold"), "{}", l4.reason);
+        assert!(l4.reason.contains("no replica"), "{}", l4.reason);
         let all = stranded_for_all(std::slice::from_ref(&answer));
         assert_eq!(all.len(), answer.stranded.len());
     }
@@ -662,6 +726,31 @@ mod tests {
         let add = answer.add.expect("H100 nodes on the fabric");
         assert_eq!((add.nodes, add.devices), (1, 8), "{:?}", add.shape);
         assert!(add.plan.fits);
+    }
+
+    #[test]
+    fn whole_shapes_restore_unhealthy_and_missing_devices() {
+        use crate::fleet::health::UnusableDevice;
+        let mut nodes = parse_hardware("1x8xH100+nvswitch").unwrap();
+        let product = nodes[0].devices[0].product.clone();
+        nodes[0].devices.truncate(6);
+        let input = NodeInput {
+            node: nodes.remove(0),
+            unusable: vec![UnusableDevice {
+                id: "gpu6".into(),
+                product,
+                vendor: Vendor::Nvidia,
+                healthy: false,
+                reason: "health unhealthy".into(),
+            }],
+            expected: Some(8),
+        };
+        let shapes = whole_shapes(std::slice::from_ref(&input));
+        assert_eq!(shapes.len(), 1);
+        assert_eq!(shapes[0].devices.len(), 8, "6 plannable + 1 unhealthy + 1 missing");
+        let ids: BTreeSet<&str> = shapes[0].devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids.len(), 8, "copies get their own ids");
+        assert_eq!(node_shapes(std::slice::from_ref(&input.node))[0].devices.len(), 6);
     }
 
     #[test]
