@@ -66,7 +66,10 @@ fn sick_or_missing_counts_the_unhealthy_the_missing_and_the_held() {
     assert_eq!(h["missing"], 1);
     assert_eq!(h["reserved"], 4);
     assert_eq!(h["free"], 10);
-    assert_eq!(report["placements"], 1, "the Pending placement holds nothing");
+    assert_eq!(
+        report["placements"], 1,
+        "the Pending placement holds nothing"
+    );
     let nodes = report["health"]["nodes"].as_array().unwrap();
     let sick = &nodes[0];
     assert_eq!(sick["name"], "gpu-h100-0");

@@ -353,7 +353,8 @@ fn render_one(out: &mut String, answer: &Capacity) {
                     plan.replicas.unwrap_or(0),
                     plan.tp.unwrap_or(0),
                     plan.pp.unwrap_or(0),
-                    plan.precision.map_or_else(|| "-".to_string(), |p| p.to_string()),
+                    plan.precision
+                        .map_or_else(|| "-".to_string(), |p| p.to_string()),
                     plan.devices.unwrap_or(0),
                     plan.nodes.unwrap_or(0)
                 ));

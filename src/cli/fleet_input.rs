@@ -52,9 +52,8 @@ pub fn node_input(inventory: &AcceleratorInventory) -> (NodeInput, Vec<String>) 
     let (node, notes) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
     let usable: std::collections::BTreeSet<&str> =
         node.devices.iter().map(|d| d.id.as_str()).collect();
-    let text = |entry: &crate::api::InventoryDevice, name: &str| -> Option<String> {
-        entry.text(name)
-    };
+    let text =
+        |entry: &crate::api::InventoryDevice, name: &str| -> Option<String> { entry.text(name) };
     let number = |entry: &crate::api::InventoryDevice, name: &str| -> Option<i64> {
         entry.attributes.get(name).and_then(|a| a.as_int())
     };
@@ -145,12 +144,10 @@ fn placements_in(path: &Path, notes: &mut Vec<String>) -> Result<Vec<ModelPlacem
     let text = read_text(path, MAX_FILE_BYTES)?;
     let value: Value = match serde_json::from_str(&text) {
         Ok(value) => value,
-        Err(json) => {
-            serde_saphyr::from_str(&text).map_err(|yaml| PlanError::InvalidInventory {
-                path: path.to_path_buf(),
-                reason: format!("neither JSON ({json}) nor YAML ({yaml})"),
-            })?
-        }
+        Err(json) => serde_saphyr::from_str(&text).map_err(|yaml| PlanError::InvalidInventory {
+            path: path.to_path_buf(),
+            reason: format!("neither JSON ({json}) nor YAML ({yaml})"),
+        })?,
     };
     let items: Vec<Value> = match value {
         Value::Array(items) => items,

@@ -29,8 +29,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::hardware::{Family, Precision, Vendor};
 use super::health::NodeInput;
+use crate::hardware::{Family, Precision, Vendor};
 use crate::plan::report::Plan;
 use crate::plan::units::Bytes;
 use crate::plan::{Goal, Model, NodeSpec, PlanError, PlanRequest, Reservations, Result, plan};
@@ -476,11 +476,12 @@ pub fn whole_shapes(inputs: &[NodeInput]) -> Vec<NodeSpec> {
                 .map(|d| d.product.as_str())
                 .chain(input.unusable.iter().map(|d| d.product.as_str()))
                 .collect();
-            if let (Some(expected), [product]) =
-                (input.expected, products.iter().copied().collect::<Vec<_>>().as_slice())
-            {
-                let present = u32::try_from(node.devices.len() + input.unusable.len())
-                    .unwrap_or(u32::MAX);
+            if let (Some(expected), [product]) = (
+                input.expected,
+                products.iter().copied().collect::<Vec<_>>().as_slice(),
+            ) {
+                let present =
+                    u32::try_from(node.devices.len() + input.unusable.len()).unwrap_or(u32::MAX);
                 *extra.entry(product).or_default() += expected.saturating_sub(present);
             }
             let mut copies = Vec::new();
@@ -643,7 +644,10 @@ mod tests {
         let nodes = parse_hardware("2x8xH100+nvswitch,1x4xL4").unwrap();
         let m = model("llama-3.1-70b");
         let n = agrees_with_the_planner(&m, &nodes, &Reservations::none(), &request());
-        assert!(n >= 2, "two 8xH100 nodes hold at least two 70B replicas: {n}");
+        assert!(
+            n >= 2,
+            "two 8xH100 nodes hold at least two 70B replicas: {n}"
+        );
         let mut reserved = Reservations::none();
         for d in 0..8 {
             reserved.insert(nodes[0].name.clone(), format!("gpu{d}"));
@@ -703,7 +707,9 @@ mod tests {
         // Re-plan on the fleet with that many synthetic nodes: it fits; with one fewer, not.
         let template = node_shapes(&nodes)
             .into_iter()
-            .find(|t| t.name == add.shape.like && t.devices.len() as u32 == add.shape.devices_per_node)
+            .find(|t| {
+                t.name == add.shape.like && t.devices.len() as u32 == add.shape.devices_per_node
+            })
             .unwrap();
         let with = |count: u32| {
             let mut grown = nodes.clone();
@@ -747,10 +753,19 @@ mod tests {
         };
         let shapes = whole_shapes(std::slice::from_ref(&input));
         assert_eq!(shapes.len(), 1);
-        assert_eq!(shapes[0].devices.len(), 8, "6 plannable + 1 unhealthy + 1 missing");
+        assert_eq!(
+            shapes[0].devices.len(),
+            8,
+            "6 plannable + 1 unhealthy + 1 missing"
+        );
         let ids: BTreeSet<&str> = shapes[0].devices.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids.len(), 8, "copies get their own ids");
-        assert_eq!(node_shapes(std::slice::from_ref(&input.node))[0].devices.len(), 6);
+        assert_eq!(
+            node_shapes(std::slice::from_ref(&input.node))[0]
+                .devices
+                .len(),
+            6
+        );
     }
 
     #[test]

@@ -216,9 +216,10 @@ pub fn roll_up(nodes: &[NodeInput], reserved: &Reservations) -> FleetHealth {
         let mut counts = Counts::default();
         for (product, (vendor, c)) in &mine {
             counts.add(c);
-            let fleet = products
-                .entry((*product).to_string())
-                .or_insert((*vendor, Counts::default(), 0));
+            let fleet =
+                products
+                    .entry((*product).to_string())
+                    .or_insert((*vendor, Counts::default(), 0));
             fleet.0 = fleet.0.or(*vendor);
             fleet.1.add(c);
             fleet.2 += 1;
