@@ -133,7 +133,7 @@ YAML
   say "hwaccel fleet: sick or missing, and what fits now on the free devices"
   "$BIN" fleet --context 8192
   say "hwaccel fleet --model deepseek-v3: what to add for a model that does not fit"
-  "$BIN" fleet --model deepseek-v3 --precision bf16 --context 131072 --concurrency 64 \
+  "$BIN" fleet --model deepseek-v3 --precision bf16 --context 131072 \
     | sed -n '/^What fits now/,$p'
 else
   say "No controller in this build; planning against the published inventories instead"

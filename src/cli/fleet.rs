@@ -21,6 +21,9 @@ use crate::plan::model::presets;
 use crate::plan::request::{ModelInput, prepare};
 use crate::plan::{Goal, NodeSpec};
 
+/// Groups of the "nodes to add" plan listed one by one; more are summed per node.
+const MAX_LISTED_GROUPS: usize = 8;
+
 /// Flags of `hwaccel fleet`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FleetArgs {
@@ -358,14 +361,31 @@ fn render_one(out: &mut String, answer: &Capacity) {
                     plan.devices.unwrap_or(0),
                     plan.nodes.unwrap_or(0)
                 ));
-                for a in &plan.assignments {
-                    out.push_str(&format!(
-                        "    replica {} stage {}: {} {}\n",
-                        a.replica,
-                        a.stage,
-                        a.node,
-                        a.devices.join(",")
-                    ));
+                if plan.assignments.len() <= MAX_LISTED_GROUPS {
+                    for a in &plan.assignments {
+                        out.push_str(&format!(
+                            "    replica {} stage {}: {} {}\n",
+                            a.replica,
+                            a.stage,
+                            a.node,
+                            a.devices.join(",")
+                        ));
+                    }
+                } else {
+                    // Many groups: devices per node, in order of first use, is what a reader
+                    // needs (`-o json` has every group).
+                    let mut per_node: Vec<(&str, usize)> = Vec::new();
+                    for a in &plan.assignments {
+                        match per_node.iter_mut().find(|(n, _)| *n == a.node) {
+                            Some((_, count)) => *count += a.devices.len(),
+                            None => per_node.push((a.node.as_str(), a.devices.len())),
+                        }
+                    }
+                    let listed: Vec<String> = per_node
+                        .iter()
+                        .map(|(node, count)| format!("{node} ({count})"))
+                        .collect();
+                    out.push_str(&format!("    on: {}\n", listed.join(", ")));
                 }
             }
             None => out.push_str(&format!(
