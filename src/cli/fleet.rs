@@ -63,8 +63,8 @@ pub struct FleetReport {
     pub placements: usize,
     /// What fits now, per model asked about.
     pub capacity: Vec<Capacity>,
-    /// Models asked about that cannot run even on an empty fleet of these nodes' kinds
-    /// without more nodes, or failed to resolve (every preset view only).
+    /// Presets the flags cannot be asked of, with the planner's error (every preset view
+    /// only; `--model` fails the command instead).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
     /// Free devices that no model asked about can use (every preset view only).
