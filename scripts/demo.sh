@@ -7,7 +7,9 @@
 #      fixture host: an 8x H100 NVSwitch node, an 8x MI300X node and a CPU-only node;
 #   4. runs the controller and applies the example ModelPlacements;
 #   5. prints `kubectl get accinv`, `kubectl get mp -o wide`, and a nodeSelector to use;
-#   6. stops everything it started.
+#   6. prints `hwaccel fleet` (sick or missing, what fits now) and, for a model that does not
+#      fit, which nodes to add;
+#   7. stops everything it started.
 #
 # Nothing here dials anything but 127.0.0.1. Set DEMO_KEEP=1 to leave the cluster running.
 set -euo pipefail
@@ -128,6 +130,11 @@ YAML
   kubectl get mp serve-llama-3-1-70b -o jsonpath='{.status.nodeSelector}'; echo
   say "Why serve-deepseek-v3 does not fit"
   kubectl get mp serve-deepseek-v3 -o jsonpath='{range .status.reasons[*]}  - {@}{"\n"}{end}{range .status.suggestions[*]}  + {@}{"\n"}{end}'
+  say "hwaccel fleet: sick or missing, and what fits now on the free devices"
+  "$BIN" fleet --context 8192
+  say "hwaccel fleet --model deepseek-v3: what to add for a model that does not fit"
+  "$BIN" fleet --model deepseek-v3 --precision bf16 --context 131072 \
+    | sed -n '/^What fits now/,$p'
 else
   say "No controller in this build; planning against the published inventories instead"
   kubectl get accinv -o yaml >"$WORK/inventories.yaml"

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `detect.rs` | `hwaccel detect`: report this machine's accelerators |
 //! | [`plan`] | `hwaccel plan`: plan a model on an inventory or a hardware shorthand |
+//! | [`fleet`], `fleet_input.rs` | `hwaccel fleet`: sick or missing, what fits, what to add |
 //! | `agent.rs` | `hwaccel agent`: the node agent |
 //! | `controller.rs` | `hwaccel controller`: the ModelPlacement controller |
 //! | `cleanup.rs` | `hwaccel cleanup`: remove our labels (uninstall) |
@@ -22,6 +23,8 @@ mod controller;
 mod crds;
 mod detect;
 mod deviceclasses;
+pub mod fleet;
+mod fleet_input;
 pub mod plan;
 pub mod plan_dra;
 mod process;
@@ -52,6 +55,9 @@ enum Command {
     Detect(DetectArgs),
     /// Plan how a model runs on an inventory: precision, TP/PP/replicas, nodes and devices.
     Plan(Box<plan::PlanArgs>),
+    /// The fleet's accelerators: which are sick or missing, how many more replicas of a
+    /// model fit, which free devices are stranded, and which nodes to add.
+    Fleet(Box<fleet::FleetArgs>),
     /// Run the node agent: publish this node's labels and AcceleratorInventory.
     Agent(AgentArgs),
     /// Run the ModelPlacement controller (leader-elected).
@@ -106,6 +112,7 @@ pub fn main() -> ExitCode {
         Command::Controller(args) => controller::run(args),
         Command::Cleanup(args) => cleanup::run(args),
         Command::Crds(args) => crds::run(args),
+        Command::Fleet(args) => fleet::run(*args),
         Command::Deviceclasses(args) => deviceclasses::run(args),
         Command::Plan(args) => return plan::run(*args),
     };

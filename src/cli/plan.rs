@@ -24,29 +24,14 @@ use crate::plan::search::{Goal, plan};
 use crate::plan::shorthand::parse_hardware;
 use crate::plan::training::{LoraTarget, Method, TrainingTarget};
 
-/// Flags of `hwaccel plan`.
+/// The goal flags `hwaccel plan` and `hwaccel fleet` share: serving or training, their
+/// shape, precision and limits. One struct so the two commands cannot drift apart.
 #[derive(Debug, Clone, clap::Args)]
-pub struct PlanArgs {
-    /// Model: a preset key (`llama-3.1-70b`; see --list-models) or a Hugging Face config.json.
-    #[arg(long, conflicts_with = "params", required_unless_present_any = ["params", "list_models"])]
-    pub model: Option<String>,
-    /// Model given only by its parameter count (`70B`, `8e9`); a Llama-like shape is assumed.
-    #[arg(long)]
-    pub params: Option<String>,
+pub struct GoalArgs {
     /// Exact checkpoint size (`462GB`, `430GiB`, bytes), replacing computed weight bytes at the
     /// checkpoint's precision.
     #[arg(long)]
     pub checkpoint_bytes: Option<String>,
-    /// Inventory file or directory (detection reports or node lists, JSON or YAML); repeatable.
-    #[arg(long = "inventory", conflicts_with = "hardware")]
-    pub inventory: Vec<PathBuf>,
-    /// DRA ResourceSlices (`kubectl get resourceslices -o yaml` output, JSON or YAML);
-    /// merged with --inventory files, one device per PCI bus id or UUID; repeatable.
-    #[arg(long = "resource-slices", conflicts_with = "hardware")]
-    pub resource_slices: Vec<PathBuf>,
-    /// Hardware shorthand: NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib].
-    #[arg(long, required_unless_present_any = ["inventory", "resource_slices", "list_models"])]
-    pub hardware: Option<String>,
     /// Plan serving (the default goal).
     #[arg(long, conflicts_with = "train")]
     pub serve: bool,
@@ -56,10 +41,6 @@ pub struct PlanArgs {
     /// Concurrent full-context requests to hold; replicas are added to reach it.
     #[arg(long, default_value_t = 1)]
     pub concurrency: u64,
-    /// Serving replicas to place, each holding its share of --concurrency (default: as many
-    /// as the concurrency needs).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "train")]
-    pub replicas: Option<u32>,
     /// Plan fine-tuning with this method.
     #[arg(long, value_enum)]
     pub train: Option<Method>,
@@ -90,6 +71,34 @@ pub struct PlanArgs {
     /// Fraction of device memory to use (default 0.90 for serving, like vLLM; 0.95 for training).
     #[arg(long)]
     pub gpu_util: Option<f64>,
+}
+
+/// Flags of `hwaccel plan`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanArgs {
+    /// Model: a preset key (`llama-3.1-70b`; see --list-models) or a Hugging Face config.json.
+    #[arg(long, conflicts_with = "params", required_unless_present_any = ["params", "list_models"])]
+    pub model: Option<String>,
+    /// Model given only by its parameter count (`70B`, `8e9`); a Llama-like shape is assumed.
+    #[arg(long)]
+    pub params: Option<String>,
+    /// Inventory file or directory (detection reports or node lists, JSON or YAML); repeatable.
+    #[arg(long = "inventory", conflicts_with = "hardware")]
+    pub inventory: Vec<PathBuf>,
+    /// DRA ResourceSlices (`kubectl get resourceslices -o yaml` output, JSON or YAML);
+    /// merged with --inventory files, one device per PCI bus id or UUID; repeatable.
+    #[arg(long = "resource-slices", conflicts_with = "hardware")]
+    pub resource_slices: Vec<PathBuf>,
+    /// Hardware shorthand: NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib].
+    #[arg(long, required_unless_present_any = ["inventory", "resource_slices", "list_models"])]
+    pub hardware: Option<String>,
+    /// Serving replicas to place, each holding its share of --concurrency (default: as many
+    /// as the concurrency needs).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "train")]
+    pub replicas: Option<u32>,
+    /// The goal and its shape (shared with `hwaccel fleet`).
+    #[command(flatten)]
+    pub goal: GoalArgs,
     /// A device already in use, as NODE/DEVICE_ID; repeatable.
     #[arg(long = "reserved")]
     pub reserved: Vec<String>,
@@ -157,47 +166,59 @@ fn plan_with_dra(args: &PlanArgs) -> Result<(Plan, Option<DraNames>)> {
 
 /// The planning question the flags ask.
 fn input_from_args(args: &PlanArgs) -> Result<PlanInput> {
-    let model = match (&args.model, &args.params) {
-        (Some(spec), _) => ModelInput::PresetOrFile(spec.clone()),
-        (None, Some(count)) => ModelInput::ParamCount(count.clone()),
-        (None, None) => return Err(PlanError::constraint("give --model or --params")),
-    };
-    let checkpoint_bytes = match &args.checkpoint_bytes {
-        Some(text) => Some(parse_bytes(text).ok_or_else(|| {
-            PlanError::constraint(format!(
-                "--checkpoint-bytes {text:?} is not a size (e.g. 462GB, 430GiB)"
-            ))
-        })?),
-        None => None,
-    };
-    let precision: PrecisionChoice = args
-        .precision
-        .parse()
-        .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
-    let goal = match args.train {
-        Some(method) => Goal::Train(TrainingTarget {
-            method,
-            seq_len: args.seq_len,
-            micro_batch: args.micro_batch,
-            gradient_checkpointing: !args.no_gradient_checkpointing,
-            lora_rank: args.lora_rank,
-            lora_targets: lora_targets(&args.lora_targets)?,
-        }),
-        None => Goal::Serve {
-            context: args.context,
-            concurrency: args.concurrency,
-        },
-    };
-    Ok(PlanInput {
-        model,
-        checkpoint_bytes,
-        goal,
-        precision,
-        kv_dtype: args.kv_dtype,
-        max_nodes: args.max_nodes,
-        gpu_util: args.gpu_util,
-        replicas: args.replicas,
-    })
+    let model = model_input(args.model.as_deref(), args.params.as_deref())?;
+    args.goal.plan_input(model, args.replicas)
+}
+
+/// `--model` or `--params` as the planner's model input.
+pub fn model_input(model: Option<&str>, params: Option<&str>) -> Result<ModelInput> {
+    match (model, params) {
+        (Some(spec), _) => Ok(ModelInput::PresetOrFile(spec.to_string())),
+        (None, Some(count)) => Ok(ModelInput::ParamCount(count.to_string())),
+        (None, None) => Err(PlanError::constraint("give --model or --params")),
+    }
+}
+
+impl GoalArgs {
+    /// The planning question for `model` with these goal flags and `replicas`.
+    pub fn plan_input(&self, model: ModelInput, replicas: Option<u32>) -> Result<PlanInput> {
+        let checkpoint_bytes = match &self.checkpoint_bytes {
+            Some(text) => Some(parse_bytes(text).ok_or_else(|| {
+                PlanError::constraint(format!(
+                    "--checkpoint-bytes {text:?} is not a size (e.g. 462GB, 430GiB)"
+                ))
+            })?),
+            None => None,
+        };
+        let precision: PrecisionChoice = self
+            .precision
+            .parse()
+            .map_err(|err| PlanError::constraint(format!("--precision: {err}")))?;
+        let goal = match self.train {
+            Some(method) => Goal::Train(TrainingTarget {
+                method,
+                seq_len: self.seq_len,
+                micro_batch: self.micro_batch,
+                gradient_checkpointing: !self.no_gradient_checkpointing,
+                lora_rank: self.lora_rank,
+                lora_targets: lora_targets(&self.lora_targets)?,
+            }),
+            None => Goal::Serve {
+                context: self.context,
+                concurrency: self.concurrency,
+            },
+        };
+        Ok(PlanInput {
+            model,
+            checkpoint_bytes,
+            goal,
+            precision,
+            kv_dtype: self.kv_dtype,
+            max_nodes: self.max_nodes,
+            gpu_util: self.gpu_util,
+            replicas,
+        })
+    }
 }
 
 type Hardware = (Vec<NodeSpec>, Vec<String>, Option<DraNames>);

@@ -1,0 +1,271 @@
+//! Where `hwaccel fleet` gets the fleet: inventory and placement files, or the cluster.
+//!
+//! Inventories become planner nodes through the one conversion
+//! (`AcceleratorInventory::planner_node`, devices named as in the inventory, the names
+//! placements hold them by), read by the planner's own bounded file loader; what the
+//! conversion leaves out (unhealthy or unplannable devices, the expected count) is kept beside
+//! each node for the health roll-up. A placement's held devices are read the way the
+//! controller rebuilds its ledger at start-up (`holding_from_status`, then `Ledger::rebuild`),
+//! so two placements claiming one device count it once.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::api::{AcceleratorInventory, ModelPlacement, PlannerDeviceIds, attribute};
+use crate::controller::core::ledger::Ledger;
+use crate::controller::dereference::holding_from_status;
+use crate::fleet::health::{NodeInput, UnusableDevice};
+use crate::hardware::Vendor;
+use crate::plan::Reservations;
+use crate::plan::error::{PlanError, Result};
+use crate::plan::load::{MAX_FILE_BYTES, load_inventories, read_text};
+
+/// Objects per list request.
+const PAGE_SIZE: u32 = 500;
+/// Most list pages read (a million objects at the page size).
+const MAX_PAGES: usize = 2000;
+/// The whole cluster read must end within this.
+pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The fleet as the command reads it.
+#[derive(Debug, Default)]
+pub struct FleetInput {
+    /// Nodes with what the planner leaves out of them.
+    pub nodes: Vec<NodeInput>,
+    /// Devices placements hold.
+    pub reserved: Reservations,
+    /// Placements counted.
+    pub placements: usize,
+    /// What was skipped while reading, one line each.
+    pub notes: Vec<String>,
+}
+
+/// One inventory as a roll-up node: the planner's node plus its unplannable devices and the
+/// expected count from its status.
+pub fn node_input(inventory: &AcceleratorInventory) -> (NodeInput, Vec<String>) {
+    let (node, notes) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
+    let usable: std::collections::BTreeSet<&str> =
+        node.devices.iter().map(|d| d.id.as_str()).collect();
+    let text =
+        |entry: &crate::api::InventoryDevice, name: &str| -> Option<String> { entry.text(name) };
+    let number = |entry: &crate::api::InventoryDevice, name: &str| -> Option<i64> {
+        entry.attributes.get(name).and_then(|a| a.as_int())
+    };
+    let mut unusable = Vec::new();
+    for entry in &inventory.spec.devices {
+        let family = text(entry, attribute::FAMILY).unwrap_or_default();
+        if family == "cpu" || usable.contains(entry.name.as_str()) {
+            continue;
+        }
+        let health = text(entry, attribute::HEALTH).unwrap_or_else(|| "unknown".into());
+        let healthy = health == "healthy";
+        let mut reason = if healthy {
+            "not plannable (split into MIG instances, or memory size unknown)".to_string()
+        } else {
+            format!("health {health}")
+        };
+        if let Some(n) = number(entry, attribute::ECC_UNCORRECTED).filter(|n| *n > 0) {
+            reason.push_str(&format!(", {n} uncorrected ECC error(s)"));
+        }
+        if let Some(n) = number(entry, attribute::RETIRED_PAGES).filter(|n| *n > 0) {
+            reason.push_str(&format!(", {n} retired page(s)"));
+        }
+        let vendor = text(entry, attribute::VENDOR)
+            .and_then(|v| serde_json::from_value::<Vendor>(Value::String(v)).ok())
+            .unwrap_or(Vendor::Other);
+        unusable.push(UnusableDevice {
+            id: entry.name.clone(),
+            // The planner names products by the detected model; so does the roll-up.
+            product: text(entry, attribute::MODEL)
+                .or_else(|| text(entry, attribute::PRODUCT))
+                .unwrap_or_else(|| "unknown".into()),
+            vendor,
+            healthy,
+            reason,
+        });
+    }
+    let expected = inventory.status.as_ref().and_then(|s| s.expected_devices);
+    (
+        NodeInput {
+            node,
+            unusable,
+            expected,
+        },
+        notes,
+    )
+}
+
+/// Reads `--inventory` paths with the planner's loader; inventory objects keep their
+/// unplannable devices and expected count, other files (node lists, detection reports) give
+/// nodes whose every device is plannable.
+pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<FleetInput> {
+    let extras: RefCell<BTreeMap<String, NodeInput>> = RefCell::new(BTreeMap::new());
+    let reader = |kind: &str, object: &Value| {
+        (kind == "AcceleratorInventory").then(|| {
+            let inventory: AcceleratorInventory = serde_json::from_value(object.clone())
+                .map_err(|err| format!("AcceleratorInventory: {err}"))?;
+            let (input, notes) = node_input(&inventory);
+            let node = input.node.clone();
+            extras.borrow_mut().insert(node.name.clone(), input);
+            Ok((node, notes))
+        })
+    };
+    let (nodes, mut notes) = load_inventories(inventories, &reader)?;
+    let mut extras = extras.into_inner();
+    let nodes = nodes
+        .into_iter()
+        .map(|node| match extras.remove(&node.name) {
+            Some(input) => input,
+            None => NodeInput::plannable(node),
+        })
+        .collect();
+    let mut read = Vec::new();
+    for path in placements {
+        read.extend(placements_in(path, &mut notes)?);
+    }
+    let (reserved, count) = held(&read);
+    Ok(FleetInput {
+        nodes,
+        reserved,
+        placements: count,
+        notes,
+    })
+}
+
+/// The ModelPlacements in one file: a single object, a `List`, or a bare array, JSON or YAML.
+/// Objects of another kind are skipped; a malformed placement is a note, not an error.
+fn placements_in(path: &Path, notes: &mut Vec<String>) -> Result<Vec<ModelPlacement>> {
+    let text = read_text(path, MAX_FILE_BYTES)?;
+    let value: Value = match serde_json::from_str(&text) {
+        Ok(value) => value,
+        Err(json) => serde_saphyr::from_str(&text).map_err(|yaml| PlanError::InvalidInventory {
+            path: path.to_path_buf(),
+            reason: format!("neither JSON ({json}) nor YAML ({yaml})"),
+        })?,
+    };
+    let items: Vec<Value> = match value {
+        Value::Array(items) => items,
+        Value::Object(mut map) if map.get("kind").and_then(Value::as_str) == Some("List") => {
+            match map.remove("items") {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            }
+        }
+        other => vec![other],
+    };
+    let mut found = Vec::new();
+    for item in items {
+        if item.get("kind").and_then(Value::as_str) != Some("ModelPlacement") {
+            continue;
+        }
+        match decode::<ModelPlacement>(item) {
+            Ok(mut placement) => {
+                // A hand-written file may leave the namespace out; the apiserver would
+                // default it the same way.
+                placement
+                    .metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".to_string());
+                found.push(placement);
+            }
+            Err(err) => notes.push(format!("{}: skipped a placement: {err}", path.display())),
+        }
+    }
+    Ok(found)
+}
+
+fn decode<T: DeserializeOwned>(value: Value) -> std::result::Result<T, String> {
+    serde_json::from_value(value).map_err(|err| err.to_string())
+}
+
+/// The devices the placements hold, as the controller's ledger counts them, and how many
+/// placements hold any.
+fn held(placements: &[ModelPlacement]) -> (Reservations, usize) {
+    let (ledger, _dropped) = Ledger::rebuild(placements.iter().filter_map(holding_from_status));
+    let mut reserved = Reservations::none();
+    for (_, holding) in ledger.iter() {
+        for (node, device) in holding.devices() {
+            reserved.insert(node, device);
+        }
+    }
+    (reserved, ledger.len())
+}
+
+/// Reads every AcceleratorInventory and ModelPlacement from the cluster of the current
+/// kubeconfig (or in-cluster config), page by page, within [`CLUSTER_TIMEOUT`].
+pub fn from_cluster() -> anyhow::Result<FleetInput> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        tokio::time::timeout(CLUSTER_TIMEOUT, read_cluster())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "reading the cluster took longer than {}s",
+                    CLUSTER_TIMEOUT.as_secs()
+                )
+            })?
+    })
+}
+
+async fn read_cluster() -> anyhow::Result<FleetInput> {
+    let client = crate::kube_client::client(crate::kube_client::DEFAULT_API_TIMEOUT).await?;
+    let mut notes = Vec::new();
+    let inventories: Vec<AcceleratorInventory> = list_all(client.clone(), &mut notes).await?;
+    let placements: Vec<ModelPlacement> = list_all(client, &mut notes).await?;
+    let mut nodes = Vec::with_capacity(inventories.len());
+    for inventory in &inventories {
+        let (input, skipped) = node_input(inventory);
+        nodes.push(input);
+        notes.extend(skipped);
+    }
+    nodes.sort_by(|a, b| a.node.name.cmp(&b.node.name));
+    let (reserved, count) = held(&placements);
+    Ok(FleetInput {
+        nodes,
+        reserved,
+        placements: count,
+        notes,
+    })
+}
+
+/// Lists every object of `K` in all namespaces. Objects are listed untyped and decoded one by
+/// one, so one malformed object is a note instead of a failed list.
+async fn list_all<K>(client: kube::Client, notes: &mut Vec<String>) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource<DynamicType = ()> + DeserializeOwned,
+{
+    let resource = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let mut found = Vec::new();
+    let mut params = ListParams::default().limit(PAGE_SIZE);
+    for _ in 0..MAX_PAGES {
+        let page = api.list(&params).await?;
+        for object in page.items {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            match serde_json::to_value(&object)
+                .map_err(|err| err.to_string())
+                .and_then(decode::<K>)
+            {
+                Ok(typed) => found.push(typed),
+                Err(err) => notes.push(format!("{} {name}: skipped: {err}", resource.kind)),
+            }
+        }
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(found),
+        }
+    }
+    notes.push(format!(
+        "{}: stopped after {MAX_PAGES} pages of {PAGE_SIZE}",
+        resource.kind
+    ));
+    Ok(found)
+}
