@@ -2,7 +2,7 @@
 //! ModelPlacements itself, counts the devices a Planned placement's status holds, and reads
 //! the expected count from an inventory's status.
 //!
-//! Needs a cluster: `tests/cluster/up.sh && cargo test --test cluster_fleet -- --ignored`
+//! Needs a cluster: `tests/cluster/up.sh && cargo test --test cluster_fleet_cli -- --ignored`
 //! (see docs/testing.md). Names are unique per run; other tests' objects are ignored.
 
 // Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
