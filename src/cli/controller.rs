@@ -49,7 +49,8 @@ pub(super) struct ControllerArgs {
 }
 
 fn parse_health_taints(text: &str) -> Result<crate::controller::HealthTaints, String> {
-    text.parse().map_err(|err: crate::controller::core::health_taints::UnknownMode| err.to_string())
+    text.parse()
+        .map_err(|err: crate::controller::core::health_taints::UnknownMode| err.to_string())
 }
 
 /// Runs `hwaccel controller`.

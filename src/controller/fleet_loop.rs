@@ -252,4 +252,3 @@ pub(super) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
 pub(super) fn cut(text: &str) -> String {
     text.chars().take(1000).collect()
 }
-

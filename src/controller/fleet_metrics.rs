@@ -146,8 +146,12 @@ impl FleetMetrics {
                     product: product.clone(),
                     vendor: vendor.clone(),
                 };
-                self.devices.get_or_create(&label).set(gauge(counts.devices));
-                self.healthy.get_or_create(&label).set(gauge(counts.healthy));
+                self.devices
+                    .get_or_create(&label)
+                    .set(gauge(counts.devices));
+                self.healthy
+                    .get_or_create(&label)
+                    .set(gauge(counts.healthy));
                 self.reserved
                     .get_or_create(&label)
                     .set(gauge(counts.reserved));
@@ -255,6 +259,9 @@ mod tests {
         let text = exposition(&registry);
         assert!(!text.contains("h100"), "{text}");
         assert!(!text.contains("llama"), "{text}");
-        assert!(text.contains("hwaccel_fleet_nodes_missing_devices 0"), "{text}");
+        assert!(
+            text.contains("hwaccel_fleet_nodes_missing_devices 0"),
+            "{text}"
+        );
     }
 }

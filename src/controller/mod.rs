@@ -27,11 +27,11 @@ pub mod context;
 pub mod core;
 pub mod dereference;
 mod dra_watch;
+#[cfg(test)]
+mod fake_apiserver;
 mod fleet_loop;
 pub mod fleet_metrics;
 mod health_taints;
-#[cfg(test)]
-mod fake_apiserver;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
@@ -59,8 +59,8 @@ use tokio::sync::{Mutex, mpsc};
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::context::{Context, State};
-use self::core::ledger::Ledger;
 pub use self::core::health_taints::HealthTaints;
+use self::core::ledger::Ledger;
 use self::dereference::holding_from_status;
 use self::dra_watch::dra_watches;
 use self::metrics::ControllerMetrics;

@@ -190,9 +190,7 @@ impl FleetTotals {
 }
 
 /// Keeps the [`MAX_PRODUCTS`] largest products and sums the rest under `other`.
-fn bound_products(
-    all: BTreeMap<(String, String), Counts>,
-) -> BTreeMap<(String, String), Counts> {
+fn bound_products(all: BTreeMap<(String, String), Counts>) -> BTreeMap<(String, String), Counts> {
     if all.len() <= MAX_PRODUCTS {
         return all;
     }
@@ -302,7 +300,10 @@ mod tests {
         let stats = NodeStats::of(&inv, &BTreeSet::new());
         let unhealthy = stats.unhealthy().expect("unhealthy");
         assert_eq!(unhealthy.reason(), "DevicesMissing");
-        assert_eq!(unhealthy.message(), "2 of 8 expected accelerators are missing");
+        assert_eq!(
+            unhealthy.message(),
+            "2 of 8 expected accelerators are missing"
+        );
         assert_eq!(FleetTotals::of([&stats]).nodes_missing_devices, 1);
     }
 

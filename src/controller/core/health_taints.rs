@@ -201,7 +201,11 @@ mod tests {
 
     #[test]
     fn modes_parse_and_print_as_the_flag_spells_them() {
-        for mode in [HealthTaints::None, HealthTaints::DryRun, HealthTaints::Enforce] {
+        for mode in [
+            HealthTaints::None,
+            HealthTaints::DryRun,
+            HealthTaints::Enforce,
+        ] {
             assert_eq!(mode.to_string().parse::<HealthTaints>(), Ok(mode));
         }
         assert!("Enforce".parse::<HealthTaints>().is_err());
@@ -213,8 +217,8 @@ mod tests {
     #[test]
     fn our_taint_is_added_changed_and_removed_without_touching_others() {
         let other = taint("example.com/maintenance", "x", "NoExecute");
-        let added = edited_taints(std::slice::from_ref(&other), Some("DevicesMissing"))
-            .expect("a change");
+        let added =
+            edited_taints(std::slice::from_ref(&other), Some("DevicesMissing")).expect("a change");
         assert_eq!(added, vec![other.clone(), node_taint("DevicesMissing")]);
         assert_eq!(edited_taints(&added, Some("DevicesMissing")), None);
         let changed = edited_taints(&added, Some("DeviceUnhealthy")).expect("a change");
@@ -232,7 +236,10 @@ mod tests {
             device: "gpu-3".to_string(),
         };
         let rule = device_taint_rule("node-a", "nvidia-3", &device, "DeviceUnhealthy", "None");
-        assert_eq!(rule.metadata.name.as_deref(), Some("hwaccel-node-a-nvidia-3"));
+        assert_eq!(
+            rule.metadata.name.as_deref(),
+            Some("hwaccel-node-a-nvidia-3")
+        );
         assert_eq!(
             rule.metadata
                 .labels
