@@ -98,7 +98,9 @@ async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
                 })
                 .devices = holding.devices().count() as u64;
         }
-        let view: Arc<FleetView> = fleet_view(ctx, &mut state);
+        // Only health taints need the planner's view (which devices DRA publishes); without
+        // them the pass never makes a reconcile pay for rebuilding it.
+        let view: Option<Arc<FleetView>> = taints.active().then(|| fleet_view(ctx, &mut state));
         (reserved, placements, view)
     };
     let stats: Vec<NodeStats> = ctx
@@ -113,7 +115,9 @@ async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
     ctx.metrics.fleet.publish(&totals, &placements);
     write_free_devices(ctx, memory, &stats).await;
     node_events(ctx, memory, &stats);
-    taints.sync(ctx, &stats, &view).await;
+    if let Some(view) = view {
+        taints.sync(ctx, &stats, &view).await;
+    }
 }
 
 /// Writes `status.freeDevices` on every inventory whose value changed, by server-side apply

@@ -67,6 +67,11 @@ impl Taints {
         }
     }
 
+    /// Whether the mode writes or reports anything (not `none`).
+    pub(super) fn active(&self) -> bool {
+        self.mode != HealthTaints::None
+    }
+
     /// Brings taints, rules and dry-run reports in line with the nodes' health.
     pub(super) async fn sync(&mut self, ctx: &Context, stats: &[NodeStats], view: &FleetView) {
         if self.mode == HealthTaints::None {
