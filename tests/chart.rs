@@ -393,10 +393,12 @@ fn rbac_is_least_privilege() {
                     let claims = rule["resources"] == serde_json::json!(["resourceclaims"]);
                     let templates =
                         rule["resources"] == serde_json::json!(["resourceclaimtemplates"]);
-                    assert!(claims || templates, "{rule}");
+                    // health.taints: the controller's own DeviceTaintRules.
+                    let taint_rules = rule["resources"] == serde_json::json!(["devicetaintrules"]);
+                    assert!(claims || templates || taint_rules, "{rule}");
                     // A claim is never rewritten; a template is applied (server-side apply).
                     assert!(
-                        templates || !verbs.contains(&Value::from("patch")),
+                        templates || taint_rules || !verbs.contains(&Value::from("patch")),
                         "{rule}"
                     );
                 }
@@ -585,6 +587,65 @@ fn admission_policies_match_the_chart_service_accounts() {
         assert_eq!(
             binding["spec"]["validationActions"],
             serde_json::json!(["Deny"])
+        );
+    }
+}
+
+/// The controller's rules for `resources` in `docs`, as (apiGroups, verbs) pairs.
+fn controller_rules_for(docs: &[Value], resource: &str) -> Vec<Value> {
+    of_kind(docs, "ClusterRole")
+        .into_iter()
+        .filter(|role| name_of(role) == "hwaccel-controller")
+        .flat_map(|role| role["rules"].as_array().cloned().unwrap_or_default())
+        .filter(|rule| rule["resources"] == serde_json::json!([resource]))
+        .map(|rule| rule["verbs"].clone())
+        .collect()
+}
+
+#[test]
+fn health_taint_rights_follow_the_mode() {
+    for (mode, rules, pods) in [
+        ("none", false, false),
+        ("dryRun", true, true),
+        ("enforce", true, false),
+    ] {
+        let set = format!("health.taints={mode}");
+        let Some(docs) = render("health_taint_rights_follow_the_mode", &["--set", &set]) else {
+            return;
+        };
+        let taint_rules = controller_rules_for(&docs, "devicetaintrules");
+        if rules {
+            assert_eq!(
+                taint_rules,
+                vec![serde_json::json!(["list", "create", "patch", "delete"])],
+                "{mode}"
+            );
+        } else {
+            assert!(taint_rules.is_empty(), "{mode}: {taint_rules:?}");
+        }
+        let pod_rules = controller_rules_for(&docs, "pods");
+        if pods {
+            assert_eq!(pod_rules, vec![serde_json::json!(["list"])], "{mode}");
+        } else {
+            assert!(pod_rules.is_empty(), "{mode}: {pod_rules:?}");
+        }
+        // freeDevices is written in every mode.
+        assert_eq!(
+            controller_rules_for(&docs, "acceleratorinventories/status"),
+            vec![serde_json::json!(["patch"])]
+        );
+        let args = of_kind(&docs, "Deployment")
+            .into_iter()
+            .flat_map(|d| {
+                containers(&d["spec"]["template"]["spec"])
+                    .into_iter()
+                    .cloned()
+            })
+            .flat_map(|c| c["args"].as_array().cloned().unwrap_or_default())
+            .collect::<Vec<_>>();
+        assert!(
+            args.contains(&Value::from(format!("--health-taints={mode}"))),
+            "{args:?}"
         );
     }
 }
@@ -809,6 +870,7 @@ fn schema_rejects_unknown_and_unsafe_values() {
         "agent.hostMounts.extra[0].name=x,agent.hostMounts.extra[0].hostPath=/etc,agent.hostMounts.extra[0].mountPath=/etc",
         "logFormat=xml",
         "admissionPolicy.failurePolicy=Maybe",
+        "health.taints=Enforce",
     ] {
         let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", bad]);
         assert!(

@@ -551,6 +551,111 @@ async fn agent_token_writes_only_its_own_nodes_hwaccel_slices() -> Result<()> {
     Ok(())
 }
 
+/// With `health.taints` on, the controller's token may add, change and remove its own taint
+/// `hwaccel.io/devices-unhealthy`, and still nothing else of a Node's spec: not another
+/// taint, not dropping one, not cordoning.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn controller_token_may_set_only_its_own_health_taint() -> Result<()> {
+    let Some(mut fixture) =
+        Fixture::install_with("taint", &["--set", "health.taints=enforce"]).await?
+    else {
+        return Ok(());
+    };
+    let node = fixture
+        .create_node("a")
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    let controller = fixture.client_as(&fixture.user("controller"), None).await?;
+    let node_policy = fixture.policy("node-writes");
+    wait_until_enforced(&node_policy, |round| {
+        apply_labels(
+            &controller,
+            PROBE_MANAGER,
+            &node,
+            json!({"hwaccel.io/probe": round.to_string()}),
+        )
+    })
+    .await?;
+    let other =
+        json!({"key": "example.com/maintenance", "value": "planned", "effect": "PreferNoSchedule"});
+    let ours = json!({"key": "hwaccel.io/devices-unhealthy", "value": "DevicesMissing", "effect": "NoSchedule"});
+    let taints = |list: Value| json!({"spec": {"taints": list}});
+    Api::<Node>::all(fixture.admin.clone())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(&taints(json!([other]))),
+        )
+        .await?;
+    let nodes = Api::<Node>::all(controller.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(&taints(json!([other, ours]))),
+        )
+        .await
+        .context("the controller sets its own taint")?;
+    let evil = json!({"key": "example.com/evict", "effect": "NoExecute"});
+    assert_denied_by(
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(&taints(json!([other, ours, evil]))),
+            )
+            .await,
+        &node_policy,
+        "controller adds another taint",
+    )?;
+    assert_denied_by(
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(&taints(json!([ours]))),
+            )
+            .await,
+        &node_policy,
+        "controller drops another taint",
+    )?;
+    assert_denied_by(
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+            )
+            .await,
+        &node_policy,
+        "controller cordons a node",
+    )?;
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(&taints(json!([other]))),
+        )
+        .await
+        .context("the controller removes its own taint")?;
+    let spec = Api::<Node>::all(fixture.admin.clone())
+        .get(&node)
+        .await?
+        .spec;
+    let keys: Vec<String> = spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    ensure!(keys == ["example.com/maintenance"], "{keys:?}");
+    fixture.clean_up().await;
+    Ok(())
+}
+
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn controller_token_may_only_touch_placement_labels() -> Result<()> {

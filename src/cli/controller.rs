@@ -35,11 +35,22 @@ pub(super) struct ControllerArgs {
     /// its next cycle.
     #[arg(long, default_value = "5m", value_parser = crate::duration::parse_inventory_grace)]
     inventory_grace: Duration,
+    /// What to do about nodes with missing or unhealthy accelerators: `none` (conditions,
+    /// Events and metrics only), `dryRun` (DeviceTaintRules with effect None, or an Event
+    /// listing the affected pods; scheduling unchanged) or `enforce` (DeviceTaintRules with
+    /// effect NoSchedule, or the Node taint hwaccel.io/devices-unhealthy:NoSchedule).
+    #[arg(long, default_value = "none", value_parser = parse_health_taints)]
+    health_taints: crate::controller::HealthTaints,
     #[command(flatten)]
     process: ProcessArgs,
     /// Log format.
     #[arg(long, value_enum, default_value_t = crate::telemetry::LogFormat::Json)]
     log_format: crate::telemetry::LogFormat,
+}
+
+fn parse_health_taints(text: &str) -> Result<crate::controller::HealthTaints, String> {
+    text.parse()
+        .map_err(|err: crate::controller::core::health_taints::UnknownMode| err.to_string())
 }
 
 /// Runs `hwaccel controller`.
@@ -63,6 +74,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         config.namespace = args.namespace;
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
+        config.health_taints = args.health_taints;
         config.reconciles = start.liveness.work(
             "controller reconcile",
             crate::health::reconcile_bound(flags.api_timeout),

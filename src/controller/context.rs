@@ -15,7 +15,7 @@ use kube::Client;
 use kube::api::PartialObjectMeta;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
-use tokio::sync::{Mutex, MutexGuard, mpsc};
+use tokio::sync::{Mutex, MutexGuard, Notify, mpsc};
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
@@ -76,6 +76,8 @@ pub struct Context {
     ///
     /// [`Config`]: super::Config
     pub inventory_grace: Duration,
+    /// Wakes the fleet pass (`fleet_loop.rs`): inventories, holdings or states changed.
+    pub fleet_changed: Arc<Notify>,
 }
 
 /// Takes the reconcile lock, recording how long that took.

@@ -42,7 +42,8 @@ pub struct SkipLabel {
 /// Label set naming what was written.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabel {
-    /// `status` or `node_labels`.
+    /// `status`, `node_labels`, `inventory_status` (freeDevices), `node_taint`,
+    /// `device_taint_rule`...
     pub object: String,
 }
 
@@ -76,6 +77,11 @@ pub struct ControllerMetrics {
     pub api_write_seconds: Family<WriteLabel, Histogram, fn() -> Histogram>,
     /// Stored objects the controller skipped, by kind and reason.
     pub skipped: Family<SkipLabel, Counter>,
+    /// The fleet's gauges (`hwaccel_fleet_*`, `hwaccel_placement_*`).
+    pub fleet: super::fleet_metrics::FleetMetrics,
+    /// Nodes and devices health taints cover (`enforce`) or would cover (`dryRun`): Node
+    /// taints plus DeviceTaintRules.
+    pub health_taint_targets: Gauge,
 }
 
 impl ControllerMetrics {
@@ -93,6 +99,8 @@ impl ControllerMetrics {
             api_writes: Family::default(),
             api_write_seconds: Family::new_with_constructor(reconcile_histogram),
             skipped: Family::default(),
+            fleet: super::fleet_metrics::FleetMetrics::register(registry),
+            health_taint_targets: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("hwaccel_controller");
         registry.register(
@@ -144,6 +152,11 @@ impl ControllerMetrics {
             "api_write_duration_seconds",
             "Time one write to the Kubernetes API took",
             metrics.api_write_seconds.clone(),
+        );
+        registry.register(
+            "health_taint_targets",
+            "Node taints plus DeviceTaintRules the health taints hold (enforce) or would hold (dryRun)",
+            metrics.health_taint_targets.clone(),
         );
         registry.register(
             "skipped_objects",

@@ -11,6 +11,9 @@
 //! | [`node_changes`] | which Node watch events matter: fleet labels, placement labels |
 //! | [`leader`] | Lease-based leader election |
 //! | [`metrics`] | Prometheus metrics |
+//! | [`fleet_metrics`] | the fleet gauges: devices per product, per placement |
+//! | `fleet_loop` | one pass per burst of changes: gauges, `status.freeDevices`, Node Events |
+//! | `health_taints` | `--health-taints`: Node taints, DeviceTaintRules, dry-run reports |
 //!
 //! [`run`] wires it together: watch caches of AcceleratorInventories and Node metadata, the
 //! reservation ledger rebuilt from every placement's status, and a kube-runtime `Controller`
@@ -26,6 +29,9 @@ pub mod dereference;
 mod dra_watch;
 #[cfg(test)]
 mod fake_apiserver;
+mod fleet_loop;
+pub mod fleet_metrics;
+mod health_taints;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
@@ -53,6 +59,7 @@ use tokio::sync::{Mutex, mpsc};
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::context::{Context, State};
+pub use self::core::health_taints::HealthTaints;
 use self::core::ledger::Ledger;
 use self::dereference::holding_from_status;
 use self::dra_watch::dra_watches;
@@ -85,6 +92,8 @@ pub struct Config {
     pub inventory_grace: Duration,
     /// Reconciles in flight, for `/healthz` ([`crate::health`]); unwatched by default.
     pub reconciles: crate::health::Work,
+    /// What to do about unhealthy nodes (`--health-taints`).
+    pub health_taints: HealthTaints,
 }
 
 impl Config {
@@ -97,6 +106,7 @@ impl Config {
             debounce: Duration::from_millis(500),
             inventory_grace: Duration::from_secs(300),
             reconciles: crate::health::Work::default(),
+            health_taints: HealthTaints::None,
         }
     }
 
@@ -128,6 +138,8 @@ pub async fn run(
     let fleet_epoch = Arc::new(AtomicU64::new(0));
     let inventory_epoch = fleet_epoch.clone();
     let inventory_metrics = metrics.clone();
+    let fleet_changed = Arc::new(tokio::sync::Notify::new());
+    let inventory_fleet_changed = fleet_changed.clone();
     let node_epoch = fleet_epoch.clone();
     let (relabel_tx, relabel_rx) = mpsc::unbounded_channel::<String>();
     let node_relabel_tx = relabel_tx.clone();
@@ -157,6 +169,7 @@ pub async fn run(
         if event.is_ok() {
             inventory_epoch.fetch_add(1, Ordering::Release);
             let _ = changed_tx.send(());
+            inventory_fleet_changed.notify_one();
         }
         async {}
     });
@@ -193,6 +206,7 @@ pub async fn run(
         requeue: requeue_tx,
         fleet_epoch,
         relabel: (relabel_tx, relabel_rx),
+        fleet_changed,
     };
     let controller = run_controller(client, config, metrics, watches, shutdown);
     // The watches live exactly as long as the controller: dropping this future ends them all.
@@ -220,6 +234,8 @@ struct Watches {
         mpsc::UnboundedSender<String>,
         mpsc::UnboundedReceiver<String>,
     ),
+    /// Wakes the fleet pass.
+    fleet_changed: Arc<tokio::sync::Notify>,
 }
 
 async fn run_controller(
@@ -238,6 +254,7 @@ async fn run_controller(
         requeue: requeue_tx,
         fleet_epoch,
         relabel: (relabel_tx, relabel_rx),
+        fleet_changed,
     } = watches;
     inventories.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
@@ -285,6 +302,7 @@ async fn run_controller(
         failures: std::sync::Mutex::new(HashMap::new()),
         fleet_epoch,
         inventory_grace: config.inventory_grace,
+        fleet_changed,
     });
     clean_stale_labels(&ctx).await?;
     dereference::warm_up(&ctx).await;
@@ -302,11 +320,13 @@ async fn run_controller(
                 tracing::debug!(error = %err, "controller event");
             }
         });
-    // The label repair lives exactly as long as the controller (it writes, so only while
-    // this replica leads).
+    // The label repair and the fleet pass live exactly as long as the controller (they
+    // write, so only while this replica leads).
+    let fleet = fleet_loop::run(ctx.clone(), config.health_taints, config.selector.clone());
     tokio::select! {
         () = controller => {}
         () = restore_placement_labels(ctx, relabel_tx, relabel_rx) => {}
+        () = fleet => {}
     }
     tracing::info!("controller stopped");
     Ok(())

@@ -378,4 +378,6 @@ fn publish_gauges(ctx: &Context, state: &State) {
     ctx.metrics
         .devices_reserved
         .set(i64::try_from(state.ledger.devices_reserved()).unwrap_or(i64::MAX));
+    // Holdings or states may have changed: the fleet gauges and freeDevices follow.
+    ctx.fleet_changed.notify_one();
 }

@@ -71,6 +71,7 @@ impl Harness {
             failures: std::sync::Mutex::new(HashMap::new()),
             fleet_epoch: Arc::new(AtomicU64::new(0)),
             inventory_grace: Duration::from_secs(300),
+            fleet_changed: Arc::default(),
             claims: None,
             slices: None,
         };

@@ -28,6 +28,10 @@ cannot climb out.
 {{- end -}}
 
 {{- define "hwaccel.validateValues" -}}
+{{- $taints := toString ((.Values.health | default dict).taints | default "none") -}}
+{{- if not (has $taints (list "none" "dryRun" "enforce")) -}}
+{{- fail (printf "health.taints=%q: must be none, dryRun or enforce" $taints) -}}
+{{- end -}}
 {{- $agent := .Values.agent -}}
 {{- $interval := toString $agent.interval -}}
 {{- if not (regexMatch (include "hwaccel.intervalPattern" .) $interval) -}}

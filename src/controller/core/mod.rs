@@ -6,7 +6,9 @@
 //! |---|---|
 //! | [`build`] | spec → planner request, plan → status |
 //! | [`claims`] | which ResourceClaims hold a plan, and devices other claims hold |
+//! | [`fleet_stats`] | devices, healthy, reserved, free per node and product; unhealthy nodes |
 //! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
+//! | [`health_taints`] | the health-taint mode, our Node taint, DeviceTaintRules |
 //! | [`ledger`] | which placement holds which devices |
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
 //! | [`desired`] | the status and conditions a decision leads to |
@@ -19,7 +21,9 @@ pub mod build;
 pub mod claims;
 pub mod decide;
 pub mod desired;
+pub mod fleet_stats;
 pub mod fleet_view;
+pub mod health_taints;
 pub mod labels;
 pub mod ledger;
 pub mod template;

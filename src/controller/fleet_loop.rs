@@ -1,0 +1,258 @@
+//! The fleet pass: after inventories or placements changed (gathered for a second), the
+//! controller computes the fleet's numbers once ([`fleet_stats`]) and from them publishes the
+//! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
+//! Events on `DevicesMissing` transitions and keeps the health taints
+//! ([`health_taints`](super::health_taints)) in line.
+//!
+//! One pass per burst of changes rather than one per reconcile: at 10,000 nodes a pass walks
+//! every inventory (milliseconds), which a reconcile must not pay. A slow resync catches what
+//! a missed trigger would leave behind.
+//!
+//! [`fleet_stats`]: super::core::fleet_stats
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::AcceleratorInventory;
+
+use super::context::{Context, FIELD_MANAGER};
+use super::core::fleet_stats::{FleetTotals, NodeStats};
+use super::core::fleet_view::{FleetView, names_its_node};
+use super::core::health_taints::HealthTaints;
+use super::core::ledger::PlacementKey;
+use super::dereference::fleet_view;
+use super::fleet_metrics::PlacementFigures;
+use super::health_taints::Taints;
+
+/// How long changes are gathered before a pass.
+const GATHER: Duration = Duration::from_secs(1);
+/// A pass without any trigger, at least this often.
+const RESYNC: Duration = Duration::from_secs(60);
+/// How long a freeDevices value we wrote is trusted over an older one in the watch cache.
+const CACHE_LAG: Duration = Duration::from_secs(10);
+/// freeDevices writes in flight at once (a first pass over a large fleet writes them all).
+const WRITE_CONCURRENCY: usize = 8;
+
+/// What the passes remember between them.
+#[derive(Debug, Default)]
+struct Memory {
+    /// freeDevices last written per node, and when.
+    free_written: HashMap<String, (u32, Instant)>,
+    /// `DevicesMissing` as last seen per node, for the Events on its transitions.
+    missing_seen: HashMap<String, bool>,
+}
+
+/// Runs fleet passes until the future is dropped (it lives as long as the controller).
+pub(super) async fn run(ctx: Arc<Context>, mode: HealthTaints, selector: Option<String>) {
+    let mut memory = Memory::default();
+    let mut taints = Taints::new(&ctx, mode, selector).await;
+    loop {
+        pass(&ctx, &mut memory, &mut taints).await;
+        tokio::select! {
+            () = ctx.fleet_changed.notified() => {}
+            () = tokio::time::sleep(RESYNC) => {}
+        }
+        tokio::time::sleep(GATHER).await;
+    }
+}
+
+/// One pass: numbers, gauges, freeDevices, Events, taints.
+async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
+    let (reserved, placements, view) = {
+        let mut state = ctx.state.lock().await;
+        let reserved: BTreeSet<(String, String)> = state
+            .ledger
+            .iter()
+            .flat_map(|(_, holding)| {
+                holding
+                    .devices()
+                    .map(|(node, device)| (node.to_string(), device.to_string()))
+            })
+            .collect();
+        let mut placements: BTreeMap<PlacementKey, PlacementFigures> = state
+            .states
+            .iter()
+            .map(|(key, state)| {
+                (
+                    key.clone(),
+                    PlacementFigures {
+                        devices: 0,
+                        state: Some(*state),
+                    },
+                )
+            })
+            .collect();
+        for (key, holding) in state.ledger.iter() {
+            placements
+                .entry(key.clone())
+                .or_insert(PlacementFigures {
+                    devices: 0,
+                    state: None,
+                })
+                .devices = holding.devices().count() as u64;
+        }
+        // Only health taints need the planner's view (which devices DRA publishes); without
+        // them the pass never makes a reconcile pay for rebuilding it.
+        let view: Option<Arc<FleetView>> = taints.active().then(|| fleet_view(ctx, &mut state));
+        (reserved, placements, view)
+    };
+    let stats: Vec<NodeStats> = ctx
+        .inventories
+        .state()
+        .iter()
+        .filter_map(|object| object.decoded())
+        .filter(|inventory| names_its_node(inventory))
+        .map(|inventory| NodeStats::of(inventory, &reserved))
+        .collect();
+    let totals = FleetTotals::of(&stats);
+    ctx.metrics.fleet.publish(&totals, &placements);
+    write_free_devices(ctx, memory, &stats).await;
+    node_events(ctx, memory, &stats);
+    if let Some(view) = view {
+        taints.sync(ctx, &stats, &view).await;
+    }
+}
+
+/// Writes `status.freeDevices` on every inventory whose value changed, by server-side apply
+/// on the status subresource: only that field is ours, the agent's fields stay its own.
+async fn write_free_devices(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
+    let now = Instant::now();
+    memory
+        .free_written
+        .retain(|_, (_, when)| now.duration_since(*when) < CACHE_LAG);
+    let due: Vec<(String, u32)> = stats
+        .iter()
+        .filter_map(|node| {
+            let free = node.free_devices();
+            let fresh = memory.free_written.get(&node.node).map(|(value, _)| *value);
+            // The cache may still show the value before our own write: trust that write
+            // for a while rather than writing it again.
+            (node.written_free != Some(free) && fresh != Some(free))
+                .then(|| (node.node.clone(), free))
+        })
+        .collect();
+    let api: Api<AcceleratorInventory> = Api::all(ctx.client.clone());
+    let results: Vec<(String, u32, Result<(), kube::Error>)> = futures::stream::iter(due)
+        .map(|(node, free)| {
+            let api = api.clone();
+            async move {
+                let started = Instant::now();
+                let result = apply_free_devices(&api, &node, free).await;
+                if result.is_ok() {
+                    ctx.metrics.wrote("inventory_status", started.elapsed());
+                }
+                (node, free, result)
+            }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    for (node, free, result) in results {
+        match result {
+            Ok(()) => {
+                memory.free_written.insert(node, (free, Instant::now()));
+            }
+            // Gone since the cache saw it: nothing to write.
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => {
+                ctx.metrics.failed("inventory_status");
+                tracing::warn!(%node, error = %err, "writing freeDevices failed; the next pass retries");
+            }
+        }
+    }
+}
+
+async fn apply_free_devices(
+    api: &Api<AcceleratorInventory>,
+    node: &str,
+    free: u32,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "apiVersion": crate::api::API_VERSION,
+        "kind": "AcceleratorInventory",
+        "status": {"freeDevices": free},
+    });
+    api.patch_status(
+        node,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// A Warning `DevicesMissing` Event on a Node when its inventory's condition turns True, a
+/// Normal `DevicesRestored` when it turns back; nothing while it stays. After a restart a
+/// node already missing devices gets one Warning, a healthy one nothing.
+fn node_events(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
+    let present: BTreeSet<&str> = stats.iter().map(|s| s.node.as_str()).collect();
+    memory
+        .missing_seen
+        .retain(|node, _| present.contains(node.as_str()));
+    for node in stats {
+        let missing = node.missing.is_some();
+        let before = memory.missing_seen.insert(node.node.clone(), missing);
+        let event = match (before, &node.missing) {
+            (None | Some(false), Some(message)) => Event {
+                type_: EventType::Warning,
+                reason: "DevicesMissing".to_string(),
+                note: Some(cut(&format!(
+                    "{message}; see kubectl describe acceleratorinventory {}",
+                    node.node
+                ))),
+                action: "Detect".to_string(),
+                secondary: None,
+            },
+            (Some(true), None) => Event {
+                type_: EventType::Normal,
+                reason: "DevicesRestored".to_string(),
+                note: Some("every expected accelerator is present again".to_string()),
+                action: "Detect".to_string(),
+                secondary: None,
+            },
+            _ => continue,
+        };
+        publish_node_event(ctx, &node.node, event);
+    }
+}
+
+/// The reference of Node `name` (with its uid when the cache knows it, so `kubectl
+/// describe node` shows the Event).
+pub(super) fn node_reference(ctx: &Context, name: &str) -> ObjectReference {
+    let uid = ctx
+        .nodes
+        .get(&ObjectRef::<kube::api::PartialObjectMeta<Node>>::new(name))
+        .and_then(|node| node.metadata.uid.clone());
+    ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Node".to_string()),
+        name: Some(name.to_string()),
+        uid,
+        ..ObjectReference::default()
+    }
+}
+
+/// Publishes an Event on a Node in the background (Events are informational).
+pub(super) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
+    let reference = node_reference(ctx, node);
+    let recorder = ctx.recorder.clone();
+    let metrics = ctx.metrics.clone();
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            metrics.failed("event");
+            tracing::warn!(error = %err, "publishing a Node event failed");
+        }
+    });
+}
+
+/// An Event note cut to the API's limit.
+pub(super) fn cut(text: &str) -> String {
+    text.chars().take(1000).collect()
+}

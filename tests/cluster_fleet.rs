@@ -1,0 +1,500 @@
+//! The controller's fleet pass against a real kube-apiserver: the fleet gauges equal what the
+//! inventories and the placement say, `status.freeDevices` is written and follows a
+//! placement, an inventory's `DevicesMissing` turning True gives a Warning Event on the Node,
+//! `hwaccel_fleet_nodes_missing_devices` and (enforce) the Node taint, and turning back
+//! clears them; a dry run taints nothing, the scheduler still places pods on the node, and
+//! the report Event names the pods on it.
+//!
+//! The inventories are written directly (spec as the agent would, status as admin), so these
+//! tests do not depend on the agent. Run with the cluster up: `tests/cluster/up.sh --full &&
+//! cargo test --test cluster_fleet -- --ignored --test-threads=1`.
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+mod support;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use hwaccel::api::placement::{ModelPlacementStatus, PrecisionChoice};
+use hwaccel::api::{AcceleratorInventory, DeviceAttribute, ModelPlacement, attribute};
+use hwaccel::controller::metrics::ControllerMetrics;
+use hwaccel::controller::{self, Config, HealthTaints};
+use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
+
+const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
+
+/// A Node kwok makes Ready (so kube-scheduler can place pods on it), labelled for this test.
+async fn create_kwok_node(cluster: &TestCluster, name: &str) -> Result<()> {
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": name},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+    }))?;
+    Api::<Node>::all(cluster.client())
+        .create(&PostParams::default(), &node)
+        .await?;
+    Ok(())
+}
+
+/// A kwok Node with the fixture host's inventory, every accelerator `healthy`. Returns the
+/// node name and its accelerator count.
+async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<(String, u64)> {
+    let name = cluster.unique_name(scenario);
+    create_kwok_node(cluster, &name).await?;
+    let mut inventory = InventoryBuilder::fixture(scenario)
+        .node(&name)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    let mut accelerators = 0;
+    for device in &mut inventory.spec.devices {
+        if device
+            .attributes
+            .get(attribute::FAMILY)
+            .and_then(|a| a.as_str())
+            == Some("cpu")
+        {
+            continue;
+        }
+        accelerators += 1;
+        device.attributes.insert(
+            attribute::HEALTH.to_string(),
+            DeviceAttribute::String("healthy".to_string()),
+        );
+    }
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .patch(
+            &name,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&inventory),
+        )
+        .await?;
+    Ok((name, accelerators))
+}
+
+/// Writes the inventory's `DevicesMissing` condition as the agent would (its own field
+/// manager, server-side apply of its status fields, without `freeDevices`).
+async fn set_devices_missing(cluster: &TestCluster, node: &str, missing: bool) -> Result<()> {
+    let (status, reason, message) = if missing {
+        (
+            "True",
+            "DevicesMissing",
+            "2 of 8 expected accelerators are missing",
+        )
+    } else {
+        (
+            "False",
+            "AllDevicesPresent",
+            "all 8 expected accelerators are present",
+        )
+    };
+    let patch = json!({
+        "apiVersion": "hwaccel.io/v1alpha1",
+        "kind": "AcceleratorInventory",
+        "status": {
+            "expectedDevices": 8,
+            "expectedSource": "annotation",
+            "conditions": [{
+                "type": "DevicesMissing",
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }],
+        },
+    });
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .patch_status(
+            node,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Runs a controller for this test until dropped.
+struct Running(tokio::task::JoinHandle<Result<()>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A controller scoped to this test, with `mode`; its metrics registry for "scrapes".
+fn start_controller(cluster: &TestCluster, mode: HealthTaints) -> (Running, Registry) {
+    let mut registry = Registry::default();
+    let metrics = ControllerMetrics::register(&mut registry);
+    let mut config = Config::cluster_wide("fleet-test-controller");
+    config.namespace = Some(cluster.namespace().to_string());
+    config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
+    config.debounce = Duration::from_millis(200);
+    config.health_taints = mode;
+    let running = Running(tokio::spawn(controller::run(
+        cluster.client(),
+        config,
+        metrics,
+        std::future::pending(),
+    )));
+    (running, registry)
+}
+
+/// The exposition text, as `/metrics` serves it.
+fn scrape(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+    text
+}
+
+/// The sum over every series of `metric` whose labels contain all of `labels`.
+fn sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> i64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let name = series.split('{').next()?;
+            (name == metric
+                && labels
+                    .iter()
+                    .all(|(k, v)| series.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<i64>().ok())?
+        })
+        .sum()
+}
+
+async fn wait_planned(cluster: &TestCluster, name: &str) -> Result<ModelPlacementStatus> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, &format!("{name} Planned"), || {
+        let api = api.clone();
+        async move {
+            let placement = api.get(name).await?;
+            Ok(placement
+                .status
+                .filter(|s| s.state.as_deref() == Some("Planned")))
+        }
+    })
+    .await
+}
+
+async fn free_devices(cluster: &TestCluster, node: &str) -> Result<Option<u32>> {
+    let inventory = Api::<AcceleratorInventory>::all(cluster.client())
+        .get(node)
+        .await?;
+    Ok(inventory.status.and_then(|s| s.free_devices))
+}
+
+async fn our_taint(cluster: &TestCluster, node: &str) -> Result<Option<String>> {
+    let node = Api::<Node>::all(cluster.client()).get(node).await?;
+    Ok(node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|t| t.key == TAINT_KEY)
+        .map(|t| t.value.unwrap_or_default()))
+}
+
+/// `type|reason|message` of the Events on Node `node`.
+async fn node_events(cluster: &TestCluster, node: &str) -> Result<Vec<String>> {
+    let out = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("involvedObject.kind=Node,involvedObject.name={node}"),
+            "-o",
+            "jsonpath={range .items[*]}{.type}|{.reason}|{.message}{\"\\n\"}{end}",
+        ])
+        .await?;
+    Ok(out.lines().map(str::to_string).collect())
+}
+
+async fn wait_event(cluster: &TestCluster, node: &str, prefix: &str) -> Result<String> {
+    wait_for(
+        DEFAULT_TIMEOUT,
+        &format!("{prefix} on {node}"),
+        || async move {
+            Ok(node_events(cluster, node)
+                .await?
+                .into_iter()
+                .find(|e| e.starts_with(prefix)))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_inventories() -> Result<()>
+{
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let (node, accelerators) = add_node(&cluster, "h100-8x-nvswitch").await?;
+    // Someone else's taint, which the controller must never touch.
+    Api::<Node>::all(cluster.client())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "example.com/maintenance", "value": "planned", "effect": "PreferNoSchedule"}
+            ]}})),
+        )
+        .await?;
+    let (_controller, registry) = start_controller(&cluster, HealthTaints::Enforce);
+
+    // Before any placement: every healthy device is free.
+    wait_for(DEFAULT_TIMEOUT, "freeDevices = all", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move {
+            Ok((free_devices(cluster, &node).await? == Some(accelerators as u32)).then_some(()))
+        }
+    })
+    .await?;
+
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.create(
+        &PostParams::default(),
+        &ModelPlacement::new(
+            "llama",
+            PlacementBuilder::serve("llama-3.1-70b")
+                .precision(PrecisionChoice::Bf16)
+                .spec(),
+        ),
+    )
+    .await?;
+    let status = wait_planned(&cluster, "llama").await?;
+    let held: u64 = status
+        .assignments
+        .iter()
+        .filter(|a| a.node == node)
+        .map(|a| a.devices.len() as u64)
+        .sum();
+    assert!(held > 0, "{status:?}");
+    let expected_free = accelerators - held;
+
+    // freeDevices follows the placement.
+    wait_for(DEFAULT_TIMEOUT, "freeDevices after the placement", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move {
+            Ok((free_devices(cluster, &node).await? == Some(expected_free as u32)).then_some(()))
+        }
+    })
+    .await?;
+    // The aggregates equal what the inventory and the placement say.
+    let text = wait_for(DEFAULT_TIMEOUT, "fleet gauges", || {
+        let text = scrape(&registry);
+        async move {
+            Ok((sum(&text, "hwaccel_fleet_devices_reserved", &[]) == held as i64).then_some(text))
+        }
+    })
+    .await?;
+    assert_eq!(
+        sum(&text, "hwaccel_fleet_devices", &[]),
+        accelerators as i64,
+        "{text}"
+    );
+    assert_eq!(
+        sum(&text, "hwaccel_fleet_devices_healthy", &[]),
+        accelerators as i64
+    );
+    assert_eq!(
+        sum(&text, "hwaccel_fleet_devices_free", &[]),
+        expected_free as i64
+    );
+    assert_eq!(
+        sum(&text, "hwaccel_fleet_devices", &[("vendor", "nvidia")]),
+        accelerators as i64,
+        "{text}"
+    );
+    assert_eq!(sum(&text, "hwaccel_fleet_nodes_missing_devices", &[]), 0);
+    let ns = cluster.namespace();
+    assert_eq!(
+        sum(
+            &text,
+            "hwaccel_placement_devices",
+            &[("namespace", ns), ("placement", "llama")]
+        ),
+        status
+            .assignments
+            .iter()
+            .map(|a| a.devices.len() as i64)
+            .sum::<i64>()
+    );
+    assert_eq!(
+        sum(
+            &text,
+            "hwaccel_placement_state",
+            &[
+                ("namespace", ns),
+                ("placement", "llama"),
+                ("state", "Planned")
+            ]
+        ),
+        1
+    );
+    assert_eq!(our_taint(&cluster, &node).await?, None);
+
+    // Devices go missing: Warning Event, gauge, taint.
+    set_devices_missing(&cluster, &node, true).await?;
+    let warning = wait_event(&cluster, &node, "Warning|DevicesMissing|").await?;
+    assert!(warning.contains("2 of 8 expected"), "{warning}");
+    wait_for(DEFAULT_TIMEOUT, "nodes_missing_devices = 1", || {
+        let text = scrape(&registry);
+        async move {
+            Ok((sum(&text, "hwaccel_fleet_nodes_missing_devices", &[]) == 1).then_some(()))
+        }
+    })
+    .await?;
+    let taint = wait_for(DEFAULT_TIMEOUT, "the health taint", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move { our_taint(cluster, &node).await }
+    })
+    .await?;
+    assert_eq!(taint, "DevicesMissing");
+    // The agent's status write left the controller's field alone.
+    assert_eq!(
+        free_devices(&cluster, &node).await?,
+        Some(expected_free as u32)
+    );
+
+    // They come back: Normal Event, gauge 0, taint gone, the other taint still there.
+    set_devices_missing(&cluster, &node, false).await?;
+    wait_event(&cluster, &node, "Normal|DevicesRestored|").await?;
+    wait_for(DEFAULT_TIMEOUT, "the health taint removed", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move { Ok(our_taint(cluster, &node).await?.is_none().then_some(())) }
+    })
+    .await?;
+    let text = scrape(&registry);
+    assert_eq!(
+        sum(&text, "hwaccel_fleet_nodes_missing_devices", &[]),
+        0,
+        "{text}"
+    );
+    let taints = Api::<Node>::all(cluster.client())
+        .get(&node)
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default();
+    // (kube-controller-manager may add its own node.kubernetes.io/ taints meanwhile.)
+    assert!(
+        taints
+            .iter()
+            .any(|t| t.key == "example.com/maintenance" && t.value.as_deref() == Some("planned")),
+        "{taints:?}"
+    );
+    // No repeat: one Warning and one Normal for one transition each.
+    let events = node_events(&cluster, &node).await?;
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.starts_with("Warning|DevicesMissing|"))
+            .count(),
+        1,
+        "{events:?}"
+    );
+
+    // The placement goes: its series go, every device is free again.
+    api.delete("llama", &Default::default()).await?;
+    wait_for(DEFAULT_TIMEOUT, "the placement's series removed", || {
+        let text = scrape(&registry);
+        async move { Ok((!text.contains("placement=\"llama\"")).then_some(())) }
+    })
+    .await?;
+    wait_for(DEFAULT_TIMEOUT, "freeDevices back to all", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move {
+            Ok((free_devices(cluster, &node).await? == Some(accelerators as u32)).then_some(()))
+        }
+    })
+    .await?;
+    Api::<Node>::all(cluster.client())
+        .delete(&node, &Default::default())
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_dry_run_taints_nothing_and_names_the_pods_on_the_node() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    let (node, _) = add_node(&cluster, "h100-8x-nvswitch").await?;
+    let (_controller, registry) = start_controller(&cluster, HealthTaints::DryRun);
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    let pod = |name: &str| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node.clone()},
+                "containers": [{"name": "model", "image": "registry.invalid/model:test"}],
+            },
+        }))?)
+    };
+    let scheduled = |name: &'static str| {
+        let pods = pods.clone();
+        let node = node.clone();
+        async move {
+            wait_for(DEFAULT_TIMEOUT, &format!("{name} scheduled"), || {
+                let pods = pods.clone();
+                let node = node.clone();
+                async move {
+                    let pod = pods.get(name).await?;
+                    Ok(pod
+                        .spec
+                        .and_then(|s| s.node_name)
+                        .filter(|n| *n == node)
+                        .map(|_| ()))
+                }
+            })
+            .await
+        }
+    };
+    pods.create(&PostParams::default(), &pod("before")?).await?;
+    scheduled("before").await?;
+
+    set_devices_missing(&cluster, &node, true).await?;
+    let report = wait_event(&cluster, &node, "Normal|DevicesUnhealthyDryRun|").await?;
+    assert!(report.contains("before"), "{report}");
+    assert!(report.contains("DevicesMissing"), "{report}");
+    wait_event(&cluster, &node, "Warning|DevicesMissing|").await?;
+    let text = scrape(&registry);
+    assert_eq!(
+        sum(&text, "hwaccel_controller_health_taint_targets", &[]),
+        1,
+        "{text}"
+    );
+    // Scheduling is unchanged: no taint, and a new pod still lands on the node.
+    assert_eq!(our_taint(&cluster, &node).await?, None);
+    pods.create(&PostParams::default(), &pod("after")?).await?;
+    scheduled("after").await?;
+    assert_eq!(our_taint(&cluster, &node).await?, None);
+
+    set_devices_missing(&cluster, &node, false).await?;
+    wait_event(&cluster, &node, "Normal|DevicesRestored|").await?;
+    Api::<Node>::all(cluster.client())
+        .delete(&node, &Default::default())
+        .await?;
+    Ok(())
+}
