@@ -732,3 +732,151 @@ async fn apiserver_stores_the_dashboard_config_map_as_rendered() -> anyhow::Resu
     assert_eq!(stored_dashboard, dashboard());
     Ok(())
 }
+
+/// The families a registry exposes, with the names their series are stored under
+/// (`_total` for counters, `_bucket`/`_sum`/`_count` for histograms).
+fn exported_series_names(registry: &prometheus_client::registry::Registry) -> BTreeSet<String> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let (Some(family), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let suffixes: &[&str] = match kind {
+            "counter" => &["_total"],
+            "histogram" => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        names.extend(suffixes.iter().map(|suffix| format!("{family}{suffix}")));
+    }
+    names
+}
+
+/// The documented names are the exported ones, both ways: a renamed metric breaks this test
+/// before it breaks someone's dashboard, and a new metric must be documented.
+#[test]
+fn the_contract_is_exactly_what_the_agent_and_controller_export() {
+    use hwaccel::agent::metrics::{AgentMetrics, DeviceRow, NodeCounts, StageLabel, WriteLabel};
+    use hwaccel::controller::core::fleet_stats::{Counts, FleetTotals};
+    use hwaccel::controller::core::ledger::PlacementKey;
+    use hwaccel::controller::fleet_metrics::{FleetMetrics, PlacementFigures};
+    use hwaccel::fleet::expected::{Expected, ExpectedSource};
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    // A family shows in the exposition once it has a series: give each one.
+    let agent = AgentMetrics::register(&mut registry);
+    let inventory = hwaccel::testing::inventory::fixture_inventory("h100-8x-nvswitch", "n1");
+    let rows: Vec<DeviceRow> = inventory
+        .spec
+        .devices
+        .iter()
+        .filter_map(|device| DeviceRow::of("n1", device))
+        .collect();
+    let expected = Expected {
+        count: 8,
+        source: ExpectedSource::Seen,
+    };
+    agent.device_series.set(
+        "n1",
+        &rows,
+        NodeCounts {
+            expected,
+            present: 8,
+            missing: 0,
+        },
+    );
+    agent.detections.inc();
+    agent
+        .api_writes
+        .get_or_create(&WriteLabel {
+            object: "inventory".into(),
+        })
+        .inc();
+    agent
+        .errors
+        .get_or_create(&StageLabel {
+            stage: "detect".into(),
+        })
+        .inc();
+    agent
+        .backend_seconds
+        .get_or_create(&hwaccel::agent::metrics::BackendLabel {
+            backend: "nvidia".into(),
+        })
+        .observe(0.01);
+    let controller = hwaccel::controller::metrics::ControllerMetrics::register(&mut registry);
+    controller.wrote("inventory_status", std::time::Duration::from_millis(3));
+    controller.failed("conflict");
+    controller.skipped("ModelPlacement", "undecodable");
+    controller.set_states([("Planned", 1)]);
+    let fleet = FleetMetrics::register(&mut registry);
+    let totals = FleetTotals {
+        by_product: BTreeMap::from([(
+            ("nvidia-h100-80gb-hbm3".to_string(), "nvidia".to_string()),
+            Counts {
+                devices: 8,
+                healthy: 8,
+                reserved: 2,
+                free: 6,
+            },
+        )]),
+        nodes_missing_devices: 0,
+    };
+    let placement = PlacementKey {
+        namespace: "ml".into(),
+        name: "llama".into(),
+    };
+    fleet.publish(
+        &totals,
+        &BTreeMap::from([(
+            placement,
+            PlacementFigures {
+                devices: 2,
+                state: Some("Planned"),
+            },
+        )]),
+    );
+    let exported = exported_series_names(&registry);
+    let documented: BTreeSet<String> = Contract::from_repository()
+        .metrics
+        .into_keys()
+        .filter(|name| name.starts_with("hwaccel_"))
+        .collect();
+    let undocumented: Vec<_> = exported.difference(&documented).collect();
+    let not_exported: Vec<_> = documented.difference(&exported).collect();
+    assert!(
+        undocumented.is_empty() && not_exported.is_empty(),
+        "exported but not in {DOC}: {undocumented:?}\nin {DOC} but not exported: {not_exported:?}"
+    );
+}
+
+/// Every `state="..."` an alert or a panel selects is a state the controller reports.
+#[test]
+fn placement_states_selected_are_states_the_controller_reports() {
+    let chart = chart_dir();
+    let sources = [
+        chart.join("templates/prometheusrule.yaml"),
+        chart.join(DASHBOARD),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(DOC),
+    ];
+    let mut selected = 0;
+    for path in sources {
+        let text = std::fs::read_to_string(&path).expect("readable");
+        let text = text.replace("\\\"", "\"");
+        for (at, _) in text.match_indices("state=\"") {
+            let value: String = text[at + 7..].chars().take_while(|c| *c != '"').collect();
+            assert!(
+                hwaccel::controller::fleet_metrics::PLACEMENT_STATES.contains(&value.as_str()),
+                "{}: state=\"{value}\" is never reported",
+                path.display()
+            );
+            selected += 1;
+        }
+    }
+    assert!(selected > 0, "the alert selects a state");
+}

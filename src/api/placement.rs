@@ -235,7 +235,7 @@ pub struct ModelPlacementStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-    /// One word for `kubectl get`: `Planned`, `Pending`, `Unschedulable` or `Invalid`.
+    /// One word for `kubectl get`: `Planned`, `Pending` (does not fit now) or `Invalid`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// The model as understood (`llama-3.1-70b`, `70B params`).
