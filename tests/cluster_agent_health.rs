@@ -544,3 +544,141 @@ async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Res
     .await?;
     Ok(())
 }
+
+/// Our taint's value on `node`, if it carries it.
+async fn health_taint(client: &Client, node: &str) -> Result<Option<String>> {
+    let node = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|t| t.key == "hwaccel.io/devices-unhealthy")
+        .map(|t| t.value.unwrap_or_default()))
+}
+
+/// Whether Node `node` has an Event `type|reason`.
+async fn has_node_event(cluster: &TestCluster, node: &str, type_reason: &str) -> Result<bool> {
+    let out = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("involvedObject.kind=Node,involvedObject.name={node}"),
+            "-o",
+            "jsonpath={range .items[*]}{.type}|{.reason}{\"\\n\"}{end}",
+        ])
+        .await?;
+    Ok(out.lines().any(|line| line == type_reason))
+}
+
+/// The whole path, agent and controller together: a GPU leaving the host gives, within one
+/// detection interval (plus the controller's debounce), the inventory condition, the node
+/// label, the agent's gauge, a Warning Event on the Node and (enforce) the taint with reason
+/// `DevicesMissing`; its return takes that reason off (the fixture's GPU with retired pages
+/// keeps the node tainted `DeviceUnhealthy`) and records `DevicesRestored`.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_lost_gpu_taints_its_node_end_to_end_and_its_return_lifts_that_taint() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("e2e");
+    create_node(&client, &node, &[]).await?;
+    // The test's controller only sees Nodes and inventories carrying the test label.
+    let scoped = serde_json::json!({
+        "metadata": { "labels": { support::TEST_LABEL: cluster.prefix() } }
+    });
+    Api::<Node>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&scoped))
+        .await?;
+    let agent = RunningAgent::start(&client, &node).await?;
+    wait_shown(
+        &client,
+        &agent,
+        &node,
+        INTERVAL + SLACK,
+        "all 8 present",
+        &present(8, "seen"),
+    )
+    .await?;
+    Api::<AcceleratorInventory>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&scoped))
+        .await?;
+    let (_controller, _registry) =
+        support::controller::start_controller(&cluster, hwaccel::controller::HealthTaints::Enforce);
+    // The fixture has one GPU with retired pages: the controller's first pass taints the node
+    // for that (reason `DeviceUnhealthy`); a GPU going missing then changes the reason.
+    support::wait_for(INTERVAL + SLACK, "the DeviceUnhealthy taint", || {
+        let client = client.clone();
+        let node = node.clone();
+        async move {
+            Ok(
+                (health_taint(&client, &node).await?.as_deref() == Some("DeviceUnhealthy"))
+                    .then_some(()),
+            )
+        }
+    })
+    .await?;
+
+    remove_gpu(&agent.host, "0000:df:00.0")?;
+    let started = Instant::now();
+    support::wait_for(INTERVAL + SLACK, "DevicesMissing taint", || {
+        let client = client.clone();
+        let node = node.clone();
+        async move {
+            Ok(
+                (health_taint(&client, &node).await?.as_deref() == Some("DevicesMissing"))
+                    .then_some(()),
+            )
+        }
+    })
+    .await?;
+    eprintln!(
+        "tainted DevicesMissing {:?} after the GPU left",
+        started.elapsed()
+    );
+    assert!(has_node_event(&cluster, &node, "Warning|DevicesMissing").await?);
+    let labels = Api::<Node>::all(client.clone())
+        .get(&node)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(labels.get(MISSING_LABEL).map(String::as_str), Some("1"));
+    let body = agent.scrape().await?;
+    assert_eq!(
+        sample(&body, "hwaccel_node_devices_missing", &[]),
+        Some(1.0)
+    );
+
+    copy_tree(&fixture_dir(), &agent.host)?;
+    support::wait_for(
+        INTERVAL + SLACK,
+        "back to the DeviceUnhealthy taint",
+        || {
+            let client = client.clone();
+            let node = node.clone();
+            async move {
+                Ok(
+                    (health_taint(&client, &node).await?.as_deref() == Some("DeviceUnhealthy"))
+                        .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
+    support::wait_for(INTERVAL + SLACK, "DevicesRestored event", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move {
+            Ok(has_node_event(cluster, &node, "Normal|DevicesRestored")
+                .await?
+                .then_some(()))
+        }
+    })
+    .await?;
+    Ok(())
+}

@@ -13,19 +13,17 @@
 
 mod support;
 
-use std::time::Duration;
-
 use anyhow::Result;
 use hwaccel::api::placement::{ModelPlacementStatus, PrecisionChoice};
 use hwaccel::api::{AcceleratorInventory, DeviceAttribute, ModelPlacement, attribute};
-use hwaccel::controller::metrics::ControllerMetrics;
-use hwaccel::controller::{self, Config, HealthTaints};
+use hwaccel::controller::HealthTaints;
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use support::controller::start_controller;
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
@@ -119,33 +117,6 @@ async fn set_devices_missing(cluster: &TestCluster, node: &str, missing: bool) -
         )
         .await?;
     Ok(())
-}
-
-/// Runs a controller for this test until dropped.
-struct Running(tokio::task::JoinHandle<Result<()>>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A controller scoped to this test, with `mode`; its metrics registry for "scrapes".
-fn start_controller(cluster: &TestCluster, mode: HealthTaints) -> (Running, Registry) {
-    let mut registry = Registry::default();
-    let metrics = ControllerMetrics::register(&mut registry);
-    let mut config = Config::cluster_wide("fleet-test-controller");
-    config.namespace = Some(cluster.namespace().to_string());
-    config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
-    config.debounce = Duration::from_millis(200);
-    config.health_taints = mode;
-    let running = Running(tokio::spawn(controller::run(
-        cluster.client(),
-        config,
-        metrics,
-        std::future::pending(),
-    )));
-    (running, registry)
 }
 
 /// The exposition text, as `/metrics` serves it.

@@ -13,6 +13,8 @@
 //! deleted namespace would stay `Terminating` anyway.
 #![allow(dead_code)] // each test crate uses a different subset
 
+pub mod controller;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};

@@ -1,0 +1,38 @@
+//! A controller running inside a test: scoped to the test's namespace and to Nodes and
+//! inventories labelled with its prefix, stopped when the handle drops.
+
+use std::time::Duration;
+
+use hwaccel::controller::metrics::ControllerMetrics;
+use hwaccel::controller::{self, Config, HealthTaints};
+use prometheus_client::registry::Registry;
+
+use super::{TEST_LABEL, TestCluster};
+
+/// Runs a controller for this test until dropped.
+pub struct Running(tokio::task::JoinHandle<anyhow::Result<()>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A controller scoped to this test, with health taints `mode`; its metrics registry for
+/// "scrapes".
+pub fn start_controller(cluster: &TestCluster, mode: HealthTaints) -> (Running, Registry) {
+    let mut registry = Registry::default();
+    let metrics = ControllerMetrics::register(&mut registry);
+    let mut config = Config::cluster_wide("fleet-test-controller");
+    config.namespace = Some(cluster.namespace().to_string());
+    config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
+    config.debounce = Duration::from_millis(200);
+    config.health_taints = mode;
+    let running = Running(tokio::spawn(controller::run(
+        cluster.client(),
+        config,
+        metrics,
+        std::future::pending(),
+    )));
+    (running, registry)
+}
