@@ -11,7 +11,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -21,6 +21,7 @@ use hwaccel::detect::BackendSelection;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use support::hosts::{captures_under, copy_fixture, remove_gpu};
 use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
 /// Creates a Node carrying a label of its own and one under our prefix owned by someone else.
@@ -45,21 +46,6 @@ async fn create_node(client: &Client, name: &str) -> Result<Node> {
     Ok(nodes
         .patch(name, &PatchParams::default(), &Patch::Merge(&pinned))
         .await?)
-}
-
-/// Copies a fixture host into a temp dir so a test can change it.
-fn copy_fixture(scenario: &str) -> Result<tempfile::TempDir> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/hosts")
-        .join(scenario);
-    let dir = tempfile::tempdir()?;
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", source.display()))
-        .arg(dir.path())
-        .status()?;
-    anyhow::ensure!(status.success(), "copying fixture {scenario}");
-    Ok(dir)
 }
 
 fn agent_for(client: &Client, node: &str, host: &Path, misses: u32) -> Agent {
@@ -300,42 +286,6 @@ async fn a_removed_device_goes_only_after_the_misses_and_a_failing_detector_keep
     Ok(())
 }
 
-/// Removes one GPU from a fixture host copy: its sysfs function and its `nvidia-smi` rows.
-fn remove_gpu(host: &Path, bus_id: &str) -> Result<()> {
-    let function = host.join("sys/bus/pci/devices").join(bus_id);
-    if function.is_symlink() || function.is_file() {
-        std::fs::remove_file(&function)?;
-    } else {
-        std::fs::remove_dir_all(&function)?;
-    }
-    let short = bus_id.trim_start_matches("0000:").to_ascii_uppercase();
-    for capture in files_under(&host.join("commands"))? {
-        let text = std::fs::read_to_string(&capture).unwrap_or_default();
-        if text.to_ascii_uppercase().contains(&short) {
-            let kept: String = text
-                .lines()
-                .filter(|line| !line.to_ascii_uppercase().contains(&short))
-                .map(|line| format!("{line}\n"))
-                .collect();
-            std::fs::write(&capture, kept)?;
-        }
-    }
-    Ok(())
-}
-
-fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.is_dir() {
-            files.extend(files_under(&path)?);
-        } else if path.is_file() && path.extension().is_some_and(|e| e != "sh") {
-            files.push(path);
-        }
-    }
-    Ok(files)
-}
-
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn a_product_name_over_63_characters_gives_valid_labels_and_the_full_name_is_kept()
@@ -347,7 +297,7 @@ async fn a_product_name_over_63_characters_gives_valid_labels_and_the_full_name_
     create_node(&client, &node).await?;
     let host = copy_fixture("h100-8x-nvswitch")?;
     let long_name = "NVIDIA H100 80GB HBM3 Engineering Sample Revision B with an extraordinarily long marketing name";
-    for capture in files_under(&host.path().join("commands"))? {
+    for capture in captures_under(&host.path().join("commands"))? {
         let text = std::fs::read_to_string(&capture).unwrap_or_default();
         if text.contains("NVIDIA H100 80GB HBM3") {
             std::fs::write(&capture, text.replace("NVIDIA H100 80GB HBM3", long_name))?;

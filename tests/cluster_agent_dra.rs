@@ -25,6 +25,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use support::hosts::copy_fixture;
 use support::{TestCluster, install_crds};
 
 /// The Qualcomm card the tests take out of the fixture host: QID 1 in `qaic-util -q`.
@@ -46,21 +47,6 @@ async fn create_node(client: &Client, name: &str) -> Result<()> {
         .create(&PostParams::default(), &node)
         .await?;
     Ok(())
-}
-
-/// Copies a fixture host into a temp dir so a test can change it.
-fn copy_fixture(scenario: &str) -> Result<tempfile::TempDir> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/hosts")
-        .join(scenario);
-    let dir = tempfile::tempdir()?;
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", source.display()))
-        .arg(dir.path())
-        .status()?;
-    anyhow::ensure!(status.success(), "copying fixture {scenario}");
-    Ok(dir)
 }
 
 /// An agent removing a device after one clean miss, so a changed host shows in one cycle.

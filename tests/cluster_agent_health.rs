@@ -20,7 +20,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,7 @@ use hwaccel::server::{Limits, Readiness, router, serve_on};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use support::hosts::{copy_fixture, copy_tree, fixture_host, remove_gpu};
 use support::{TestCluster, install_crds};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
@@ -62,7 +63,7 @@ impl Drop for RunningAgent {
 
 impl RunningAgent {
     async fn start(client: &Client, node: &str) -> Result<Self> {
-        let host = copy_fixture()?;
+        let host = copy_fixture(FIXTURE)?;
         let mut registry = prometheus_client::registry::Registry::default();
         let config = AgentConfig {
             node_name: node.to_string(),
@@ -119,33 +120,11 @@ impl RunningAgent {
     }
 }
 
-fn copy_fixture() -> Result<tempfile::TempDir> {
-    let dir = tempfile::tempdir()?;
-    copy_tree(&fixture_dir(), dir.path())?;
-    Ok(dir)
-}
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/hosts")
-        .join(FIXTURE)
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", from.display()))
-        .arg(to)
-        .status()?;
-    anyhow::ensure!(status.success(), "copying {}", from.display());
-    Ok(())
-}
-
 /// The fixture's GPUs as `(pci address, uuid)`, read from its `nvidia-smi --query-gpu`
 /// capture (`index, pci.bus_id, name, uuid, ...`), bus ids in the lower-case 4-digit-domain
 /// form the metrics use.
 fn fixture_gpus() -> Result<Vec<(String, String)>> {
-    let capture = fixture_dir().join("commands/outputs/query-gpu.csv");
+    let capture = fixture_host(FIXTURE).join("commands/outputs/query-gpu.csv");
     let text = std::fs::read_to_string(&capture)?;
     text.lines()
         .filter(|l| !l.trim().is_empty())
@@ -163,32 +142,6 @@ fn fixture_gpus() -> Result<Vec<(String, String)>> {
             Ok((bus, uuid))
         })
         .collect()
-}
-
-/// Removes one GPU from the host copy: its sysfs PCI function and its lines in every
-/// `nvidia-smi` capture, which is everything the NVIDIA backend reads.
-fn remove_gpu(host: &Path, bus_id: &str) -> Result<()> {
-    let function = host.join("sys/bus/pci/devices").join(bus_id);
-    if function.is_symlink() || function.is_file() {
-        std::fs::remove_file(&function)?;
-    } else {
-        std::fs::remove_dir_all(&function)?;
-    }
-    let short = bus_id.trim_start_matches("0000:").to_ascii_uppercase();
-    let outputs = host.join("commands/outputs");
-    for entry in std::fs::read_dir(&outputs)? {
-        let path = entry?.path();
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text.to_ascii_uppercase().contains(&short) {
-            let kept: String = text
-                .lines()
-                .filter(|line| !line.to_ascii_uppercase().contains(&short))
-                .map(|line| format!("{line}\n"))
-                .collect();
-            std::fs::write(&path, kept)?;
-        }
-    }
-    Ok(())
 }
 
 async fn create_node(client: &Client, name: &str, annotations: &[(&str, &str)]) -> Result<()> {
@@ -433,7 +386,7 @@ async fn a_gpu_that_disappears_is_reported_missing_within_one_interval_and_clear
     );
 
     // It comes back.
-    copy_tree(&fixture_dir(), &agent.host)?;
+    copy_tree(&fixture_host(FIXTURE), &agent.host)?;
     wait_shown(
         &client,
         &agent,
@@ -557,21 +510,21 @@ async fn health_taint(client: &Client, node: &str) -> Result<Option<String>> {
         .map(|t| t.value.unwrap_or_default()))
 }
 
+/// Waits until `node`'s health taint has the value `reason`.
+async fn wait_taint(client: &Client, node: &str, reason: &str, what: &str) -> Result<()> {
+    support::wait_for(INTERVAL + SLACK, what, || async move {
+        Ok((health_taint(client, node).await?.as_deref() == Some(reason)).then_some(()))
+    })
+    .await
+}
+
 /// Whether Node `node` has an Event `type|reason`.
 async fn has_node_event(cluster: &TestCluster, node: &str, type_reason: &str) -> Result<bool> {
-    let out = cluster
-        .kubectl_ok(&[
-            "get",
-            "events",
-            "-n",
-            "default",
-            "--field-selector",
-            &format!("involvedObject.kind=Node,involvedObject.name={node}"),
-            "-o",
-            "jsonpath={range .items[*]}{.type}|{.reason}{\"\\n\"}{end}",
-        ])
-        .await?;
-    Ok(out.lines().any(|line| line == type_reason))
+    let prefix = format!("{type_reason}|");
+    Ok(support::nodes::node_events(cluster, node)
+        .await?
+        .iter()
+        .any(|event| event.starts_with(&prefix)))
 }
 
 /// The whole path, agent and controller together: a GPU leaving the host gives, within one
@@ -611,31 +564,17 @@ async fn a_lost_gpu_taints_its_node_end_to_end_and_its_return_lifts_that_taint()
         support::controller::start_controller(&cluster, hwaccel::controller::HealthTaints::Enforce);
     // The fixture has one GPU with retired pages: the controller's first pass taints the node
     // for that (reason `DeviceUnhealthy`); a GPU going missing then changes the reason.
-    support::wait_for(INTERVAL + SLACK, "the DeviceUnhealthy taint", || {
-        let client = client.clone();
-        let node = node.clone();
-        async move {
-            Ok(
-                (health_taint(&client, &node).await?.as_deref() == Some("DeviceUnhealthy"))
-                    .then_some(()),
-            )
-        }
-    })
+    wait_taint(
+        &client,
+        &node,
+        "DeviceUnhealthy",
+        "the DeviceUnhealthy taint",
+    )
     .await?;
 
     remove_gpu(&agent.host, "0000:df:00.0")?;
     let started = Instant::now();
-    support::wait_for(INTERVAL + SLACK, "DevicesMissing taint", || {
-        let client = client.clone();
-        let node = node.clone();
-        async move {
-            Ok(
-                (health_taint(&client, &node).await?.as_deref() == Some("DevicesMissing"))
-                    .then_some(()),
-            )
-        }
-    })
-    .await?;
+    wait_taint(&client, &node, "DevicesMissing", "DevicesMissing taint").await?;
     eprintln!(
         "tainted DevicesMissing {:?} after the GPU left",
         started.elapsed()
@@ -654,7 +593,7 @@ async fn a_lost_gpu_taints_its_node_end_to_end_and_its_return_lifts_that_taint()
         Some(1.0)
     );
 
-    copy_tree(&fixture_dir(), &agent.host)?;
+    copy_tree(&fixture_host(FIXTURE), &agent.host)?;
     support::wait_for(
         INTERVAL + SLACK,
         "back to the DeviceUnhealthy taint",

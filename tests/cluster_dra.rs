@@ -32,6 +32,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::nodes::create_kwok_node;
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const DRIVER: &str = "gpu.nvidia.com";
@@ -42,22 +43,6 @@ const DRIVER: &str = "gpu.nvidia.com";
 /// publish slices take turns, and the claim-template test removes its nodes when done.
 static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
-
-/// A Node kwok makes Ready (so kube-scheduler can place pods on it), labelled for this test
-/// and with its hostname label.
-async fn create_kwok_node(cluster: &TestCluster, name: &str) -> Result<()> {
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": name},
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-        },
-    }))?;
-    Api::<Node>::all(cluster.client())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
-}
 
 /// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
 /// an NVIDIA-shaped ResourceSlice publishing its GPUs under the driver's own names

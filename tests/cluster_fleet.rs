@@ -24,24 +24,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use support::controller::start_controller;
+use support::nodes::{create_kwok_node, node_events};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
-
-/// A Node kwok makes Ready (so kube-scheduler can place pods on it), labelled for this test.
-async fn create_kwok_node(cluster: &TestCluster, name: &str) -> Result<()> {
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {TEST_LABEL: cluster.prefix(), "kubernetes.io/hostname": name},
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-        },
-    }))?;
-    Api::<Node>::all(cluster.client())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
-}
 
 /// A kwok Node with the fixture host's inventory, every accelerator `healthy`. Returns the
 /// node name and its accelerator count.
@@ -172,23 +158,6 @@ async fn our_taint(cluster: &TestCluster, node: &str) -> Result<Option<String>> 
         .into_iter()
         .find(|t| t.key == TAINT_KEY)
         .map(|t| t.value.unwrap_or_default()))
-}
-
-/// `type|reason|message` of the Events on Node `node`.
-async fn node_events(cluster: &TestCluster, node: &str) -> Result<Vec<String>> {
-    let out = cluster
-        .kubectl_ok(&[
-            "get",
-            "events",
-            "-n",
-            "default",
-            "--field-selector",
-            &format!("involvedObject.kind=Node,involvedObject.name={node}"),
-            "-o",
-            "jsonpath={range .items[*]}{.type}|{.reason}|{.message}{\"\\n\"}{end}",
-        ])
-        .await?;
-    Ok(out.lines().map(str::to_string).collect())
 }
 
 async fn wait_event(cluster: &TestCluster, node: &str, prefix: &str) -> Result<String> {

@@ -76,6 +76,22 @@ async fn fleet_reads_inventories_and_placements_from_the_cluster() -> Result<()>
         )
         .await?;
 
+    // A stored placement nested past serde_json's recursion limit (the apiserver takes it, a
+    // Go client sends it) used to fail the whole list; each object is now decoded on its own,
+    // the way the controller reads them.
+    let depth = 130;
+    let config = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+    let deep_name = tc.unique_name("deep");
+    let deep = format!(
+        r#"{{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacement",
+            "metadata":{{"name":"{deep_name}"}},
+            "spec":{{"model":{{"huggingFaceConfig":{config}}},"goal":{{"serve":{{}}}}}}}}"#
+    );
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), deep)?;
+    let path = file.path().to_string_lossy().into_owned();
+    tc.kubectl_ok(&["create", "-f", &path]).await?;
+
     let kubeconfig = tc.env().kubeconfig.clone();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))

@@ -737,7 +737,9 @@ async fn apiserver_stores_the_dashboard_config_map_as_rendered() -> anyhow::Resu
 /// (`_total` for counters, `_bucket`/`_sum`/`_count` for histograms).
 fn exported_series_names(registry: &prometheus_client::registry::Registry) -> BTreeSet<String> {
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut text, registry) {
+        panic!("the registry does not encode: {err}");
+    }
     let mut names = BTreeSet::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("# TYPE ") else {
@@ -866,7 +868,8 @@ fn placement_states_selected_are_states_the_controller_reports() {
     ];
     let mut selected = 0;
     for path in sources {
-        let text = std::fs::read_to_string(&path).expect("readable");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
         let text = text.replace("\\\"", "\"");
         for (at, _) in text.match_indices("state=\"") {
             let value: String = text[at + 7..].chars().take_while(|c| *c != '"').collect();

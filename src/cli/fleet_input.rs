@@ -13,11 +13,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::api::{AcceleratorInventory, ModelPlacement, PlannerDeviceIds, attribute};
+use crate::api::{AcceleratorInventory, Lenient, ModelPlacement, PlannerDeviceIds, attribute};
 use crate::controller::core::ledger::Ledger;
 use crate::controller::dereference::holding_from_status;
 use crate::fleet::health::{NodeInput, UnusableDevice};
@@ -236,26 +236,27 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
     })
 }
 
-/// Lists every object of `K` in all namespaces. Objects are listed untyped and decoded one by
-/// one, so one malformed object is a note instead of a failed list.
+/// Lists every object of `K` in all namespaces. Objects are decoded one by one the way the
+/// controller decodes them ([`Lenient`]: raw JSON first, so even an object nested past
+/// serde_json's recursion limit fails alone), so one malformed object is a note instead of a
+/// failed list.
 async fn list_all<K>(client: kube::Client, notes: &mut Vec<String>) -> anyhow::Result<Vec<K>>
 where
-    K: kube::Resource<DynamicType = ()> + DeserializeOwned,
+    K: kube::Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
 {
-    let resource = ApiResource::erase::<K>(&());
-    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let api: Api<Lenient<K>> = Api::all(client);
+    let kind = K::kind(&());
     let mut found = Vec::new();
     let mut params = ListParams::default().limit(PAGE_SIZE);
     for _ in 0..MAX_PAGES {
         let page = api.list(&params).await?;
         for object in page.items {
-            let name = object.metadata.name.clone().unwrap_or_default();
-            match serde_json::to_value(&object)
-                .map_err(|err| err.to_string())
-                .and_then(decode::<K>)
-            {
-                Ok(typed) => found.push(typed),
-                Err(err) => notes.push(format!("{} {name}: skipped: {err}", resource.kind)),
+            match object {
+                Lenient::Decoded(typed) => found.push(typed),
+                Lenient::Undecodable { metadata, error } => notes.push(format!(
+                    "{kind} {}: skipped: {error}",
+                    metadata.name.unwrap_or_default()
+                )),
             }
         }
         match page.metadata.continue_.filter(|token| !token.is_empty()) {
@@ -264,8 +265,7 @@ where
         }
     }
     notes.push(format!(
-        "{}: stopped after {MAX_PAGES} pages of {PAGE_SIZE}",
-        resource.kind
+        "{kind}: stopped after {MAX_PAGES} pages of {PAGE_SIZE}"
     ));
     Ok(found)
 }

@@ -14,6 +14,8 @@
 #![allow(dead_code)] // each test crate uses a different subset
 
 pub mod controller;
+pub mod hosts;
+pub mod nodes;
 
 use std::collections::BTreeMap;
 use std::future::Future;
