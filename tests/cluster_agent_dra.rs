@@ -11,7 +11,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,28 +26,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use support::hosts::copy_fixture;
+use support::nodes::create_node;
 use support::{TestCluster, install_crds};
 
 /// The Qualcomm card the tests take out of the fixture host: QID 1 in `qaic-util -q`.
 const SECOND_CARD: &str = "0000:81:00.0";
-
-async fn create_node(client: &Client, name: &str) -> Result<()> {
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(BTreeMap::from([(
-                "kubernetes.io/hostname".to_string(),
-                name.to_string(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
-}
 
 /// An agent removing a device after one clean miss, so a changed host shows in one cycle.
 fn agent_for(client: &Client, node: &str, host: &Path) -> Agent {
@@ -109,7 +92,7 @@ async fn the_own_slice_is_written_on_change_only_and_removed_when_not_wanted() -
     let client = cluster.client();
     install_crds(&client).await?;
     let node = cluster.unique_name("ai100");
-    create_node(&client, &node).await?;
+    create_node(&client, &node, &[]).await?;
     let host = copy_fixture("cloud-ai100")?;
 
     // Off by default: an agent without families publishes nothing.
@@ -173,7 +156,7 @@ async fn turning_the_feature_off_removes_the_own_slice() -> Result<()> {
     let client = cluster.client();
     install_crds(&client).await?;
     let node = cluster.unique_name("ai100-off");
-    create_node(&client, &node).await?;
+    create_node(&client, &node, &[]).await?;
     let host = copy_fixture("cloud-ai100")?;
 
     agent_for(&client, &node, host.path())
@@ -215,8 +198,8 @@ async fn a_node_whose_gpus_only_dra_shows_gets_labels_from_its_own_slices() -> R
     install_crds(&client).await?;
     let node = cluster.unique_name("dra-only");
     let neighbour = cluster.unique_name("dra-neighbour");
-    create_node(&client, &node).await?;
-    create_node(&client, &neighbour).await?;
+    create_node(&client, &node, &[]).await?;
+    create_node(&client, &neighbour, &[]).await?;
     // The node's vendor driver publishes its eight GPUs and one MIG device carved from the
     // last (a partition, not a ninth GPU); the agent's own detection (a VM without the vendor
     // tools) sees none. The neighbour has slices too, which are not ours.

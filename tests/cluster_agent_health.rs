@@ -18,7 +18,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,9 +30,10 @@ use hwaccel::detect::BackendSelection;
 use hwaccel::health::Liveness;
 use hwaccel::server::{Limits, Readiness, router, serve_on};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use support::hosts::{copy_fixture, copy_tree, fixture_host, remove_gpu};
+use support::nodes::create_node;
 use support::{TestCluster, install_crds};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
@@ -144,26 +144,11 @@ fn fixture_gpus() -> Result<Vec<(String, String)>> {
         .collect()
 }
 
-async fn create_node(client: &Client, name: &str, annotations: &[(&str, &str)]) -> Result<()> {
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(BTreeMap::from([(
-                "kubernetes.io/hostname".to_string(),
-                name.to_string(),
-            )])),
-            annotations: Some(
-                annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
+/// Sets the Node's `hwaccel.io/expected-devices` annotation, as an operator would.
+async fn expect_devices(client: &Client, node: &str, value: &str) -> Result<()> {
+    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
     Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
 }
@@ -448,10 +433,7 @@ async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Res
         .await?;
 
     // The operator acknowledges: 8 is what this node has.
-    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "8" } } });
-    Api::<Node>::all(client.clone())
-        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    expect_devices(&client, &node, "8").await?;
     wait_shown(
         &client,
         &agent,
@@ -466,10 +448,7 @@ async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Res
     // Also after a restart, when the agent seeds itself from a status holding freeDevices.
     drop(agent);
     let agent = RunningAgent::start(&client, &node).await?;
-    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "7" } } });
-    Api::<Node>::all(client.clone())
-        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    expect_devices(&client, &node, "7").await?;
     wait_shown(
         &client,
         &agent,
@@ -482,10 +461,7 @@ async fn the_annotation_sets_the_expected_count_and_acknowledges_a_loss() -> Res
     assert_free_devices_kept(&inventories, &node).await?;
 
     // A malformed annotation is ignored: the count falls back to what was seen.
-    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: "lots" } } });
-    Api::<Node>::all(client.clone())
-        .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    expect_devices(&client, &node, "lots").await?;
     wait_shown(
         &client,
         &agent,

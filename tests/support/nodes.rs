@@ -1,13 +1,32 @@
-//! Nodes for cluster tests: a kwok Node the scheduler can place pods on, and the Events
-//! recorded about a Node.
+//! Nodes for cluster tests: a plain Node for an agent to describe, a kwok Node the
+//! scheduler can place pods on, and the Events recorded about a Node.
 
 use anyhow::Result;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use kube::api::PostParams;
+use kube::{Api, Client};
 use serde_json::json;
 
 use super::{TEST_LABEL, TestCluster};
+
+/// A plain Node (no kubelet, not schedulable) with its hostname label and `annotations`.
+pub async fn create_node(client: &Client, name: &str, annotations: &[(&str, &str)]) -> Result<()> {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(key, value)| ((*key).to_string(), json!(value)))
+        .collect();
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name},
+            "annotations": annotations,
+        },
+    }))?;
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    Ok(())
+}
 
 /// A Node kwok makes Ready (so kube-scheduler can place pods on it), labelled for this test
 /// and with its hostname label.
