@@ -11,16 +11,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use hwaccel::agent::{Agent, AgentConfig, PublishOutcome, metrics::AgentMetrics};
+use hwaccel::agent::PublishOutcome;
 use hwaccel::api::{AcceleratorInventory, conditions};
-use hwaccel::detect::BackendSelection;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use support::agent::agent_for;
 use support::hosts::{captures_under, copy_fixture, remove_gpu};
 use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
@@ -46,28 +44,6 @@ async fn create_node(client: &Client, name: &str) -> Result<Node> {
     Ok(nodes
         .patch(name, &PatchParams::default(), &Patch::Merge(&pinned))
         .await?)
-}
-
-fn agent_for(client: &Client, node: &str, host: &Path, misses: u32) -> Agent {
-    let mut registry = prometheus_client::registry::Registry::default();
-    let config = AgentConfig {
-        node_name: node.to_string(),
-        host_root: host.to_path_buf(),
-        backends: "all,-vulkan"
-            .parse::<BackendSelection>()
-            .expect("valid selection"),
-        tool_paths: vec![host.join("commands")],
-        tool_timeout: Duration::from_secs(10),
-        interval: Duration::from_secs(60),
-        hotplug_poll: Duration::from_secs(5),
-        misses_to_remove: misses,
-        max_backoff: Duration::from_secs(2),
-    };
-    Agent::new(
-        config,
-        client.clone(),
-        AgentMetrics::register(&mut registry),
-    )
 }
 
 async fn node_labels(client: &Client, node: &str) -> Result<BTreeMap<String, String>> {

@@ -13,47 +13,25 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use hwaccel::agent::{Agent, AgentConfig, metrics::AgentMetrics};
 use hwaccel::api::AcceleratorInventory;
 use hwaccel::api::dra::own_slices::{OWN_DRIVER, OwnFamily, own_slice_name};
-use hwaccel::detect::BackendSelection;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use support::agent::agent_for;
 use support::hosts::copy_fixture;
 use support::nodes::create_node;
 use support::{TestCluster, install_crds};
 
+/// Agents here remove a device after one clean miss, so a changed host shows in one cycle.
+const ONE_MISS: u32 = 1;
+
 /// The Qualcomm card the tests take out of the fixture host: QID 1 in `qaic-util -q`.
 const SECOND_CARD: &str = "0000:81:00.0";
-
-/// An agent removing a device after one clean miss, so a changed host shows in one cycle.
-fn agent_for(client: &Client, node: &str, host: &Path) -> Agent {
-    let mut registry = prometheus_client::registry::Registry::default();
-    let config = AgentConfig {
-        node_name: node.to_string(),
-        host_root: host.to_path_buf(),
-        backends: "all,-vulkan"
-            .parse::<BackendSelection>()
-            .expect("valid selection"),
-        tool_paths: vec![host.join("commands")],
-        tool_timeout: Duration::from_secs(10),
-        interval: Duration::from_secs(60),
-        hotplug_poll: Duration::from_secs(5),
-        misses_to_remove: 1,
-        max_backoff: Duration::from_secs(2),
-    };
-    Agent::new(
-        config,
-        client.clone(),
-        AgentMetrics::register(&mut registry),
-    )
-}
 
 /// Takes the second Qualcomm card out of the host copy: its PCI function and its block in the
 /// `qaic-util -q` capture (the capture's last block, so the first card's text stays whole).
@@ -96,10 +74,12 @@ async fn the_own_slice_is_written_on_change_only_and_removed_when_not_wanted() -
     let host = copy_fixture("cloud-ai100")?;
 
     // Off by default: an agent without families publishes nothing.
-    agent_for(&client, &node, host.path()).cycle().await?;
+    agent_for(&client, &node, host.path(), ONE_MISS)
+        .cycle()
+        .await?;
     assert!(own_slice(&client, &node).await?.is_none());
 
-    let mut agent = agent_for(&client, &node, host.path()).with_own_slices(qualcomm());
+    let mut agent = agent_for(&client, &node, host.path(), ONE_MISS).with_own_slices(qualcomm());
     agent.cycle().await?;
     let first = own_slice(&client, &node)
         .await?
@@ -125,7 +105,8 @@ async fn the_own_slice_is_written_on_change_only_and_removed_when_not_wanted() -
     assert_eq!(generation_and_devices(&shrunk), (2, 1), "{shrunk:#?}");
 
     // A restarted agent finds the slice as it should be and writes nothing.
-    let mut restarted = agent_for(&client, &node, host.path()).with_own_slices(qualcomm());
+    let mut restarted =
+        agent_for(&client, &node, host.path(), ONE_MISS).with_own_slices(qualcomm());
     restarted.cycle().await?;
     let after_restart = own_slice(&client, &node).await?.context("after restart")?;
     assert_eq!(
@@ -159,14 +140,16 @@ async fn turning_the_feature_off_removes_the_own_slice() -> Result<()> {
     create_node(&client, &node, &[]).await?;
     let host = copy_fixture("cloud-ai100")?;
 
-    agent_for(&client, &node, host.path())
+    agent_for(&client, &node, host.path(), ONE_MISS)
         .with_own_slices(qualcomm())
         .cycle()
         .await?;
     assert!(own_slice(&client, &node).await?.is_some());
 
     // The chart value is emptied and the agent restarts without families.
-    agent_for(&client, &node, host.path()).cycle().await?;
+    agent_for(&client, &node, host.path(), ONE_MISS)
+        .cycle()
+        .await?;
     assert!(own_slice(&client, &node).await?.is_none());
     Ok(())
 }
@@ -208,7 +191,9 @@ async fn a_node_whose_gpus_only_dra_shows_gets_labels_from_its_own_slices() -> R
     assert_eq!(published, 9);
     let host = copy_fixture("cpu-only-vm")?;
 
-    agent_for(&client, &node, host.path()).cycle().await?;
+    agent_for(&client, &node, host.path(), ONE_MISS)
+        .cycle()
+        .await?;
 
     let labels = Api::<Node>::all(client.clone())
         .get(&node)
@@ -232,7 +217,9 @@ async fn a_node_whose_gpus_only_dra_shows_gets_labels_from_its_own_slices() -> R
     assert_eq!(inventory.spec.summary.accelerators, 0);
 
     // The neighbour's agent counts its own eight, not sixteen.
-    agent_for(&client, &neighbour, host.path()).cycle().await?;
+    agent_for(&client, &neighbour, host.path(), ONE_MISS)
+        .cycle()
+        .await?;
     let neighbour_labels = Api::<Node>::all(client.clone())
         .get(&neighbour)
         .await?

@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use hwaccel::agent::{Agent, AgentConfig, metrics::AgentMetrics};
 use hwaccel::api::{AcceleratorInventory, conditions};
-use hwaccel::detect::BackendSelection;
 use hwaccel::health::Liveness;
 use hwaccel::server::{Limits, Readiness, router, serve_on};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
+use support::agent::fixture_agent_config;
 use support::hosts::{copy_fixture, copy_tree, fixture_host, remove_gpu};
 use support::nodes::create_node;
 use support::{TestCluster, install_crds};
@@ -66,17 +66,9 @@ impl RunningAgent {
         let host = copy_fixture(FIXTURE)?;
         let mut registry = prometheus_client::registry::Registry::default();
         let config = AgentConfig {
-            node_name: node.to_string(),
-            host_root: host.path().to_path_buf(),
-            backends: "all,-vulkan"
-                .parse::<BackendSelection>()
-                .expect("valid selection"),
-            tool_paths: vec![host.path().join("commands")],
-            tool_timeout: Duration::from_secs(10),
             interval: INTERVAL,
             hotplug_poll: Duration::from_secs(1),
-            misses_to_remove: 3,
-            max_backoff: Duration::from_secs(2),
+            ..fixture_agent_config(node, host.path(), 3)
         };
         let agent = Agent::new(
             config,

@@ -13,6 +13,7 @@
 //! deleted namespace would stay `Terminating` anyway.
 #![allow(dead_code)] // each test crate uses a different subset
 
+pub mod agent;
 pub mod controller;
 pub mod hosts;
 pub mod nodes;
