@@ -76,6 +76,7 @@ pub async fn sync_node_labels(
         // Server-side apply creates missing objects: never apply to a Node that is gone.
         let Some(cached) = ctx.nodes.get(&ObjectRef::new(node)) else {
             state.applied_labels.remove(node);
+            state.refused_labels.remove(node);
             continue;
         };
         let on_node: BTreeMap<String, String> = cached
@@ -116,9 +117,11 @@ pub async fn sync_node_labels(
     for (node, labels, result) in results {
         match result {
             Ok(()) => {
+                state.refused_labels.remove(&node);
                 state.applied_labels.insert(node, (labels, Instant::now()));
             }
             Err(err) => {
+                state.refused_labels.insert(node);
                 first_error.get_or_insert(err);
             }
         }

@@ -4,7 +4,7 @@
 //! All reconciles run under that lock: planning is milliseconds, and serialising it is what
 //! makes "no device is handed out twice" and "older first" simple and certain.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ pub struct State {
     /// Placement labels last applied per Node, and when, to tell the watch cache lagging
     /// behind our own write from someone having changed the labels since.
     pub applied_labels: BTreeMap<String, (BTreeMap<String, String>, Instant)>,
+    /// Nodes whose last placement-label write was refused, until a write to them lands.
+    pub refused_labels: BTreeSet<String>,
     /// Last state per placement, for the gauges.
     pub states: BTreeMap<PlacementKey, &'static str>,
     /// The planner's view of the fleet and the fleet epoch it was built at.

@@ -201,22 +201,40 @@ async fn place(
     // The Node labels and the status go out together, so a reconcile costs one apiserver
     // round trip rather than two. The status says Ready on the assumption that the labels
     // land; when a label write fails, a second status write takes that back before the
-    // reconcile is retried.
+    // reconcile is retried. Once a Node has refused a write, that assumption is no longer
+    // fair: the labels go first and the status says what happened, so Ready does not flap
+    // on every retry while the refusal lasts.
     let current = placement.status.as_ref();
-    let (labels, written) = tokio::join!(
-        sync_node_labels(ctx, &mut state, &check_nodes),
-        write_status(placement, current, api, ctx, &decision),
-    );
+    let refused_before = check_nodes.iter().any(|n| state.refused_labels.contains(n));
+    let (labels, written) = if refused_before {
+        let labels = sync_node_labels(ctx, &mut state, &check_nodes).await;
+        if let Err(err) = &labels {
+            decision.label_error = Some(err.to_string());
+        }
+        let written = write_status(placement, current, api, ctx, &decision).await;
+        (labels, written)
+    } else {
+        tokio::join!(
+            sync_node_labels(ctx, &mut state, &check_nodes),
+            write_status(placement, current, api, ctx, &decision),
+        )
+    };
     drop(state);
     if !decision.planned_others.is_empty() {
         let _ = ctx.requeue.send(());
     }
     if let Err(err) = labels {
-        decision.label_error = Some(err.to_string());
-        let written = written.ok().flatten();
-        if let Err(status_err) =
-            write_status(placement, written.as_ref().or(current), api, ctx, &decision).await
-        {
+        // After a refusal the status already says so; else Ready is taken back now.
+        let taken_back = if refused_before {
+            written.map(drop)
+        } else {
+            decision.label_error = Some(err.to_string());
+            let written = written.ok().flatten();
+            write_status(placement, written.as_ref().or(current), api, ctx, &decision)
+                .await
+                .map(drop)
+        };
+        if let Err(status_err) = taken_back {
             tracing::warn!(error = %status_err, "could not mark the placement not Ready");
         }
         return Err(err.into());

@@ -255,11 +255,34 @@ async fn a_refused_label_write_fails_the_reconcile_and_takes_ready_back() {
     );
     assert_eq!(condition(&statuses[1], "Planned"), ("True", "Planned"));
 
-    // The devices stay held, so the retry writes the labels once they are allowed.
+    // While the refusal lasts, a retry writes the labels first and never says Ready.
+    let mut placement = placement;
+    placement.status = statuses.last().cloned();
+    harness.store(&placement);
+    harness.fake.clear();
+    harness
+        .reconcile(&placement)
+        .await
+        .expect_err("still refused");
+    assert_eq!(node_label_writes(&harness.fake).len(), 1);
+    let retried = status_writes(&harness.fake);
+    assert!(
+        retried.iter().all(|s| condition(s, "Ready").0 == "False"),
+        "{retried:?}"
+    );
+
+    // The devices stay held, so the retry writes the labels once they are allowed, and
+    // only then does the status say Ready.
     harness.fake.stop_refusing();
     harness.fake.clear();
     harness.reconcile(&placement).await.expect("retry");
-    assert_eq!(node_label_writes(&harness.fake).len(), 1);
+    let paths: Vec<String> = harness.fake.patches().into_iter().map(|r| r.path).collect();
+    assert_eq!(
+        paths,
+        [NODE_PATH.to_string(), format!("{PLACEMENT_PATH}/status")]
+    );
+    let statuses = status_writes(&harness.fake);
+    assert_eq!(condition(&statuses[0], "Ready"), ("True", "NodesLabelled"));
 }
 
 #[tokio::test]
