@@ -111,6 +111,15 @@ pub struct Plan {
     pub per_device: Option<DeviceMemory>,
     /// Full-context requests all replicas hold at once (serving).
     pub max_concurrency: Option<u64>,
+    /// KV-cache tokens one replica holds, as the engine would log it at start-up (serving).
+    pub kv_tokens: Option<u64>,
+    /// Fraction of each device's memory the engine may use (serving:
+    /// `--gpu-memory-utilization`).
+    pub gpu_memory_utilization: Option<f64>,
+    /// Expert-parallel size of the MoE layers (serving; `None`: experts split by TP).
+    pub expert_parallel: Option<u32>,
+    /// Data-parallel attention ranks per replica (serving; `None`: attention split by TP).
+    pub attention_data_parallel: Option<u32>,
     /// Where each group runs.
     pub assignments: Vec<Assignment>,
     /// Decode throughput per replica (serving).
@@ -143,6 +152,10 @@ impl Plan {
             nodes: None,
             per_device: None,
             max_concurrency: None,
+            kv_tokens: None,
+            gpu_memory_utilization: None,
+            expert_parallel: None,
+            attention_data_parallel: None,
             assignments: Vec::new(),
             throughput: None,
             training: None,

@@ -286,6 +286,7 @@ pub(super) fn plan(
     plan.context = Some(context);
     plan.concurrency = Some(concurrency);
     plan.kv_dtype = Some(request.kv_dtype.resolved_name());
+    plan.gpu_memory_utilization = Some(request.gpu_util);
     plan.reasons.extend(model.notes.iter().cloned());
     match &outcome.best {
         Some((candidate, placement)) => describe(
