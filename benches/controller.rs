@@ -18,6 +18,7 @@ use hwaccel::controller::core::build::evaluate;
 use hwaccel::controller::core::decide::{Candidate, decide};
 use hwaccel::controller::core::fleet_view::{FleetView, PartCache};
 use hwaccel::controller::core::ledger::{Ledger, PlacementKey, Precedence};
+use hwaccel::controller::core::model_capacity::{self, CountedModel};
 use hwaccel::plan::Reservations;
 use hwaccel::testing::PlacementBuilder;
 use hwaccel::testing::fixture::fixture_report;
@@ -100,6 +101,15 @@ fn main() {
     let reserved = held.reserved_by_others(&PlacementKey::new("bench", "none"));
     criterion.bench_function("evaluate/1000_nodes_250_held", |b| {
         b.iter(|| evaluate(&spec, "bench", "one", black_box(&fleet), &reserved));
+    });
+    // The chart's default counted models, on the fleet with 250 placements held.
+    let counted = CountedModel::parse_all(&[
+        "llama-3.1-8b@8192/bf16".to_string(),
+        "llama-3.1-70b@8192/bf16".to_string(),
+    ])
+    .unwrap_or_default();
+    criterion.bench_function("model_capacity/1000_nodes_250_held_2_models", |b| {
+        b.iter(|| model_capacity::count(&counted, black_box(fleet.nodes()), &reserved));
     });
     let waiting: Vec<Candidate<'_>> = (250..266).map(|index| candidate(index, &spec)).collect();
     let me = candidate(266, &spec);

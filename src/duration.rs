@@ -86,6 +86,16 @@ pub fn parse_shutdown_timeout(text: &str) -> Result<Duration, DurationError> {
     parse_bounded(text, SHUTDOWN_TIMEOUT_BOUNDS)
 }
 
+/// Bounds of `--capacity-interval`: counting costs dozens of plans per model, so not more
+/// often than every 10 seconds; and at least once a day.
+pub const CAPACITY_INTERVAL_BOUNDS: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(86_400));
+
+/// Parses `--capacity-interval` (bounds: [`CAPACITY_INTERVAL_BOUNDS`]).
+pub fn parse_capacity_interval(text: &str) -> Result<Duration, DurationError> {
+    parse_bounded(text, CAPACITY_INTERVAL_BOUNDS)
+}
+
 /// Parses `--inventory-grace` (bounds: [`INVENTORY_GRACE_BOUNDS`]).
 pub fn parse_inventory_grace(text: &str) -> Result<Duration, DurationError> {
     parse_bounded(text, INVENTORY_GRACE_BOUNDS)

@@ -650,6 +650,46 @@ fn health_taint_rights_follow_the_mode() {
     }
 }
 
+/// The controller container's arguments.
+fn controller_args(docs: &[Value]) -> Vec<String> {
+    of_kind(docs, "Deployment")
+        .into_iter()
+        .flat_map(|d| {
+            containers(&d["spec"]["template"]["spec"])
+                .into_iter()
+                .cloned()
+        })
+        .flat_map(|c| c["args"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_counted_models_reach_the_controller() {
+    let Some(docs) = render("the_counted_models_reach_the_controller", &[]) else {
+        return;
+    };
+    let args = controller_args(&docs);
+    for arg in [
+        "--capacity-interval=60s",
+        "--capacity-model=llama-3.1-8b@8192/bf16",
+        "--capacity-model=llama-3.1-70b@8192/bf16",
+    ] {
+        assert!(args.iter().any(|a| a == arg), "{arg} missing: {args:?}");
+    }
+    let Some(docs) = render(
+        "the_counted_models_reach_the_controller",
+        &["--set", "controller.capacity.models=null"],
+    ) else {
+        return;
+    };
+    let args = controller_args(&docs);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--capacity-model")),
+        "{args:?}"
+    );
+}
+
 #[test]
 fn admission_policies_can_be_turned_off() {
     let Some(docs) = render(
@@ -1296,6 +1336,8 @@ fn other_chart_durations_and_quantities_are_bounded() {
         "agent.resources.requests.cpu=0.5",
         "controller.pdb.minAvailable=50%",
         "cleanup.activeDeadlineSeconds=600",
+        "controller.capacity.models={qwen3-32b@32768,llama-3.1-8b/fp8}",
+        "controller.capacity.interval=5m",
     ] {
         let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", good]);
         assert!(result.is_ok(), "--set {good}: {result:?}");
@@ -1312,6 +1354,11 @@ fn other_chart_durations_and_quantities_are_bounded() {
         "controller.pdb.minAvailable=150%",
         "controller.replicas=1000",
         "cleanup.activeDeadlineSeconds=999999999",
+        // An argument smuggled into the controller's command line.
+        "controller.capacity.models={llama-3.1-8b --health-taints=enforce}",
+        "controller.capacity.models={x;y}",
+        "controller.capacity.interval=1d",
+        "controller.capacity.interval=60s --selector=x",
     ] {
         let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", bad]);
         assert!(result.is_err(), "--set {bad} should be refused");

@@ -3,7 +3,8 @@
 //! placement, an inventory's `DevicesMissing` turning True gives a Warning Event on the Node,
 //! `hwaccel_fleet_nodes_missing_devices` and (enforce) the Node taint, and turning back
 //! clears them; a dry run taints nothing, the scheduler still places pods on the node, and
-//! the report Event names the pods on it.
+//! the report Event names the pods on it. The replicas of a counted model
+//! (`hwaccel_fleet_model_replicas`) follow the placement too.
 //!
 //! The inventories are written directly (spec as the agent would, status as admin), so these
 //! tests do not depend on the agent. Run with the cluster up: `tests/cluster/up.sh --full &&
@@ -16,18 +17,33 @@ mod support;
 use anyhow::Result;
 use hwaccel::api::placement::{ModelPlacementStatus, PrecisionChoice};
 use hwaccel::api::{AcceleratorInventory, DeviceAttribute, ModelPlacement, attribute};
-use hwaccel::controller::HealthTaints;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hwaccel::controller::core::model_capacity::CountedModel;
+use hwaccel::controller::{CapacityCounting, HealthTaints};
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use support::controller::start_controller;
+use support::controller::{start_controller, start_controller_with};
 use support::nodes::{create_kwok_node, node_events};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
+/// The model the controller counts in units of replicas.
+const COUNTED: &str = "llama-3.1-70b@8192/bf16";
+
+/// The labels of the counted model's series.
+fn counted_labels() -> [(&'static str, &'static str); 3] {
+    [
+        ("model", "llama-3.1-70b"),
+        ("context", "8192"),
+        ("precision", "bf16"),
+    ]
+}
 
 /// A kwok Node with the fixture host's inventory, every accelerator `healthy`. Returns the
 /// node name and its accelerator count.
@@ -191,9 +207,23 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
             ]}})),
         )
         .await?;
-    let (_controller, registry) = start_controller(&cluster, HealthTaints::Enforce);
+    let (_controller, registry) = start_controller_with(&cluster, |config| {
+        config.health_taints = HealthTaints::Enforce;
+        config.capacity = CapacityCounting {
+            models: Arc::new(vec![CountedModel::parse(COUNTED).expect("a preset")]),
+            interval: Duration::ZERO,
+        };
+    });
 
-    // Before any placement: every healthy device is free.
+    // Before any placement: every healthy device is free, and 70B in BF16 at 8k tokens (TP 2
+    // on an H100) fits four times.
+    wait_for(DEFAULT_TIMEOUT, "4 replicas of the counted model", || {
+        let text = scrape(&registry);
+        async move {
+            Ok((sum(&text, "hwaccel_fleet_model_replicas", &counted_labels()) == 4).then_some(()))
+        }
+    })
+    .await?;
     wait_for(DEFAULT_TIMEOUT, "freeDevices = all", || {
         let cluster = &cluster;
         let node = node.clone();
@@ -260,6 +290,27 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
         "{text}"
     );
     assert_eq!(sum(&text, "hwaccel_fleet_nodes_missing_devices", &[]), 0);
+    // The count follows the placement: pairs of the devices left, an odd one stranded.
+    wait_for(
+        DEFAULT_TIMEOUT,
+        "the counted model after the placement",
+        || {
+            let text = scrape(&registry);
+            async move {
+                let replicas = sum(&text, "hwaccel_fleet_model_replicas", &counted_labels());
+                let stranded = sum(
+                    &text,
+                    "hwaccel_fleet_model_stranded_devices",
+                    &counted_labels(),
+                );
+                Ok(
+                    ((replicas, stranded) == (expected_free as i64 / 2, expected_free as i64 % 2))
+                        .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
     let ns = cluster.namespace();
     assert_eq!(
         sum(

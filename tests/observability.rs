@@ -843,6 +843,13 @@ fn the_contract_is_exactly_what_the_agent_and_controller_export() {
             },
         )]),
     );
+    fleet.publish_models(&[hwaccel::controller::core::model_capacity::ModelCount {
+        model: "llama-3.1-70b".into(),
+        context: 8192,
+        precision: "bf16".into(),
+        replicas: 3,
+        stranded_devices: 0,
+    }]);
     let exported = exported_series_names(&registry);
     let documented: BTreeSet<String> = Contract::from_repository()
         .metrics

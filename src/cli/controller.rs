@@ -41,6 +41,14 @@ pub(super) struct ControllerArgs {
     /// effect NoSchedule, or the Node taint hwaccel.io/devices-unhealthy:NoSchedule).
     #[arg(long, default_value = "none", value_parser = parse_health_taints)]
     health_taints: crate::controller::HealthTaints,
+    /// A model to count in units of replicas for `hwaccel_fleet_model_replicas`: a preset key,
+    /// at its maximum context or `@CONTEXT` tokens (`llama-3.1-70b@32768`). Repeatable, or
+    /// comma-separated; at most 16.
+    #[arg(long = "capacity-model", value_delimiter = ',')]
+    capacity_models: Vec<String>,
+    /// Least time between two counts of the `--capacity-model`s (10s to 24h).
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse_capacity_interval)]
+    capacity_interval: Duration,
     #[command(flatten)]
     process: ProcessArgs,
     /// Log format.
@@ -63,6 +71,9 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .map(|i| i.trim().to_string())
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| format!("hwaccel-controller-{}", std::process::id()));
+    // Resolved before anything starts: a typo in a preset key fails here, with a hint.
+    let capacity_models =
+        crate::controller::core::model_capacity::CountedModel::parse_all(&args.capacity_models)?;
     let runtime = process::runtime()?;
     let flags = args.process;
     let outcome = runtime.block_on(async move {
@@ -75,6 +86,10 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
         config.health_taints = args.health_taints;
+        config.capacity = crate::controller::CapacityCounting {
+            models: std::sync::Arc::new(capacity_models),
+            interval: args.capacity_interval,
+        };
         config.reconciles = start.liveness.work(
             "controller reconcile",
             crate::health::reconcile_bound(flags.api_timeout),

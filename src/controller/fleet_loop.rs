@@ -2,13 +2,17 @@
 //! controller computes the fleet's numbers once ([`fleet_stats`]) and from them publishes the
 //! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
 //! Events on `DevicesMissing` transitions and keeps the health taints
-//! ([`health_taints`](super::health_taints)) in line.
+//! ([`health_taints`](super::health_taints)) in line. At most once per capacity interval it
+//! also counts the replicas of each `--capacity-model` the free devices hold
+//! ([`model_capacity`]): dozens of plans per model, so on a blocking thread and never in a
+//! reconcile's way.
 //!
 //! One pass per burst of changes rather than one per reconcile: at 10,000 nodes a pass walks
 //! every inventory (milliseconds), which a reconcile must not pay. A slow resync catches what
 //! a missed trigger would leave behind.
 //!
 //! [`fleet_stats`]: super::core::fleet_stats
+//! [`model_capacity`]: super::core::model_capacity
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use super::core::fleet_stats::{FleetTotals, NodeStats};
 use super::core::fleet_view::{FleetView, names_its_node};
 use super::core::health_taints::HealthTaints;
 use super::core::ledger::PlacementKey;
+use super::core::model_capacity::{self, CountedModel};
 use super::dereference::fleet_view;
 use super::fleet_metrics::PlacementFigures;
 use super::health_taints::Taints;
@@ -47,14 +52,31 @@ struct Memory {
     free_written: HashMap<String, (u32, Instant)>,
     /// `DevicesMissing` as last seen per node, for the Events on its transitions.
     missing_seen: HashMap<String, bool>,
+    /// When the models were last counted.
+    counted_at: Option<Instant>,
+}
+
+/// Which models to count in units of replicas, and how often at most.
+#[derive(Debug, Clone, Default)]
+pub struct CapacityCounting {
+    /// The models (`--capacity-model`); none turns counting off.
+    pub models: Arc<Vec<CountedModel>>,
+    /// Least time between two counts.
+    pub interval: Duration,
 }
 
 /// Runs fleet passes until the future is dropped (it lives as long as the controller).
-pub(super) async fn run(ctx: Arc<Context>, mode: HealthTaints, selector: Option<String>) {
+pub(super) async fn run(
+    ctx: Arc<Context>,
+    mode: HealthTaints,
+    selector: Option<String>,
+    counting: CapacityCounting,
+) {
     let mut memory = Memory::default();
     let mut taints = Taints::new(&ctx, mode, selector).await;
     loop {
         pass(&ctx, &mut memory, &mut taints).await;
+        count_models(&ctx, &mut memory, &counting).await;
         tokio::select! {
             () = ctx.fleet_changed.notified() => {}
             () = tokio::time::sleep(RESYNC) => {}
@@ -118,6 +140,42 @@ async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
     if let Some(view) = view {
         taints.sync(ctx, &stats, &view).await;
     }
+}
+
+/// Counts the replicas of each model the free devices hold and publishes them, unless the
+/// last count is more recent than the interval.
+async fn count_models(ctx: &Context, memory: &mut Memory, counting: &CapacityCounting) {
+    if counting.models.is_empty()
+        || memory
+            .counted_at
+            .is_some_and(|at| at.elapsed() < counting.interval)
+    {
+        return;
+    }
+    let (view, reserved) = {
+        let mut state = ctx.state.lock().await;
+        (fleet_view(ctx, &mut state), state.ledger.reserved_all())
+    };
+    let models = counting.models.clone();
+    let started = Instant::now();
+    let counted = tokio::task::spawn_blocking(move || {
+        model_capacity::count(&models, view.nodes(), &reserved)
+    })
+    .await;
+    memory.counted_at = Some(Instant::now());
+    let Ok((counts, errors)) = counted else {
+        tracing::warn!("counting model capacity panicked; the next interval tries again");
+        return;
+    };
+    for error in &errors {
+        tracing::warn!(%error, "counting a model's capacity failed");
+    }
+    tracing::debug!(
+        models = counts.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "counted model capacity"
+    );
+    ctx.metrics.fleet.publish_models(&counts);
 }
 
 /// Writes `status.freeDevices` on every inventory whose value changed, by server-side apply

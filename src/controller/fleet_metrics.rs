@@ -1,6 +1,7 @@
 //! The fleet's gauges (`hwaccel_fleet_*`, `hwaccel_placement_*`; names in
 //! `docs/observability.md`): devices, healthy, reserved and free per product, nodes missing
-//! devices, and per placement the devices it holds and its state.
+//! devices, per placement the devices it holds and its state, and per counted model the
+//! replicas the free devices hold (`--capacity-model`).
 //!
 //! Each publish sets every current series and removes the ones that are gone (a deleted
 //! placement, a product no node has any more), so a scrape never shows a stale series and
@@ -16,6 +17,7 @@ use prometheus_client::registry::Registry;
 
 use super::core::fleet_stats::FleetTotals;
 use super::core::ledger::PlacementKey;
+use super::core::model_capacity::ModelCount;
 
 /// The states `hwaccel_placement_state` has a series for, per placement.
 pub const PLACEMENT_STATES: [&str; 3] = ["Planned", "Pending", "Invalid"];
@@ -49,6 +51,17 @@ pub struct PlacementStateLabel {
     pub state: String,
 }
 
+/// Label set of a counted model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ModelLabel {
+    /// The preset key (`llama-3.1-70b`).
+    pub model: String,
+    /// Tokens per request.
+    pub context: String,
+    /// The precision asked for (`auto`, `bf16`...).
+    pub precision: String,
+}
+
 /// What one placement shows: devices held and its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacementFigures {
@@ -63,6 +76,7 @@ pub struct PlacementFigures {
 struct Published {
     products: BTreeSet<ProductLabel>,
     placements: BTreeSet<PlacementLabel>,
+    models: BTreeSet<ModelLabel>,
 }
 
 /// The fleet gauges.
@@ -75,6 +89,8 @@ pub struct FleetMetrics {
     nodes_missing_devices: Gauge,
     placement_devices: Family<PlacementLabel, Gauge>,
     placement_state: Family<PlacementStateLabel, Gauge>,
+    model_replicas: Family<ModelLabel, Gauge>,
+    model_stranded: Family<ModelLabel, Gauge>,
     published: Arc<Mutex<Published>>,
 }
 
@@ -89,6 +105,8 @@ impl FleetMetrics {
             nodes_missing_devices: Gauge::default(),
             placement_devices: Family::default(),
             placement_state: Family::default(),
+            model_replicas: Family::default(),
+            model_stranded: Family::default(),
             published: Arc::default(),
         };
         registry.register(
@@ -126,7 +144,47 @@ impl FleetMetrics {
             "1 for a ModelPlacement's current state, 0 for the others",
             metrics.placement_state.clone(),
         );
+        registry.register(
+            "hwaccel_fleet_model_replicas",
+            "Replicas of a counted model (one full-context request each) the free accelerators hold now",
+            metrics.model_replicas.clone(),
+        );
+        registry.register(
+            "hwaccel_fleet_model_stranded_devices",
+            "Free accelerators no further replica of a counted model can use",
+            metrics.model_stranded.clone(),
+        );
         metrics
+    }
+
+    /// Publishes the counted models' capacity; a model missing from `counts` (its count
+    /// failed) loses its series rather than keeping a stale one.
+    pub fn publish_models(&self, counts: &[ModelCount]) {
+        let Ok(mut published) = self.published.lock() else {
+            return;
+        };
+        let current: BTreeSet<ModelLabel> = counts
+            .iter()
+            .map(|count| {
+                let label = ModelLabel {
+                    model: count.model.clone(),
+                    context: count.context.to_string(),
+                    precision: count.precision.clone(),
+                };
+                self.model_replicas
+                    .get_or_create(&label)
+                    .set(i64::from(count.replicas));
+                self.model_stranded
+                    .get_or_create(&label)
+                    .set(i64::from(count.stranded_devices));
+                label
+            })
+            .collect();
+        for gone in published.models.difference(&current) {
+            self.model_replicas.remove(gone);
+            self.model_stranded.remove(gone);
+        }
+        published.models = current;
     }
 
     /// Publishes the fleet's sums and every placement's figures.
@@ -261,6 +319,35 @@ mod tests {
         assert!(!text.contains("llama"), "{text}");
         assert!(
             text.contains("hwaccel_fleet_nodes_missing_devices 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_model_whose_count_failed_loses_its_series() {
+        let mut registry = Registry::default();
+        let metrics = FleetMetrics::register(&mut registry);
+        let count = |model: &str, replicas| ModelCount {
+            model: model.to_string(),
+            context: 8192,
+            precision: "bf16".to_string(),
+            replicas,
+            stranded_devices: 1,
+        };
+        metrics.publish_models(&[count("llama-3.1-8b", 7), count("llama-3.1-70b", 1)]);
+        let text = exposition(&registry);
+        for line in [
+            "hwaccel_fleet_model_replicas{model=\"llama-3.1-8b\",context=\"8192\",precision=\"bf16\"} 7",
+            "hwaccel_fleet_model_replicas{model=\"llama-3.1-70b\",context=\"8192\",precision=\"bf16\"} 1",
+            "hwaccel_fleet_model_stranded_devices{model=\"llama-3.1-70b\",context=\"8192\",precision=\"bf16\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        metrics.publish_models(&[count("llama-3.1-8b", 6)]);
+        let text = exposition(&registry);
+        assert!(!text.contains("llama-3.1-70b"), "{text}");
+        assert!(
+            text.contains("hwaccel_fleet_model_replicas{model=\"llama-3.1-8b\",context=\"8192\",precision=\"bf16\"} 6"),
             "{text}"
         );
     }

@@ -63,6 +63,7 @@ pub use self::core::health_taints::HealthTaints;
 use self::core::ledger::Ledger;
 use self::dereference::holding_from_status;
 use self::dra_watch::dra_watches;
+pub use self::fleet_loop::CapacityCounting;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
 use self::reconcile::{error_policy, reconcile};
@@ -94,6 +95,8 @@ pub struct Config {
     pub reconciles: crate::health::Work,
     /// What to do about unhealthy nodes (`--health-taints`).
     pub health_taints: HealthTaints,
+    /// Models to count in units of replicas for the fleet gauges (`--capacity-model`).
+    pub capacity: CapacityCounting,
 }
 
 impl Config {
@@ -107,6 +110,7 @@ impl Config {
             inventory_grace: Duration::from_secs(300),
             reconciles: crate::health::Work::default(),
             health_taints: HealthTaints::None,
+            capacity: CapacityCounting::default(),
         }
     }
 
@@ -322,7 +326,12 @@ async fn run_controller(
         });
     // The label repair and the fleet pass live exactly as long as the controller (they
     // write, so only while this replica leads).
-    let fleet = fleet_loop::run(ctx.clone(), config.health_taints, config.selector.clone());
+    let fleet = fleet_loop::run(
+        ctx.clone(),
+        config.health_taints,
+        config.selector.clone(),
+        config.capacity.clone(),
+    );
     tokio::select! {
         () = controller => {}
         () = restore_placement_labels(ctx, relabel_tx, relabel_rx) => {}

@@ -21,13 +21,21 @@ impl Drop for Running {
 /// A controller scoped to this test, with health taints `mode`; its metrics registry for
 /// "scrapes".
 pub fn start_controller(cluster: &TestCluster, mode: HealthTaints) -> (Running, Registry) {
+    start_controller_with(cluster, |config| config.health_taints = mode)
+}
+
+/// A controller scoped to this test, its configuration changed by `tune`.
+pub fn start_controller_with(
+    cluster: &TestCluster,
+    tune: impl FnOnce(&mut Config),
+) -> (Running, Registry) {
     let mut registry = Registry::default();
     let metrics = ControllerMetrics::register(&mut registry);
     let mut config = Config::cluster_wide("fleet-test-controller");
     config.namespace = Some(cluster.namespace().to_string());
     config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
     config.debounce = Duration::from_millis(200);
-    config.health_taints = mode;
+    tune(&mut config);
     let running = Running(tokio::spawn(controller::run(
         cluster.client(),
         config,

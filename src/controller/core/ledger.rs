@@ -273,6 +273,15 @@ impl Ledger {
         reserved
     }
 
+    /// Every device held, by placements and outside the ledger.
+    pub fn reserved_all(&self) -> Reservations {
+        let mut reserved = self.external.clone();
+        for (node, device) in self.owners.keys() {
+            reserved.insert(node.clone(), device.clone());
+        }
+        reserved
+    }
+
     /// Devices held in total.
     pub fn devices_reserved(&self) -> usize {
         self.owners.len()

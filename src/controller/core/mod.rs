@@ -13,6 +13,7 @@
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
 //! | [`desired`] | the status and conditions a decision leads to |
 //! | [`labels`] | placement label keys and nodeSelectors |
+//! | [`model_capacity`] | `--capacity-model`: replicas of chosen models the free devices hold |
 //! | [`template`] | the planner's alternatives for a ResourceClaimTemplate |
 //!
 //! `tests/` and a unit test keep this module free of `kube`, `tokio` and `clap`.
@@ -26,4 +27,5 @@ pub mod fleet_view;
 pub mod health_taints;
 pub mod labels;
 pub mod ledger;
+pub mod model_capacity;
 pub mod template;
