@@ -9,7 +9,10 @@
 //! - deleting the placement frees the devices and the rival schedules;
 //! - a restarted controller neither duplicates nor drops claims;
 //! - `allocation: labels` makes no claims; `allocation: claims` plans only on published
-//!   devices.
+//!   devices;
+//! - with `--health-taints enforce`, a sick published GPU gets a DeviceTaintRule naming
+//!   exactly its DRA device (no Node taint), which kube-scheduler honours and a controller of
+//!   another scope leaves alone; the GPU's recovery deletes it.
 //!
 //! Full tier only (needs the scheduler and kwok): `tests/cluster/up.sh --full && cargo test
 //! --test cluster_dra -- --include-ignored`.
@@ -812,5 +815,147 @@ async fn template_fallback(cluster: &TestCluster, nvidia: &str, amd: &str) -> Re
         async move { Ok(templates.get_opt("llama").await?.is_none().then_some(())) }
     })
     .await?;
+    Ok(())
+}
+
+/// The fixture's inventory for `node`, written as the agent writes it, with its first NVIDIA
+/// GPU's health `health` and every other one healthy (the fixture reports one degraded).
+/// Returns that first GPU's inventory name.
+async fn set_first_gpu_health(cluster: &TestCluster, node: &str, health: &str) -> Result<String> {
+    let mut inventory = InventoryBuilder::fixture("h100-8x-nvswitch")
+        .node(node)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    let mut first = None;
+    for gpu in inventory
+        .spec
+        .devices
+        .iter_mut()
+        .filter(|d| d.text(attribute::VENDOR).as_deref() == Some("nvidia"))
+    {
+        let value = if first.is_none() { health } else { "healthy" };
+        first.get_or_insert_with(|| gpu.name.clone());
+        gpu.attributes.insert(
+            attribute::HEALTH.to_string(),
+            hwaccel::api::DeviceAttribute::String(value.to_string()),
+        );
+    }
+    let id = first.expect("the fixture has NVIDIA GPUs");
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .patch(
+            node,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&inventory),
+        )
+        .await?;
+    Ok(id)
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -> Result<()> {
+    use hwaccel::controller::HealthTaints;
+    use hwaccel::controller::core::health_taints::{TAINT_KEY, rule_name};
+    use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
+
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (node, published) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    let (_controller, _registry) = support::controller::start_controller_with(&cluster, |c| {
+        c.health_taints = HealthTaints::Enforce;
+    });
+
+    // One GPU turns unhealthy: a NoSchedule rule names exactly its DRA device, and the Node
+    // itself stays untainted (its other seven GPUs remain schedulable).
+    let sick = set_first_gpu_health(&cluster, &node, "unhealthy").await?;
+    let rules: Api<DeviceTaintRule> = Api::all(cluster.client());
+    let name = rule_name(&node, &sick);
+    let rule = wait_for(DEFAULT_TIMEOUT, "the DeviceTaintRule", || {
+        let (rules, name) = (rules.clone(), name.clone());
+        async move { Ok(rules.get_opt(&name).await?) }
+    })
+    .await?;
+    assert_eq!(rule.spec.taint.key, TAINT_KEY);
+    assert_eq!(rule.spec.taint.effect, "NoSchedule");
+    let selector = rule.spec.device_selector.expect("a device selector");
+    assert_eq!(
+        (
+            selector.driver.as_deref(),
+            selector.pool.as_deref(),
+            selector.device.as_deref()
+        ),
+        (Some(DRIVER), Some(node.as_str()), Some("gpu-0"))
+    );
+    let taints = Api::<Node>::all(cluster.client())
+        .get(&node)
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default();
+    assert!(taints.iter().all(|t| t.key != TAINT_KEY), "{taints:?}");
+
+    // A controller watching other nodes (a canary) leaves this scope's rule alone.
+    {
+        let (_canary, _registry) = support::controller::start_controller_with(&cluster, |c| {
+            c.health_taints = HealthTaints::Enforce;
+            c.selector = Some(format!("{TEST_LABEL}=nobody-{}", cluster.prefix()));
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            rules.get_opt(&name).await?.is_some(),
+            "the canary deleted it"
+        );
+    }
+
+    // The scheduler honours the rule: every GPU of the node is more than it will give.
+    create_any_gpus_template(&cluster, "every-gpu", published).await?;
+    create_pod(
+        &cluster,
+        "every-gpu",
+        ("resourceClaimTemplateName", "every-gpu"),
+        &node,
+    )
+    .await?;
+    let failure = wait_for(DEFAULT_TIMEOUT, "the pod refused", || {
+        let cluster = &cluster;
+        async move { scheduling_failure(cluster, "every-gpu").await }
+    })
+    .await?;
+    assert_eq!(
+        scheduled_node(&cluster, "every-gpu").await?,
+        None,
+        "{failure}"
+    );
+
+    eprintln!("scheduler: {failure}");
+
+    // Healthy again: the rule goes, and the same request is scheduled on the node. (A pod
+    // the scheduler parked as unschedulable is retried on its own clock, minutes later, so
+    // the test asks again with a new pod rather than wait.)
+    set_first_gpu_health(&cluster, &node, "healthy").await?;
+    wait_for(DEFAULT_TIMEOUT, "the rule deleted", || {
+        let (rules, name) = (rules.clone(), name.clone());
+        async move { Ok(rules.get_opt(&name).await?.is_none().then_some(())) }
+    })
+    .await?;
+    Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+        .delete("every-gpu", &DeleteParams::default().grace_period(0))
+        .await?;
+    create_pod(
+        &cluster,
+        "every-gpu-again",
+        ("resourceClaimTemplateName", "every-gpu"),
+        &node,
+    )
+    .await?;
+    let placed = wait_for(DEFAULT_TIMEOUT, "the pod scheduled", || {
+        let cluster = &cluster;
+        async move { scheduled_node(cluster, "every-gpu-again").await }
+    })
+    .await?;
+    assert_eq!(placed, node);
+    remove_nodes(&cluster, &[&node]).await?;
     Ok(())
 }

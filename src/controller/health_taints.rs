@@ -24,7 +24,8 @@ use super::context::{Context, FIELD_MANAGER};
 use super::core::fleet_stats::{NodeStats, Unhealthy};
 use super::core::fleet_view::FleetView;
 use super::core::health_taints::{
-    HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, TAINT_KEY, device_taint_rule, edited_taints,
+    HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,
+    device_taint_rule, edited_taints, in_scope, scope_of,
 };
 use super::fleet_loop::{cut, publish_node_event};
 
@@ -40,6 +41,8 @@ const PODS_LISTED: u32 = 20;
 pub(super) struct Taints {
     mode: HealthTaints,
     selector: Option<String>,
+    /// The scope label value of this controller's DeviceTaintRules.
+    scope: String,
     /// Whether the apiserver serves DeviceTaintRules.
     rules_served: bool,
     /// Nodes carrying our taint, with its value; `None` until listed.
@@ -59,6 +62,7 @@ impl Taints {
         }
         Self {
             mode,
+            scope: scope_of(selector.as_deref()),
             selector,
             rules_served,
             tainted: None,
@@ -92,8 +96,8 @@ impl Taints {
                             &node.node,
                             device,
                             published,
-                            "DeviceUnhealthy",
-                            effect,
+                            ("DeviceUnhealthy", effect),
+                            &self.scope,
                         );
                         if let Some(name) = rule.metadata.name.clone() {
                             rules.insert(name, rule);
@@ -229,12 +233,22 @@ impl Taints {
     async fn sync_rules(&mut self, ctx: &Context, wanted: &BTreeMap<String, DeviceTaintRule>) {
         let api: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
         if self.rules.is_none() {
-            let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-            match api.list(&params).await {
+            // The whole-cluster controller also lists rules without a scope label (written
+            // before scopes existed); a scoped one lists only its own.
+            let selector = if self.scope == WHOLE_CLUSTER {
+                format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
+            } else {
+                format!(
+                    "{MANAGED_BY_LABEL}={MANAGED_BY},{SCOPE_LABEL}={}",
+                    self.scope
+                )
+            };
+            match api.list(&ListParams::default().labels(&selector)).await {
                 Ok(list) => {
                     self.rules = Some(
                         list.items
                             .into_iter()
+                            .filter(|r| in_scope(r.metadata.labels.as_ref(), &self.scope))
                             .filter_map(|r| Some((r.metadata.name?, r.spec.taint.effect)))
                             .collect(),
                     );

@@ -187,6 +187,10 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --service-cluster-ip-range=10.0.0.0/24
   --authorization-mode=Node,RBAC
   --enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy
+  # DeviceTaintRules (beta, off by default in 1.36) so the health-taint tests reach both of
+  # the controller's paths: per-device rules where DRA publishes a device, Node taints else.
+  --feature-gates=DRADeviceTaintRules=true
+  --runtime-config=resource.k8s.io/v1beta2=true
   --allow-privileged=true --profiling=false
   # Never resolve node host names; kwok nodes report InternalIP 127.0.0.1.
   --kubelet-preferred-address-types=InternalIP
@@ -224,6 +228,7 @@ if [ $FULL = 1 ]; then
     --kubeconfig="$KC" --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" \
     --cert-dir="$WORK/certs/scheduler" --profiling=false \
+    --feature-gates=DRADeviceTaintRules=true \
     || fail "could not start kube-scheduler"
 
   # kwok's stock stages, read from the kwok module in the Go module cache.

@@ -5,6 +5,7 @@
 //! Pure: the driver (`health_taints.rs` one level up) decides when to call these and writes
 //! what they return.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -23,6 +24,12 @@ pub const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
 pub const MANAGED_BY_LABEL: &str = "hwaccel.io/managed-by";
 /// That label's value.
 pub const MANAGED_BY: &str = "hwaccel-controller";
+/// The label naming the scope of the controller that wrote a DeviceTaintRule: `all` for a
+/// controller watching every node, else a hash of its `--selector`. Each controller lists,
+/// keeps and deletes only its own scope's rules, so a canary never deletes the fleet's.
+pub const SCOPE_LABEL: &str = "hwaccel.io/scope";
+/// The scope of a controller watching every node.
+pub const WHOLE_CLUSTER: &str = "all";
 /// Longest object name (DNS subdomain).
 const MAX_NAME: usize = 253;
 
@@ -144,21 +151,43 @@ pub fn rule_name(node: &str, device: &str) -> String {
     format!("{}-{hash:016x}", head.trim_end_matches(['-', '.']))
 }
 
-/// The DeviceTaintRule for one unhealthy device DRA publishes as `device`.
+/// The scope label value of a controller with `selector` (see [`SCOPE_LABEL`]).
+pub fn scope_of(selector: Option<&str>) -> String {
+    match selector {
+        None => WHOLE_CLUSTER.to_string(),
+        Some(selector) => format!("{:016x}", fnv1a(selector.as_bytes())),
+    }
+}
+
+/// Whether a rule of ours with `labels` belongs to the controller of `scope`: its scope label
+/// says so, or the controller watches every node and the rule has no scope label (written
+/// before scopes existed, so by a controller watching every node).
+pub fn in_scope(labels: Option<&BTreeMap<String, String>>, scope: &str) -> bool {
+    match labels.and_then(|l| l.get(SCOPE_LABEL)) {
+        Some(label) => label == scope,
+        None => scope == WHOLE_CLUSTER,
+    }
+}
+
+/// The DeviceTaintRule for one unhealthy device DRA publishes as `device`, written by the
+/// controller of `scope`.
 pub fn device_taint_rule(
     node: &str,
     inventory_device: &str,
     device: &DeviceRef,
-    reason: &str,
-    effect: &str,
+    (reason, effect): (&str, &str),
+    scope: &str,
 ) -> DeviceTaintRule {
     DeviceTaintRule {
         metadata: ObjectMeta {
             name: Some(rule_name(node, inventory_device)),
             labels: Some(
-                [(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]
-                    .into_iter()
-                    .collect(),
+                [
+                    (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+                    (SCOPE_LABEL.to_string(), scope.to_string()),
+                ]
+                .into_iter()
+                .collect(),
             ),
             ..ObjectMeta::default()
         },
@@ -235,7 +264,13 @@ mod tests {
             pool: "node-a".to_string(),
             device: "gpu-3".to_string(),
         };
-        let rule = device_taint_rule("node-a", "nvidia-3", &device, "DeviceUnhealthy", "None");
+        let rule = device_taint_rule(
+            "node-a",
+            "nvidia-3",
+            &device,
+            ("DeviceUnhealthy", "None"),
+            WHOLE_CLUSTER,
+        );
         assert_eq!(
             rule.metadata.name.as_deref(),
             Some("hwaccel-node-a-nvidia-3")
@@ -254,6 +289,29 @@ mod tests {
         assert_eq!(selector.device.as_deref(), Some("gpu-3"));
         assert_eq!(rule.spec.taint.effect, "None");
         assert_eq!(rule.spec.taint.key, TAINT_KEY);
+    }
+
+    #[test]
+    fn each_scope_owns_only_its_rules() {
+        let canary = scope_of(Some("pool=canary"));
+        assert_ne!(canary, scope_of(Some("pool=other")));
+        assert_eq!(canary, scope_of(Some("pool=canary")));
+        assert!(canary.len() <= 63 && canary.chars().all(|c| c.is_ascii_hexdigit()));
+        let labels = |scope: Option<&str>| {
+            let mut labels =
+                BTreeMap::from([(MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]);
+            if let Some(scope) = scope {
+                labels.insert(SCOPE_LABEL.to_string(), scope.to_string());
+            }
+            labels
+        };
+        assert!(in_scope(Some(&labels(Some(&canary))), &canary));
+        assert!(!in_scope(Some(&labels(Some(&canary))), WHOLE_CLUSTER));
+        assert!(!in_scope(Some(&labels(Some(WHOLE_CLUSTER))), &canary));
+        // Rules from before scopes belong to the whole-cluster controller only.
+        assert!(in_scope(Some(&labels(None)), WHOLE_CLUSTER));
+        assert!(!in_scope(Some(&labels(None)), &canary));
+        assert!(!in_scope(None, &canary));
     }
 
     #[test]
