@@ -209,6 +209,7 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
         .await?;
     let (_controller, registry) = start_controller_with(&cluster, |config| {
         config.health_taints = HealthTaints::Enforce;
+        config.taint_check = Duration::from_secs(1);
         config.capacity = CapacityCounting {
             models: Arc::new(vec![CountedModel::parse(COUNTED).expect("a preset")]),
             interval: Duration::ZERO,
@@ -350,6 +351,17 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
     })
     .await?;
     let taint = wait_for(DEFAULT_TIMEOUT, "the health taint", || {
+        let cluster = &cluster;
+        let node = node.clone();
+        async move { our_taint(cluster, &node).await }
+    })
+    .await?;
+    assert_eq!(taint, "DevicesMissing");
+    // Someone removes it by hand while the devices are still missing: it comes back.
+    cluster
+        .kubectl_ok(&["taint", "node", &node, &format!("{TAINT_KEY}-")])
+        .await?;
+    let taint = wait_for(DEFAULT_TIMEOUT, "the health taint restored", || {
         let cluster = &cluster;
         let node = node.clone();
         async move { our_taint(cluster, &node).await }

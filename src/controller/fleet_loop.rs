@@ -68,12 +68,12 @@ pub struct CapacityCounting {
 /// Runs fleet passes until the future is dropped (it lives as long as the controller).
 pub(super) async fn run(
     ctx: Arc<Context>,
-    mode: HealthTaints,
+    (mode, taint_check): (HealthTaints, Duration),
     selector: Option<String>,
     counting: CapacityCounting,
 ) {
     let mut memory = Memory::default();
-    let mut taints = Taints::new(&ctx, mode, selector).await;
+    let mut taints = Taints::new(&ctx, mode, selector, taint_check).await;
     loop {
         pass(&ctx, &mut memory, &mut taints).await;
         count_models(&ctx, &mut memory, &counting).await;

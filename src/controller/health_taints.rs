@@ -35,6 +35,9 @@ const RULES_API_VERSION: &str = "resource.k8s.io/v1beta2";
 const LIST_PAGE: u32 = 500;
 /// Most pods a dry-run Event names.
 const PODS_LISTED: u32 = 20;
+/// How often the Nodes we taint are read again, so a taint removed by hand comes back: one
+/// GET per tainted Node (the Node cache holds metadata only, so it cannot tell).
+pub const TAINT_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The health-taint state between fleet passes.
 #[derive(Debug)]
@@ -51,11 +54,20 @@ pub(super) struct Taints {
     rules: Option<BTreeMap<String, String>>,
     /// Dry run: the reason last reported per node, so each is reported once.
     reported: BTreeMap<String, String>,
+    /// How often our Node taints are read again, and when they last were.
+    check_every: std::time::Duration,
+    checked_at: Option<std::time::Instant>,
 }
 
 impl Taints {
-    /// Starts in `mode`, discovering whether DeviceTaintRules are served.
-    pub(super) async fn new(ctx: &Context, mode: HealthTaints, selector: Option<String>) -> Self {
+    /// Starts in `mode`, discovering whether DeviceTaintRules are served; the Nodes it taints
+    /// are read again every `check_every`.
+    pub(super) async fn new(
+        ctx: &Context,
+        mode: HealthTaints,
+        selector: Option<String>,
+        check_every: std::time::Duration,
+    ) -> Self {
         let rules_served = mode != HealthTaints::None && rules_served(ctx).await;
         if mode != HealthTaints::None {
             tracing::info!(%mode, rules_served, "health taints on");
@@ -68,6 +80,8 @@ impl Taints {
             tainted: None,
             rules: None,
             reported: BTreeMap::new(),
+            check_every,
+            checked_at: None,
         }
     }
 
@@ -154,6 +168,14 @@ impl Taints {
                 }
             }
         }
+        // Now and then, read the Nodes that should carry our taint even if we believe they
+        // do: someone may have removed it by hand (`kubectl taint ... -`).
+        let check = self
+            .checked_at
+            .is_none_or(|at| at.elapsed() >= self.check_every);
+        if check {
+            self.checked_at = Some(std::time::Instant::now());
+        }
         let Some(tainted) = self.tainted.as_mut() else {
             return;
         };
@@ -163,18 +185,20 @@ impl Taints {
         nodes.dedup();
         for node in nodes {
             let want = wanted.get(&node);
-            if want == tainted.get(&node) {
+            if want == tainted.get(&node) && !(check && want.is_some()) {
                 continue;
             }
             let started = std::time::Instant::now();
             match set_node_taint(ctx, &node, want.map(String::as_str)).await {
-                Ok(now) => {
-                    ctx.metrics.wrote("node_taint", started.elapsed());
+                Ok((now, wrote)) => {
                     match now {
                         Some(value) => tainted.insert(node.clone(), value),
                         None => tainted.remove(&node),
                     };
-                    tracing::info!(%node, taint = ?want, "health taint updated");
+                    if wrote {
+                        ctx.metrics.wrote("node_taint", started.elapsed());
+                        tracing::info!(%node, taint = ?want, "health taint updated");
+                    }
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     tainted.remove(&node);
@@ -355,14 +379,14 @@ async fn list_tainted(
 }
 
 /// Sets our taint on `node` to `reason` (or removes it), leaving every other taint alone;
-/// returns the value it carries now. The write is guarded by the resourceVersion it read, so
-/// a taint someone else added in between is never lost (the write fails with a conflict
-/// instead, and the next pass reads again).
+/// returns the value it carries now and whether that took a write. The write is guarded by
+/// the resourceVersion it read, so a taint someone else added in between is never lost (the
+/// write fails with a conflict instead, and the next pass reads again).
 async fn set_node_taint(
     ctx: &Context,
     node: &str,
     reason: Option<&str>,
-) -> Result<Option<String>, kube::Error> {
+) -> Result<(Option<String>, bool), kube::Error> {
     let api: Api<Node> = Api::all(ctx.client.clone());
     let current = api.get(node).await?;
     let taints = current
@@ -371,7 +395,7 @@ async fn set_node_taint(
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
     let Some(next) = edited_taints(&taints, reason) else {
-        return Ok(reason.map(str::to_string));
+        return Ok((reason.map(str::to_string), false));
     };
     // A merge patch replaces the list whole; the resourceVersion in it makes the write
     // conditional on the Node being as read.
@@ -388,7 +412,7 @@ async fn set_node_taint(
         &Patch::Merge(&patch),
     )
     .await?;
-    Ok(reason.map(str::to_string))
+    Ok((reason.map(str::to_string), true))
 }
 
 /// `namespace/name` of the pods on `node`, at most [`PODS_LISTED`].

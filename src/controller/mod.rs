@@ -95,6 +95,9 @@ pub struct Config {
     pub reconciles: crate::health::Work,
     /// What to do about unhealthy nodes (`--health-taints`).
     pub health_taints: HealthTaints,
+    /// How often the Nodes the controller taints are read again, so a taint removed by hand
+    /// comes back.
+    pub taint_check: Duration,
     /// Models to count in units of replicas for the fleet gauges (`--capacity-model`).
     pub capacity: CapacityCounting,
 }
@@ -110,6 +113,7 @@ impl Config {
             inventory_grace: Duration::from_secs(300),
             reconciles: crate::health::Work::default(),
             health_taints: HealthTaints::None,
+            taint_check: health_taints::TAINT_CHECK,
             capacity: CapacityCounting::default(),
         }
     }
@@ -328,7 +332,7 @@ async fn run_controller(
     // write, so only while this replica leads).
     let fleet = fleet_loop::run(
         ctx.clone(),
-        config.health_taints,
+        (config.health_taints, config.taint_check),
         config.selector.clone(),
         config.capacity.clone(),
     );
