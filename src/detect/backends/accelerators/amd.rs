@@ -181,6 +181,14 @@ fn build_device(
         host_facts,
         integrated,
     );
+    // The board serial, the AMD exporter's join key (`serial_number`): sysfs, else amd-smi.
+    if let Some(serial) = facts
+        .serial_number
+        .clone()
+        .or_else(|| tool.and_then(|t| t.board_serial.clone()))
+    {
+        device.attributes.insert("serial".into(), serial);
+    }
     device
 }
 

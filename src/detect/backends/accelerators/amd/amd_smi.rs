@@ -41,6 +41,8 @@ pub struct SmiGpu {
     pub memory_partition: Option<String>,
     /// ASIC serial.
     pub serial: Option<String>,
+    /// Board serial from the FRU (`board.product_serial`).
+    pub board_serial: Option<String>,
 }
 
 /// Parses `amd-smi static --json`.
@@ -87,6 +89,9 @@ fn amd_smi_gpu(entry: &Map<String, Value>) -> SmiGpu {
         compute_partition: at(&["partition", "compute_partition"]).and_then(text),
         memory_partition: at(&["partition", "memory_partition"]).and_then(text),
         serial: at(&["asic", "asic_serial"]).and_then(text),
+        board_serial: at(&["board", "product_serial"])
+            .and_then(text)
+            .filter(|s| super::amdgpu_sysfs::is_known(s)),
     }
 }
 
@@ -124,6 +129,7 @@ fn rocm_smi_gpu(index: u32, entry: &Map<String, Value>) -> SmiGpu {
             .and_then(|b| parse_u64(&b))
             .filter(|&b| b > 0),
         vbios: field("VBIOS version"),
+        board_serial: field("Serial Number").filter(|s| super::amdgpu_sysfs::is_known(s)),
         ..SmiGpu::default()
     }
 }

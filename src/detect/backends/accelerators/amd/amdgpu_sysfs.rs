@@ -16,6 +16,9 @@ pub struct AmdgpuFacts {
     pub product_name: Option<String>,
     /// `unique_id`, a per-ASIC hex id.
     pub unique_id: Option<String>,
+    /// `serial_number`: the board serial from the FRU, the key the AMD device metrics
+    /// exporter labels its series with (`serial_number`).
+    pub serial_number: Option<String>,
     /// `current_compute_partition` (`SPX`).
     pub compute_partition: Option<String>,
     /// `available_compute_partition`.
@@ -39,12 +42,20 @@ pub fn read(host: &HostRoot, dir: &str) -> AmdgpuFacts {
         vbios: attr("vbios_version"),
         product_name: attr("product_name"),
         unique_id: attr("unique_id"),
+        serial_number: attr("serial_number").filter(|s| is_known(s)),
         compute_partition: attr("current_compute_partition").map(|s| s.to_ascii_uppercase()),
         compute_partitions_available: list("available_compute_partition"),
         memory_partition: attr("current_memory_partition").map(|s| s.to_ascii_uppercase()),
         memory_partitions_available: list("available_memory_partition"),
         health: read_ras(host, &format!("{dir}/ras")),
     }
+}
+
+/// Whether a FRU text is a value rather than a placeholder (boards without a FRU read
+/// empty, `N/A` or all zeros).
+pub fn is_known(text: &str) -> bool {
+    let text = text.trim();
+    !text.is_empty() && !text.eq_ignore_ascii_case("n/a") && !text.chars().all(|c| c == '0')
 }
 
 /// Parses a list of partition modes (`SPX, DPX, QPX, CPX`).

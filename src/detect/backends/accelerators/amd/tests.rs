@@ -61,6 +61,9 @@ fn finds_eight_mi300x_with_sysfs_kfd_and_amd_smi_facts() {
     assert_eq!(gpu.attributes["generation"], "cdna3");
     assert_eq!(gpu.attributes["pci_device_id"], "0x74a1");
     assert_eq!(gpu.attributes["drm_card"], "card0");
+    // No FRU serial in sysfs here: the board serial comes from amd-smi.
+    assert_eq!(gpu.attributes["serial"], "692323000000");
+    assert_eq!(findings.devices[1].attributes["serial"], "692323000001");
     assert_eq!(gpu.attributes["render_nodes"], "renderD128");
     assert_eq!(gpu.attributes["xcc_count"], "8");
     assert_eq!(
@@ -288,5 +291,15 @@ proptest! {
         if let Some(name) = gfx_catalog::gfx_name(v) {
             prop_assert!(name.starts_with("gfx"));
         }
+    }
+}
+
+#[test]
+fn fru_placeholders_are_not_serials() {
+    use super::amdgpu_sysfs::is_known;
+    assert!(is_known("692323000000"));
+    assert!(is_known(" PCB052715-0071 "));
+    for placeholder in ["", "  ", "N/A", "n/a", "0", "0000000000"] {
+        assert!(!is_known(placeholder), "{placeholder:?}");
     }
 }
