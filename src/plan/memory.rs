@@ -21,9 +21,9 @@
 //! * Profile-run peak: the MLP's live tensors for a full batch,
 //!   `batched_tokens * (2h + 3 * I_eff / tp) * 2` bytes (input and residual, gate/up output,
 //!   activation output; `I_eff` is the routed experts' and shared expert's width for MoE),
-//!   plus the sampler, one row of logits per sequence (`max_num_seqs` rows, V1's dummy sampler
-//!   run as much as V0's profile batch): `sequences * vocab * 8` bytes for the FP32 logits and
-//!   one FP32 working copy. Checked against vLLM's own profile of Llama-3.1-8B
+//!   plus the sampler, one row of logits per sequence (V0's profile batch and V1's dummy
+//!   sampler run both take `max_num_seqs` rows): `sequences * vocab * 8` bytes for the FP32
+//!   logits and one FP32 working copy. Checked against vLLM's own profile of Llama-3.1-8B
 //!   (vllm issue #10517): 2.07 GiB measured at 20,000 tokens, 2.15 GiB from this formula; 2.99
 //!   GiB measured at 29,000 tokens, 3.01 GiB from it.
 //! * Non-torch memory (CUDA context remainder, cuBLAS workspaces): 0.35 GiB as measured in
@@ -348,14 +348,17 @@ pub fn serving_fit(
 /// Memory outside the tensor allocator's profile: non-torch memory, communication buffers
 /// when the replica spans devices, and CUDA graphs where the engine counts them.
 fn runtime_overhead(target: &ServingTarget, tp: u32, pp: u32) -> Bytes {
-    let mut overhead = NON_TORCH;
-    if tp.saturating_mul(pp) > 1 {
-        overhead = overhead + COLLECTIVE_OVERHEAD;
-    }
-    if target.engine == Engine::Vllm && !target.enforce_eager {
-        overhead = overhead + CUDA_GRAPHS;
-    }
-    overhead
+    let collectives = if tp.saturating_mul(pp) > 1 {
+        COLLECTIVE_OVERHEAD
+    } else {
+        Bytes::ZERO
+    };
+    let graphs = if target.engine == Engine::Vllm && !target.enforce_eager {
+        CUDA_GRAPHS
+    } else {
+        Bytes::ZERO
+    };
+    NON_TORCH + collectives + graphs
 }
 
 /// Peak activation bytes on one device during vLLM's profile run: the forward pass over
