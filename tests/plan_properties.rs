@@ -249,7 +249,7 @@ proptest! {
         let model = model(model_index);
         let tps = valid_tensor_parallel_sizes(&model, 8);
         let tp = tps[tp_index % tps.len()];
-        let target = ServingTarget { context, kv_dtype: if fp8_kv { KvDtype::Fp8 } else { KvDtype::Auto }, gpu_util: 0.9 };
+        let target = ServingTarget { context, kv_dtype: if fp8_kv { KvDtype::Fp8 } else { KvDtype::Auto }, gpu_util: 0.9, ..ServingTarget::default() };
         let ladder = [Precision::Fp32, Precision::Bf16, Precision::Fp8, Precision::Int8, Precision::Nvfp4, Precision::Mxfp4, Precision::Int4, Precision::Nf4];
         let need = |precision| {
             let weights = WeightBytes::of(&model, precision);

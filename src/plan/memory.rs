@@ -1,47 +1,213 @@
-//! Per-device memory for serving, following vLLM's start-up budget
-//! (`vllm/v1/worker/gpu_worker.py`, `determine_available_memory`):
+//! Per-device memory for serving, following the start-up accounting of the serving engine
+//! (vLLM `vllm/v1/worker/gpu_worker.py`, `determine_available_memory`; SGLang
+//! `model_runner_kv_cache_mixin.py`, `profile_max_num_token`), calibrated against published
+//! start-up logs (`tests/plan_calibration.rs`, `docs/planner.md` "Calibration").
 //!
 //! ```text
-//! budget    = capacity * gpu_memory_utilization          (default 0.90)
-//! kv_free   = budget - weights - peak activations - runtime overhead
-//! fits      = kv_free holds one request of the full context (else vLLM refuses to start)
+//! vLLM    kv_free = capacity * gpu_memory_utilization
+//!                   - weights - profile-run peak - non-torch [- CUDA graphs, v0.21 and later]
+//! SGLang  kv_free = capacity * mem_fraction_static - weights - non-torch
+//! fits            = kv_free holds one request of the full context (else the engine refuses)
 //! max_concurrency = kv_free / bytes of one full-context request
+//! kv_tokens       = kv_free / KV bytes per token, in whole 16-token blocks
 //! ```
 //!
-//! Constants, and why:
-//! * Scheduler budget: vLLM's defaults for its API server — 8192 batched tokens and 1024
-//!   sequences on devices with at least 70 GiB that are not A100s, 2048 and 256 elsewhere
-//!   (`vllm/engine/arg_utils.py`, `get_batch_defaults`).
-//! * Peak activations: the MLP's live tensors for a full batch,
+//! The terms, and where they come from:
+//! * Scheduler budget (`max_num_batched_tokens`, `max_num_seqs`): vLLM's API-server defaults
+//!   are 8192 tokens and 1024 sequences on devices with at least 70 GiB that are not A100s,
+//!   2048 and 256 elsewhere (`vllm/engine/arg_utils.py`, `get_batch_defaults`). The V0 engine
+//!   (vLLM 0.7 and earlier) ran whole prompts: `max(max_model_len, 2048)` tokens, or 2048 once
+//!   chunked prefill switched itself on above 32k tokens.
+//! * Profile-run peak: the MLP's live tensors for a full batch,
 //!   `batched_tokens * (2h + 3 * I_eff / tp) * 2` bytes (input and residual, gate/up output,
-//!   activation output), plus the sampler's logits for every sequence,
-//!   `sequences * vocab * 8` bytes (FP32 logits and one FP32 working copy). Checked against
-//!   vLLM's own profile of Llama-3.1-8B (vllm issue #10517): 2.07 GiB measured at 20,000
-//!   tokens, 2.15 GiB from this formula.
-//! * Runtime overhead outside PyTorch's allocator (CUDA context, cuBLAS workspaces): 0.5 GiB
-//!   (0.35 GiB measured in the same issue), plus 0.5 GiB of NCCL buffers when the replica
-//!   spans devices. CUDA graphs live in the 10 % vLLM leaves outside its budget.
+//!   activation output; `I_eff` is the routed experts' and shared expert's width for MoE),
+//!   plus the sampler, one row of logits per sequence (V0's profile batch and V1's dummy
+//!   sampler run both take `max_num_seqs` rows): `sequences * vocab * 8` bytes for the FP32
+//!   logits and one FP32 working copy. Checked against vLLM's own profile of Llama-3.1-8B
+//!   (vllm issue #10517): 2.07 GiB measured at 20,000 tokens, 2.15 GiB from this formula; 2.99
+//!   GiB measured at 29,000 tokens, 3.01 GiB from it.
+//! * Non-torch memory (CUDA context remainder, cuBLAS workspaces): 0.35 GiB as measured in
+//!   #10517 (0.10 to 0.35 GiB in other logs), plus 0.5 GiB of NCCL and custom all-reduce
+//!   buffers when a replica spans devices.
+//! * CUDA graphs: outside the budget (in the 10 % vLLM leaves free) until vLLM 0.21, which
+//!   profiles them by default (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`; logged estimates of
+//!   0.36 to 2.22 GiB): 1 GiB unless `enforce_eager`.
+//! * SGLang's `mem_fraction_static` default: `(gpu_mem - reserved) / gpu_mem` with `reserved`
+//!   = 512 MiB + 1.5 MiB per chunked-prefill token + 2 MiB per CUDA-graph batch size + 128 MiB
+//!   per TP x PP rank, at least 10 GiB on devices above 60 GiB (SGLang `server_args.py`).
 
 use serde::Serialize;
 
-use super::kv::{KvDtype, KvLayout};
+use super::kv::{BLOCK_TOKENS, KvDtype, KvLayout};
 use super::model::Model;
 use super::units::Bytes;
 use super::weights::WeightBytes;
-use crate::hardware::MIB;
+use crate::hardware::{GIB, MIB};
 
 /// vLLM's default `gpu_memory_utilization`.
 pub const DEFAULT_GPU_UTIL: f64 = 0.90;
 
-/// Runtime memory outside the tensor allocator on every device.
-const BASE_OVERHEAD: Bytes = Bytes(512 * MIB);
-/// Extra communication buffers when a replica spans more than one device.
+/// Runtime memory outside the tensor allocator on every device (vllm issue #10517: 0.35 GiB).
+const NON_TORCH: Bytes = Bytes(358 * MIB);
+/// NCCL and custom all-reduce buffers when a replica spans more than one device.
 const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
+/// CUDA-graph pool that vLLM 0.21 and later subtract from the budget.
+const CUDA_GRAPHS: Bytes = Bytes(GIB);
 
 /// Bytes per activation value (16-bit).
 const ACTIVATION_BYTES: u64 = 2;
-/// Bytes per sampler logit: the FP32 logits and one FP32 working copy.
+/// Sampler bytes per logit in the profile run: the FP32 logits and one FP32 working copy
+/// (probabilities). V0 and V1 alike sample one row per sequence; a larger figure (16 bytes, for
+/// sorted copies and 64-bit indices) would refuse the published Llama-3.3-70B FP8 recipe on one
+/// H100 (`vllm-project/recipes` `Llama/Llama3.3-70B.md`), which starts.
 const SAMPLER_BYTES_PER_LOGIT: u64 = 8;
+/// Above this context the V0 engine turned chunked prefill on by itself.
+const V0_CHUNKED_PREFILL_ABOVE: u64 = 32_768;
+
+/// Which serving engine's start-up accounting a plan follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    /// vLLM 0.7 and earlier (V0): the profile run batches whole prompts and the sampler sees one
+    /// row per sequence; CUDA graphs live outside the budget.
+    VllmV0,
+    /// vLLM 0.8 to 0.20 (V1): profile run of `max_num_batched_tokens` plus a dummy sampler over
+    /// `max_num_seqs` rows; CUDA graphs outside the budget.
+    VllmV1,
+    /// vLLM 0.21 and later: as V1, and CUDA-graph memory is profiled inside the budget.
+    #[default]
+    Vllm,
+    /// SGLang: weights and KV cache fill `mem_fraction_static` of the device.
+    Sglang,
+}
+
+/// The serving request and the engine settings that shape its memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ServingTarget {
+    /// Tokens per request (prompt + output): vLLM's `max_model_len`.
+    pub context: u64,
+    /// KV-cache element type.
+    pub kv_dtype: KvDtype,
+    /// Fraction of device memory the plan may use (vLLM `--gpu-memory-utilization`, SGLang
+    /// `--mem-fraction-static`).
+    pub gpu_util: f64,
+    /// The engine whose accounting applies.
+    pub engine: Engine,
+    /// `--max-num-batched-tokens`; `None`: the engine's default for the device.
+    pub max_num_batched_tokens: Option<u64>,
+    /// `--max-num-seqs`; `None`: the engine's default for the device.
+    pub max_num_seqs: Option<u64>,
+    /// `--enforce-eager`: no CUDA graphs.
+    pub enforce_eager: bool,
+}
+
+impl Default for ServingTarget {
+    /// Today's vLLM with its defaults, for an 8192-token context.
+    fn default() -> Self {
+        Self {
+            context: 8192,
+            kv_dtype: KvDtype::Auto,
+            gpu_util: DEFAULT_GPU_UTIL,
+            engine: Engine::default(),
+            max_num_batched_tokens: None,
+            max_num_seqs: None,
+            enforce_eager: false,
+        }
+    }
+}
+
+impl ServingTarget {
+    /// `context`-token requests with a `kv_dtype` cache under `gpu_util`, on today's vLLM.
+    pub fn new(context: u64, kv_dtype: KvDtype, gpu_util: f64) -> Self {
+        Self {
+            context,
+            kv_dtype,
+            gpu_util,
+            ..Self::default()
+        }
+    }
+
+    /// The scheduler budget the engine profiles with on `capacity` of `product`:
+    /// (tokens per step, sequences per step).
+    pub fn scheduler(&self, capacity: Bytes, product: &str) -> (u64, u64) {
+        let (tokens, sequences) = match self.engine {
+            Engine::VllmV0 => {
+                let tokens = if self.context > V0_CHUNKED_PREFILL_ABOVE {
+                    2048
+                } else {
+                    self.context.max(2048)
+                };
+                (tokens, 256)
+            }
+            Engine::VllmV1 | Engine::Vllm => scheduler_defaults(capacity, product),
+            Engine::Sglang => (sglang_chunked_prefill(capacity), 0),
+        };
+        (
+            self.max_num_batched_tokens.unwrap_or(tokens),
+            self.max_num_seqs.unwrap_or(sequences),
+        )
+    }
+}
+
+/// vLLM's scheduler defaults for a device (tokens per step, sequences per step).
+pub fn scheduler_defaults(capacity: Bytes, product: &str) -> (u64, u64) {
+    let large = capacity >= Bytes::gib(70) && !product.to_ascii_lowercase().contains("a100");
+    if large { (8192, 1024) } else { (2048, 256) }
+}
+
+/// SGLang's default `chunked_prefill_size` by device memory (`server_args.py`).
+fn sglang_chunked_prefill(capacity: Bytes) -> u64 {
+    if capacity < Bytes::gib(35) {
+        2048
+    } else if capacity < Bytes::gib(60) {
+        4096
+    } else if capacity < Bytes::gib(160) {
+        8192
+    } else {
+        16384
+    }
+}
+
+/// SGLang's default `cuda_graph_max_bs` by device memory and TP (`server_args.py`).
+fn sglang_cuda_graph_max_bs(capacity: Bytes, tp: u32) -> u64 {
+    let wide = tp >= 4;
+    if capacity < Bytes::gib(20) {
+        8
+    } else if capacity < Bytes::gib(35) {
+        if wide { 80 } else { 24 }
+    } else if capacity < Bytes::gib(60) {
+        if wide { 160 } else { 32 }
+    } else if capacity < Bytes::gib(160) {
+        if wide { 512 } else { 256 }
+    } else {
+        512
+    }
+}
+
+/// SGLang's default `mem_fraction_static` for `tp` x `pp` devices of `capacity`.
+pub fn sglang_mem_fraction(capacity: Bytes, tp: u32, pp: u32) -> f64 {
+    let gpu_mib = capacity.as_f64() / MIB as f64;
+    let ranks = f64::from(tp.max(1)) * f64::from(pp.max(1));
+    let mut reserved = 512.0
+        + sglang_chunked_prefill(capacity).max(2048) as f64 * 1.5
+        + sglang_cuda_graph_max_bs(capacity, tp) as f64 * 2.0
+        + ranks / 8.0 * 1024.0;
+    if gpu_mib > 60.0 * 1024.0 {
+        reserved = reserved.max(10.0 * 1024.0);
+    }
+    if gpu_mib <= reserved {
+        return 0.0;
+    }
+    ((gpu_mib - reserved) / gpu_mib * 1000.0).round() / 1000.0
+}
+
+/// Each engine's default memory fraction for `tp` x `pp` devices of `capacity`.
+pub fn default_gpu_util(engine: Engine, capacity: Bytes, tp: u32, pp: u32) -> f64 {
+    match engine {
+        Engine::Sglang => sglang_mem_fraction(capacity, tp, pp),
+        Engine::VllmV0 | Engine::VllmV1 | Engine::Vllm => DEFAULT_GPU_UTIL,
+    }
+}
 
 /// One device's memory, as reported in every plan.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -50,10 +216,12 @@ pub struct DeviceMemory {
     pub weights: Bytes,
     /// KV cache reserved for the requests this device serves.
     pub kv_cache: Bytes,
-    /// Peak activations (training: stored activations and logits).
+    /// Peak activations (serving: the engine's profile run; training: stored activations and
+    /// logits).
     pub activations: Bytes,
-    /// Runtime overhead (CUDA context, communication buffers; training: optimizer and
-    /// gradients are broken out in the training report and counted here only as runtime).
+    /// Runtime overhead (serving: non-torch memory, communication buffers and CUDA graphs
+    /// where the engine counts them; training: optimizer and gradients are broken out in the
+    /// training report and counted here only as runtime).
     pub overhead: Bytes,
     /// The sum of the above.
     pub total: Bytes,
@@ -91,23 +259,6 @@ impl DeviceMemory {
     }
 }
 
-/// vLLM's scheduler defaults for a device (tokens per step, sequences per step).
-pub fn scheduler_defaults(capacity: Bytes, product: &str) -> (u64, u64) {
-    let large = capacity >= Bytes::gib(70) && !product.to_ascii_lowercase().contains("a100");
-    if large { (8192, 1024) } else { (2048, 256) }
-}
-
-/// The serving request.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ServingTarget {
-    /// Tokens per request (prompt + output): vLLM's `max_model_len`.
-    pub context: u64,
-    /// KV-cache element type.
-    pub kv_dtype: KvDtype,
-    /// Fraction of device memory the plan may use.
-    pub gpu_util: f64,
-}
-
 /// How one replica layout fares on one device type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ServingFit {
@@ -119,6 +270,9 @@ pub struct ServingFit {
     pub per_request: Bytes,
     /// Full-context requests the replica holds at once.
     pub max_concurrency: u64,
+    /// KV-cache tokens the replica holds, in whole blocks: what the engine logs at start-up
+    /// ("GPU KV cache size: N tokens").
+    pub kv_tokens: u64,
 }
 
 impl ServingFit {
@@ -143,6 +297,7 @@ impl ServingFit {
 }
 
 /// Evaluates one layout: `weights` in some precision, `tp` x `pp` devices of `capacity`.
+/// Allocation-free: it runs in the search's inner loop.
 pub fn serving_fit(
     model: &Model,
     weights: &WeightBytes,
@@ -152,19 +307,28 @@ pub fn serving_fit(
     target: &ServingTarget,
 ) -> ServingFit {
     let (capacity, product) = device;
-    let (batched_tokens, sequences) = scheduler_defaults(capacity, product);
+    let (batched_tokens, sequences) = target.scheduler(capacity, product);
     let budget = capacity.fraction(target.gpu_util);
     let weights_here = weights.per_device(model, tp, pp);
-    let activations = activation_peak(model, tp, batched_tokens, sequences);
-    let overhead = if tp.saturating_mul(pp) > 1 {
-        BASE_OVERHEAD + COLLECTIVE_OVERHEAD
-    } else {
-        BASE_OVERHEAD
+    let activations = match target.engine {
+        // SGLang sizes the pool before any forward pass: activations live in the reserve.
+        Engine::Sglang => Bytes::ZERO,
+        // The V1 dummy sampler takes at most one row per scheduled token.
+        Engine::VllmV0 | Engine::VllmV1 | Engine::Vllm => {
+            activation_peak(model, tp, batched_tokens, sequences.min(batched_tokens))
+        }
     };
+    let overhead = runtime_overhead(target, tp, pp);
     let kv = KvLayout::new(model, target.kv_dtype, tp, pp);
     let per_request = kv.per_request(target.context, batched_tokens);
     let kv_free = budget.saturating_sub(weights_here + activations + overhead);
     let max_concurrency = kv_free.0.checked_div(per_request.0).unwrap_or(0);
+    let per_token = kv.bytes_per_token().0;
+    let kv_tokens = kv_free
+        .0
+        .checked_div(per_token.saturating_mul(BLOCK_TOKENS))
+        .unwrap_or(0)
+        .saturating_mul(BLOCK_TOKENS);
     ServingFit {
         memory: DeviceMemory::new(
             weights_here,
@@ -177,10 +341,28 @@ pub fn serving_fit(
         kv_free,
         per_request,
         max_concurrency,
+        kv_tokens,
     }
 }
 
-/// Peak activation bytes on one device during a full scheduler step.
+/// Memory outside the tensor allocator's profile: non-torch memory, communication buffers
+/// when the replica spans devices, and CUDA graphs where the engine counts them.
+fn runtime_overhead(target: &ServingTarget, tp: u32, pp: u32) -> Bytes {
+    let collectives = if tp.saturating_mul(pp) > 1 {
+        COLLECTIVE_OVERHEAD
+    } else {
+        Bytes::ZERO
+    };
+    let graphs = if target.engine == Engine::Vllm && !target.enforce_eager {
+        CUDA_GRAPHS
+    } else {
+        Bytes::ZERO
+    };
+    NON_TORCH + collectives + graphs
+}
+
+/// Peak activation bytes on one device during vLLM's profile run: the forward pass over
+/// `batched_tokens` plus the sampler over `sequences` rows.
 pub fn activation_peak(model: &Model, tp: u32, batched_tokens: u64, sequences: u64) -> Bytes {
     let arch = &model.arch;
     // Saturating throughout: config fields are bounded when parsed, but a model built in code
@@ -217,7 +399,7 @@ pub fn activation_peak(model: &Model, tp: u32, batched_tokens: u64, sequences: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::{GIB, Precision};
+    use crate::hardware::Precision;
     use crate::plan::model::presets;
 
     #[test]
@@ -225,8 +407,10 @@ mod tests {
         // vllm issue #10517 (V0, no chunked prefill, so a 20,000-token profile step): peak
         // torch memory 17.06 GiB - weights 14.99 GiB = 2.07 GiB.
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
-        let peak = activation_peak(&model, 1, 20_000, 256).as_f64() / GIB as f64;
-        assert!((peak - 2.07).abs() < 0.15, "{peak}");
+        let at = |tokens| activation_peak(&model, 1, tokens, 256).as_f64() / GIB as f64;
+        assert!((at(20_000) - 2.07).abs() < 0.15, "{}", at(20_000));
+        // The same thread at 29,000 tokens: 17.98 - 14.99 = 2.99 GiB.
+        assert!((at(29_000) - 2.99).abs() < 0.15, "{}", at(29_000));
     }
 
     #[test]
@@ -236,9 +420,8 @@ mod tests {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let weights = WeightBytes::of(&model, Precision::Bf16);
         let target = ServingTarget {
-            context: 8192,
-            kv_dtype: KvDtype::Auto,
-            gpu_util: 0.9,
+            engine: Engine::VllmV0,
+            ..ServingTarget::new(8192, KvDtype::Auto, 0.9)
         };
         let fit = serving_fit(
             &model,
@@ -253,6 +436,62 @@ mod tests {
         assert!((30_000..40_000).contains(&tokens), "{tokens}");
         assert_eq!(fit.max_concurrency, tokens / 8192);
         assert!(fit.memory.total <= fit.memory.budget);
+    }
+
+    #[test]
+    fn engine_eras_change_the_profile_and_the_graphs() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let weights = WeightBytes::of(&model, Precision::Bf16);
+        let h100 = (Bytes::gib(80), "NVIDIA H100 80GB HBM3");
+        let fit = |engine, enforce_eager| {
+            let target = ServingTarget {
+                engine,
+                enforce_eager,
+                ..ServingTarget::new(20_000, KvDtype::Auto, 0.9)
+            };
+            serving_fit(&model, &weights, h100, 1, 1, &target)
+        };
+        // V0 profiles the whole 20,000-token prompt; V1 8192 batched tokens but 1024 sequences.
+        let v0 = fit(Engine::VllmV0, false);
+        let v1 = fit(Engine::VllmV1, false);
+        assert_eq!(
+            v0.memory.activations,
+            activation_peak(&model, 1, 20_000, 256)
+        );
+        assert_eq!(
+            v1.memory.activations,
+            activation_peak(&model, 1, 8192, 1024)
+        );
+        // From v0.21 CUDA graphs come out of the budget, unless the engine runs eagerly.
+        let today = fit(Engine::Vllm, false);
+        assert_eq!(today.memory.overhead, v1.memory.overhead + CUDA_GRAPHS);
+        assert_eq!(fit(Engine::Vllm, true).memory.overhead, v1.memory.overhead);
+        // Logged KV tokens are whole 16-token blocks of the free memory.
+        assert_eq!(today.kv_tokens % BLOCK_TOKENS, 0);
+        assert!(today.kv_tokens * 131_072 <= today.kv_free.0);
+        assert!((today.kv_tokens + BLOCK_TOKENS) * 131_072 > today.kv_free.0);
+    }
+
+    #[test]
+    fn sglang_reserves_by_device_size_and_counts_no_profile_run() {
+        // H100 (81,920 MiB), TP 4: 512 + 8192 x 1.5 + 512 x 2 + 4/8 x 1024 = 14,336 MiB.
+        let h100 = Bytes::gib(80);
+        assert!((sglang_mem_fraction(h100, 4, 1) - 0.825).abs() < 1e-9);
+        // TP 1: 512 + 12,288 + 256 x 2 + 128 = 13,440 MiB, above the 10 GiB floor.
+        assert!((sglang_mem_fraction(h100, 1, 1) - 0.836).abs() < 1e-9);
+        // 24 GB card, TP 1: 512 + 3072 + 48 + 128 = 3,760 MiB of 24,576.
+        assert!((sglang_mem_fraction(Bytes::gib(24), 1, 1) - 0.847).abs() < 1e-9);
+        assert_eq!(sglang_mem_fraction(Bytes::gib(1), 1, 1), 0.0);
+        assert_eq!(default_gpu_util(Engine::Vllm, h100, 1, 1), DEFAULT_GPU_UTIL);
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let weights = WeightBytes::of(&model, Precision::Bf16);
+        let target = ServingTarget {
+            engine: Engine::Sglang,
+            ..ServingTarget::new(8192, KvDtype::Auto, 0.85)
+        };
+        let fit = serving_fit(&model, &weights, (h100, "NVIDIA H100"), 1, 1, &target);
+        assert_eq!(fit.memory.activations, Bytes::ZERO);
+        assert_eq!(fit.memory.overhead, NON_TORCH);
     }
 
     #[test]

@@ -182,6 +182,7 @@ fn an_architecture_with_extreme_values_saturates_and_never_fits() {
         context: u64::MAX,
         kv_dtype: KvDtype::Auto,
         gpu_util: 1.0,
+        ..ServingTarget::default()
     };
     // Even a device claiming every byte there is does not fit a saturated total.
     let fit = serving_fit(

@@ -269,6 +269,7 @@ pub(super) fn plan(
         context,
         kv_dtype: request.kv_dtype,
         gpu_util: request.gpu_util,
+        ..ServingTarget::default()
     };
     let demand = Demand {
         concurrency,
@@ -330,6 +331,7 @@ fn describe(
         fit.max_concurrency
             .saturating_mul(u64::from(candidate.replicas)),
     );
+    plan.kv_tokens = Some(fit.kv_tokens);
     plan.assignments = placement.assignments.clone();
     let weights = WeightBytes::of(model, candidate.precision);
     plan.throughput = class.sample.bandwidth_tbps.and_then(|bandwidth| {
