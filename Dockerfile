@@ -3,8 +3,8 @@
 # the chart runs `/hwaccel agent ...`, `/hwaccel controller ...` and `/hwaccel cleanup ...`.
 #
 # static (the default, the last stage): one static musl binary on distroless/static. Use it
-# everywhere. It cannot load shared libraries, so on NVIDIA nodes detection uses nvidia-smi
-# (when a runtime injects it) or sysfs.
+# everywhere. It cannot load shared libraries, and the image has no glibc loader to run a
+# runtime-injected nvidia-smi, so on NVIDIA nodes its detection reads sysfs only.
 #   docker build -t ghcr.io/hwaccel/hwaccel-operator:dev .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t ... .   (each arch builds natively)
 #
