@@ -1712,13 +1712,15 @@ fn env_of(container: &Value) -> Vec<(String, String)> {
 /// Whether one node-selector requirement holds for `labels` (Kubernetes' semantics: NotIn and
 /// DoesNotExist also hold where the label is absent).
 fn requirement_holds(requirement: &Value, labels: &[(&str, &str)]) -> bool {
-    let key = requirement["key"].as_str().expect("key");
+    let key = requirement["key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no key: {requirement}"));
     let value = labels.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
     let values: Vec<&str> = requirement["values"]
         .as_array()
         .map(|values| values.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    match requirement["operator"].as_str().expect("operator") {
+    match requirement["operator"].as_str().unwrap_or_default() {
         "In" => value.is_some_and(|value| values.contains(&value)),
         "NotIn" => !value.is_some_and(|value| values.contains(&value)),
         "Exists" => value.is_some(),
