@@ -1723,3 +1723,503 @@ fn network_policies_admit_only_the_scrapers_to_the_metrics_port() {
         "unknown peer fields are refused"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// agent.nvml: a second agent DaemonSet with the glibc image on NVIDIA node pools.
+
+const NVML_ON: &[&str] = &["--set", "agent.nvml.enabled=true"];
+const NFD_NVIDIA: &str = "feature.node.kubernetes.io/pci-10de.present";
+const GFD_NVIDIA: &str = "nvidia.com/gpu.present";
+
+/// The DaemonSet named `name`.
+fn daemonset<'a>(docs: &'a [Value], name: &str) -> &'a Value {
+    of_kind(docs, "DaemonSet")
+        .into_iter()
+        .find(|doc| name_of(doc) == name)
+        .unwrap_or_else(|| panic!("no DaemonSet {name}"))
+}
+
+/// `(name, value)` of a container's plain env entries.
+fn env_of(container: &Value) -> Vec<(String, String)> {
+    container["env"]
+        .as_array()
+        .map(|env| {
+            env.iter()
+                .filter_map(|entry| {
+                    Some((
+                        entry["name"].as_str()?.to_string(),
+                        entry["value"].as_str()?.to_string(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether one node-selector requirement holds for `labels` (Kubernetes' semantics: NotIn and
+/// DoesNotExist also hold where the label is absent).
+fn requirement_holds(requirement: &Value, labels: &[(&str, &str)]) -> bool {
+    let key = requirement["key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no key: {requirement}"));
+    let value = labels.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    let values: Vec<&str> = requirement["values"]
+        .as_array()
+        .map(|values| values.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    match requirement["operator"].as_str().unwrap_or_default() {
+        "In" => value.is_some_and(|value| values.contains(&value)),
+        "NotIn" => !value.is_some_and(|value| values.contains(&value)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        other => panic!("operator {other} not modelled here"),
+    }
+}
+
+/// Whether the kube-scheduler would place a pod of this DaemonSet on a node with `labels` and
+/// `name`: the nodeSelector, and any one of the required node-affinity terms (each term
+/// requires all of its matchExpressions and matchFields).
+fn schedules_on(daemonset: &Value, name: &str, labels: &[(&str, &str)]) -> bool {
+    let pod = &daemonset["spec"]["template"]["spec"];
+    let selector_ok = pod["nodeSelector"].as_object().is_none_or(|selector| {
+        selector
+            .iter()
+            .all(|(key, value)| labels.iter().any(|(k, v)| k == key && value == v))
+    });
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    let affinity_ok = match terms.as_array() {
+        None => true,
+        Some(terms) => terms.iter().any(|term| {
+            let expressions = term["matchExpressions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let fields = term["matchFields"].as_array().cloned().unwrap_or_default();
+            expressions
+                .iter()
+                .all(|requirement| requirement_holds(requirement, labels))
+                && fields
+                    .iter()
+                    .all(|requirement| requirement_holds(requirement, &[("metadata.name", name)]))
+        }),
+    };
+    selector_ok && affinity_ok
+}
+
+/// Nodes of every kind the split must handle: labelled by NFD, by GFD, by both, with the
+/// labels set to other values, unlabelled, and in two pools.
+const NODES: &[(&str, &[(&str, &str)])] = &[
+    ("cpu", &[("kubernetes.io/os", "linux")]),
+    (
+        "nfd-gpu",
+        &[("kubernetes.io/os", "linux"), (NFD_NVIDIA, "true")],
+    ),
+    (
+        "gfd-gpu",
+        &[("kubernetes.io/os", "linux"), (GFD_NVIDIA, "true")],
+    ),
+    (
+        "both-gpu",
+        &[
+            ("kubernetes.io/os", "linux"),
+            (NFD_NVIDIA, "true"),
+            (GFD_NVIDIA, "true"),
+        ],
+    ),
+    (
+        "labelled-false",
+        &[
+            ("kubernetes.io/os", "linux"),
+            (NFD_NVIDIA, "false"),
+            (GFD_NVIDIA, "false"),
+        ],
+    ),
+    (
+        "pool-a-gpu",
+        &[
+            ("kubernetes.io/os", "linux"),
+            ("pool", "a"),
+            (GFD_NVIDIA, "true"),
+        ],
+    ),
+    (
+        "pool-a-cpu",
+        &[("kubernetes.io/os", "linux"), ("pool", "a")],
+    ),
+    (
+        "pool-b-gpu",
+        &[
+            ("kubernetes.io/os", "linux"),
+            ("pool", "b"),
+            (NFD_NVIDIA, "true"),
+        ],
+    ),
+    (
+        "windows-gpu",
+        &[("kubernetes.io/os", "windows"), (GFD_NVIDIA, "true")],
+    ),
+];
+
+/// For every node of [`NODES`], which agents would run there.
+fn agents_per_node(docs: &[Value]) -> Vec<(&'static str, Vec<String>)> {
+    let daemonsets = of_kind(docs, "DaemonSet");
+    NODES
+        .iter()
+        .map(|(node, labels)| {
+            let agents = daemonsets
+                .iter()
+                .filter(|ds| schedules_on(ds, node, labels))
+                .map(|ds| name_of(ds).to_string())
+                .collect();
+            (*node, agents)
+        })
+        .collect()
+}
+
+#[test]
+fn nvml_agents_are_off_by_default() {
+    let Some(docs) = render("nvml_agents_are_off_by_default", &[]) else {
+        return;
+    };
+    let agent = agent_daemonset(&docs);
+    assert_eq!(name_of(agent), "hwaccel-agent");
+    let pod = &agent["spec"]["template"]["spec"];
+    assert!(pod["runtimeClassName"].is_null());
+    assert!(
+        pod["affinity"].is_null(),
+        "no node split: {}",
+        pod["affinity"]
+    );
+    let env = env_of(&pod["containers"][0]);
+    assert!(
+        env.iter()
+            .all(|(name, _)| !name.starts_with("NVIDIA_") && name != "HWACCEL_NVML"),
+        "{env:?}"
+    );
+    // Every linux node runs the one agent.
+    for (node, agents) in agents_per_node(&docs) {
+        let expected: Vec<String> = if node == "windows-gpu" {
+            vec![]
+        } else {
+            vec!["hwaccel-agent".into()]
+        };
+        assert_eq!(agents, expected, "{node}");
+    }
+}
+
+#[test]
+fn nvml_agents_run_the_glibc_image_under_the_nvidia_runtime() {
+    let test = "nvml_agents_run_the_glibc_image_under_the_nvidia_runtime";
+    let Some(docs) = render(test, NVML_ON) else {
+        return;
+    };
+    assert_eq!(of_kind(&docs, "DaemonSet").len(), 2);
+    let static_agent = daemonset(&docs, "hwaccel-agent");
+    let nvml_agent = daemonset(&docs, "hwaccel-agent-nvml");
+    let static_pod = &static_agent["spec"]["template"]["spec"];
+    let nvml_pod = &nvml_agent["spec"]["template"]["spec"];
+    assert_eq!(nvml_pod["runtimeClassName"], "nvidia");
+    assert!(static_pod["runtimeClassName"].is_null());
+    let static_image = static_pod["containers"][0]["image"]
+        .as_str()
+        .expect("image");
+    let nvml_image = nvml_pod["containers"][0]["image"].as_str().expect("image");
+    assert_eq!(nvml_image, format!("{static_image}-glibc"));
+    let env = env_of(&nvml_pod["containers"][0]);
+    for expected in [
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "utility"),
+        ("HWACCEL_NVML", "container"),
+    ] {
+        assert!(
+            env.contains(&(expected.0.into(), expected.1.into())),
+            "{expected:?} in {env:?}"
+        );
+    }
+    let static_env = env_of(&static_pod["containers"][0]);
+    assert!(
+        static_env
+            .iter()
+            .all(|(name, _)| !name.starts_with("NVIDIA_") && name != "HWACCEL_NVML"),
+        "{static_env:?}"
+    );
+    // The same binary in the same way: arguments, probes, ports.
+    for field in [
+        "args",
+        "ports",
+        "livenessProbe",
+        "readinessProbe",
+        "resources",
+    ] {
+        assert_eq!(
+            static_pod["containers"][0][field], nvml_pod["containers"][0][field],
+            "{field}"
+        );
+    }
+}
+
+#[test]
+fn nvml_agent_image_follows_the_chart_image_or_its_own_values() {
+    let test = "nvml_agent_image_follows_the_chart_image_or_its_own_values";
+    let image = |extra: &[&str]| -> Option<String> {
+        let mut args = NVML_ON.to_vec();
+        args.extend_from_slice(extra);
+        let docs = render(test, &args)?;
+        let pod = &daemonset(&docs, "hwaccel-agent-nvml")["spec"]["template"]["spec"];
+        Some(pod["containers"][0]["image"].as_str()?.to_string())
+    };
+    let Some(derived) = image(&["--set", "image.tag=v9.9.9"]) else {
+        return;
+    };
+    assert_eq!(derived, "ghcr.io/hwaccel/hwaccel-operator:v9.9.9-glibc");
+    let digest = format!("sha256:{}", "a".repeat(64));
+    // A digest of the static image is not the glibc image's: only the NVML digest pins it.
+    let static_digest = format!("image.digest={digest}");
+    assert_eq!(
+        image(&["--set", &static_digest, "--set", "image.tag=v1"]).as_deref(),
+        Some("ghcr.io/hwaccel/hwaccel-operator:v1-glibc")
+    );
+    let own = [
+        "--set",
+        "agent.nvml.image.repository=registry.example/hwaccel",
+        "--set",
+        "agent.nvml.image.tag=glibc-build",
+    ];
+    assert_eq!(
+        image(&own).as_deref(),
+        Some("registry.example/hwaccel:glibc-build")
+    );
+    let pinned = format!("agent.nvml.image.digest={digest}");
+    assert_eq!(
+        image(&["--set", &pinned]),
+        Some(format!("ghcr.io/hwaccel/hwaccel-operator@{digest}"))
+    );
+    let Some(docs) = render(
+        test,
+        &[NVML_ON, &["--set", "agent.nvml.runtimeClassName="]].concat(),
+    ) else {
+        return;
+    };
+    let pod = &daemonset(&docs, "hwaccel-agent-nvml")["spec"]["template"]["spec"];
+    assert!(
+        pod["runtimeClassName"].is_null(),
+        "empty: the node's default runtime"
+    );
+}
+
+#[test]
+fn nvml_and_default_agents_split_the_nodes_exactly() {
+    let test = "nvml_and_default_agents_split_the_nodes_exactly";
+    let Some(docs) = render(test, NVML_ON) else {
+        return;
+    };
+    let expected = |node: &str| -> Vec<String> {
+        match node {
+            "windows-gpu" => vec![],
+            "cpu" | "labelled-false" | "pool-a-cpu" => vec!["hwaccel-agent".into()],
+            _ => vec!["hwaccel-agent-nvml".into()],
+        }
+    };
+    for (node, agents) in agents_per_node(&docs) {
+        assert_eq!(agents, expected(node), "{node}");
+    }
+    // With the user's own node affinity (two terms: pool a, or one node by name), both agents
+    // keep it and still split: nothing outside it, exactly one agent inside it.
+    let affinity = r#"agent.affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["a"]}]},{"matchFields":[{"key":"metadata.name","operator":"In","values":["cpu","both-gpu"]}]}]}}}"#;
+    let Some(docs) = render(test, &[NVML_ON, &["--set-json", affinity]].concat()) else {
+        return;
+    };
+    for (node, agents) in agents_per_node(&docs) {
+        let wanted = match node {
+            "pool-a-gpu" | "both-gpu" => vec!["hwaccel-agent-nvml".to_string()],
+            "pool-a-cpu" | "cpu" => vec!["hwaccel-agent".to_string()],
+            _ => vec![],
+        };
+        assert_eq!(agents, wanted, "{node} with agent.affinity");
+    }
+    // One pool by its own label, with Exists.
+    let pool = r#"agent.nvml.nodes=[{"key":"pool","operator":"Exists"}]"#;
+    let Some(docs) = render(test, &[NVML_ON, &["--set-json", pool]].concat()) else {
+        return;
+    };
+    for (node, agents) in agents_per_node(&docs) {
+        let wanted = match node {
+            "windows-gpu" => vec![],
+            node if node.starts_with("pool-") => vec!["hwaccel-agent-nvml".to_string()],
+            _ => vec!["hwaccel-agent".to_string()],
+        };
+        assert_eq!(agents, wanted, "{node} with pool Exists");
+    }
+}
+
+#[test]
+fn nvml_agents_keep_the_agent_security_context_mounts_and_identity() {
+    let test = "nvml_agents_keep_the_agent_security_context_mounts_and_identity";
+    for extra in [&[][..], &["--set", "agent.runAsRoot=true"][..]] {
+        let Some(docs) = render(test, &[NVML_ON, extra].concat()) else {
+            return;
+        };
+        assert_hardened(&docs, extra.is_empty());
+        let static_pod = &daemonset(&docs, "hwaccel-agent")["spec"]["template"]["spec"];
+        let nvml_pod = &daemonset(&docs, "hwaccel-agent-nvml")["spec"]["template"]["spec"];
+        for field in [
+            "securityContext",
+            "serviceAccountName",
+            "automountServiceAccountToken",
+            "hostNetwork",
+            "hostPID",
+            "hostIPC",
+            "volumes",
+            "tolerations",
+            "nodeSelector",
+        ] {
+            assert_eq!(static_pod[field], nvml_pod[field], "{field} ({extra:?})");
+        }
+        for field in ["securityContext", "volumeMounts"] {
+            assert_eq!(
+                static_pod["containers"][0][field], nvml_pod["containers"][0][field],
+                "container {field} ({extra:?})"
+            );
+        }
+        let security = &nvml_pod["containers"][0]["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true);
+        assert_eq!(security["allowPrivilegeEscalation"], false);
+        assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+        assert_eq!(nvml_pod["containers"].as_array().map(Vec::len), Some(1));
+        assert!(nvml_pod["initContainers"].is_null());
+    }
+}
+
+#[test]
+fn nvml_agents_are_selected_by_the_agent_services_and_policies_only_as_agents() {
+    let test = "nvml_agents_are_selected_by_the_agent_services_and_policies_only_as_agents";
+    let Some(docs) = render(
+        test,
+        &[NVML_ON, &["--set", "metrics.serviceMonitor.enabled=true"]].concat(),
+    ) else {
+        return;
+    };
+    let static_agent = daemonset(&docs, "hwaccel-agent");
+    let nvml_agent = daemonset(&docs, "hwaccel-agent-nvml");
+    let matches = |selector: &Value, labels: &Value| {
+        selector
+            .as_object()
+            .expect("matchLabels")
+            .iter()
+            .all(|(key, value)| &labels[key] == value)
+    };
+    let static_labels = &static_agent["spec"]["template"]["metadata"]["labels"];
+    let nvml_labels = &nvml_agent["spec"]["template"]["metadata"]["labels"];
+    // Each DaemonSet's selector matches its own pods; the NVML one never the default pods, so
+    // it cannot adopt them. (The default selector predates the NVML agent and cannot change:
+    // it also matches NVML pods, which carry the NVML DaemonSet's controller reference and so
+    // are never adopted.)
+    let static_selector = &static_agent["spec"]["selector"]["matchLabels"];
+    let nvml_selector = &nvml_agent["spec"]["selector"]["matchLabels"];
+    assert!(matches(static_selector, static_labels));
+    assert!(matches(nvml_selector, nvml_labels));
+    assert!(!matches(nvml_selector, static_labels));
+    // The metrics Service and the agents' NetworkPolicy cover both.
+    let service = of_kind(&docs, "Service")
+        .into_iter()
+        .find(|service| name_of(service) == "hwaccel-agent-metrics")
+        .expect("the agents' metrics Service");
+    let policy = of_kind(&docs, "NetworkPolicy")
+        .into_iter()
+        .find(|policy| matches(&policy["spec"]["podSelector"]["matchLabels"], static_labels))
+        .expect("the agents' NetworkPolicy");
+    for labels in [static_labels, nvml_labels] {
+        assert!(matches(&service["spec"]["selector"], labels), "{labels}");
+        assert!(
+            matches(&policy["spec"]["podSelector"]["matchLabels"], labels),
+            "{labels}"
+        );
+    }
+}
+
+#[test]
+fn uninstall_hook_stops_the_nvml_agents_too() {
+    let test = "uninstall_hook_stops_the_nvml_agents_too";
+    for (extra, expected) in [
+        (&[][..], vec!["hwaccel-agent"]),
+        (NVML_ON, vec!["hwaccel-agent", "hwaccel-agent-nvml"]),
+    ] {
+        let Some(docs) = render(test, extra) else {
+            return;
+        };
+        let job = of_kind(&docs, "Job")[0];
+        let stopped: Vec<&str> = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|arg| arg.as_str()?.strip_prefix("--stop-agent="))
+            .collect();
+        assert_eq!(stopped, expected, "{extra:?}");
+        let role = of_kind(&docs, "Role")
+            .into_iter()
+            .find(|role| name_of(role) == "hwaccel-cleanup")
+            .expect("the cleanup Role");
+        let rule = role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|rule| rule["resources"] == serde_json::json!(["daemonsets"]))
+            .expect("the DaemonSet rule");
+        assert_eq!(
+            rule["resourceNames"],
+            serde_json::json!(expected),
+            "{extra:?}"
+        );
+        assert_eq!(rule["verbs"], serde_json::json!(["delete"]));
+        // The pods it waits for (component agent) include the NVML agents' pods.
+        let selector = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(Value::as_str)
+            .find_map(|arg| arg.strip_prefix("--writer-pods="))
+            .expect("--writer-pods");
+        assert!(selector.contains("app.kubernetes.io/component in (agent,controller)"));
+    }
+}
+
+#[test]
+fn nvml_node_split_values_are_refused_with_and_without_the_schema() {
+    let Some(helm) = find_helm() else {
+        skip_notice("nvml_node_split_values_are_refused_with_and_without_the_schema");
+        return;
+    };
+    let chart = chart_dir();
+    for bad in [
+        r#"agent.nvml.nodes=[]"#,
+        r#"agent.nvml.nodes=[{"key":"gpu","operator":"NotIn","values":["false"]}]"#,
+        r#"agent.nvml.nodes=[{"key":"gpu","operator":"In","values":[]}]"#,
+        r#"agent.nvml.nodes=[{"key":"gpu","operator":"In"}]"#,
+        r#"agent.nvml.nodes=[{"key":"gpu","operator":"Exists","values":["x"]}]"#,
+        r#"agent.nvml.nodes=[{"key":"gpu","operator":"Gt","values":["1"]}]"#,
+    ] {
+        for skip_schema in [false, true] {
+            let mut args = vec!["--set", "agent.nvml.enabled=true", "--set-json", bad];
+            if skip_schema {
+                args.push("--skip-schema-validation");
+            }
+            let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &args);
+            assert!(
+                result.is_err(),
+                "{bad} (skip schema: {skip_schema}) rendered"
+            );
+        }
+    }
+    for bad in [
+        "agent.nvml.bogus=1",
+        "agent.nvml.driverCapabilities=compute",
+        "agent.nvml.runtimeClassName=Not_A_Name",
+    ] {
+        let result = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &["--set", bad]);
+        assert!(
+            result.is_err(),
+            "--set {bad} should be rejected by values.schema.json"
+        );
+    }
+}

@@ -3,7 +3,7 @@
 //! The controller repairs placement labels and the agents re-apply theirs, so a cleanup that
 //! runs beside them can lose: a label removed a moment ago comes back, and `helm uninstall`
 //! then deletes the writers with the label in place. This module scales the controller's
-//! Deployment to zero (through its `scale` subresource), deletes the agents' DaemonSet, and
+//! Deployment to zero (through its `scale` subresource), deletes the agents' DaemonSets, and
 //! waits, bounded, until none of their pods is left (terminating ones included: a pod in its
 //! grace period still writes) and the controller's leader Lease is free or has gone stale.
 //! The chart's hook Role allows exactly these calls, each limited to the object's name.
@@ -25,8 +25,8 @@ pub struct Writers {
     pub namespace: String,
     /// The controller's Deployment, scaled to zero.
     pub controller_deployment: Option<String>,
-    /// The agents' DaemonSet, deleted.
-    pub agent_daemonset: Option<String>,
+    /// The agents' DaemonSets (the default one and the NVML one), deleted.
+    pub agent_daemonsets: Vec<String>,
     /// Label selector of the writers' pods; waited for until none is left.
     pub pod_selector: Option<String>,
     /// The controller's leader Lease; waited for until free or stale.
@@ -56,7 +56,7 @@ pub async fn stop_writers(client: Client, writers: &Writers) -> anyhow::Result<(
             }
         }
     }
-    if let Some(name) = &writers.agent_daemonset {
+    for name in &writers.agent_daemonsets {
         let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => tracing::info!(daemonset = %name, "agent DaemonSet deleted"),

@@ -19,9 +19,10 @@ pub(super) struct CleanupArgs {
     /// Before removing labels, scale this controller Deployment to 0 (the uninstall hook).
     #[arg(long, value_name = "DEPLOYMENT", requires = "namespace")]
     stop_controller: Option<String>,
-    /// Before removing labels, delete this agent DaemonSet (the uninstall hook).
+    /// Before removing labels, delete this agent DaemonSet (the uninstall hook; repeatable:
+    /// the chart's NVML agents run in a second one).
     #[arg(long, value_name = "DAEMONSET", requires = "namespace")]
-    stop_agent: Option<String>,
+    stop_agent: Vec<String>,
     /// Wait until no pod matching this label selector is left (terminating ones included).
     #[arg(long, value_name = "SELECTOR", requires = "namespace")]
     writer_pods: Option<String>,
@@ -52,7 +53,7 @@ pub(super) fn run(args: CleanupArgs) -> anyhow::Result<ExitCode> {
             let writers = stop::Writers {
                 namespace,
                 controller_deployment: args.stop_controller.clone(),
-                agent_daemonset: args.stop_agent.clone(),
+                agent_daemonsets: args.stop_agent.clone(),
                 pod_selector: args.writer_pods.clone(),
                 lease: args.lease.clone(),
                 timeout: Duration::from_secs(args.stop_timeout_seconds),

@@ -106,3 +106,101 @@ readinessProbe:
   timeoutSeconds: 3
   failureThreshold: 3
 {{- end -}}
+
+{{/*
+Which nodes run which agent (agent.nvml.nodes): YAML {include: [...], exclude: [...]}, each a
+list of nodeSelectorTerms' matchExpressions. include (the NVML agent) holds one term per
+requirement, so any one of them selects a node; exclude (the default agent) holds one term
+with the negation of every requirement (In -> NotIn, Exists -> DoesNotExist), so it selects
+exactly the other nodes: the two sets are disjoint and together cover every node. Empty when
+agent.nvml is off.
+*/}}
+{{- define "hwaccel.agentNodeTerms" -}}
+{{- if .Values.agent.nvml.enabled -}}
+{{- $include := list -}}
+{{- $exclude := list -}}
+{{- range .Values.agent.nvml.nodes -}}
+{{- if eq (toString .operator) "Exists" -}}
+{{- $include = append $include (list (dict "key" .key "operator" "Exists")) -}}
+{{- $exclude = append $exclude (dict "key" .key "operator" "DoesNotExist") -}}
+{{- else -}}
+{{- $include = append $include (list (dict "key" .key "operator" "In" "values" .values)) -}}
+{{- $exclude = append $exclude (dict "key" .key "operator" "NotIn" "values" .values) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "include" $include "exclude" (list $exclude)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+An agent's affinity: the user's (agent.affinity) with the agent's own node terms ANDed into
+its required node affinity. Node selector terms are ORed, so every user term is combined with
+every own term: (U1 or U2) and (T1 or T2) = U1T1 or U1T2 or U2T1 or U2T2. Args: (list
+affinity terms), terms a list of matchExpressions lists; no terms: the affinity unchanged.
+*/}}
+{{- define "hwaccel.agentAffinity" -}}
+{{- $affinity := deepCopy (index . 0 | default dict) -}}
+{{- $own := index . 1 | default list -}}
+{{- if $own -}}
+{{- $node := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $userTerms := get $required "nodeSelectorTerms" | default list -}}
+{{- $terms := list -}}
+{{- range $user := $userTerms -}}
+{{- range $term := $own -}}
+{{- $combined := deepCopy $user -}}
+{{- $_ := set $combined "matchExpressions" (concat (get $user "matchExpressions" | default list) $term) -}}
+{{- $terms = append $terms $combined -}}
+{{- end -}}
+{{- end -}}
+{{- if not $userTerms -}}
+{{- range $term := $own -}}
+{{- $terms = append $terms (dict "matchExpressions" $term) -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- toYaml $affinity -}}
+{{- end -}}
+
+{{/* The label that sets the NVML agent's pods apart; args: an agent variant (agent-daemonset.yaml). */}}
+{{- define "hwaccel.agentVariantLabel" -}}
+{{- if .variant -}}
+hwaccel.io/agent-variant: {{ .variant }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The glibc image of the NVML agents: agent.nvml.image, else the chart's image repository with
+"-glibc" appended to its tag (the Dockerfile's `glibc` target). A digest of the static image
+says nothing about the glibc one, so only agent.nvml.image.digest pins it.
+*/}}
+{{- define "hwaccel.nvmlImage" -}}
+{{- $image := .Values.agent.nvml.image -}}
+{{- $repository := default .Values.image.repository $image.repository -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default (printf "%s-glibc" (default .Chart.AppVersion .Values.image.tag)) $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Environment of the NVML agents, the way NVIDIA's GPU feature discovery asks the NVIDIA
+container runtime for the driver (its image sets NVIDIA_VISIBLE_DEVICES=all and
+NVIDIA_DRIVER_CAPABILITIES=compute,utility: NVIDIA/k8s-device-plugin,
+deployments/container/Dockerfile). "all" makes the runtime inject every GPU's device node;
+the capabilities pick the driver libraries (utility: libnvidia-ml and nvidia-smi, all NVML
+needs). HWACCEL_NVML=container tells detection that the library on its own path is the
+host's (src/detect/backends/accelerators/nvidia.rs).
+*/}}
+{{- define "hwaccel.nvmlEnv" -}}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: {{ .Values.agent.nvml.driverCapabilities | quote }}
+- name: HWACCEL_NVML
+  value: container
+{{- end -}}

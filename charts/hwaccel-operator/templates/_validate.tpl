@@ -64,6 +64,26 @@ cannot climb out.
 {{- fail (printf "agent.hostMounts.extra: hostPath %q needs type Directory or File (got %q)" $hostPath (toString .type)) -}}
 {{- end -}}
 {{- end -}}
+{{- /* agent.nvml: the node split must be one the default agent can negate exactly (see
+hwaccel.agentNodeTerms), or a node could run two agents or none. */ -}}
+{{- $nvml := $agent.nvml | default dict -}}
+{{- if $nvml.enabled -}}
+{{- if not $nvml.nodes -}}
+{{- fail "agent.nvml.nodes is empty: with agent.nvml.enabled the NVML agent needs at least one node label requirement (e.g. {key: nvidia.com/gpu.present, operator: In, values: [\"true\"]})" -}}
+{{- end -}}
+{{- range $nvml.nodes -}}
+{{- $operator := toString .operator -}}
+{{- if not (has $operator (list "In" "Exists")) -}}
+{{- fail (printf "agent.nvml.nodes: %q has operator %q; only In (with values) and Exists can be negated exactly for the default agent" (toString .key) $operator) -}}
+{{- end -}}
+{{- if and (eq $operator "In") (not .values) -}}
+{{- fail (printf "agent.nvml.nodes: %q with operator In needs values" (toString .key)) -}}
+{{- end -}}
+{{- if and (eq $operator "Exists") .values -}}
+{{- fail (printf "agent.nvml.nodes: %q with operator Exists takes no values" (toString .key)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.cleanup.enabled (lt (int .Values.cleanup.activeDeadlineSeconds) (add (int .Values.cleanup.stopTimeoutSeconds) 60)) -}}
 {{- fail (printf "cleanup.activeDeadlineSeconds=%v must be at least cleanup.stopTimeoutSeconds + 60 (%v): the Job must have time to remove the labels after the writers stopped" .Values.cleanup.activeDeadlineSeconds (add (int .Values.cleanup.stopTimeoutSeconds) 60)) -}}
 {{- end -}}

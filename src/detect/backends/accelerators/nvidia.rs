@@ -5,7 +5,10 @@
 //! looks the same whichever source described it. NVML is only tried when the host root is `/`:
 //! in the agent's pod (`/host`) or on a fixture tree, loading a library would put code from
 //! another filesystem (or the build machine's own driver) into our process and describe the
-//! wrong host. A GPU that the bus shows but the tools do not list (excluded by the driver,
+//! wrong host. The one exception is a pod that says, with `HWACCEL_NVML=container`
+//! ([`NVML_ENV`]), that the NVIDIA container runtime put the host driver's own library on this
+//! container's library path (the chart's NVML agents, `agent.nvml`): that library talks to
+//! the host's kernel driver, so it describes the right host. A GPU that the bus shows but the tools do not list (excluded by the driver,
 //! fallen off the bus, or no tool installed) is still reported, from what sysfs knows.
 
 mod bus_and_driver;
@@ -57,10 +60,21 @@ impl Backend for Nvidia {
 
     fn detect(&self, ctx: &Context) -> Findings {
         // Only the host we run on may lend us its library (see the module docs).
-        let on_own_root = ctx.host().root() == Path::new("/");
-        let load_nvml = move || on_own_root.then(nvml::Nvml::load).and_then(Result::ok);
+        let trusted = may_load_nvml(ctx.host().root(), std::env::var_os(NVML_ENV).as_deref());
+        let load_nvml = move || trusted.then(nvml::Nvml::load).and_then(Result::ok);
         detect_with(ctx, load_nvml, &NVML_HUNG)
     }
+}
+
+/// The environment variable by which a pod vouches for the `libnvidia-ml.so.1` on its own
+/// library path: `container` means the NVIDIA container runtime injected the host driver's
+/// library (`runtimeClassName: nvidia`, `NVIDIA_DRIVER_CAPABILITIES` with `utility`), so NVML
+/// may be loaded although the host root is not `/`. Any other value changes nothing.
+pub const NVML_ENV: &str = "HWACCEL_NVML";
+
+/// Whether NVML may be loaded: on the host's own root, or where the pod vouches for it.
+fn may_load_nvml(root: &Path, vouched: Option<&std::ffi::OsStr>) -> bool {
+    root == Path::new("/") || vouched.is_some_and(|value| value == "container")
 }
 
 /// Set once NVML has failed to answer in time; this process does not try it again, so a

@@ -568,29 +568,20 @@ fn c_string(buffer: &[c_char]) -> Option<String> {
     (!text.is_empty()).then(|| text.to_string())
 }
 
+// The one builder of the fake library, shared with tests/nvml_glibc.rs.
+#[cfg(test)]
+#[path = "../../../../../tests/support/fake_nvml.rs"]
+mod fake_nvml;
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use std::path::PathBuf;
     use std::process::Command;
 
-    /// The C source of a fake `libnvidia-ml.so.1` (two A100s, MIG on the first, NVSwitch).
-    const FAKE_SOURCE: &str = include_str!("../../../../../fixtures/nvml/fake_libnvidia-ml.c");
-
     /// Compiles the fake library into `dir` with `defines` (`-DFAKE_NVML_NO_DRIVER`...).
     pub(crate) fn build_fake(dir: &Path, defines: &[&str]) -> PathBuf {
-        let source = dir.join("fake_libnvidia-ml.c");
-        std::fs::write(&source, FAKE_SOURCE).unwrap();
-        let library = dir.join(LIBRARY);
-        let status = Command::new("cc")
-            .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
-            .arg(&library)
-            .arg(&source)
-            .args(defines)
-            .status()
-            .expect("a C compiler (cc) to build the fake NVML");
-        assert!(status.success(), "cc failed to build the fake NVML");
-        library
+        super::fake_nvml::build_fake_nvml(dir, defines)
     }
 
     #[test]

@@ -401,6 +401,23 @@ fn nvml_is_never_loaded_under_another_root() {
 }
 
 #[test]
+fn nvml_is_loaded_under_another_root_only_where_the_pod_vouches_for_it() {
+    use std::ffi::OsStr;
+    assert!(may_load_nvml(Path::new("/"), None));
+    assert!(!may_load_nvml(Path::new("/host"), None));
+    assert!(may_load_nvml(
+        Path::new("/host"),
+        Some(OsStr::new("container"))
+    ));
+    for other in ["", "1", "true", "Container", "host"] {
+        assert!(
+            !may_load_nvml(Path::new("/host"), Some(OsStr::new(other))),
+            "{other:?}"
+        );
+    }
+}
+
+#[test]
 fn verdicts() {
     let healthy = HealthFacts {
         ecc_corrected: Some(3),
