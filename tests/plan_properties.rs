@@ -1,6 +1,8 @@
 //! Properties of the planner over random fleets, models and goals: plans never exceed a
 //! device, respect the parallelism rules, never double-book or use reserved devices, come out
-//! the same every time, and memory never grows as the precision narrows.
+//! the same every time, and memory never grows as the precision narrows; every suggestion of
+//! a serving plan, applied to the request (or the fleet) and planned again, fits, and none is
+//! a trivial edit of the asked value.
 
 // Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +15,9 @@ use hwaccel::plan::kv::KvDtype;
 use hwaccel::plan::memory::{ServingTarget, serving_fit};
 use hwaccel::plan::model::presets;
 use hwaccel::plan::report::Plan;
-use hwaccel::plan::search::{PlanRequest, plan, valid_tensor_parallel_sizes};
+use hwaccel::plan::search::{
+    Change, Goal, PlanRequest, is_meaningful_context, plan, valid_tensor_parallel_sizes,
+};
 use hwaccel::plan::shorthand::parse_hardware;
 use hwaccel::plan::training::{LoraTarget, Method, TrainingTarget, training_memory};
 use hwaccel::plan::weights::WeightBytes;
@@ -155,6 +159,92 @@ fn check_plan(
     }
 }
 
+/// `request` and `nodes` with `change` made, as a user would make it (written here apart from
+/// the planner's own check, so a wrong check cannot hide behind itself).
+fn apply(change: &Change, request: &mut PlanRequest, nodes: &mut Vec<NodeSpec>) {
+    let Goal::Serve {
+        context,
+        concurrency,
+    } = &mut request.goal
+    else {
+        panic!("serving suggestions only");
+    };
+    match change {
+        Change::Context { context: c } => *context = Some(*c),
+        Change::Concurrency { concurrency: c } => *concurrency = *c,
+        Change::Precision { precision } => request.precision = PrecisionChoice::from(*precision),
+        Change::KvDtype { kv_dtype } => request.kv_dtype = *kv_dtype,
+        Change::MaxNodes { max_nodes } => request.max_nodes = Some(*max_nodes),
+        Change::Replicas { replicas } => request.replicas = Some(*replicas),
+        Change::AddNodes {
+            like,
+            product,
+            count,
+            max_nodes,
+            ..
+        } => {
+            let template = nodes.iter().find(|n| &n.name == like).unwrap().clone();
+            for i in 0..*count {
+                let mut copy = template.clone();
+                copy.name = format!("{like}-copy-{i}");
+                copy.devices.retain(|d| &d.product == product);
+                nodes.push(copy);
+            }
+            if max_nodes.is_some() {
+                request.max_nodes = *max_nodes;
+            }
+        }
+    }
+}
+
+/// Asserts each suggestion of `result` fits when applied and is not a trivial change.
+fn check_suggestions(
+    result: &Plan,
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+) {
+    for suggestion in &result.suggested_changes {
+        assert!(
+            result.suggestions.contains(&suggestion.text),
+            "{suggestion:?} is shown"
+        );
+        let Goal::Serve {
+            context,
+            concurrency,
+        } = request.goal
+        else {
+            unreachable!()
+        };
+        match &suggestion.change {
+            Change::Context { context: c } => {
+                let asked = context.unwrap();
+                assert!(is_meaningful_context(asked, *c), "{asked} -> {c}");
+            }
+            Change::Concurrency { concurrency: c } => assert!(*c < concurrency && *c >= 1),
+            Change::Precision { precision } => {
+                assert_ne!(PrecisionChoice::from(*precision), request.precision)
+            }
+            Change::KvDtype { kv_dtype } => assert_ne!(*kv_dtype, request.kv_dtype),
+            Change::MaxNodes { max_nodes } => {
+                assert!(request.max_nodes.is_some_and(|m| m < *max_nodes))
+            }
+            Change::Replicas { replicas } => assert_ne!(Some(*replicas), request.replicas),
+            Change::AddNodes { count, .. } => assert!(*count >= 1),
+        }
+        let mut changed = request.clone();
+        let mut more = nodes.to_vec();
+        apply(&suggestion.change, &mut changed, &mut more);
+        let again = plan(model, &more, reserved, &changed).unwrap();
+        assert!(
+            again.fits,
+            "{} on {:?}: applying {:?} does not fit: {:?}",
+            model.name, request, suggestion.text, again.reasons
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -180,6 +270,7 @@ proptest! {
         match plan(&model, &nodes, &reserved, &request) {
             Ok(result) => {
                 check_plan(&result, &model, &nodes, &reserved, max_nodes);
+                check_suggestions(&result, &model, &nodes, &reserved, &request);
                 if let Some(max) = result.max_concurrency {
                     prop_assert!(max >= concurrency);
                 }
@@ -234,6 +325,49 @@ proptest! {
             prop_assert_eq!(Some(assigned as u32), result.devices);
         } else {
             prop_assert!(!result.reasons.is_empty());
+        }
+    }
+
+    /// Refusals name their binding constraint, and every suggestion (of a refusal or of a
+    /// plan) fits when applied: longer contexts and higher concurrency than the property above
+    /// so most cases refuse.
+    #[test]
+    fn suggestions_fit_when_applied(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        context in prop::sample::select(vec![4096u64, 32768, 131_072]),
+        concurrency in prop::sample::select(vec![1u64, 4, 16, 64, 256]),
+        precision in 0usize..4,
+        fp8_kv in any::<bool>(),
+        stride in 0usize..4,
+        max_nodes in prop::option::of(1u32..3),
+        replicas in prop::option::of(1u32..5),
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let reserved = reserve(&nodes, stride);
+        let context = model.max_context.map_or(context, |max| context.min(max));
+        let mut request = PlanRequest::serve(Some(context), concurrency);
+        request.precision = choice(precision);
+        request.kv_dtype = if fp8_kv { KvDtype::Fp8 } else { KvDtype::Auto };
+        request.max_nodes = max_nodes;
+        request.replicas = replicas;
+        if let Ok(result) = plan(&model, &nodes, &reserved, &request) {
+            if !result.fits {
+                const BINDINGS: [&str; 6] = [
+                    "the asked precision does not run on it",
+                    "the weights do not fit",
+                    "request does not fit",
+                    "the concurrency does not fit",
+                    "not enough free devices",
+                    "the node cap",
+                ];
+                prop_assert!(
+                    result.reasons.iter().any(|r| BINDINGS.iter().any(|b| r.contains(b))),
+                    "{:?}", result.reasons
+                );
+            }
+            check_suggestions(&result, &model, &nodes, &reserved, &request);
         }
     }
 
