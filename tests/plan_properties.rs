@@ -245,6 +245,150 @@ fn check_suggestions(
     }
 }
 
+/// Fixed refusals that between them offer every kind of suggestion, each checked the same
+/// way as the property below (so that property is known to see suggestions at all).
+#[test]
+fn known_refusals_offer_suggestions_that_fit() {
+    let cases: [(
+        &str,
+        &str,
+        u64,
+        u64,
+        Option<Precision>,
+        Option<u32>,
+        Option<u32>,
+    ); 5] = [
+        // The demo's DeepSeek-V3: concurrency binds; context, concurrency and nodes offered.
+        (
+            "deepseek-v3",
+            "1x8xMI300X,1x8xH100-80GB+nvswitch",
+            131_072,
+            64,
+            Some(Precision::Bf16),
+            Some(1),
+            None,
+        ),
+        // 405B BF16 on one node: precision, KV and more nodes.
+        (
+            "llama-3.1-405b",
+            "1x8xH100",
+            131_072,
+            1,
+            Some(Precision::Bf16),
+            None,
+            None,
+        ),
+        // The node cap binds.
+        (
+            "llama-3.1-405b",
+            "2x8xH100+ib",
+            8192,
+            1,
+            Some(Precision::Bf16),
+            Some(1),
+            None,
+        ),
+        // One full-context request binds on a 24 GB card; an FP8 cache holds it.
+        (
+            "llama-3.1-8b",
+            "1xL4",
+            65_536,
+            1,
+            Some(Precision::Bf16),
+            None,
+            None,
+        ),
+        // Pinned replicas that the devices cannot hold.
+        (
+            "llama-3.1-70b",
+            "1x8xH100",
+            8192,
+            16,
+            Some(Precision::Bf16),
+            None,
+            Some(8),
+        ),
+    ];
+    let mut kinds = BTreeSet::new();
+    for (key, hardware, context, concurrency, precision, max_nodes, replicas) in cases {
+        let model = presets::find(key).unwrap().unwrap();
+        let nodes = parse_hardware(hardware).unwrap();
+        let mut request = PlanRequest::serve(Some(context), concurrency);
+        if let Some(precision) = precision {
+            request = request.with_precision(precision);
+        }
+        request.max_nodes = max_nodes;
+        request.replicas = replicas;
+        let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+        assert!(!result.fits, "{key} on {hardware}");
+        assert!(
+            !result.suggested_changes.is_empty(),
+            "{key}: {:?}",
+            result.reasons
+        );
+        check_suggestions(&result, &model, &nodes, &Reservations::none(), &request);
+        for s in &result.suggested_changes {
+            kinds.insert(
+                serde_json::to_value(s).unwrap()["change"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    for kind in [
+        "context",
+        "concurrency",
+        "precision",
+        "kv_dtype",
+        "max_nodes",
+        "add_nodes",
+    ] {
+        assert!(kinds.contains(kind), "{kind} never offered: {kinds:?}");
+    }
+}
+
+/// Issue 14 item 6: with the precision left to the planner, the widest precision that fits on
+/// the fewest nodes wins (BF16 on one node of H100s for Llama-3.1-70B, not FP8 on fewer
+/// GPUs), and the plan says what FP8 would save, as a suggestion that fits.
+#[test]
+fn auto_precision_prefers_the_widest_on_the_fewest_nodes() {
+    let model = presets::find("llama-3.1-70b").unwrap().unwrap();
+    let nodes = parse_hardware("1x8xH100+nvswitch").unwrap();
+    let request = PlanRequest::serve(Some(8192), 1);
+    let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+    assert_eq!(
+        (result.fits, result.precision, result.nodes),
+        (true, Some(Precision::Bf16), Some(1))
+    );
+    assert!(
+        result.suggested_changes.iter().any(|s| s.change
+            == Change::Precision {
+                precision: Precision::Fp8
+            }),
+        "{:?}",
+        result.suggestions
+    );
+    check_suggestions(&result, &model, &nodes, &Reservations::none(), &request);
+    // Where BF16 needs two nodes and FP8 one, FP8 wins.
+    let two = parse_hardware("2x8xH100+nvswitch+ib").unwrap();
+    let big = presets::find("llama-3.1-405b").unwrap().unwrap();
+    let result = plan(
+        &big,
+        &two,
+        &Reservations::none(),
+        &PlanRequest::serve(Some(8192), 1),
+    )
+    .unwrap();
+    assert_eq!(
+        (result.fits, result.nodes),
+        (true, Some(1)),
+        "{:?}",
+        result.reasons
+    );
+    assert_eq!(result.precision, Some(Precision::Fp8));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 

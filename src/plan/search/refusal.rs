@@ -146,7 +146,13 @@ pub(super) enum Binding {
     },
     /// One request fits and is placed, but the free devices (under the node cap) hold only
     /// `fit` of the `asked` concurrent requests.
-    Concurrency { at: Layout, fit: u64, asked: u64 },
+    Concurrency {
+        at: Layout,
+        per_replica: u64,
+        fit: u64,
+        asked: u64,
+        max_nodes: Option<u32>,
+    },
     /// A layout fits in memory but the free devices cannot hold it even once (too few, or
     /// spread over nodes too small for its TP groups).
     Devices { at: Layout },
@@ -178,8 +184,19 @@ impl Binding {
                 "{prefix}: one {context}-token request does not fit: at {} with TP {} x PP {} (the largest layout), {kv_free} is left for KV per device and one request needs {per_request}",
                 at.precision, at.tp, at.pp
             ),
-            Self::Concurrency { at, fit, asked } => format!(
-                "{prefix}: the concurrency does not fit: {fit} concurrent {context}-token request(s) fit, {asked} asked (at most, {at})"
+            Self::Concurrency {
+                at,
+                per_replica,
+                fit,
+                asked,
+                max_nodes,
+            } => format!(
+                "{prefix}: the concurrency does not fit: {fit} concurrent {context}-token request(s) fit, {asked} asked (the free devices{} hold {} replica(s) of {} with TP {} x PP {}, each holding {per_replica})",
+                max_nodes.map_or(String::new(), |m| format!(" on at most {m} node(s)")),
+                at.replicas,
+                at.precision,
+                at.tp,
+                at.pp
             ),
             Self::Devices { at } => format!(
                 "{prefix}: not enough free devices: {at} needs {} device(s) in TP groups of {} on one node; {} are free, at most {} on one node",
@@ -301,8 +318,10 @@ impl Ask<'_> {
         if let Some((fit, (c, _))) = largest_below(self.demand.concurrency, held) {
             let binding = Binding::Concurrency {
                 at: Layout::of(&c),
+                per_replica: c.fit.max_concurrency,
                 fit,
                 asked: self.demand.concurrency,
+                max_nodes,
             };
             return Ok((binding, c.fit.memory));
         }
@@ -527,7 +546,7 @@ fn suggest_all(
                 plan,
                 Change::Context { context },
                 format!(
-                    "the longest context in {}-token steps that {}",
+                    "the longest context in {}-token steps; {}",
                     suggest::CONTEXT_STEP,
                     fits_at(fleet, &hit)
                 ),
@@ -545,7 +564,7 @@ fn suggest_all(
             offer(
                 plan,
                 Change::Concurrency { concurrency },
-                format!("the most concurrent requests that {}", fits_at(fleet, &hit)),
+                format!("the most concurrent requests; {}", fits_at(fleet, &hit)),
             );
         }
     }
