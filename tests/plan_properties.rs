@@ -245,19 +245,22 @@ fn check_suggestions(
     }
 }
 
+/// Model, hardware, context, concurrency, precision, node cap, replicas.
+type Case = (
+    &'static str,
+    &'static str,
+    u64,
+    u64,
+    Option<Precision>,
+    Option<u32>,
+    Option<u32>,
+);
+
 /// Fixed refusals that between them offer every kind of suggestion, each checked the same
 /// way as the property below (so that property is known to see suggestions at all).
 #[test]
 fn known_refusals_offer_suggestions_that_fit() {
-    let cases: [(
-        &str,
-        &str,
-        u64,
-        u64,
-        Option<Precision>,
-        Option<u32>,
-        Option<u32>,
-    ); 5] = [
+    let cases: [Case; 5] = [
         // The demo's DeepSeek-V3: concurrency binds; context, concurrency and nodes offered.
         (
             "deepseek-v3",

@@ -236,8 +236,7 @@ impl Ask<'_> {
     ) -> (Vec<Candidate>, Option<(Candidate, Placement)>) {
         let mut candidates = class_candidates(
             self.model,
-            fleet,
-            index,
+            (fleet, index),
             ladder,
             self.request.precision,
             self.target,

@@ -103,8 +103,7 @@ pub(super) fn ladder(model: &Model, choice: PrecisionChoice) -> Vec<(Precision, 
 /// supports; the reasons a rung is unsupported go to `refusals` when given.
 pub(super) fn class_candidates(
     model: &Model,
-    fleet: &Fleet<'_>,
-    index: usize,
+    (fleet, index): (&Fleet<'_>, usize),
     ladder: &[(Precision, WeightBytes)],
     choice: PrecisionChoice,
     target: &ServingTarget,
@@ -153,8 +152,7 @@ pub(super) fn search(
     for index in 0..fleet.classes.len() {
         candidates.extend(class_candidates(
             model,
-            fleet,
-            index,
+            (fleet, index),
             &ladder,
             choice,
             target,
