@@ -53,7 +53,8 @@ pub enum Change {
     },
     /// Add nodes to the fleet: `count` copies of node `like` holding its `devices` devices of
     /// `product` (its other devices are not needed), all free; with `max_nodes`, raise the
-    /// node cap to it as well.
+    /// node cap to it as well (rendered `with --max-nodes M`, which the controller rewrites to
+    /// `spec.constraints.maxNodes=M`).
     AddNodes {
         /// The node to copy.
         like: String,
@@ -98,7 +99,7 @@ impl Suggestion {
                 max_nodes,
             } => format!(
                 "add {count} more node(s) like {like} ({devices} x {product}){}: {why}",
-                max_nodes.map_or(String::new(), |m| format!(" and raise --max-nodes to {m}"))
+                max_nodes.map_or(String::new(), |m| format!(" with --max-nodes {m}"))
             ),
         };
         Self { change, text }
@@ -198,7 +199,7 @@ mod tests {
         );
         assert_eq!(
             s.text,
-            "add 1 more node(s) like n (8 x H100) and raise --max-nodes to 2: fits"
+            "add 1 more node(s) like n (8 x H100) with --max-nodes 2: fits"
         );
     }
 }
