@@ -218,6 +218,81 @@ fn a_plan_that_does_not_fit_exits_2_and_says_what_would() {
     );
 }
 
+/// `make demo`'s DeepSeek-V3 placement (BF16, 131,072 tokens, 64 at once, one node) on the
+/// demo's 8 x MI300X and 8 x H100 nodes: the MI300X node holds one such request, so the
+/// refusal names the concurrency (not the KV room of one request), the H100 node the weights,
+/// and no suggestion is a one-token edit of the context.
+#[test]
+fn the_demo_refusal_names_the_binding_constraint() {
+    let (code, plan) = json(&[
+        "--model",
+        "deepseek-v3",
+        "--hardware",
+        "1x8xMI300X,1x8xH100-80GB+nvswitch",
+        "--precision",
+        "bf16",
+        "--context",
+        "131072",
+        "--concurrency",
+        "64",
+        "--max-nodes",
+        "1",
+    ]);
+    assert_eq!(code, 2);
+    let lines = |key: &str| -> Vec<String> {
+        plan[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let reasons = lines("reasons");
+    let mi300x = reasons
+        .iter()
+        .find(|r| r.starts_with("AMD Instinct MI300X"))
+        .unwrap();
+    assert!(
+        mi300x.contains(
+            "the concurrency does not fit: 1 concurrent 131072-token request(s) fit, 64 asked"
+        ),
+        "{mi300x}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("NVIDIA H100") && r.contains("the weights do not fit")),
+        "{reasons:?}"
+    );
+    assert!(
+        !reasons.iter().any(|r| r.contains("is left for KV")),
+        "{reasons:?}"
+    );
+    let changes = plan["suggested_changes"].as_array().unwrap();
+    let context = changes
+        .iter()
+        .find(|c| c["change"] == "context")
+        .and_then(|c| c["context"].as_u64())
+        .expect("a shorter context");
+    assert!(
+        context.is_multiple_of(1024) && context <= 131_072 - 1024,
+        "{context}"
+    );
+    assert!(
+        changes
+            .iter()
+            .any(|c| c["change"] == "concurrency" && c["concurrency"] == 1),
+        "{changes:?}"
+    );
+    let suggestions = lines("suggestions");
+    assert!(
+        suggestions
+            .iter()
+            .any(|s| s.starts_with(&format!("--context {context}: "))),
+        "{suggestions:?}"
+    );
+}
+
 #[test]
 fn table_output_explains_the_memory() {
     let out = hwaccel(&[

@@ -1,6 +1,8 @@
 //! Properties of the planner over random fleets, models and goals: plans never exceed a
 //! device, respect the parallelism rules, never double-book or use reserved devices, come out
-//! the same every time, and memory never grows as the precision narrows.
+//! the same every time, and memory never grows as the precision narrows; every suggestion of
+//! a serving plan, applied to the request (or the fleet) and planned again, fits, and none is
+//! a trivial edit of the asked value.
 
 // Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +15,9 @@ use hwaccel::plan::kv::KvDtype;
 use hwaccel::plan::memory::{ServingTarget, serving_fit};
 use hwaccel::plan::model::presets;
 use hwaccel::plan::report::Plan;
-use hwaccel::plan::search::{PlanRequest, plan, valid_tensor_parallel_sizes};
+use hwaccel::plan::search::{
+    Change, Goal, PlanRequest, is_meaningful_context, plan, valid_tensor_parallel_sizes,
+};
 use hwaccel::plan::shorthand::parse_hardware;
 use hwaccel::plan::training::{LoraTarget, Method, TrainingTarget, training_memory};
 use hwaccel::plan::weights::WeightBytes;
@@ -155,6 +159,239 @@ fn check_plan(
     }
 }
 
+/// `request` and `nodes` with `change` made, as a user would make it (written here apart from
+/// the planner's own check, so a wrong check cannot hide behind itself).
+fn apply(change: &Change, request: &mut PlanRequest, nodes: &mut Vec<NodeSpec>) {
+    let Goal::Serve {
+        context,
+        concurrency,
+    } = &mut request.goal
+    else {
+        panic!("serving suggestions only");
+    };
+    match change {
+        Change::Context { context: c } => *context = Some(*c),
+        Change::Concurrency { concurrency: c } => *concurrency = *c,
+        Change::Precision { precision } => request.precision = PrecisionChoice::from(*precision),
+        Change::KvDtype { kv_dtype } => request.kv_dtype = *kv_dtype,
+        Change::MaxNodes { max_nodes } => request.max_nodes = Some(*max_nodes),
+        Change::Replicas { replicas } => request.replicas = Some(*replicas),
+        Change::AddNodes {
+            like,
+            product,
+            count,
+            max_nodes,
+            ..
+        } => {
+            let template = nodes.iter().find(|n| &n.name == like).unwrap().clone();
+            for i in 0..*count {
+                let mut copy = template.clone();
+                copy.name = format!("{like}-copy-{i}");
+                copy.devices.retain(|d| &d.product == product);
+                nodes.push(copy);
+            }
+            if max_nodes.is_some() {
+                request.max_nodes = *max_nodes;
+            }
+        }
+    }
+}
+
+/// Asserts each suggestion of `result` fits when applied and is not a trivial change.
+fn check_suggestions(
+    result: &Plan,
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+) {
+    for suggestion in &result.suggested_changes {
+        assert!(
+            result.suggestions.contains(&suggestion.text),
+            "{suggestion:?} is shown"
+        );
+        let Goal::Serve {
+            context,
+            concurrency,
+        } = request.goal
+        else {
+            unreachable!()
+        };
+        match &suggestion.change {
+            Change::Context { context: c } => {
+                let asked = context.unwrap();
+                assert!(is_meaningful_context(asked, *c), "{asked} -> {c}");
+            }
+            Change::Concurrency { concurrency: c } => assert!(*c < concurrency && *c >= 1),
+            Change::Precision { precision } => {
+                assert_ne!(PrecisionChoice::from(*precision), request.precision)
+            }
+            Change::KvDtype { kv_dtype } => assert_ne!(*kv_dtype, request.kv_dtype),
+            Change::MaxNodes { max_nodes } => {
+                assert!(request.max_nodes.is_some_and(|m| m < *max_nodes))
+            }
+            Change::Replicas { replicas } => assert_ne!(Some(*replicas), request.replicas),
+            Change::AddNodes { count, .. } => assert!(*count >= 1),
+        }
+        let mut changed = request.clone();
+        let mut more = nodes.to_vec();
+        apply(&suggestion.change, &mut changed, &mut more);
+        let again = plan(model, &more, reserved, &changed).unwrap();
+        assert!(
+            again.fits,
+            "{} on {:?}: applying {:?} does not fit: {:?}",
+            model.name, request, suggestion.text, again.reasons
+        );
+    }
+}
+
+/// Model, hardware, context, concurrency, precision, node cap, replicas.
+type Case = (
+    &'static str,
+    &'static str,
+    u64,
+    u64,
+    Option<Precision>,
+    Option<u32>,
+    Option<u32>,
+);
+
+/// Fixed refusals that between them offer every kind of suggestion, each checked the same
+/// way as the property below (so that property is known to see suggestions at all).
+#[test]
+fn known_refusals_offer_suggestions_that_fit() {
+    let cases: [Case; 5] = [
+        // The demo's DeepSeek-V3: concurrency binds; context, concurrency and nodes offered.
+        (
+            "deepseek-v3",
+            "1x8xMI300X,1x8xH100-80GB+nvswitch",
+            131_072,
+            64,
+            Some(Precision::Bf16),
+            Some(1),
+            None,
+        ),
+        // 405B BF16 on one node: precision, KV and more nodes.
+        (
+            "llama-3.1-405b",
+            "1x8xH100",
+            131_072,
+            1,
+            Some(Precision::Bf16),
+            None,
+            None,
+        ),
+        // The node cap binds.
+        (
+            "llama-3.1-405b",
+            "2x8xH100+ib",
+            8192,
+            1,
+            Some(Precision::Bf16),
+            Some(1),
+            None,
+        ),
+        // One full-context request binds on a 24 GB card; an FP8 cache holds it.
+        (
+            "llama-3.1-8b",
+            "1xL4",
+            65_536,
+            1,
+            Some(Precision::Bf16),
+            None,
+            None,
+        ),
+        // Pinned replicas that the devices cannot hold.
+        (
+            "llama-3.1-70b",
+            "1x8xH100",
+            8192,
+            16,
+            Some(Precision::Bf16),
+            None,
+            Some(8),
+        ),
+    ];
+    let mut kinds = BTreeSet::new();
+    for (key, hardware, context, concurrency, precision, max_nodes, replicas) in cases {
+        let model = presets::find(key).unwrap().unwrap();
+        let nodes = parse_hardware(hardware).unwrap();
+        let mut request = PlanRequest::serve(Some(context), concurrency);
+        if let Some(precision) = precision {
+            request = request.with_precision(precision);
+        }
+        request.max_nodes = max_nodes;
+        request.replicas = replicas;
+        let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+        assert!(!result.fits, "{key} on {hardware}");
+        assert!(
+            !result.suggested_changes.is_empty(),
+            "{key}: {:?}",
+            result.reasons
+        );
+        check_suggestions(&result, &model, &nodes, &Reservations::none(), &request);
+        for s in &result.suggested_changes {
+            kinds.insert(
+                serde_json::to_value(s).unwrap()["change"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    for kind in [
+        "context",
+        "concurrency",
+        "precision",
+        "kv_dtype",
+        "max_nodes",
+        "add_nodes",
+    ] {
+        assert!(kinds.contains(kind), "{kind} never offered: {kinds:?}");
+    }
+}
+
+/// Issue 14 item 6: with the precision left to the planner, the widest precision that fits on
+/// the fewest nodes wins (BF16 on one node of H100s for Llama-3.1-70B, not FP8 on fewer
+/// GPUs), and the plan says what FP8 would save, as a suggestion that fits.
+#[test]
+fn auto_precision_prefers_the_widest_on_the_fewest_nodes() {
+    let model = presets::find("llama-3.1-70b").unwrap().unwrap();
+    let nodes = parse_hardware("1x8xH100+nvswitch").unwrap();
+    let request = PlanRequest::serve(Some(8192), 1);
+    let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+    assert_eq!(
+        (result.fits, result.precision, result.nodes),
+        (true, Some(Precision::Bf16), Some(1))
+    );
+    assert!(
+        result.suggested_changes.iter().any(|s| s.change
+            == Change::Precision {
+                precision: Precision::Fp8
+            }),
+        "{:?}",
+        result.suggestions
+    );
+    check_suggestions(&result, &model, &nodes, &Reservations::none(), &request);
+    // Where BF16 needs two nodes and FP8 one, FP8 wins.
+    let two = parse_hardware("2x8xH100+nvswitch+ib").unwrap();
+    let big = presets::find("llama-3.1-405b").unwrap().unwrap();
+    let result = plan(
+        &big,
+        &two,
+        &Reservations::none(),
+        &PlanRequest::serve(Some(8192), 1),
+    )
+    .unwrap();
+    assert_eq!(
+        (result.fits, result.nodes),
+        (true, Some(1)),
+        "{:?}",
+        result.reasons
+    );
+    assert_eq!(result.precision, Some(Precision::Fp8));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -180,6 +417,7 @@ proptest! {
         match plan(&model, &nodes, &reserved, &request) {
             Ok(result) => {
                 check_plan(&result, &model, &nodes, &reserved, max_nodes);
+                check_suggestions(&result, &model, &nodes, &reserved, &request);
                 if let Some(max) = result.max_concurrency {
                     prop_assert!(max >= concurrency);
                 }
@@ -234,6 +472,49 @@ proptest! {
             prop_assert_eq!(Some(assigned as u32), result.devices);
         } else {
             prop_assert!(!result.reasons.is_empty());
+        }
+    }
+
+    /// Refusals name their binding constraint, and every suggestion (of a refusal or of a
+    /// plan) fits when applied: longer contexts and higher concurrency than the property above
+    /// so most cases refuse.
+    #[test]
+    fn suggestions_fit_when_applied(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        context in prop::sample::select(vec![4096u64, 32768, 131_072]),
+        concurrency in prop::sample::select(vec![1u64, 4, 16, 64, 256]),
+        precision in 0usize..4,
+        fp8_kv in any::<bool>(),
+        stride in 0usize..4,
+        max_nodes in prop::option::of(1u32..3),
+        replicas in prop::option::of(1u32..5),
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let reserved = reserve(&nodes, stride);
+        let context = model.max_context.map_or(context, |max| context.min(max));
+        let mut request = PlanRequest::serve(Some(context), concurrency);
+        request.precision = choice(precision);
+        request.kv_dtype = if fp8_kv { KvDtype::Fp8 } else { KvDtype::Auto };
+        request.max_nodes = max_nodes;
+        request.replicas = replicas;
+        if let Ok(result) = plan(&model, &nodes, &reserved, &request) {
+            if !result.fits {
+                const BINDINGS: [&str; 6] = [
+                    "the asked precision does not run on it",
+                    "the weights do not fit",
+                    "request does not fit",
+                    "the concurrency does not fit",
+                    "not enough free devices",
+                    "the node cap",
+                ];
+                prop_assert!(
+                    result.reasons.iter().any(|r| BINDINGS.iter().any(|b| r.contains(b))),
+                    "{:?}", result.reasons
+                );
+            }
+            check_suggestions(&result, &model, &nodes, &reserved, &request);
         }
     }
 

@@ -130,6 +130,9 @@ pub struct Plan {
     pub reasons: Vec<String>,
     /// What would make it fit, or make it better.
     pub suggestions: Vec<String>,
+    /// The serving suggestions as typed changes, each checked to fit when applied (its `text`
+    /// is also in `suggestions`).
+    pub suggested_changes: Vec<super::search::Suggestion>,
 }
 
 impl Plan {
@@ -161,6 +164,7 @@ impl Plan {
             training: None,
             reasons: Vec::new(),
             suggestions: Vec::new(),
+            suggested_changes: Vec::new(),
         }
     }
 

@@ -3,16 +3,17 @@
 //! replicas the concurrency target needs; then the cheapest candidate that the fleet can
 //! actually place.
 //!
-//! Order (`planner-formulas.md` §2 and §4): fewest devices, then fewest nodes, then the
-//! widest precision, then the layout the interconnect favours (TP inside an NVLink-class
-//! domain, PP where there is only PCIe), then device class and sizes, so the same input always
-//! yields the same plan.
+//! Order (`planner-formulas.md` §2 and §4, issue 14 item 6): fewest nodes, then the widest
+//! precision, then fewest devices, then the layout the interconnect favours (TP inside an
+//! NVLink-class domain, PP where there is only PCIe), then device class and sizes, so the
+//! same input always yields the same plan.
 
 #[cfg(test)]
 mod overflow;
 mod parallel;
 mod refusal;
 mod serving;
+mod suggest;
 mod train;
 
 use crate::hardware::Precision;
@@ -28,6 +29,7 @@ use super::report::Plan;
 use super::training::TrainingTarget;
 
 pub use parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
+pub use suggest::{CONTEXT_STEP, Change, Suggestion, context_steps, is_meaningful_context};
 
 /// The context used when neither the request nor the model states one.
 pub const FALLBACK_CONTEXT: u64 = 4096;
@@ -121,7 +123,7 @@ pub fn plan(
                 request,
                 context,
                 *concurrency,
-                nodes,
+                (nodes, reserved),
             ))
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),

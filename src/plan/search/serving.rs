@@ -5,10 +5,11 @@ use crate::hardware::Precision;
 use super::PlanRequest;
 use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
 use super::refusal;
+use super::suggest::{self, Change, Suggestion};
 use crate::plan::capability::{Execution, PrecisionChoice, serving_candidates, serving_support};
 use crate::plan::fleet::{DeviceClass, Fleet, Placement, Shape};
-use crate::plan::inventory::NodeSpec;
-use crate::plan::kv::KvLayout;
+use crate::plan::inventory::{NodeSpec, Reservations};
+use crate::plan::kv::{KvDtype, KvLayout};
 use crate::plan::memory::{ServingFit, ServingTarget, scheduler_defaults, serving_fit};
 use crate::plan::model::Model;
 use crate::plan::report::Plan;
@@ -37,15 +38,37 @@ impl Candidate {
         (u64::from(self.tp) * u64::from(self.pp)).saturating_mul(u64::from(self.replicas))
     }
 
-    /// Ranking after devices and nodes: wider precision, the layout the interconnect favours,
-    /// then class and sizes for determinism.
-    fn preference(&self, fleet: &Fleet<'_>) -> (usize, u32, usize, u32, u32) {
+    /// Ranking after nodes, precision and devices: the layout the interconnect favours, then
+    /// class and sizes for determinism.
+    fn preference(&self, fleet: &Fleet<'_>) -> (u32, usize, u32, u32) {
         let fast_tp = fleet.classes[self.class].largest_fast_domain >= self.tp;
         // With an NVLink-class domain, TP beats PP; over PCIe, PP beats TP (vLLM docs).
         let layout = if fast_tp { self.pp } else { self.tp };
-        (self.precision_rank, layout, self.class, self.tp, self.pp)
+        (layout, self.class, self.tp, self.pp)
+    }
+
+    /// The fewest nodes the candidate could occupy: its devices over the most free devices of
+    /// its class on one node.
+    fn fewest_nodes(&self, fleet: &Fleet<'_>) -> u64 {
+        let per_node = u64::from(fleet.classes[self.class].largest_node.max(1));
+        self.devices().div_ceil(per_node).max(1)
+    }
+
+    /// The search order (item 6 of issue 14): fewest nodes, then the widest precision, then
+    /// fewest devices, then [`Self::preference`]. `nodes` is the placement's count, or before
+    /// placing, [`Self::fewest_nodes`] (a lower bound, so a sorted list can stop early).
+    fn rank(&self, fleet: &Fleet<'_>, nodes: u64) -> Rank {
+        (
+            nodes,
+            self.precision_rank,
+            self.devices(),
+            self.preference(fleet),
+        )
     }
 }
+
+/// See [`Candidate::rank`].
+type Rank = (u64, usize, u64, (u32, usize, u32, u32));
 
 /// How much serving is asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +86,55 @@ pub(super) struct Outcome {
     pub best: Option<(Candidate, Placement)>,
     /// Why precisions were ruled out, per class.
     pub refusals: Vec<String>,
-    /// Memory-feasible candidates the fleet could not place (too few free devices, node cap).
-    pub unplaceable: Vec<Candidate>,
+    /// With a precision left to the planner: the best placed candidate at a narrower
+    /// precision than the winner's, to say what narrowing would save.
+    pub narrower: Option<(Candidate, Placement)>,
+}
+
+/// The precision ladder of `choice` with each rung's weights (they depend on the model only).
+pub(super) fn ladder(model: &Model, choice: PrecisionChoice) -> Vec<(Precision, WeightBytes)> {
+    serving_candidates(choice, model)
+        .into_iter()
+        .map(|precision| (precision, WeightBytes::of(model, precision)))
+        .collect()
+}
+
+/// Memory-feasible layouts of one class for `demand`, at every rung of `ladder` the device
+/// supports; the reasons a rung is unsupported go to `refusals` when given.
+pub(super) fn class_candidates(
+    model: &Model,
+    (fleet, index): (&Fleet<'_>, usize),
+    ladder: &[(Precision, WeightBytes)],
+    choice: PrecisionChoice,
+    target: &ServingTarget,
+    demand: Demand,
+    mut refusals: Option<&mut Vec<String>>,
+) -> Vec<Candidate> {
+    let class = &fleet.classes[index];
+    let mut candidates = Vec::new();
+    for (precision_rank, (precision, weights)) in ladder.iter().enumerate() {
+        let precision = *precision;
+        match serving_support(model, class.sample, precision) {
+            Ok(execution) => {
+                let ctx = ClassContext {
+                    index,
+                    class,
+                    precision,
+                    precision_rank,
+                    execution,
+                    weights,
+                };
+                candidates.extend(layouts(model, &ctx, target, demand));
+            }
+            Err(why) if !matches!(choice, PrecisionChoice::Auto) || is_notable(precision) => {
+                if let Some(refusals) = refusals.as_deref_mut() {
+                    refusals.push(format!("{} x{}: {why}", class.sample.product, class.free));
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    candidates
 }
 
 /// Searches `fleet` for the cheapest plan.
@@ -77,83 +147,75 @@ pub(super) fn search(
     max_nodes: Option<u32>,
 ) -> Outcome {
     let mut refusals = Vec::new();
+    let ladder = ladder(model, choice);
     let mut candidates = Vec::new();
-    // The ladder and each rung's weights depend on the model only: worked out once, not per
-    // device class.
-    let ladder: Vec<(Precision, WeightBytes)> = serving_candidates(choice, model)
-        .into_iter()
-        .map(|precision| (precision, WeightBytes::of(model, precision)))
-        .collect();
-    for (index, class) in fleet.classes.iter().enumerate() {
-        for (precision_rank, (precision, weights)) in ladder.iter().enumerate() {
-            let precision = *precision;
-            match serving_support(model, class.sample, precision) {
-                Ok(execution) => {
-                    let ctx = ClassContext {
-                        index,
-                        class,
-                        precision,
-                        precision_rank,
-                        execution,
-                        weights,
-                    };
-                    candidates.extend(layouts(model, &ctx, target, demand));
-                }
-                Err(why) if !matches!(choice, PrecisionChoice::Auto) || is_notable(precision) => {
-                    refusals.push(format!("{} x{}: {why}", class.sample.product, class.free));
-                }
-                Err(_) => {}
-            }
-        }
+    for index in 0..fleet.classes.len() {
+        candidates.extend(class_candidates(
+            model,
+            (fleet, index),
+            &ladder,
+            choice,
+            target,
+            demand,
+            Some(&mut refusals),
+        ));
     }
-    candidates.sort_by_key(|c| (c.devices(), c.preference(fleet)));
-    let mut unplaceable = Vec::new();
-    let mut start = 0;
-    while start < candidates.len() {
-        let devices = candidates[start].devices();
-        let end = start
-            + candidates[start..]
-                .iter()
-                .take_while(|c| c.devices() == devices)
-                .count();
-        // The fewest nodes wins, then the preference; the group is in preference order, so
-        // the first placement on one node cannot be beaten and ends the group early (a fleet
-        // of thousands of one-device classes must not be placed thousands of times).
-        let mut placed: Option<(Candidate, Placement)> = None;
-        for c in &candidates[start..end] {
-            let shape = Shape {
-                tp: c.tp,
-                pp: c.pp,
-                replicas: c.replicas,
-            };
-            match fleet.place(c.class, shape, max_nodes) {
-                Some(placement) => {
-                    if placed
-                        .as_ref()
-                        .is_none_or(|(_, best)| placement.nodes < best.nodes)
-                    {
-                        placed = Some((*c, placement));
-                    }
-                    if placed.as_ref().is_some_and(|(_, best)| best.nodes <= 1) {
-                        break;
-                    }
-                }
-                None => unplaceable.push(*c),
-            }
-        }
-        if let Some(best) = placed {
-            return Outcome {
-                best: Some(best),
-                refusals,
-                unplaceable,
-            };
-        }
-        start = end;
-    }
+    sort_candidates(fleet, &mut candidates);
+    let best = place_best(fleet, &candidates, max_nodes);
+    // What the next narrower precision would take, in the same order.
+    let narrower = match (&best, choice) {
+        (Some((winner, _)), PrecisionChoice::Auto) => candidates
+            .iter()
+            .filter(|c| c.precision.bits_per_param() < winner.precision.bits_per_param())
+            .take(16)
+            .find_map(|c| Some((*c, fleet.place(c.class, shape_of(c), max_nodes)?))),
+        _ => None,
+    };
     Outcome {
-        best: None,
+        best,
         refusals,
-        unplaceable,
+        narrower,
+    }
+}
+
+/// The best-ranked candidate of `sorted` (in [`Candidate::rank`] order of its lower bound)
+/// that the fleet can place.
+pub(super) fn place_best(
+    fleet: &Fleet<'_>,
+    sorted: &[Candidate],
+    max_nodes: Option<u32>,
+) -> Option<(Candidate, Placement)> {
+    let mut best: Option<(Rank, Candidate, Placement)> = None;
+    for c in sorted {
+        // Sorted by a lower bound of the rank: once it reaches the best placed rank, nothing
+        // later can beat it (a fleet of thousands of classes is not placed thousands of times).
+        if best
+            .as_ref()
+            .is_some_and(|(rank, ..)| c.rank(fleet, c.fewest_nodes(fleet)) >= *rank)
+        {
+            break;
+        }
+        if let Some(placement) = fleet.place(c.class, shape_of(c), max_nodes) {
+            let rank = c.rank(fleet, u64::from(placement.nodes));
+            if best.as_ref().is_none_or(|(b, ..)| rank < *b) {
+                best = Some((rank, *c, placement));
+            }
+        }
+    }
+    best.map(|(_, c, p)| (c, p))
+}
+
+/// Sorts candidates into the order [`place_best`] expects.
+pub(super) fn sort_candidates(fleet: &Fleet<'_>, candidates: &mut [Candidate]) {
+    candidates.sort_by_cached_key(|c| c.rank(fleet, c.fewest_nodes(fleet)));
+}
+
+/// The placement shape of a candidate.
+pub(super) fn shape_of(c: &Candidate) -> Shape {
+    Shape {
+        tp: c.tp,
+        pp: c.pp,
+        replicas: c.replicas,
     }
 }
 
@@ -263,7 +325,7 @@ pub(super) fn plan(
     request: &PlanRequest,
     context: u64,
     concurrency: u64,
-    nodes: &[NodeSpec],
+    nodes: (&[NodeSpec], &Reservations),
 ) -> Plan {
     let target = ServingTarget {
         context,
@@ -290,15 +352,20 @@ pub(super) fn plan(
     plan.gpu_memory_utilization = Some(request.gpu_util);
     plan.reasons.extend(model.notes.iter().cloned());
     match &outcome.best {
-        Some((candidate, placement)) => describe(
-            &mut plan,
-            model,
-            fleet,
-            candidate,
-            placement,
-            &target,
-            concurrency,
-        ),
+        Some((candidate, placement)) => {
+            describe(
+                &mut plan,
+                model,
+                fleet,
+                candidate,
+                placement,
+                &target,
+                concurrency,
+            );
+            if let Some(narrower) = &outcome.narrower {
+                explain_narrower(&mut plan, model, (candidate, placement), narrower);
+            }
+        }
         None => refusal::serving(&mut plan, model, fleet, request, &target, &outcome, nodes),
     }
     plan
@@ -360,11 +427,68 @@ fn describe(
         concurrency,
     ));
     if target.kv_dtype.bytes() > 1.0 && fit.max_concurrency < 4 {
-        plan.suggestions.push(
-            "--kv-dtype fp8 halves the KV cache and roughly doubles the concurrency that fits"
-                .to_string(),
+        suggest::push(
+            plan,
+            Suggestion::new(
+                Change::KvDtype {
+                    kv_dtype: KvDtype::Fp8,
+                },
+                "halves the KV cache and roughly doubles the concurrency that fits",
+            ),
         );
     }
+}
+
+/// Auto precision: why the winner's precision, and what the next narrower one that places
+/// would save (fewer nodes or devices, or more KV room on the same ones).
+fn explain_narrower(
+    plan: &mut Plan,
+    model: &Model,
+    (winner, placement): (&Candidate, &Placement),
+    (narrower, narrower_at): &(Candidate, Placement),
+) {
+    plan.reasons.push(format!(
+        "{} is the widest precision that fits on the fewest nodes ({})",
+        winner.precision, placement.nodes
+    ));
+    let layout = format!(
+        "TP {} x PP {} x {} replica(s)",
+        narrower.tp, narrower.pp, narrower.replicas
+    );
+    let why = if narrower_at.nodes < placement.nodes {
+        format!(
+            "{} would fit on {} node(s) instead of {} ({layout})",
+            narrower.precision, narrower_at.nodes, placement.nodes
+        )
+    } else if narrower.devices() < winner.devices() {
+        format!(
+            "{} would fit on {} device(s) instead of {} ({layout})",
+            narrower.precision,
+            narrower.devices(),
+            winner.devices()
+        )
+    } else {
+        let held = |c: &Candidate| c.fit.max_concurrency.saturating_mul(u64::from(c.replicas));
+        let weights = WeightBytes::of(model, winner.precision).total().as_f64();
+        let narrow_weights = WeightBytes::of(model, narrower.precision).total().as_f64();
+        format!(
+            "{} would cut the weights to {:.2}x: {} full-context request(s) fit instead of {} on {} device(s) ({layout})",
+            narrower.precision,
+            narrow_weights / weights.max(1.0),
+            held(narrower),
+            held(winner),
+            narrower.devices()
+        )
+    };
+    suggest::push(
+        plan,
+        Suggestion::new(
+            Change::Precision {
+                precision: narrower.precision,
+            },
+            why,
+        ),
+    );
 }
 
 /// The arithmetic: weights, KV per token and per request, budget.
