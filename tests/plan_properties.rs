@@ -295,7 +295,7 @@ fn known_refusals_offer_suggestions_that_fit() {
         (
             "llama-3.1-8b",
             "1xL4",
-            65_536,
+            32_768,
             1,
             Some(Precision::Bf16),
             None,
