@@ -115,14 +115,9 @@ pub fn plan(
             concurrency,
         } => {
             let context = resolve_context(model, *context)?;
-            Ok(serving::plan(
-                model,
-                &fleet,
-                request,
-                context,
-                *concurrency,
-                nodes,
-            ))
+            let mut plan = serving::plan(model, &fleet, request, context, *concurrency, nodes);
+            plan.engine = super::engine::settings(&plan);
+            Ok(plan)
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
     }
