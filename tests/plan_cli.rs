@@ -791,6 +791,8 @@ fn emit_renders_a_deployment_on_the_planned_nodes() {
         "llama-3.1-8b",
         "--hardware",
         "2x4xH100",
+        "--context",
+        "8192",
         "--concurrency",
         "200",
         "--emit",
