@@ -31,6 +31,8 @@
 //! `config.json` and both engines read it; no flag is emitted for them, only a note that such
 //! a checkpoint is needed when the plan's precision is below the model's own.
 
+use std::sync::OnceLock;
+
 use serde::Serialize;
 
 use crate::hardware::Precision;
@@ -218,21 +220,30 @@ fn weights(
 }
 
 /// A preset's Hugging Face repository. The table writes variants as `Llama-3.1-8B(-Instruct)`
-/// and adds remarks after a space; serving takes the instruction-tuned variant.
+/// and adds remarks after a space; serving takes the instruction-tuned variant. The table is
+/// read once: every serving plan asks.
 fn hugging_face_id(name: &str) -> Option<String> {
+    static IDS: OnceLock<Vec<(String, String)>> = OnceLock::new();
+    let ids = IDS.get_or_init(|| {
+        presets::list()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|preset| {
+                let id: String = preset
+                    .hf_id
+                    .split_whitespace()
+                    .next()?
+                    .chars()
+                    .filter(|c| !matches!(c, '(' | ')'))
+                    .collect();
+                id.contains('/').then_some((preset.key, id))
+            })
+            .collect()
+    });
     let wanted = name.trim().to_ascii_lowercase();
-    let preset = presets::list()
-        .ok()?
-        .into_iter()
-        .find(|p| p.key == wanted)?;
-    let id: String = preset
-        .hf_id
-        .split_whitespace()
-        .next()?
-        .chars()
-        .filter(|c| !matches!(c, '(' | ')'))
-        .collect();
-    id.contains('/').then_some(id)
+    ids.iter()
+        .find(|(key, _)| *key == wanted)
+        .map(|(_, id)| id.clone())
 }
 
 fn push(args: &mut Vec<String>, flag: &str, value: impl ToString) {
