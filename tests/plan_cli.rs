@@ -816,3 +816,207 @@ fn a_file_of_other_objects_is_bad_input() {
         "{stdout}"
     );
 }
+
+#[test]
+fn json_plans_carry_the_engine_arguments_and_tables_a_run_line() {
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1x2xH100",
+        "--context",
+        "8192",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    let vllm: Vec<&str> = plan["engine"]["vllm"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let tp = plan["tp"].as_u64().unwrap().to_string();
+    assert!(
+        vllm.windows(2)
+            .any(|w| w == ["--tensor-parallel-size", tp.as_str()]),
+        "{vllm:?}"
+    );
+    assert!(
+        vllm.windows(2).any(|w| w == ["--max-model-len", "8192"]),
+        "{vllm:?}"
+    );
+    assert!(
+        plan["engine"]["sglang"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    );
+    let out = hwaccel(&["--model", "llama-3.1-8b", "--hardware", "1x2xH100"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(
+            "run with: vllm serve meta-llama/Llama-3.1-8B-Instruct --tensor-parallel-size"
+        ),
+        "{table}"
+    );
+}
+
+#[test]
+fn emit_renders_a_deployment_on_the_planned_nodes() {
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "2x4xH100",
+        "--context",
+        "8192",
+        "--concurrency",
+        "200",
+        "--emit",
+        "deployment",
+        "--image",
+        "example.com/vllm:test",
+        "--namespace",
+        "ml",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "kind: Deployment",
+        "namespace: ml",
+        "image: example.com/vllm:test",
+        "nvidia.com/gpu",
+        "kubernetes.io/hostname",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--max-model-len",
+    ] {
+        assert!(stdout.contains(expected), "{expected} missing:\n{stdout}");
+    }
+    // JSON with -o json.
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1x1xH100",
+        "--emit",
+        "deployment",
+        "-o",
+        "json",
+    ]);
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(value["kind"], "Deployment");
+    assert_eq!(
+        value["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "1"
+    );
+}
+
+#[test]
+fn emit_refuses_what_a_workload_cannot_express() {
+    // Does not fit: nothing on stdout, the reasons on stderr, exit 2.
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-405b",
+        "--hardware",
+        "1x1xL4",
+        "--emit",
+        "deployment",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not fit") && stderr.contains("  - "),
+        "{stderr}"
+    );
+    // A replica across nodes is not a Deployment.
+    bad_input(
+        &[
+            "--model",
+            "llama-3.1-405b",
+            "--precision",
+            "bf16",
+            "--hardware",
+            "2x8xH100+ib",
+            "--emit",
+            "deployment",
+        ],
+        "--emit lws",
+    );
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-405b",
+        "--precision",
+        "bf16",
+        "--hardware",
+        "2x8xH100+ib",
+        "--emit",
+        "lws",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("kind: LeaderWorkerSet") && stdout.contains("size: 2"),
+        "{stdout}"
+    );
+    // A config file's model has no known repository: --served-model names it.
+    bad_input(
+        &[
+            "--params",
+            "8B",
+            "--hardware",
+            "1x1xH100",
+            "--emit",
+            "deployment",
+        ],
+        "--served-model",
+    );
+    // Placement files: missing, not a placement, and not with planning flags.
+    bad_input(
+        &[
+            "--emit",
+            "deployment",
+            "--placement",
+            "/nonexistent/mp.yaml",
+        ],
+        "/nonexistent/mp.yaml",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pod.yaml");
+    std::fs::write(&path, "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n").unwrap();
+    bad_input(
+        &["--emit", "lws", "--placement", path.to_str().unwrap()],
+        "ModelPlacement",
+    );
+    let out = hwaccel(&[
+        "--emit",
+        "lws",
+        "--placement",
+        path.to_str().unwrap(),
+        "--model",
+        "llama-3.1-8b",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    // Emit flags without --emit are a usage error.
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1x1xH100",
+        "--image",
+        "x",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+}

@@ -284,6 +284,9 @@ pub struct ModelPlacementStatus {
     /// What to copy into the workload's pod template to use the claim template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<PodTemplateClaimFragment>,
+    /// The serving engines' command-line arguments for the plan (serving plans that fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineStatus>,
     /// Why the model does not fit, or what constrained the choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
@@ -316,6 +319,29 @@ pub struct PlanStatus {
     /// Estimated decode tokens per second per replica (memory-bandwidth roofline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_tokens_per_second: Option<u64>,
+}
+
+/// The arguments that make a serving engine run the plan (`hwaccel plan -o yaml` prints the
+/// same under `engine`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineStatus {
+    /// The model name to serve (a preset's Hugging Face repository), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub model: Option<String>,
+    /// Arguments after `vllm serve <model>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 256)))]
+    pub vllm: Vec<String>,
+    /// Arguments after `python -m sglang.launch_server --model-path <model>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 256)))]
+    pub sglang: Vec<String>,
+    /// What the arguments cannot say (a pre-quantized checkpoint is needed...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 1024)))]
+    pub notes: Vec<String>,
 }
 
 /// Per-device memory, in bytes.

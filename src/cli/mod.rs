@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `detect.rs` | `hwaccel detect`: report this machine's accelerators |
 //! | [`plan`] | `hwaccel plan`: plan a model on an inventory or a hardware shorthand |
+//! | [`plan_emit`] | `hwaccel plan --emit`: the plan as a Deployment or LeaderWorkerSet |
 //! | [`fleet`], `fleet_input.rs` | `hwaccel fleet`: sick or missing, what fits, what to add |
 //! | `agent.rs` | `hwaccel agent`: the node agent |
 //! | `controller.rs` | `hwaccel controller`: the ModelPlacement controller |
@@ -27,6 +28,7 @@ pub mod fleet;
 mod fleet_input;
 pub mod plan;
 pub mod plan_dra;
+pub mod plan_emit;
 mod process;
 mod values;
 

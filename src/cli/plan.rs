@@ -3,13 +3,15 @@
 //!
 //! The flags become a [`PlanInput`], the same description of the question a ModelPlacement
 //! spec becomes, and [`prepare`] turns it into the planner's request. DRA ResourceSlices
-//! (`--resource-slices`) are read and merged in [`super::plan_dra`].
+//! (`--resource-slices`) are read and merged in [`super::plan_dra`]. `--emit deployment|lws`
+//! prints a workload that runs the plan instead ([`super::plan_emit`]).
 
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::plan_dra::{self, DraNames};
+use super::plan_emit::{self, EmitArgs};
 
 use crate::output::{self, Format};
 use crate::plan::capability::PrecisionChoice;
@@ -77,7 +79,7 @@ pub struct GoalArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
     /// Model: a preset key (`llama-3.1-70b`; see --list-models) or a Hugging Face config.json.
-    #[arg(long, conflicts_with = "params", required_unless_present_any = ["params", "list_models"])]
+    #[arg(long, conflicts_with = "params", required_unless_present_any = ["params", "list_models", "placement"])]
     pub model: Option<String>,
     /// Model given only by its parameter count (`70B`, `8e9`); a Llama-like shape is assumed.
     #[arg(long)]
@@ -90,7 +92,7 @@ pub struct PlanArgs {
     #[arg(long = "resource-slices", conflicts_with = "hardware")]
     pub resource_slices: Vec<PathBuf>,
     /// Hardware shorthand: NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib].
-    #[arg(long, required_unless_present_any = ["inventory", "resource_slices", "list_models"])]
+    #[arg(long, required_unless_present_any = ["inventory", "resource_slices", "list_models", "placement"])]
     pub hardware: Option<String>,
     /// Serving replicas to place, each holding its share of --concurrency (default: as many
     /// as the concurrency needs).
@@ -108,12 +110,18 @@ pub struct PlanArgs {
     /// List the built-in model presets and exit.
     #[arg(long)]
     pub list_models: bool,
+    /// `--emit deployment|lws` and its flags.
+    #[command(flatten)]
+    pub emit: EmitArgs,
 }
 
 /// Runs `hwaccel plan`.
 pub fn run(args: PlanArgs) -> ExitCode {
     if args.list_models {
         return finish(list_models());
+    }
+    if let Some(kind) = args.emit.emit {
+        return plan_emit::run(&args.emit, kind, args.output, || plan_and_nodes(&args));
     }
     match plan_with_dra(&args).and_then(|(plan, names)| {
         render(&plan, names.as_ref(), args.output).map(|text| (plan.fits, text))
@@ -155,13 +163,22 @@ pub fn plan_from_args(args: &PlanArgs) -> Result<Plan> {
 /// Everything from flags to a plan, with the DRA names of the devices when
 /// `--resource-slices` was given.
 fn plan_with_dra(args: &PlanArgs) -> Result<(Plan, Option<DraNames>)> {
+    planned(args).map(|(plan, _, names)| (plan, names))
+}
+
+/// The plan and the nodes it was made on (`--emit` reads their devices' vendor).
+pub fn plan_and_nodes(args: &PlanArgs) -> Result<(Plan, Vec<NodeSpec>)> {
+    planned(args).map(|(plan, nodes, _)| (plan, nodes))
+}
+
+fn planned(args: &PlanArgs) -> Result<(Plan, Vec<NodeSpec>, Option<DraNames>)> {
     let prepared = prepare(input_from_args(args)?)?;
     let (nodes, mut notes, names) = hardware_from_args(args)?;
     let reserved = reservations(&args.reserved)?;
     let mut plan = plan(&prepared.model, &nodes, &reserved, &prepared.request)?;
     notes.extend(prepared.notes);
     plan.reasons.extend(notes);
-    Ok((plan, names))
+    Ok((plan, nodes, names))
 }
 
 /// The planning question the flags ask.

@@ -17,10 +17,12 @@
 //! | [`search`] | the search over precision, TP, PP and replicas; refusals |
 //! | [`throughput`] | decode-throughput estimate |
 //! | [`report`] | the plan as JSON and as a table |
+//! | [`engine`] | the serving engines' arguments (vLLM, SGLang) for a plan that fits |
 //! | [`request`] | one way in: a [`request::PlanInput`] to a model and a [`PlanRequest`] |
 //! | [`load`] | model configs and inventory files (Kubernetes objects via the caller's reader) |
 
 pub mod capability;
+pub mod engine;
 pub mod error;
 pub mod fleet;
 pub mod inventory;

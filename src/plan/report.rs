@@ -9,6 +9,7 @@ use crate::hardware::Precision;
 use crate::output::Table;
 
 use super::capability::Execution;
+use super::engine::EngineSettings;
 use super::fleet::Assignment;
 use super::memory::DeviceMemory;
 use super::model::{Model, ModelSource};
@@ -124,6 +125,8 @@ pub struct Plan {
     pub assignments: Vec<Assignment>,
     /// Decode throughput per replica (serving).
     pub throughput: Option<ThroughputEstimate>,
+    /// The serving engines' arguments for this plan (serving plans that fit).
+    pub engine: Option<EngineSettings>,
     /// Training details.
     pub training: Option<TrainingSummary>,
     /// Why this plan (or why none).
@@ -161,6 +164,7 @@ impl Plan {
             attention_data_parallel: None,
             assignments: Vec::new(),
             throughput: None,
+            engine: None,
             training: None,
             reasons: Vec::new(),
             suggestions: Vec::new(),
@@ -212,6 +216,9 @@ impl Plan {
                 "decode estimate (bandwidth roofline, per replica): {:.0} tok/s single stream, {:.0} tok/s at {} streams",
                 t.single_stream_tokens_per_s, t.batched_tokens_per_s, t.batch
             );
+        }
+        if let Some(engine) = &self.engine {
+            let _ = writeln!(out, "run with: {}", engine.vllm_command(&self.model.name));
         }
         if !self.assignments.is_empty() {
             out.push('\n');

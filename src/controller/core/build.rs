@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::placement::{
-    AllocationMode, Assignment, Constraints, MemoryBreakdown, ModelPlacementSpec,
+    AllocationMode, Assignment, Constraints, EngineStatus, MemoryBreakdown, ModelPlacementSpec,
     ModelPlacementStatus, PlanStatus,
 };
 use crate::plan::report::Plan;
@@ -250,6 +250,12 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
         node_names: Some(nodes.iter().copied().collect::<Vec<_>>().join(",")),
         node_selector: labels::node_selector(namespace, name),
         assignments,
+        engine: plan.engine.as_ref().map(|e| EngineStatus {
+            model: e.model.clone(),
+            vllm: e.vllm.clone(),
+            sglang: e.sglang.clone(),
+            notes: e.notes.clone(),
+        }),
         reasons: plan.reasons.clone(),
         suggestions: plan.suggestions.clone(),
         ..ModelPlacementStatus::default()
@@ -352,6 +358,30 @@ mod tests {
         );
         assert_eq!(status.node_selector, labels::node_selector("ml", "llama"));
         assert_eq!(status.model.as_deref(), Some("llama-3.1-70b"));
+        // The engines' arguments carry the same layout as the plan.
+        let engine = status
+            .engine
+            .as_ref()
+            .expect("a serving plan has engine arguments");
+        let tp = plan.tensor_parallel.to_string();
+        assert!(
+            engine
+                .vllm
+                .windows(2)
+                .any(|w| w[0] == "--tensor-parallel-size" && w[1] == tp),
+            "{engine:?}"
+        );
+        assert!(
+            engine
+                .sglang
+                .windows(2)
+                .any(|w| w[0] == "--context-length" && w[1] == "8192"),
+            "{engine:?}"
+        );
+        assert_eq!(
+            engine.model.as_deref(),
+            Some("meta-llama/Llama-3.1-70B-Instruct")
+        );
     }
 
     #[test]
@@ -446,6 +476,7 @@ mod tests {
             "{status:?}"
         );
         assert!(status.assignments.is_empty() && status.plan.is_none());
+        assert!(status.engine.is_none(), "no engine arguments for a refusal");
         let all = status.reasons.iter().chain(&status.suggestions);
         assert!(
             all.clone().all(|line| !line.contains("--")),

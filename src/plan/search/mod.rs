@@ -117,14 +117,16 @@ pub fn plan(
             concurrency,
         } => {
             let context = resolve_context(model, *context)?;
-            Ok(serving::plan(
+            let mut plan = serving::plan(
                 model,
                 &fleet,
                 request,
                 context,
                 *concurrency,
                 (nodes, reserved),
-            ))
+            );
+            plan.engine = super::engine::settings(&plan);
+            Ok(plan)
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
     }

@@ -1,0 +1,760 @@
+//! `hwaccel plan --emit deployment|lws`: the plan as a workload to apply, running
+//! `vllm serve <model> <the plan's vLLM arguments>`.
+//!
+//! A replica that fits on one node becomes a Deployment (one pod per replica); a replica that
+//! spans nodes becomes a LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`, one group per
+//! replica, `size` = nodes per replica) whose leader starts a Ray head and `vllm serve`, and
+//! whose workers join it, as in vLLM's own LWS recipe (vllm-project/vllm,
+//! `docs/deployment/frameworks/lws.md`; the helper script ships in the official image at
+//! `/vllm-workspace/examples/online_serving/multi-node-serving.sh`).
+//!
+//! Where the pods go:
+//! - `--placement FILE|-` (a ModelPlacement as `kubectl get mp NAME -o yaml` prints it): its
+//!   status is the plan. `labels`: the status's `nodeSelector`; `claims`: each replica's
+//!   ResourceClaims (one Deployment per replica, as each replica holds its own claims);
+//!   `claimTemplate`: the status's `podTemplate` claim, one claim per pod.
+//! - without it, the plan's own nodes, through required node affinity on
+//!   `kubernetes.io/hostname`.
+//!
+//! Devices: without claims, each pod asks for its node's share of the replica's devices as the
+//! vendor device plugin's extended resource (`--resource-name` overrides it): NVIDIA
+//! `nvidia.com/gpu` (NVIDIA/k8s-device-plugin), AMD `amd.com/gpu` (ROCm/k8s-device-plugin),
+//! Intel GPUs `gpu.intel.com/i915` and Gaudi `habana.ai/gaudi` (intel/intel-device-plugins-
+//! for-kubernetes, HabanaAI/habanalabs-k8s-device-plugin), AWS `aws.amazon.com/neuron`
+//! (aws-neuron/neuron-helm-charts), Google TPUs `google.com/tpu` (GKE), Qualcomm
+//! `qualcomm.com/qaic` (quic/cloud-ai-containers).
+//!
+//! A plan that does not fit emits nothing: the reasons go to stderr and the exit code is 2.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api::placement::{ModelPlacementStatus, PlacementClaim};
+use crate::hardware::{Family, Vendor};
+use crate::output::{self, Format};
+use crate::plan::error::{PlanError, Result};
+use crate::plan::inventory::NodeSpec;
+use crate::plan::load::read_text;
+use crate::plan::report::Plan;
+
+/// Largest placement file read (a status with every bound filled stays far below).
+const MAX_PLACEMENT_BYTES: u64 = 16 << 20;
+
+/// The official vLLM image (docs.vllm.ai, "Using Docker").
+pub const DEFAULT_IMAGE: &str = "docker.io/vllm/vllm-openai:latest";
+
+/// vLLM's OpenAI-compatible server port (`vllm serve --port`, default 8000).
+const PORT: i32 = 8000;
+
+/// The Ray helper in the official vLLM image.
+const RAY_HELPER: &str = "/vllm-workspace/examples/online_serving/multi-node-serving.sh";
+
+/// Which workload to render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EmitKind {
+    /// A Deployment: one pod per replica (a replica must fit one node).
+    Deployment,
+    /// A LeaderWorkerSet: one group of pods per replica, one pod per node.
+    Lws,
+}
+
+/// Flags of `hwaccel plan --emit`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EmitArgs {
+    /// Print a workload that runs the plan with vLLM instead of the plan itself.
+    #[arg(long, value_enum)]
+    pub emit: Option<EmitKind>,
+    /// A ModelPlacement (`kubectl get mp NAME -o yaml`, JSON or YAML; `-` for stdin) whose
+    /// status is the plan: its nodeSelector or claims place the pods.
+    #[arg(long, requires = "emit", conflicts_with_all = ["model", "params", "hardware", "inventory", "resource_slices"])]
+    pub placement: Option<PathBuf>,
+    /// Container image.
+    #[arg(long, requires = "emit", default_value = DEFAULT_IMAGE)]
+    pub image: String,
+    /// The model name or path passed to `vllm serve` (default: the preset's Hugging Face
+    /// repository).
+    #[arg(long, requires = "emit")]
+    pub served_model: Option<String>,
+    /// Workload name (default: the placement's, or the model's).
+    #[arg(long, requires = "emit")]
+    pub name: Option<String>,
+    /// Namespace written into the workload (default: none, kubectl's).
+    #[arg(long, requires = "emit")]
+    pub namespace: Option<String>,
+    /// Extended resource each pod asks for (default: the device vendor's plugin resource;
+    /// `nvidia.com/gpu` with --placement).
+    #[arg(long, requires = "emit")]
+    pub resource_name: Option<String>,
+}
+
+/// What an emitted workload is made of, whichever way the plan came.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// Object name.
+    pub name: String,
+    /// Namespace, when given.
+    pub namespace: Option<String>,
+    /// Image.
+    pub image: String,
+    /// The model `vllm serve` loads.
+    pub model: String,
+    /// vLLM's arguments.
+    pub args: Vec<String>,
+    /// Replicas.
+    pub replicas: u32,
+    /// Distinct nodes one replica spans (the LWS group size).
+    pub nodes_per_replica: u32,
+    /// Devices each pod uses.
+    pub devices_per_pod: u32,
+    /// Where the pods go.
+    pub target: Target,
+}
+
+/// Where a workload's pods go and how they get their devices.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// Nodes by name, devices as an extended resource.
+    Hosts {
+        /// Node names.
+        nodes: Vec<String>,
+        /// Extended resource name.
+        resource: String,
+    },
+    /// A nodeSelector, devices as an extended resource.
+    Selector {
+        /// The selector.
+        selector: BTreeMap<String, String>,
+        /// Extended resource name.
+        resource: String,
+    },
+    /// Per replica, the ResourceClaims its pod uses.
+    Claims(Vec<Vec<PlacementClaim>>),
+    /// A ResourceClaimTemplate each pod gets its own claim from: (pod claim name, template).
+    ClaimTemplate(String, String),
+}
+
+/// Runs `hwaccel plan --emit KIND`; `planned` plans from the flags (used without
+/// `--placement`).
+pub fn run(
+    args: &EmitArgs,
+    kind: EmitKind,
+    format: Format,
+    planned: impl FnOnce() -> Result<(Plan, Vec<NodeSpec>)>,
+) -> ExitCode {
+    let workload = match &args.placement {
+        Some(path) => read_placement(path).and_then(|p| from_placement(args, p)),
+        None => planned().and_then(|(plan, nodes)| from_plan(args, &plan, &nodes)),
+    };
+    let workload = match workload {
+        Ok(Ok(workload)) => workload,
+        Ok(Err(refusal)) => {
+            eprintln!("hwaccel plan: nothing to emit: the model does not fit");
+            for line in refusal {
+                eprintln!("  - {line}");
+            }
+            return ExitCode::from(2);
+        }
+        Err(err) => return fail(&err),
+    };
+    match render(&workload, kind, format).and_then(|text| {
+        super::write_stdout(&text).map_err(|source| PlanError::Io {
+            path: PathBuf::from("<stdout>"),
+            source,
+        })
+    }) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => fail(&err),
+    }
+}
+
+fn fail(err: &PlanError) -> ExitCode {
+    eprintln!("hwaccel plan: {err}");
+    ExitCode::from(1)
+}
+
+fn bad(reason: impl Into<String>) -> PlanError {
+    PlanError::constraint(reason.into())
+}
+
+/// The workload, or the refusal's reasons and suggestions when nothing fits.
+type Built = Result<std::result::Result<Workload, Vec<String>>>;
+
+/// From a plan made from the flags: the plan's own nodes by name.
+pub fn from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec]) -> Built {
+    let engine = match (&plan.engine, plan.fits) {
+        (Some(engine), true) => engine,
+        _ => {
+            let lines = plan.reasons.iter().chain(&plan.suggestions).cloned();
+            return Ok(Err(lines.collect()));
+        }
+    };
+    let groups = plan
+        .assignments
+        .iter()
+        .map(|a| (a.replica, a.node.clone(), a.devices.len()));
+    let shape = Shape::of(groups)?;
+    let resource = match &args.resource_name {
+        Some(name) => name.clone(),
+        None => device_resource(plan, nodes)?,
+    };
+    let model = served_model(args, engine.model.as_deref())?;
+    Ok(Ok(Workload {
+        name: dns_name(args.name.as_deref().unwrap_or(&plan.model.name)),
+        namespace: args.namespace.clone(),
+        image: args.image.clone(),
+        model,
+        args: engine.vllm.clone(),
+        replicas: shape.replicas,
+        nodes_per_replica: shape.nodes_per_replica,
+        devices_per_pod: shape.devices_per_pod,
+        target: Target::Hosts {
+            nodes: shape.nodes.into_iter().collect(),
+            resource,
+        },
+    }))
+}
+
+/// A ModelPlacement as read from a file: the parts `--emit` uses.
+#[derive(Debug, Deserialize)]
+pub struct PlacementObject {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    status: Option<ModelPlacementStatus>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+/// Reads `--placement` (a file, or `-` for stdin), at most [`MAX_PLACEMENT_BYTES`].
+fn read_placement(path: &Path) -> Result<PlacementObject> {
+    let text = if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .take(MAX_PLACEMENT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|source| PlanError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if bytes.len() as u64 > MAX_PLACEMENT_BYTES {
+            return Err(bad(format!(
+                "--placement -: larger than {} MiB",
+                MAX_PLACEMENT_BYTES >> 20
+            )));
+        }
+        String::from_utf8(bytes).map_err(|_| bad("--placement -: not UTF-8 text"))?
+    } else {
+        read_text(path, MAX_PLACEMENT_BYTES)?
+    };
+    parse_placement(&text)
+        .map_err(|reason| bad(format!("--placement {}: {reason}", path.display())))
+}
+
+/// Decodes a ModelPlacement from JSON or YAML (a `List` of exactly one is accepted, as
+/// `kubectl get mp -o yaml` with a selector prints one).
+pub fn parse_placement(text: &str) -> std::result::Result<PlacementObject, String> {
+    let value: Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(_) => {
+            serde_saphyr::from_str(text).map_err(|err| format!("neither JSON nor YAML: {err}"))?
+        }
+    };
+    let value = match value.get("kind").and_then(Value::as_str) {
+        Some("ModelPlacement") => value,
+        Some("List") => match value
+            .get("items")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+        {
+            Some([one]) => one.clone(),
+            _ => return Err("a List must hold exactly one ModelPlacement".to_string()),
+        },
+        other => return Err(format!("expected kind ModelPlacement, found {other:?}")),
+    };
+    serde_json::from_value(value).map_err(|err| format!("not a ModelPlacement: {err}"))
+}
+
+/// From a ModelPlacement's status: its nodeSelector or claims place the pods.
+pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
+    let status = placement.status.unwrap_or_default();
+    let (Some(plan), false) = (&status.plan, status.assignments.is_empty()) else {
+        let mut lines: Vec<String> = status
+            .reasons
+            .iter()
+            .chain(&status.suggestions)
+            .cloned()
+            .collect();
+        if lines.is_empty() {
+            lines.push(format!(
+                "the placement is not planned (state {})",
+                status.state.as_deref().unwrap_or("unknown")
+            ));
+        }
+        return Ok(Err(lines));
+    };
+    let engine = status.engine.as_ref().ok_or_else(|| {
+        bad("the placement's status has no engine arguments (a controller older than this CLI?)")
+    })?;
+    let shape = Shape::of(
+        status
+            .assignments
+            .iter()
+            .map(|a| (a.replica, a.node.clone(), a.devices.len())),
+    )?;
+    let resource = || {
+        args.resource_name
+            .clone()
+            .unwrap_or_else(|| "nvidia.com/gpu".to_string())
+    };
+    let target = match status.allocation.as_deref() {
+        Some("claims") => {
+            let mut per_replica: BTreeMap<u32, Vec<PlacementClaim>> = BTreeMap::new();
+            for claim in &status.claims {
+                per_replica
+                    .entry(claim.replica)
+                    .or_default()
+                    .push(claim.clone());
+            }
+            if per_replica.len() != plan.replicas.max(1) as usize {
+                return Err(bad(format!(
+                    "the placement holds claims for {} replica(s) but plans {}",
+                    per_replica.len(),
+                    plan.replicas
+                )));
+            }
+            Target::Claims(per_replica.into_values().collect())
+        }
+        Some("claimTemplate") => {
+            let fragment = status
+                .pod_template
+                .as_ref()
+                .and_then(|t| t.resource_claims.first())
+                .ok_or_else(|| bad("allocation claimTemplate but no status.podTemplate"))?;
+            Target::ClaimTemplate(
+                fragment.name.clone(),
+                fragment.resource_claim_template_name.clone(),
+            )
+        }
+        _ if status.node_selector.is_empty() => {
+            return Err(bad("the placement's status has no nodeSelector"));
+        }
+        _ => Target::Selector {
+            selector: status.node_selector.clone(),
+            resource: resource(),
+        },
+    };
+    let name = args
+        .name
+        .as_deref()
+        .or(placement.metadata.name.as_deref())
+        .or(status.model.as_deref())
+        .unwrap_or("model");
+    Ok(Ok(Workload {
+        name: dns_name(name),
+        namespace: args.namespace.clone().or(placement.metadata.namespace),
+        image: args.image.clone(),
+        model: served_model(args, engine.model.as_deref())?,
+        args: engine.vllm.clone(),
+        replicas: plan.replicas.max(1),
+        nodes_per_replica: shape.nodes_per_replica,
+        devices_per_pod: shape.devices_per_pod,
+        target,
+    }))
+}
+
+fn served_model(args: &EmitArgs, known: Option<&str>) -> Result<String> {
+    args.served_model
+        .as_deref()
+        .or(known)
+        .map(str::to_string)
+        .ok_or_else(|| {
+            bad("the model's Hugging Face name is not known (not a preset): give --served-model")
+        })
+}
+
+/// Replicas, nodes per replica and devices per pod, from `(replica, node, devices)` groups.
+#[derive(Debug)]
+struct Shape {
+    replicas: u32,
+    nodes_per_replica: u32,
+    devices_per_pod: u32,
+    nodes: BTreeSet<String>,
+}
+
+impl Shape {
+    fn of(groups: impl Iterator<Item = (u32, String, usize)>) -> Result<Self> {
+        let mut per_pod: BTreeMap<(u32, String), usize> = BTreeMap::new();
+        for (replica, node, devices) in groups {
+            *per_pod.entry((replica, node)).or_default() += devices;
+        }
+        let replicas: BTreeSet<u32> = per_pod.keys().map(|(r, _)| *r).collect();
+        let nodes: BTreeSet<String> = per_pod.keys().map(|(_, n)| n.clone()).collect();
+        let spans: BTreeSet<usize> = replicas
+            .iter()
+            .map(|r| per_pod.keys().filter(|(x, _)| x == r).count())
+            .collect();
+        let devices: BTreeSet<usize> = per_pod.values().copied().collect();
+        let (Some(&span), Some(&devices_per_pod)) = (spans.iter().next(), devices.iter().next())
+        else {
+            return Err(bad("the plan places no devices"));
+        };
+        if spans.len() > 1 || devices.len() > 1 {
+            // Pod templates are uniform: every pod of the workload asks for the same devices.
+            return Err(bad(format!(
+                "the plan's replicas are not uniform (nodes per replica {spans:?}, devices per node {devices:?}); one pod template cannot express it"
+            )));
+        }
+        let count = |n: usize| u32::try_from(n).map_err(|_| bad("too many devices"));
+        Ok(Self {
+            replicas: count(replicas.len())?,
+            nodes_per_replica: count(span)?,
+            devices_per_pod: count(devices_per_pod)?,
+            nodes,
+        })
+    }
+}
+
+/// The device plugin resource for the plan's devices (see the module docs for sources).
+fn device_resource(plan: &Plan, nodes: &[NodeSpec]) -> Result<String> {
+    let first = plan
+        .assignments
+        .first()
+        .ok_or_else(|| bad("the plan places no devices"))?;
+    let device = nodes
+        .iter()
+        .find(|n| n.name == first.node)
+        .and_then(|n| n.devices.iter().find(|d| first.devices.contains(&d.id)))
+        .ok_or_else(|| {
+            bad(format!(
+                "node {} of the plan is not in the inventory",
+                first.node
+            ))
+        })?;
+    let name = match (device.vendor, device.family) {
+        (Vendor::Nvidia, Family::Gpu) => "nvidia.com/gpu",
+        (Vendor::Amd, Family::Gpu) => "amd.com/gpu",
+        (Vendor::Intel, Family::Gpu) => "gpu.intel.com/i915",
+        (Vendor::Intel, Family::Asic | Family::Npu)
+            if device.product.to_ascii_lowercase().contains("gaudi") =>
+        {
+            "habana.ai/gaudi"
+        }
+        (Vendor::Aws, _) => "aws.amazon.com/neuron",
+        (Vendor::Google, Family::Tpu) => "google.com/tpu",
+        (Vendor::Qualcomm, _) => "qualcomm.com/qaic",
+        (vendor, family) => {
+            return Err(bad(format!(
+                "no known device plugin resource for {vendor:?} {family}: give --resource-name"
+            )));
+        }
+    };
+    Ok(name.to_string())
+}
+
+/// A DNS-1123 label of at most 50 characters (room for suffixes Kubernetes adds).
+pub fn dns_name(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars().map(|c| c.to_ascii_lowercase()) {
+        if c.is_ascii_alphanumeric() {
+            out.push(c);
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+        if out.len() >= 50 {
+            break;
+        }
+    }
+    let out = out.trim_end_matches('-');
+    if out.is_empty() {
+        "model".to_string()
+    } else if out.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("m-{}", &out[..out.len().min(48)])
+    } else {
+        out.to_string()
+    }
+}
+
+/// The workload as YAML (JSON with `-o json`); several objects as one stream (JSON: a `List`).
+pub fn render(workload: &Workload, kind: EmitKind, format: Format) -> Result<String> {
+    let objects = objects(workload, kind)?;
+    let encode = |err: String| bad(format!("cannot encode the workload: {err}"));
+    if format == Format::Json {
+        let value = match objects.as_slice() {
+            [one] => one.clone(),
+            _ => json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+        };
+        return output::to_json(&value).map_err(|e| encode(e.to_string()));
+    }
+    let mut text = String::new();
+    for object in &objects {
+        text.push_str("---\n");
+        text.push_str(&output::to_yaml(object).map_err(|e| encode(e.to_string()))?);
+    }
+    Ok(text)
+}
+
+/// The objects to apply.
+pub fn objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
+    match kind {
+        EmitKind::Deployment if workload.nodes_per_replica > 1 => Err(bad(format!(
+            "a replica spans {} nodes: a Deployment pod runs on one node; use --emit lws",
+            workload.nodes_per_replica
+        ))),
+        EmitKind::Deployment => deployments(workload),
+        EmitKind::Lws => lws(workload).map(|object| vec![object]),
+    }
+}
+
+fn deployments(workload: &Workload) -> Result<Vec<Value>> {
+    let command = {
+        let mut args = vec![workload.model.clone()];
+        args.extend(workload.args.iter().cloned());
+        (vec!["vllm".to_string(), "serve".to_string()], args)
+    };
+    match &workload.target {
+        // One Deployment per replica: each replica's pod names its own claims.
+        Target::Claims(per_replica) => per_replica
+            .iter()
+            .enumerate()
+            .map(|(index, claims)| {
+                let name = format!("{}-r{index}", workload.name);
+                let template = pod_template(workload, &name, "vllm", &command, Some(claims))?;
+                deployment(workload, &name, 1, template)
+            })
+            .collect(),
+        _ => {
+            let template = pod_template(workload, &workload.name, "vllm", &command, None)?;
+            Ok(vec![deployment(
+                workload,
+                &workload.name,
+                workload.replicas,
+                template,
+            )?])
+        }
+    }
+}
+
+fn deployment(workload: &Workload, name: &str, replicas: u32, template: Value) -> Result<Value> {
+    let value = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(workload, name),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": template,
+        },
+    });
+    // Through the typed object: a field Kubernetes does not know fails here, not at apply.
+    let typed: Deployment = serde_json::from_value(value)
+        .map_err(|err| bad(format!("internal: not a Deployment: {err}")))?;
+    serde_json::to_value(typed).map_err(|err| bad(format!("internal: {err}")))
+}
+
+fn lws(workload: &Workload) -> Result<Value> {
+    if matches!(workload.target, Target::Claims(_)) && workload.nodes_per_replica > 1 {
+        return Err(bad(
+            "allocation claims with a multi-node replica: a LeaderWorkerSet's pod templates \
+             cannot name one claim per pod; use allocation labels or claimTemplate",
+        ));
+    }
+    if let Target::Claims(per_replica) = &workload.target
+        && per_replica.len() > 1
+    {
+        return Err(bad(
+            "allocation claims with several replicas: a LeaderWorkerSet's groups share one \
+             template; use --emit deployment (one per replica)",
+        ));
+    }
+    let claims = match &workload.target {
+        Target::Claims(per_replica) => per_replica.first().map(Vec::as_slice),
+        _ => None,
+    };
+    let model_args: Vec<String> = std::iter::once(workload.model.clone())
+        .chain(workload.args.iter().cloned())
+        .collect();
+    let leader_line = format!(
+        "bash {RAY_HELPER} leader --ray_cluster_size=$(LWS_GROUP_SIZE); vllm serve {} --distributed-executor-backend ray",
+        model_args
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let worker_line = format!("bash {RAY_HELPER} worker --ray_address=$(LWS_LEADER_ADDRESS)");
+    let shell = |line: String| (vec!["sh".to_string(), "-c".to_string()], vec![line]);
+    let leader = pod_template(
+        workload,
+        &workload.name,
+        "vllm-leader",
+        &shell(leader_line),
+        claims,
+    )?;
+    let worker = pod_template(
+        workload,
+        &workload.name,
+        "vllm-worker",
+        &shell(worker_line),
+        claims,
+    )?;
+    Ok(json!({
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": metadata(workload, &workload.name),
+        "spec": {
+            "replicas": workload.replicas,
+            "leaderWorkerTemplate": {
+                "size": workload.nodes_per_replica,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }))
+}
+
+fn metadata(workload: &Workload, name: &str) -> Value {
+    let mut meta = json!({
+        "name": name,
+        "labels": {
+            "app.kubernetes.io/name": name,
+            "app.kubernetes.io/managed-by": "hwaccel",
+        },
+    });
+    if let (Some(namespace), Some(map)) = (&workload.namespace, meta.as_object_mut()) {
+        map.insert("namespace".to_string(), json!(namespace));
+    }
+    meta
+}
+
+/// One pod template: the container, its devices, and where it may run.
+fn pod_template(
+    workload: &Workload,
+    app: &str,
+    container: &str,
+    (command, args): &(Vec<String>, Vec<String>),
+    claims: Option<&[PlacementClaim]>,
+) -> Result<Value> {
+    let mut spec = serde_json::Map::new();
+    let mut resources = serde_json::Map::new();
+    let leader = container.ends_with("leader") || container == "vllm";
+    match (&workload.target, claims) {
+        (Target::Claims(_), Some(claims)) => {
+            // Each claim's pod-side name is the same constant; several claims in one pod
+            // (pipeline stages on one node) get their stage as a suffix.
+            let several = claims.len() > 1;
+            let mut refs = Vec::new();
+            let mut uses = Vec::new();
+            let mut selector = BTreeMap::new();
+            for claim in claims {
+                for r in &claim.pod_template.resource_claims {
+                    let name = if several {
+                        format!("{}-{}", r.name, claim.stage)
+                    } else {
+                        r.name.clone()
+                    };
+                    refs.push(json!({"name": name, "resourceClaimName": r.resource_claim_name}));
+                    uses.push(json!({"name": name}));
+                }
+                selector.extend(claim.pod_template.node_selector.clone());
+            }
+            spec.insert("resourceClaims".into(), json!(refs));
+            resources.insert("claims".into(), json!(uses));
+            if !selector.is_empty() {
+                spec.insert("nodeSelector".into(), json!(selector));
+            }
+        }
+        (Target::ClaimTemplate(name, template), _) => {
+            spec.insert(
+                "resourceClaims".into(),
+                json!([{"name": name, "resourceClaimTemplateName": template}]),
+            );
+            resources.insert("claims".into(), json!([{"name": name}]));
+        }
+        (Target::Selector { selector, resource }, _) => {
+            spec.insert("nodeSelector".into(), json!(selector));
+            resources.insert(
+                "limits".into(),
+                json!({resource.as_str(): workload.devices_per_pod.to_string()}),
+            );
+        }
+        (Target::Hosts { nodes, resource }, _) => {
+            spec.insert(
+                "affinity".into(),
+                json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{
+                        "key": "kubernetes.io/hostname",
+                        "operator": "In",
+                        "values": nodes,
+                    }]}],
+                }}}),
+            );
+            resources.insert(
+                "limits".into(),
+                json!({resource.as_str(): workload.devices_per_pod.to_string()}),
+            );
+        }
+        (Target::Claims(_), None) => return Err(bad("internal: claims without a replica")),
+    }
+    let mut main = json!({
+        "name": container,
+        "image": workload.image,
+        "command": command,
+        "args": args,
+        "resources": resources,
+        // Tensor-parallel workers exchange tensors through shared memory (vLLM's Docker
+        // docs ask for --ipc=host or a large /dev/shm).
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    });
+    if leader && let Some(map) = main.as_object_mut() {
+        map.insert(
+            "ports".into(),
+            json!([{"name": "http", "containerPort": PORT}]),
+        );
+        map.insert(
+            "readinessProbe".into(),
+            json!({"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10}),
+        );
+    }
+    spec.insert("containers".into(), json!([main]));
+    spec.insert(
+        "volumes".into(),
+        json!([{"name": "dshm", "emptyDir": {"medium": "Memory"}}]),
+    );
+    let value = json!({
+        "metadata": {"labels": {"app.kubernetes.io/name": app}},
+        "spec": spec,
+    });
+    let typed: PodTemplateSpec = serde_json::from_value(value)
+        .map_err(|err| bad(format!("internal: not a pod template: {err}")))?;
+    serde_json::to_value(typed).map_err(|err| bad(format!("internal: {err}")))
+}
+
+/// `text` as one shell word.
+fn shell_quote(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._/:=,@+-".contains(c));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,354 @@
+//! `hwaccel plan --emit` against a real control plane: a ModelPlacement is planned by the
+//! controller on kwok Nodes that advertise `nvidia.com/gpu`, the CLI renders a workload from
+//! the live object (`kubectl get mp -o yaml | hwaccel plan --emit ... --placement -`), the
+//! kube-apiserver accepts it, and the real kube-scheduler binds every pod to a planned node.
+//!
+//! - Deployment: applied as is; kube-controller-manager makes its pods, kube-scheduler binds
+//!   them, kwok runs them. A GPU node the plan did not choose stays empty.
+//! - LeaderWorkerSet: no LWS controller runs here. The upstream CRD (`fixtures/crds/`, see its
+//!   PROVENANCE.md) is installed so the apiserver validates the rendered object on create;
+//!   the test then creates the leader pod and the worker pods of one group from the object's
+//!   own `leaderTemplate` and `workerTemplate`, as the LWS controller would, and checks the
+//!   scheduler binds them to the replica's planned nodes, one pod per node.
+//!
+//! Run with the full tier: `tests/cluster/up.sh --full && cargo test --test
+//! cluster_plan_emit -- --ignored --test-threads=1`.
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use hwaccel::api::placement::{ModelPlacementSpec, ModelPlacementStatus, PrecisionChoice};
+use hwaccel::api::{AcceleratorInventory, ModelPlacement};
+use hwaccel::controller::HealthTaints;
+use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::controller::start_controller;
+use support::nodes::create_kwok_node;
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
+
+/// GPUs each fixture node (`h100-8x-nvswitch`) has.
+const GPUS: u32 = 8;
+
+/// A kwok Node with the fixture's inventory and its GPUs in `status.capacity` and
+/// `allocatable`, as the NVIDIA device plugin would advertise them.
+async fn add_gpu_node(cluster: &TestCluster) -> Result<String> {
+    let name = cluster.unique_name("gpu");
+    create_kwok_node(cluster, &name).await?;
+    let resources = json!({
+        "cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": GPUS.to_string(),
+    });
+    Api::<Node>::all(cluster.client())
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": resources, "allocatable": resources}})),
+        )
+        .await?;
+    let inventory = InventoryBuilder::fixture("h100-8x-nvswitch")
+        .node(&name)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    Api::<AcceleratorInventory>::all(cluster.client())
+        .patch(
+            &name,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(&inventory),
+        )
+        .await?;
+    Ok(name)
+}
+
+/// Creates the placement and waits until it is planned; returns its status.
+async fn plan(
+    cluster: &TestCluster,
+    name: &str,
+    spec: ModelPlacementSpec,
+) -> Result<ModelPlacementStatus> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.create(&PostParams::default(), &ModelPlacement::new(name, spec))
+        .await?;
+    wait_for(DEFAULT_TIMEOUT, &format!("{name} Planned"), || {
+        let api = api.clone();
+        async move {
+            let placement = api.get(name).await?;
+            Ok(placement
+                .status
+                .filter(|s| s.state.as_deref() == Some("Planned") && s.engine.is_some()))
+        }
+    })
+    .await
+}
+
+/// `kubectl get mp NAME -o yaml | hwaccel plan --emit KIND --placement -`; the YAML stream.
+async fn render(cluster: &TestCluster, placement: &str, kind: &str) -> Result<String> {
+    let live = cluster
+        .kubectl_ok(&["get", "modelplacement", placement, "-o", "yaml"])
+        .await?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+        .args(["plan", "--emit", kind, "--placement", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(live.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "hwaccel plan --emit {kind} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Writes `text` to a file in the cluster's work dir and creates it with kubectl (the
+/// apiserver validates it); returns the file.
+async fn create(cluster: &TestCluster, file: &str, text: &str) -> Result<std::path::PathBuf> {
+    let path = cluster
+        .env()
+        .work
+        .join(format!("{}-{file}", cluster.prefix()));
+    std::fs::write(&path, text)?;
+    cluster
+        .kubectl_ok(&["create", "-f", &path.to_string_lossy()])
+        .await
+        .with_context(|| format!("the apiserver refused the rendered workload:\n{text}"))?;
+    Ok(path)
+}
+
+/// Planned nodes of each replica.
+fn nodes_by_replica(status: &ModelPlacementStatus) -> BTreeMap<u32, BTreeSet<String>> {
+    let mut out: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+    for a in &status.assignments {
+        out.entry(a.replica).or_default().insert(a.node.clone());
+    }
+    out
+}
+
+/// Waits until every pod matching `selector` is bound and Running; returns pod -> node.
+async fn running_pods(
+    cluster: &TestCluster,
+    selector: &str,
+    expected: usize,
+) -> Result<BTreeMap<String, String>> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, &format!("{expected} pods Running"), || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default().labels(selector)).await?;
+            let running: BTreeMap<String, String> = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .filter_map(|p| {
+                    Some((
+                        p.metadata.name.clone()?,
+                        p.spec.as_ref()?.node_name.clone()?,
+                    ))
+                })
+                .collect();
+            Ok((running.len() == expected && list.items.len() == expected).then_some(running))
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_rendered_deployment_is_accepted_and_scheduled_onto_the_planned_nodes() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        bail!("needs the full tier (tests/cluster/up.sh --full): kube-scheduler and kwok");
+    }
+    install_crds(&cluster.client()).await?;
+    let mut gpu_nodes = BTreeSet::new();
+    for _ in 0..3 {
+        gpu_nodes.insert(add_gpu_node(&cluster).await?);
+    }
+    let (_controller, _registry) = start_controller(&cluster, HealthTaints::None);
+
+    // Two replicas of a 70B model in bf16: four or more GPUs each.
+    let spec = PlacementBuilder::serve("llama-3.1-70b")
+        .context(16384)
+        .replicas(2)
+        .precision(PrecisionChoice::Bf16)
+        .spec();
+    let status = plan(&cluster, "llama", spec).await?;
+    assert_eq!(status.allocation.as_deref(), Some("labels"), "{status:?}");
+    let planned: BTreeSet<String> = status.assignments.iter().map(|a| a.node.clone()).collect();
+    let layout = status.plan.clone().context("a plan")?;
+    assert_eq!(layout.replicas, 2);
+    ensure!(
+        nodes_by_replica(&status).values().all(|n| n.len() == 1),
+        "one node per replica"
+    );
+
+    let yaml = render(&cluster, "llama", "deployment").await?;
+    assert!(yaml.contains("kind: Deployment"), "{yaml}");
+    let tp = format!(
+        "- --tensor-parallel-size\n        - \"{}\"",
+        layout.tensor_parallel
+    );
+    assert!(yaml.contains(&tp), "{tp} missing:\n{yaml}");
+    create(&cluster, "deployment.yaml", &yaml).await?;
+
+    let pods = running_pods(&cluster, "app.kubernetes.io/name=llama", 2).await?;
+    for (pod, node) in &pods {
+        assert!(
+            planned.contains(node),
+            "{pod} runs on {node}, not a planned node {planned:?}"
+        );
+    }
+    // The scheduler counted the GPUs: no node holds more pods than its GPUs allow.
+    let per_pod = layout.tensor_parallel * layout.pipeline_parallel;
+    for node in &gpu_nodes {
+        let on_node = u32::try_from(pods.values().filter(|n| *n == node).count())?;
+        assert!(
+            on_node * per_pod <= GPUS,
+            "{node}: {on_node} pods of {per_pod} GPUs"
+        );
+    }
+    // A GPU node the plan did not choose gets nothing.
+    let unplanned: Vec<&String> = gpu_nodes.difference(&planned).collect();
+    assert!(
+        !unplanned.is_empty(),
+        "the plan should leave a node free: {planned:?}"
+    );
+    for node in unplanned {
+        assert!(
+            !pods.values().any(|n| n == node),
+            "a pod landed on unplanned {node}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_rendered_leader_worker_set_validates_and_its_pods_land_on_the_planned_nodes()
+-> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        bail!("needs the full tier (tests/cluster/up.sh --full): kube-scheduler and kwok");
+    }
+    install_crds(&cluster.client()).await?;
+    install_lws_crd(&cluster).await?;
+    let mut gpu_nodes = BTreeSet::new();
+    for _ in 0..3 {
+        gpu_nodes.insert(add_gpu_node(&cluster).await?);
+    }
+    let (_controller, _registry) = start_controller(&cluster, HealthTaints::None);
+
+    // 405B in bf16 (810 GB) does not fit one node of 8 x 80 GB: one replica spans two.
+    let spec = PlacementBuilder::serve("llama-3.1-405b")
+        .context(8192)
+        .precision(PrecisionChoice::Bf16)
+        .spec();
+    let status = plan(&cluster, "big", spec).await?;
+    let replicas = nodes_by_replica(&status);
+    let group: Vec<String> = replicas
+        .get(&0)
+        .context("replica 0")?
+        .iter()
+        .cloned()
+        .collect();
+    ensure!(group.len() >= 2, "a replica across nodes: {status:?}");
+
+    let yaml = render(&cluster, "big", "lws").await?;
+    create(&cluster, "lws.yaml", &yaml).await?;
+    let lws = cluster
+        .kubectl_ok(&[
+            "get",
+            "leaderworkersets.leaderworkerset.x-k8s.io",
+            "big",
+            "-o",
+            "json",
+        ])
+        .await?;
+    let lws: Value = serde_json::from_str(&lws)?;
+    let template = &lws["spec"]["leaderWorkerTemplate"];
+    assert_eq!(template["size"], json!(group.len()), "{lws}");
+
+    // One group, as the LWS controller would make it: a leader and size-1 workers.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    let mut names = vec![("big-0".to_string(), &template["leaderTemplate"])];
+    for worker in 1..group.len() {
+        names.push((format!("big-0-{worker}"), &template["workerTemplate"]));
+    }
+    for (name, pod_template) in &names {
+        let pod_template: PodTemplateSpec = serde_json::from_value((*pod_template).clone())?;
+        let mut labels = pod_template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        labels.insert("lws-test-group".to_string(), "big-0".to_string());
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            },
+            spec: pod_template.spec,
+            ..Pod::default()
+        };
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let running = running_pods(&cluster, "lws-test-group=big-0", group.len()).await?;
+    let used: BTreeSet<&String> = running.values().collect();
+    let expected: BTreeSet<&String> = group.iter().collect();
+    assert_eq!(
+        used, expected,
+        "one pod on each node of the replica: {running:?}"
+    );
+    Ok(())
+}
+
+/// Installs the upstream LeaderWorkerSet CRD and waits until it is Established.
+async fn install_lws_crd(cluster: &TestCluster) -> Result<()> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/crds/leaderworkerset.x-k8s.io_leaderworkersets.yaml");
+    cluster
+        .kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "hwaccel-tests",
+            "-f",
+            &file.to_string_lossy(),
+        ])
+        .await?;
+    // Polled here: `kubectl wait` fails outright while a new CRD has no conditions yet.
+    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
+    wait_for(DEFAULT_TIMEOUT, "LeaderWorkerSet CRD Established", || {
+        let crds = crds.clone();
+        async move {
+            let established = crds
+                .get("leaderworkersets.leaderworkerset.x-k8s.io")
+                .await?
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        }
+    })
+    .await?;
+    Ok(())
+}
