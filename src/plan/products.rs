@@ -120,16 +120,6 @@ pub const PRODUCTS: &[Product] = &[
         3.35,
         NVSWITCH,
     ),
-    // The export variant of the H100 SXM: same memory and bandwidth, fewer NVLink lanes.
-    gpu(
-        "NVIDIA H800",
-        &["h800"],
-        NV,
-        (81_559, 80),
-        HOPPER,
-        3.35,
-        NVSWITCH,
-    ),
     gpu(
         "NVIDIA H200",
         &["h200"],
@@ -223,18 +213,6 @@ pub const PRODUCTS: &[Product] = &[
         ADA,
         1.008,
         PCIE,
-    ),
-    // Before the B200: "gb200" contains "b200". 4 GPUs per compute tray, 72 in one NVLink
-    // domain in an NVL72 rack; 189,471 MiB as nvidia-smi reports it, 8 TB/s (GB200 NVL72 data
-    // sheet: 13.4 TB HBM3e, 576 TB/s for 72 GPUs).
-    gpu(
-        "NVIDIA GB200",
-        &["gb200"],
-        NV,
-        (189_471, 186),
-        BLACKWELL,
-        8.0,
-        NVSWITCH,
     ),
     gpu(
         "NVIDIA B200",
@@ -460,7 +438,7 @@ mod tests {
         assert_eq!(name("NVIDIA A10G", None), Some("NVIDIA A10G"));
         assert_eq!(name("h20", None), Some("NVIDIA H20"));
         assert_eq!(name("H200", None), Some("NVIDIA H200"));
-        assert_eq!(name("NVIDIA H800", None), Some("NVIDIA H800"));
+
         assert_eq!(
             name("AMD Instinct MI300X", None),
             Some("AMD Instinct MI300X")
@@ -469,8 +447,7 @@ mod tests {
         assert_eq!(name("tpu-v5-lite-podslice", None), Some("Google TPU v5e"));
         assert_eq!(name("HL-225", None), Some("Intel Gaudi 2"));
         assert_eq!(name("NVIDIA A10", None), Some("NVIDIA A10"));
-        assert_eq!(name("NVIDIA GB200", Some(185.0)), Some("NVIDIA GB200"));
-        assert_eq!(name("NVIDIA B200", Some(179.0)), Some("NVIDIA B200"));
+
         assert_eq!(name("Frobnicator 9000", None), None);
     }
 

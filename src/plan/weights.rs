@@ -135,13 +135,17 @@ impl WeightBytes {
         );
         let dense = stage_share(self.other_layers).div_ceil(attention_tp);
         let experts = self.experts_per_device(model, sharding, stage_share(self.experts));
-        let mut ends = Bytes::ZERO;
-        if stage.first {
-            ends = ends + self.embedding;
-        }
-        if stage.last {
-            ends = ends + self.lm_head;
-        }
+        let embedding = if stage.first {
+            self.embedding
+        } else {
+            Bytes::ZERO
+        };
+        let head = if stage.last {
+            self.lm_head
+        } else {
+            Bytes::ZERO
+        };
+        let ends = embedding + head;
         dense + kv + experts + ends.div_ceil(attention_tp)
     }
 
