@@ -500,6 +500,282 @@ fn qwen3_235b_memory_follows_total_parameters() {
     );
 }
 
+// --- Deployable shapes: pipelines, NVLink domains, expert parallelism (issue 14) ------------
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/fixtures/models/{name}/config.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Llama-3.1-405B BF16 runs TP 8 x PP 2 on two 8 x H100 nodes (`vllm-project/vllm-project.github.io`
+/// `_posts/2024-07-23-llama31.md`). A bigger fleet does not stretch the pipeline: the replica
+/// still fills exactly two nodes, and the layers split 63 + 63.
+#[test]
+fn llama_405b_bf16_keeps_tp8_pp2_on_a_large_fleet() {
+    for hardware in ["2x8xH100+ib", "3x8xH100+ib", "16x8xH100+ib"] {
+        let plan = serve("llama-3.1-405b", hardware, Some(Precision::Bf16), None);
+        assert_eq!(
+            (plan.tp, plan.pp, plan.devices, plan.nodes),
+            (Some(8), Some(2), Some(16), Some(2)),
+            "{hardware}: {:?}",
+            plan.reasons
+        );
+    }
+}
+
+/// The issue's example: DeepSeek-V3 in BF16 at 128k tokens on 16 nodes of 8 x H100 needs
+/// more than two nodes. The pipeline fills whole nodes and spans a node count that tiles the
+/// fleet (4 nodes, PP 4), not the 3 that would leave the fleet's last node without a partner.
+#[test]
+fn deepseek_v3_bf16_pipeline_spans_a_deployable_node_count() {
+    let plan = serve(
+        "deepseek-v3",
+        "16x8xH100-80GB+nvswitch+ib",
+        Some(Precision::Bf16),
+        Some(131_072),
+    );
+    assert!(plan.fits, "{:?}", plan.reasons);
+    let (tp, pp, nodes) = (plan.tp.unwrap(), plan.pp.unwrap(), plan.nodes.unwrap());
+    assert_eq!(tp, 8, "TP fills the NVSwitch node");
+    assert_eq!(tp * pp, nodes * 8, "whole nodes");
+    assert!(16 % nodes == 0, "{nodes} nodes do not tile 16");
+    assert_eq!((pp, nodes), (4, 4));
+    // The same model on a fleet of exactly three nodes uses all three.
+    let three = serve(
+        "deepseek-v3",
+        "3x8xH100-80GB+nvswitch+ib",
+        Some(Precision::Bf16),
+        Some(131_072),
+    );
+    assert_eq!(
+        (three.tp, three.pp, three.nodes),
+        (Some(8), Some(3), Some(3))
+    );
+}
+
+/// DeepSeek-V3 FP8 on two 8 x H100 nodes (`sgl-project/sglang` `docs/references/deepseek.md`:
+/// 2 x 8 x H100 with `--tp 16 --nnodes 2`; vLLM runs the same split as TP 8 x PP 2): TP cannot
+/// leave an NVSwitch node, so TP 8 x PP 2 with one stage per node.
+#[test]
+fn deepseek_v3_fp8_on_two_h100_nodes_is_tp8_pp2() {
+    let plan = serve(
+        "deepseek-v3",
+        "2x8xH100+ib",
+        Some(Precision::Fp8),
+        Some(32_768),
+    );
+    assert_eq!(
+        (plan.fits, plan.tp, plan.pp, plan.nodes),
+        (true, Some(8), Some(2), Some(2)),
+        "{:?}",
+        plan.reasons
+    );
+    let stages: Vec<(u32, &str)> = plan
+        .assignments
+        .iter()
+        .map(|a| (a.stage, a.node.as_str()))
+        .collect();
+    assert_eq!(stages, [(0, "h100-0-0"), (1, "h100-0-1")]);
+    assert_eq!(
+        plan.attention_data_parallel, None,
+        "no recipe pipelines DP attention"
+    );
+}
+
+/// Kimi-K2 FP8 with 128k tokens: "the smallest deployment unit ... on mainstream H800
+/// platform is a cluster with 16 GPUs", run as `--tensor-parallel-size 8
+/// --pipeline-parallel-size 2` (`vllm-project/recipes` `Moonshotai/Kimi-K2.md`). The config is
+/// moonshotai/Kimi-K2-Instruct's. The H800 is the H100 SXM with fewer NVLink lanes: the same
+/// 80 GB, so H100 nodes stand in for it.
+#[test]
+fn kimi_k2_fp8_on_sixteen_h800s_is_tp8_pp2() {
+    let config = fixture("kimi-k2-instruct");
+    let plan = serve(
+        &config,
+        "2x8xH100+nvswitch+ib",
+        Some(Precision::Fp8),
+        Some(131_072),
+    );
+    assert_eq!(
+        shape(&plan),
+        (
+            true,
+            Some(Precision::Fp8),
+            Some(8),
+            Some(2),
+            Some(16),
+            Some(2)
+        ),
+        "{:?}",
+        plan.reasons
+    );
+    assert!(
+        !serve(
+            &config,
+            "1x8xH100+nvswitch",
+            Some(Precision::Fp8),
+            Some(131_072)
+        )
+        .fits
+    );
+}
+
+/// DeepSeek-V3/R1 FP8 on one 8 x H200 node: SGLang runs `--tp 8 --enable-dp-attention`
+/// (`sgl-project/sglang` `docs/references/deepseek.md`), vLLM data parallelism with expert
+/// parallelism for MLA models (`vllm/docs/serving/data_parallel_deployment.md`,
+/// `expert_parallel_deployment.md`): the latent KV is otherwise copied to all eight ranks.
+/// The plan says so, and each rank's own KV makes room for more requests than TP alone.
+#[test]
+fn deepseek_v3_fp8_on_eight_h200s_uses_dp_attention_and_ep() {
+    let plan = serve(
+        "deepseek-v3",
+        "1x8xH200+nvswitch",
+        Some(Precision::Fp8),
+        Some(32_768),
+    );
+    assert_eq!(
+        (plan.fits, plan.tp, plan.pp, plan.devices),
+        (true, Some(8), Some(1), Some(8))
+    );
+    assert_eq!(plan.expert_parallel, Some(8));
+    assert_eq!(plan.attention_data_parallel, Some(8));
+    assert!(
+        plan.reasons.iter().any(|r| r.contains("data-parallel")),
+        "{:?}",
+        plan.reasons
+    );
+    // Each attention rank holds its own requests: the replica holds several per device.
+    assert!(
+        plan.max_concurrency.unwrap() >= 8,
+        "{:?}",
+        plan.max_concurrency
+    );
+}
+
+/// Qwen3-Coder-480B-A35B-Instruct-FP8 (`vllm-project/recipes` `Qwen/Qwen3-Coder-480B-A35B.md`):
+/// TP 8 fails ("The output_size of gate's and up's weight = 320 is not divisible by weight
+/// quantization block_n = 128") and the recipe runs `--data-parallel-size 8
+/// --enable-expert-parallel` on 8 x H200 or H20. On 96 GB H20s four GPUs cannot hold it, so
+/// the group of eight is data-parallel attention with expert parallelism.
+#[test]
+fn qwen3_coder_fp8_on_eight_h20s_is_dp8_ep() {
+    let config = fixture("qwen3-coder-480b-a35b-instruct-fp8");
+    let plan = serve(&config, "1x8xH20", Some(Precision::Fp8), Some(32_000));
+    assert_eq!(
+        (plan.fits, plan.tp, plan.pp, plan.devices),
+        (true, Some(8), Some(1), Some(8)),
+        "{:?}",
+        plan.reasons
+    );
+    assert_eq!(
+        (plan.attention_data_parallel, plan.expert_parallel),
+        (Some(8), Some(8))
+    );
+}
+
+/// The block rule is about block-quantised checkpoints: Qwen3-235B-A22B's 1536-wide experts
+/// split 8 ways are 192 wide, not a multiple of 128, so its FP8 checkpoint cannot be TP 8 and
+/// a replica that needs eight GPUs is DP 8 + EP (the recipes' `DP8 + EP`); the BF16 checkpoint
+/// quantised to FP8 on load has no blocks and stays plain TP 8. Both must hold 16 requests of
+/// 32k tokens in one replica, which four H100s cannot.
+#[test]
+fn qwen3_235b_fp8_checkpoint_needs_dp_attention_at_eight() {
+    let hardware = parse_hardware("1x8xH100").unwrap();
+    let request = |r: &mut PlanRequest| {
+        r.goal = Goal::Serve {
+            context: Some(32_768),
+            concurrency: 16,
+        };
+        r.replicas = Some(1);
+        r.precision = PrecisionChoice::from(Precision::Fp8);
+    };
+    let mut online = load_model("qwen3-235b-a22b").unwrap();
+    let mut req = PlanRequest::serve(None, 1);
+    request(&mut req);
+    let plain = plan(&online, &hardware, &Reservations::none(), &req).unwrap();
+    assert_eq!(
+        (plain.fits, plain.tp, plain.attention_data_parallel),
+        (true, Some(8), None),
+        "{:?}",
+        plain.reasons
+    );
+    online.native.precision = Precision::Fp8; // Qwen/Qwen3-235B-A22B-FP8
+    let blocked = plan(&online, &hardware, &Reservations::none(), &req).unwrap();
+    assert_eq!(
+        (
+            blocked.fits,
+            blocked.tp,
+            blocked.attention_data_parallel,
+            blocked.expert_parallel
+        ),
+        (true, Some(8), Some(8), Some(8)),
+        "{:?}",
+        blocked.reasons
+    );
+}
+
+/// gpt-oss-120b is served with TP (`vllm-project/recipes` `OpenAI/GPT-OSS.md`: TP 1 to 8, no
+/// expert parallelism); a replica that needs two GPUs splits experts by TP.
+#[test]
+fn gpt_oss_120b_uses_plain_tp() {
+    let plan = serve_with("gpt-oss-120b", "1x8xH100", None, None, |r| {
+        r.goal = Goal::Serve {
+            context: None,
+            concurrency: 64,
+        };
+        r.replicas = Some(1);
+    });
+    assert!(plan.fits, "{:?}", plan.reasons);
+    assert!(plan.tp.unwrap() > 1);
+    assert_eq!(
+        (plan.expert_parallel, plan.attention_data_parallel),
+        (None, None)
+    );
+}
+
+/// A GB200 NVL72 rack is 18 trays of 4 GPUs (the shorthand takes them as B200s: 179 GiB) in one
+/// NVLink domain (TensorRT-LLM's sharding
+/// guide: NVL72 "allows TP across nodes"). Kimi-K2 in BF16 (about 2 TB) needs 16 GB200s: in
+/// the rack that is one group of 16 across four trays; without the rack's NVLink domain TP
+/// stops at a tray and the same 16 GPUs become TP 4 x PP 4.
+#[test]
+fn kimi_k2_bf16_gets_tp16_inside_an_nvl72_rack() {
+    let config = fixture("kimi-k2-instruct");
+    let rack = serve(
+        &config,
+        "18x4xGB200+nvswitch+nvl72",
+        Some(Precision::Bf16),
+        Some(32_768),
+    );
+    assert_eq!(
+        (rack.fits, rack.tp, rack.pp, rack.devices, rack.nodes),
+        (true, Some(16), Some(1), Some(16), Some(4)),
+        "{:?}",
+        rack.reasons
+    );
+    assert!(
+        rack.reasons
+            .iter()
+            .any(|r| r.contains("inside one NVLink-class domain")),
+        "{:?}",
+        rack.reasons
+    );
+    let trays = serve(
+        &config,
+        "18x4xGB200+nvswitch+ib",
+        Some(Precision::Bf16),
+        Some(32_768),
+    );
+    assert_eq!(
+        (trays.fits, trays.tp, trays.pp, trays.nodes),
+        (true, Some(4), Some(4), Some(4)),
+        "{:?}",
+        trays.reasons
+    );
+}
+
 // --- Precision rules ------------------------------------------------------------------------
 
 /// Gemma 2 must not run in FP16 (`huggingface/blog` `gemma2.md`; vLLM refuses it,

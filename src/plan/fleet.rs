@@ -7,7 +7,8 @@
 //!
 //! Placing `replicas` replicas of `pp` stages of `tp` devices:
 //! * a TP group stays inside one node, and inside one NVLink/XGMI domain when one is big
-//!   enough (best fit among the node's domains);
+//!   enough (best fit among the node's domains); a group wider than any node goes to a
+//!   multi-node NVLink domain (`fleet/rack.rs`: GB200 NVL72 racks);
 //! * a replica goes to a single node when one can hold all its stages — the node that leaves
 //!   the fewest groups unused (best fit), ties broken by node name;
 //! * otherwise its stages span nodes, largest first so as few nodes as possible are used,
@@ -30,6 +31,25 @@ use crate::hardware::{Family, Precision, Vendor};
 
 use super::inventory::{DeviceSpec, NodeSpec, Reservations};
 use super::units::Bytes;
+
+impl DeviceClass<'_> {
+    /// The widest TP group the class can form: a node's devices, or a multi-node NVLink
+    /// domain's.
+    pub fn largest_tp_group(&self) -> u32 {
+        self.largest_node.max(self.largest_rack)
+    }
+
+    /// TP groups of `tp` devices the class could host at once: per node, or per multi-node
+    /// NVLink domain for groups wider than a node. `O(nodes)`.
+    pub fn group_capacity(&self, tp: u32) -> u64 {
+        let tp = tp.max(1);
+        if tp > self.largest_node {
+            self.racks.iter().map(|&free| u64::from(free / tp)).sum()
+        } else {
+            self.bins.iter().map(|b| u64::from(b.free / tp)).sum()
+        }
+    }
+}
 
 /// Devices that can stand in for each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -60,8 +80,14 @@ pub struct DeviceClass<'a> {
     pub free: u32,
     /// Most free devices of the class on one node (bounds TP).
     pub largest_node: u32,
-    /// Most free devices of the class in one fast (NVLink/XGMI...) domain.
+    /// Most free devices of the class in one fast (NVLink/XGMI...) domain: a node's, or a
+    /// multi-node NVLink domain's.
     pub largest_fast_domain: u32,
+    /// Most free devices of the class in one multi-node NVLink domain (nodes sharing an
+    /// `nvidia.com/gpu.clique` label, a GB200 NVL72 rack); 0 when there is none.
+    pub largest_rack: u32,
+    /// Free devices of the class per multi-node NVLink domain, in clique order.
+    racks: Vec<u32>,
     /// Nodes with free devices of the class.
     pub nodes: u32,
     /// The node with the most free devices of the class (ties by name), as a model for
@@ -125,10 +151,11 @@ impl<'a> Fleet<'a> {
             let node = &nodes[node_index as usize];
             index_node(node, node_index, reserved, &mut by_key, &mut scratch);
         }
-        Self {
-            nodes,
-            classes: by_key.into_values().collect(),
+        let mut classes: Vec<DeviceClass<'a>> = by_key.into_values().collect();
+        for class in &mut classes {
+            rack::measure(nodes, class);
         }
+        Self { nodes, classes }
     }
 
     /// The fleet cut down to the `max` device classes with the most memory on one node
@@ -169,10 +196,14 @@ impl<'a> Fleet<'a> {
             .map_or(0, |c| c.bins.iter().map(|b| u64::from(b.free / tp)).sum())
     }
 
-    /// Places `shape` on devices of `class`, using at most `max_nodes` nodes.
+    /// Places `shape` on devices of `class`, using at most `max_nodes` nodes. TP groups wider
+    /// than a node go to multi-node NVLink domains.
     pub fn place(&self, class: usize, shape: Shape, max_nodes: Option<u32>) -> Option<Placement> {
         let class_ref = self.classes.get(class)?;
         let tp = shape.tp.max(1);
+        if tp > class_ref.largest_node {
+            return rack::place(self, class_ref, shape, max_nodes);
+        }
         let needed = u64::from(shape.pp) * u64::from(shape.replicas);
         if needed == 0 || self.group_capacity(class, tp) < needed {
             return None;
@@ -361,6 +392,8 @@ fn index_node<'a>(
             free: 0,
             largest_node: 0,
             largest_fast_domain: 0,
+            largest_rack: 0,
+            racks: Vec::new(),
             nodes: 0,
             template_node: &node.name,
             bins: Vec::new(),
@@ -663,6 +696,7 @@ impl<'f, 'a> PlacementState<'f, 'a> {
     }
 }
 
+mod rack;
 #[cfg(test)]
 mod reference;
 

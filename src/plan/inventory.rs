@@ -57,6 +57,23 @@ pub struct NodeSpec {
     pub labels: BTreeMap<String, String>,
 }
 
+/// The node label that names a node's multi-node NVLink domain (a GB200 NVL72 rack's NVLink
+/// partition): `<cluster UUID>.<clique id>`, set by NVIDIA's GPU operator / DRA driver from
+/// NVML's fabric info, and read by NVIDIA's topograph (`docs.nvidia.com/topograph`, DRA
+/// provider: "discovers NVLink domain membership by reading nvidia.com/gpu.clique node
+/// labels"). Nodes with the same value reach each other's GPUs over NVLink.
+pub const NVLINK_CLIQUE_LABEL: &str = "nvidia.com/gpu.clique";
+
+impl NodeSpec {
+    /// The multi-node NVLink domain the node's accelerators belong to, if any.
+    pub fn nvlink_clique(&self) -> Option<&str> {
+        self.labels
+            .get(NVLINK_CLIQUE_LABEL)
+            .map(String::as_str)
+            .filter(|clique| !clique.is_empty())
+    }
+}
+
 /// Devices already taken, by node name and device id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reservations(BTreeMap<String, BTreeSet<String>>);

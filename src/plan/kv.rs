@@ -5,13 +5,16 @@
 //! layer a rank stores `2 * max(1, kv_heads / tp) * head_dim * dtype_bytes`: KV heads are
 //! replicated once TP exceeds them (`vllm/config/model.py`, `get_num_kv_heads`). MLA stores one
 //! latent of `kv_lora_rank + qk_rope_head_dim` values, replicated on every TP rank, or 656
-//! bytes in vLLM's `fp8_ds_mla` layout. A pipeline stage holds `ceil(layers / pp)` layers.
+//! bytes in vLLM's `fp8_ds_mla` layout; with data-parallel attention each attention rank keeps
+//! the cache of its own requests only ([`KvLayout::sharded`]). The fullest pipeline stage
+//! holds `ceil(layers / pp)` layers (vLLM's split, `layout::stage_layers`).
 //! Windowed layers keep at most `cdiv(min(window - 1 + max_num_batched_tokens, context), 16)
 //! + 1` blocks (`SlidingWindowSpec.max_memory_usage_bytes`); full layers keep
 //! `cdiv(context, 16)` blocks.
 
 use serde::Serialize;
 
+use super::layout::Sharding;
 use super::model::{Attention, Model};
 use super::units::Bytes;
 
@@ -74,6 +77,15 @@ impl<'a> KvLayout<'a> {
             tp: tp.max(1),
             pp: pp.max(1),
         }
+    }
+
+    /// The cache of `model` under `sharding`: with data-parallel attention each attention
+    /// rank (`tp / attention_dp` devices) holds only its own requests, so KV heads are split
+    /// by the attention's TP and an MLA latent is kept once per attention rank instead of on
+    /// every device of the group. Per-request bytes are per device; the group holds
+    /// `attention_dp` times as many requests.
+    pub fn sharded(model: &'a Model, dtype: KvDtype, sharding: &Sharding) -> Self {
+        Self::new(model, dtype, sharding.attention_tp(), sharding.pp)
     }
 
     /// Bytes one rank stores per token for one layer.
@@ -207,6 +219,22 @@ mod tests {
             KvLayout::new(&model, KvDtype::Fp8, 8, 1).bytes_per_token(),
             Bytes(656 * 61)
         );
+    }
+
+    #[test]
+    fn dp_attention_splits_kv_heads_by_the_attention_width() {
+        use crate::plan::layout::Sharding;
+        // Qwen3-235B (4 KV heads) on a group of 8: TP 8 replicates each KV head twice; with
+        // 2 attention ranks of TP 4 no head is copied, so a device's share halves.
+        let (model, dtype, _) = layout("qwen3-235b-a22b", KvDtype::Auto, 1);
+        let plain = KvLayout::sharded(&model, dtype, &Sharding::new(8, 1)).bytes_per_token();
+        let dp = KvLayout::sharded(&model, dtype, &Sharding::new(8, 1).with_moe(2, true))
+            .bytes_per_token();
+        assert_eq!(plain, dp, "per device per request: 1 KV head either way");
+        // DeepSeek's latent is the same per device; the capacity gain is in the request count.
+        let (ds, _, _) = layout("deepseek-v3", KvDtype::Auto, 1);
+        let ds_dp = KvLayout::sharded(&ds, KvDtype::Auto, &Sharding::new(8, 1).with_moe(8, true));
+        assert_eq!(ds_dp.bytes_per_token(), Bytes(70_272));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! | [`model`] | model description: presets, `config.json`, parameter counts |
 //! | [`weights`] | weight bytes per precision and per device under TP/PP |
 //! | [`kv`] | KV-cache bytes per request |
+//! | [`layout`] | a replica's layout: pipeline stage split, expert parallelism, DP attention |
 //! | [`memory`] | serving memory budget per device (vLLM's equation) |
 //! | [`training`] | fine-tuning memory per method and ZeRO stage |
 //! | [`capability`] | which precisions a device and a model allow |
@@ -27,6 +28,7 @@ pub mod error;
 pub mod fleet;
 pub mod inventory;
 pub mod kv;
+pub mod layout;
 pub mod load;
 pub mod memory;
 pub mod model;

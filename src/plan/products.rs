@@ -438,6 +438,7 @@ mod tests {
         assert_eq!(name("NVIDIA A10G", None), Some("NVIDIA A10G"));
         assert_eq!(name("h20", None), Some("NVIDIA H20"));
         assert_eq!(name("H200", None), Some("NVIDIA H200"));
+
         assert_eq!(
             name("AMD Instinct MI300X", None),
             Some("AMD Instinct MI300X")
@@ -446,6 +447,7 @@ mod tests {
         assert_eq!(name("tpu-v5-lite-podslice", None), Some("Google TPU v5e"));
         assert_eq!(name("HL-225", None), Some("Intel Gaudi 2"));
         assert_eq!(name("NVIDIA A10", None), Some("NVIDIA A10"));
+
         assert_eq!(name("Frobnicator 9000", None), None);
     }
 

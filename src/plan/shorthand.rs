@@ -3,7 +3,11 @@
 //! describe a mixed fleet (`1x8xH100,4x1xL4`).
 //!
 //! Grammar: `[NODES x] DEVICES x PRODUCT[-MEMORY(GB|GiB)] (+LINK)*`, LINK one of `nvswitch`,
-//! `nvlink`, `xgmi`, `pcie`, `ib`. A known product gets its precisions, bandwidth, exact
+//! `nvlink`, `xgmi`, `pcie`, `ib`, or `nvlN` for multi-node NVLink domains of N devices:
+//! `18x4xGB200+nvl72` is one GB200 NVL72 rack, 18 trays of 4 GPUs in one NVLink domain. The
+//! nodes of each domain share an `nvidia.com/gpu.clique` label, as NVIDIA's GPU operator
+//! labels real racks ([`crate::plan::inventory::NVLINK_CLIQUE_LABEL`]); N must be a multiple
+//! of the devices per node, and the node count of a whole number of domains. A known product gets its precisions, bandwidth, exact
 //! memory and usual link from the product table; an unknown one needs its memory and is
 //! assumed to compute in fp32/fp16/bf16 with int8/int4 weight-only kernels.
 
@@ -12,7 +16,7 @@ use std::collections::BTreeMap;
 use crate::hardware::{Family, GIB, InterconnectKind, Vendor};
 
 use super::error::{PlanError, Result};
-use super::inventory::{DeviceSpec, NodeSpec};
+use super::inventory::{DeviceSpec, NVLINK_CLIQUE_LABEL, NodeSpec};
 use super::products::{self, CONSERVATIVE_PRECISIONS};
 use super::units::Bytes;
 
@@ -52,6 +56,8 @@ const FABRICS: [InterconnectKind; 3] = [
 struct Links {
     domain: Option<Option<InterconnectKind>>,
     infiniband: bool,
+    /// Devices per multi-node NVLink domain (`+nvl72`).
+    multi_node_domain: Option<u64>,
 }
 
 fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
@@ -64,13 +70,17 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
             links.domain = Some(Some(kind));
             continue;
         }
+        if let Some(size) = link.strip_prefix("nvl").and_then(|n| n.parse::<u64>().ok()) {
+            links.multi_node_domain = Some(size);
+            continue;
+        }
         match link.as_str() {
             "pcie" => links.domain = Some(None),
             "ib" | "infiniband" => links.infiniband = true,
             other => {
                 return Err(invalid(
                     spec,
-                    format!("unknown link {other:?} (nvswitch, nvlink, xgmi, pcie, ib)"),
+                    format!("unknown link {other:?} (nvswitch, nvlink, xgmi, pcie, ib, nvl72)"),
                 ));
             }
         }
@@ -101,6 +111,19 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
             ),
         ));
     }
+    let nodes_per_domain = match links.multi_node_domain {
+        Some(size) if size == 0 || size % devices != 0 || nodes % (size / devices) != 0 => {
+            return Err(invalid(
+                spec,
+                format!(
+                    "+nvl{size}: a domain of {size} devices must be whole nodes of {devices} and \
+                     the {nodes} nodes whole domains"
+                ),
+            ));
+        }
+        Some(size) => Some(size / devices),
+        None => None,
+    };
     let (product_name, memory) = split_memory(spec, product_text)?;
     if product_name.is_empty() {
         return Err(invalid(spec, format!("{body:?} names no product")));
@@ -119,11 +142,17 @@ fn parse_group(spec: &str, text: &str, group: usize) -> Result<Vec<NodeSpec>> {
                     ..template.clone()
                 })
                 .collect();
+            let labels = nodes_per_domain
+                .map(|per| {
+                    let clique = format!("nvl-{group}.{}", index / per);
+                    BTreeMap::from([(NVLINK_CLIQUE_LABEL.to_string(), clique)])
+                })
+                .unwrap_or_default();
             NodeSpec {
                 name,
                 devices,
                 fabric: links.infiniband.then(|| format!("ib-{group}")),
-                labels: BTreeMap::new(),
+                labels,
             }
         })
         .collect())
@@ -243,6 +272,22 @@ mod tests {
         );
         let pcie = parse_hardware("8xH100+pcie").unwrap();
         assert_eq!(pcie[0].devices[0].domain, None);
+    }
+
+    #[test]
+    fn nvl72_racks_share_one_clique_per_72_devices() {
+        let nodes = parse_hardware("36x4xGB200+nvl72").unwrap();
+        assert_eq!(nodes.len(), 36);
+        // The product table has no GB200 row yet: the name resolves to the B200 (the same
+        // Blackwell GPU, precisions and NVSwitch link).
+        assert_eq!(nodes[0].devices[0].product, "NVIDIA B200");
+        assert_eq!(nodes[0].nvlink_clique(), Some("nvl-0.0"));
+        assert_eq!(nodes[17].nvlink_clique(), Some("nvl-0.0"));
+        assert_eq!(nodes[18].nvlink_clique(), Some("nvl-0.1"));
+        assert_eq!(parse_hardware("2x8xH100").unwrap()[0].nvlink_clique(), None);
+        for bad in ["18x5xGB200+nvl72", "10x4xGB200+nvl72", "18x4xGB200+nvl0"] {
+            assert!(parse_hardware(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

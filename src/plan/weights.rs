@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::hardware::Precision;
 
+use super::layout::{self, Sharding, Stage};
 use super::model::{Model, QuantScope};
 use super::units::Bytes;
 
@@ -99,30 +100,66 @@ impl WeightBytes {
     }
 
     /// The heaviest device's share with `tp`-way tensor and `pp`-way pipeline parallelism.
-    ///
-    /// Each stage holds `ceil(layers / pp)` layers; the first holds the embedding and the last
-    /// the output head (both vocabulary-parallel, so split by TP). A rank keeps
-    /// `max(1, kv_heads / tp)` KV heads, so beyond TP = KV heads the K/V projections stop
-    /// shrinking (vLLM `QKVParallelLinear` replicates them).
     pub fn per_device(&self, model: &Model, tp: u32, pp: u32) -> Bytes {
+        self.per_device_sharded(model, &Sharding::new(tp, pp))
+    }
+
+    /// The heaviest device's share under `sharding`: the most loaded of its pipeline stages.
+    ///
+    /// Stages hold the layers vLLM gives them ([`layout::stage_layers`]); the first also holds
+    /// the embedding and the last the output head (both vocabulary-parallel, so split by the
+    /// attention's TP). Non-expert weights are split by the attention's TP (`tp` unless the
+    /// attention is data-parallel); a rank keeps `max(1, kv_heads / attention_tp)` KV heads,
+    /// so beyond TP = KV heads the K/V projections stop shrinking (vLLM `QKVParallelLinear`
+    /// replicates them). Routed experts are spread over the whole group: a `1/tp` slice of
+    /// each, or with expert parallelism `ceil(experts / tp)` whole experts.
+    pub fn per_device_sharded(&self, model: &Model, sharding: &Sharding) -> Bytes {
+        layout::distinct_stages(model.arch.layers, sharding.pp)
+            .into_iter()
+            .map(|stage| self.stage_device(model, sharding, stage))
+            .max()
+            .unwrap_or(Bytes::ZERO)
+    }
+
+    /// One device's weights on `stage`.
+    fn stage_device(&self, model: &Model, sharding: &Sharding, stage: Stage) -> Bytes {
         let layers = u64::from(model.arch.layers.max(1));
-        let tp = u64::from(tp.max(1));
-        let pp = u64::from(pp.max(1));
-        let stage_layers = layers.div_ceil(pp).min(layers);
+        let stage_layers = u64::from(stage.layers).min(layers);
         let stage_share =
             |bytes: Bytes| Bytes::from_f64(bytes.as_f64() * stage_layers as f64 / layers as f64);
+        let attention_tp = u64::from(sharding.attention_tp());
         let kv_heads = u64::from(model.arch.kv_heads.max(1));
-        let kv_heads_per_rank = (kv_heads / tp).max(1);
+        let kv_heads_per_rank = (kv_heads / attention_tp).max(1);
         let kv = Bytes::from_f64(
             stage_share(self.kv_projection).as_f64() * kv_heads_per_rank as f64 / kv_heads as f64,
         );
-        let sharded = stage_share(self.experts + self.other_layers).div_ceil(tp);
-        let ends = if pp == 1 {
-            self.embedding + self.lm_head
+        let dense = stage_share(self.other_layers).div_ceil(attention_tp);
+        let experts = self.experts_per_device(model, sharding, stage_share(self.experts));
+        let embedding = if stage.first {
+            self.embedding
         } else {
-            self.embedding.max(self.lm_head)
+            Bytes::ZERO
         };
-        sharded + kv + ends.div_ceil(tp)
+        let head = if stage.last {
+            self.lm_head
+        } else {
+            Bytes::ZERO
+        };
+        let ends = embedding + head;
+        dense + kv + experts + ends.div_ceil(attention_tp)
+    }
+
+    /// One device's share of `experts` bytes (one stage's routed experts).
+    fn experts_per_device(&self, model: &Model, sharding: &Sharding, experts: Bytes) -> Bytes {
+        let group = u64::from(sharding.tp.max(1));
+        match model.arch.moe {
+            Some(moe) if sharding.expert_parallel && moe.experts > 0 => {
+                // Whole experts: the fullest rank holds ceil(experts / group) of them.
+                let per_rank = moe.experts.div_ceil(group).min(moe.experts);
+                Bytes::from_f64(experts.as_f64() * per_rank as f64 / moe.experts as f64)
+            }
+            _ => experts.div_ceil(group),
+        }
     }
 
     fn scaled_to(self, exact: Bytes) -> Self {
@@ -208,6 +245,51 @@ mod tests {
         let at = |tp| weights.per_device(&model, tp, 1);
         assert!(at(8) > weights.total().div_ceil(8));
         assert!(at(2) < at(1) && at(4) < at(2) && at(8) < at(4));
+    }
+
+    #[test]
+    fn expert_parallel_places_whole_experts_and_dp_attention_replicates_the_rest() {
+        // DeepSeek-V3: 256 routed experts over 8 ranks = 32 whole experts each, the same bytes
+        // as a 1/8 slice of each; with data-parallel attention every rank keeps the attention,
+        // dense and shared-expert weights and the embedding itself (vLLM runs one engine per
+        // data-parallel rank).
+        let model = presets::find("deepseek-v3").unwrap().unwrap();
+        let weights = WeightBytes::of(&model, Precision::Fp8);
+        let plain = Sharding::new(8, 1);
+        let ep = plain.with_moe(1, true);
+        let dp = plain.with_moe(8, true);
+        let at = |s: &Sharding| weights.per_device_sharded(&model, s);
+        let diff = (at(&ep).as_f64() - at(&plain).as_f64()).abs();
+        assert!(diff < 1e6, "{} vs {}", at(&ep), at(&plain));
+        let replicated = weights.total().as_f64() - weights.experts.as_f64();
+        let extra = at(&dp).as_f64() - at(&ep).as_f64();
+        assert!(
+            (extra - replicated * 7.0 / 8.0).abs() / replicated < 0.01,
+            "{extra} vs {replicated}"
+        );
+        // 160 experts over 48 ranks: the fullest rank holds 4, not 160/48 = 3.33.
+        let mut model = model;
+        if let Some(moe) = model.arch.moe.as_mut() {
+            moe.experts = 160;
+        }
+        let s = Sharding::new(48, 1).with_moe(1, true);
+        let slice = weights.experts.as_f64() / 48.0;
+        let whole = weights.per_device_sharded(&model, &s).as_f64()
+            - weights
+                .per_device_sharded(&model, &Sharding::new(48, 1))
+                .as_f64();
+        assert!((whole - (weights.experts.as_f64() * 4.0 / 160.0 - slice)).abs() < 1e6);
+    }
+
+    #[test]
+    fn uneven_pipelines_weigh_the_heaviest_stage() {
+        // 61 layers on PP 2: vLLM gives the first stage 31 layers and the embedding.
+        let model = presets::find("deepseek-v3").unwrap().unwrap();
+        let weights = WeightBytes::of(&model, Precision::Bf16);
+        let layers = weights.layers().as_f64();
+        let first = layers * 31.0 / 61.0 + weights.embedding.as_f64();
+        let got = weights.per_device(&model, 8, 2).as_f64() * 8.0;
+        assert!((got - first).abs() / first < 0.001, "{got} vs {first}");
     }
 
     #[test]

@@ -171,6 +171,8 @@ pub(super) fn index_node<'a>(
             free: 0,
             largest_node: 0,
             largest_fast_domain: 0,
+            largest_rack: 0,
+            racks: Vec::new(),
             nodes: 0,
             template_node: &node.name,
             bins: Vec::new(),

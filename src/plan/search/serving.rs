@@ -1,15 +1,21 @@
 //! The serving search and the explanation of its result.
 
+use std::collections::HashMap;
+
 use crate::hardware::Precision;
 
 use super::PlanRequest;
-use super::parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
+use super::parallel::{
+    ClassShape, PipelineRule, moe_variants, pipeline_allowed, sharded_fit, valid_pipeline_sizes,
+    valid_tensor_parallel_sizes,
+};
 use super::refusal;
 use super::suggest::{self, Change, Suggestion};
 use crate::plan::capability::{Execution, PrecisionChoice, serving_candidates, serving_support};
 use crate::plan::fleet::{DeviceClass, Fleet, Placement, Shape};
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::kv::{KvDtype, KvLayout};
+use crate::plan::layout::Sharding;
 use crate::plan::memory::{ServingFit, ServingTarget, scheduler_defaults, serving_fit};
 use crate::plan::model::Model;
 use crate::plan::report::Plan;
@@ -29,11 +35,20 @@ pub(super) struct Candidate {
     pub execution: Execution,
     pub tp: u32,
     pub pp: u32,
+    /// Attention data-parallel ranks per TP group (1: none).
+    pub attention_dp: u32,
+    /// Routed experts placed whole across the TP group.
+    pub expert_parallel: bool,
     pub replicas: u32,
     pub fit: ServingFit,
 }
 
 impl Candidate {
+    /// The replica's layout.
+    pub fn sharding(&self) -> Sharding {
+        Sharding::new(self.tp, self.pp).with_moe(self.attention_dp, self.expert_parallel)
+    }
+
     pub fn devices(&self) -> u64 {
         (u64::from(self.tp) * u64::from(self.pp)).saturating_mul(u64::from(self.replicas))
     }
@@ -235,22 +250,25 @@ struct ClassContext<'c, 'a> {
 }
 
 /// Memory-feasible layouts for one class and precision: per valid TP, the shallowest pipeline
-/// that fits, and deeper ones only while they cut the replicas needed. Where TP groups can sit
-/// in an NVLink-class domain, pipelines follow the multi-node rule (TP fills the domain, PP
-/// spans nodes) and a pipeline inside one node is the last resort (vLLM's "edge case");
-/// over PCIe any split is fair.
+/// that fits, and deeper ones only while they cut the replicas needed. Pipelines follow
+/// [`PipelineRule`]s, strictest first: a replica that spans nodes fills whole nodes of a
+/// deployable count, and where TP groups can sit in an NVLink-class domain TP fills it and PP
+/// spans nodes; a pipeline inside one node is the last resort (vLLM's "edge case"). Per
+/// layout, the MoE variant (expert parallelism, data-parallel attention) that needs the fewest
+/// replicas, the recipes' order breaking ties.
 fn layouts(
     model: &Model,
     ctx: &ClassContext<'_, '_>,
     target: &ServingTarget,
     demand: Demand,
 ) -> Vec<Candidate> {
-    let found = layouts_where(model, ctx, target, demand, true);
-    if found.is_empty() {
-        layouts_where(model, ctx, target, demand, false)
-    } else {
-        found
-    }
+    // The rules only filter layouts, so each layout's memory is worked out once.
+    let mut fits = HashMap::new();
+    PipelineRule::ALL
+        .into_iter()
+        .map(|rule| layouts_where(model, ctx, target, demand, rule, &mut fits))
+        .find(|found| !found.is_empty())
+        .unwrap_or_default()
 }
 
 fn layouts_where(
@@ -258,41 +276,44 @@ fn layouts_where(
     ctx: &ClassContext<'_, '_>,
     target: &ServingTarget,
     demand: Demand,
-    conventional: bool,
+    rule: PipelineRule,
+    fits: &mut HashMap<Sharding, ServingFit>,
 ) -> Vec<Candidate> {
     let device = (ctx.class.sample.memory, ctx.class.sample.product.as_str());
-    let tps = valid_tensor_parallel_sizes(model, ctx.class.largest_node);
-    let domain_tp = tps
-        .iter()
-        .copied()
-        .filter(|&tp| tp <= ctx.class.largest_fast_domain)
-        .max();
-    let allowed = |tp: u32, pp: u32| match domain_tp {
-        Some(full) if conventional => pp == 1 || (tp == full && tp * pp > ctx.class.largest_node),
-        _ => true,
+    let tps = valid_tensor_parallel_sizes(model, ctx.class.largest_tp_group());
+    let shape = ClassShape {
+        node_devices: ctx.class.largest_node,
+        nodes: ctx.class.nodes,
+        domain_tp: tps
+            .iter()
+            .copied()
+            .filter(|&tp| tp <= ctx.class.largest_fast_domain)
+            .max(),
     };
     let mut found = Vec::new();
     for tp in tps {
         let mut fewest = u64::MAX;
+        // Before the last rule, a layout no free devices could hold even once gives way to the
+        // next rule's (one reserved device must not turn a fitting fleet into a refusal).
+        let groups = ctx.class.group_capacity(tp);
         for pp in valid_pipeline_sizes(model, tp, ctx.class.free).take(MAX_PIPELINE as usize) {
-            if !allowed(tp, pp) {
+            if !pipeline_allowed(rule, &shape, tp, pp)
+                || (rule < PipelineRule::Any && groups < u64::from(pp))
+            {
                 continue;
             }
-            let fit = serving_fit(model, ctx.weights, device, tp, pp, target);
-            if !fit.fits() {
+            // The variant that needs the fewest replicas; ties keep the recipes' order.
+            let best = moe_variants(model, ctx.precision, tp, pp)
+                .into_iter()
+                .filter_map(|sharding| {
+                    let fit = *fits.entry(sharding).or_insert_with(|| {
+                        sharded_fit(model, ctx.weights, device, &sharding, target)
+                    });
+                    replicas_needed(&fit, demand).map(|replicas| (replicas, sharding, fit))
+                })
+                .min_by_key(|(replicas, _, _)| *replicas);
+            let Some((replicas, sharding, fit)) = best else {
                 continue;
-            }
-            // Replicas asked for must each hold their share; otherwise replicas are added
-            // until the concurrency is held.
-            let replicas = match demand.replicas {
-                Some(asked) => {
-                    let share = demand.concurrency.div_ceil(u64::from(asked.max(1)));
-                    if fit.max_concurrency < share {
-                        continue;
-                    }
-                    u64::from(asked)
-                }
-                None => demand.concurrency.div_ceil(fit.max_concurrency),
             };
             let devices = (u64::from(tp) * u64::from(pp)).saturating_mul(replicas);
             if devices >= fewest {
@@ -306,6 +327,8 @@ fn layouts_where(
                 execution: ctx.execution,
                 tp,
                 pp,
+                attention_dp: sharding.attention_dp,
+                expert_parallel: sharding.expert_parallel,
                 replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
                 fit,
             });
@@ -316,6 +339,21 @@ fn layouts_where(
         }
     }
     found
+}
+
+/// Replicas a layout needs: those asked for, each holding its share, or as many as the
+/// concurrency needs; `None` when the layout does not fit.
+fn replicas_needed(fit: &ServingFit, demand: Demand) -> Option<u64> {
+    if !fit.fits() {
+        return None;
+    }
+    match demand.replicas {
+        Some(asked) => {
+            let share = demand.concurrency.div_ceil(u64::from(asked.max(1)));
+            (fit.max_concurrency >= share).then_some(u64::from(asked))
+        }
+        None => Some(demand.concurrency.div_ceil(fit.max_concurrency)),
+    }
 }
 
 /// Plans serving and explains the result.
@@ -362,6 +400,7 @@ pub(super) fn plan(
                 &target,
                 concurrency,
             );
+            describe_moe(&mut plan, candidate, concurrency);
             if let Some(narrower) = &outcome.narrower {
                 explain_narrower(&mut plan, model, (candidate, placement), narrower);
             }
@@ -369,6 +408,40 @@ pub(super) fn plan(
         None => refusal::serving(&mut plan, model, fleet, request, &target, &outcome, nodes),
     }
     plan
+}
+
+/// Records expert parallelism and data-parallel attention when the plan uses them: the
+/// fields, a per-device KV cache that holds only the device's attention rank's requests, and
+/// a line saying why.
+fn describe_moe(plan: &mut Plan, candidate: &Candidate, concurrency: u64) {
+    let sharding = candidate.sharding();
+    if sharding.is_plain() {
+        return;
+    }
+    let dp = sharding.attention_dp.max(1);
+    plan.expert_parallel = sharding.expert_parallel.then_some(sharding.tp);
+    plan.attention_data_parallel = (dp > 1).then_some(dp);
+    let per_replica = concurrency.div_ceil(u64::from(candidate.replicas.max(1)));
+    let fit = candidate.fit;
+    plan.per_device =
+        Some(fit.with_concurrency(per_replica.min(fit.max_concurrency).div_ceil(u64::from(dp))));
+    let mut line = String::new();
+    if sharding.expert_parallel {
+        line.push_str(&format!(
+            "experts are expert-parallel over the {} devices of each group (whole experts per device)",
+            sharding.tp
+        ));
+    }
+    if dp > 1 {
+        if !line.is_empty() {
+            line.push_str("; ");
+        }
+        line.push_str(&format!(
+            "attention is data-parallel: {dp} ranks of TP {}, each with its own requests' KV cache",
+            sharding.attention_tp()
+        ));
+    }
+    plan.reasons.push(line);
 }
 
 /// Fills in a successful plan and the reasoning behind it.
