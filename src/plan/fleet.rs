@@ -130,6 +130,32 @@ pub struct Placement {
     pub pipeline_on_fabric: bool,
 }
 
+impl Placement {
+    /// A placement of `assignments`, or `None` when they span more than `max_nodes` nodes.
+    pub(crate) fn capped(
+        assignments: Vec<Assignment>,
+        max_nodes: Option<u32>,
+        tp_in_fast_domain: bool,
+        pipeline_on_fabric: bool,
+    ) -> Option<Self> {
+        let nodes = assignments
+            .iter()
+            .map(|a| a.node.as_str())
+            .collect::<BTreeSet<_>>()
+            .len();
+        let nodes = u32::try_from(nodes).unwrap_or(u32::MAX);
+        if max_nodes.is_some_and(|max| nodes > max) {
+            return None;
+        }
+        Some(Self {
+            assignments,
+            nodes,
+            tp_in_fast_domain,
+            pipeline_on_fabric,
+        })
+    }
+}
+
 /// The shape to place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
@@ -227,21 +253,7 @@ impl<'a> Fleet<'a> {
                 });
             }
         }
-        let nodes = assignments
-            .iter()
-            .map(|a| a.node.as_str())
-            .collect::<BTreeSet<_>>()
-            .len();
-        let nodes = u32::try_from(nodes).unwrap_or(u32::MAX);
-        if max_nodes.is_some_and(|max| nodes > max) {
-            return None;
-        }
-        Some(Placement {
-            assignments,
-            nodes,
-            tp_in_fast_domain: state.all_in_fast_domain,
-            pipeline_on_fabric: on_fabric,
-        })
+        Placement::capped(assignments, max_nodes, state.all_in_fast_domain, on_fabric)
     }
 
     /// Places `count` data-parallel devices (training): one node when one has room, else as

@@ -115,21 +115,7 @@ pub(super) fn place(
             on_fabric &= fabrics.len() == 1 && fabrics.first().is_some_and(Option::is_some);
         }
     }
-    let nodes = assignments
-        .iter()
-        .map(|a| a.node.as_str())
-        .collect::<BTreeSet<_>>()
-        .len();
-    let nodes = u32::try_from(nodes).unwrap_or(u32::MAX);
-    if max_nodes.is_some_and(|max| nodes > max) {
-        return None;
-    }
-    Some(Placement {
-        assignments,
-        nodes,
-        tp_in_fast_domain: true,
-        pipeline_on_fabric: on_fabric,
-    })
+    Placement::capped(assignments, max_nodes, true, on_fabric)
 }
 
 #[cfg(test)]
