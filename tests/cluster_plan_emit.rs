@@ -29,13 +29,14 @@ use hwaccel::api::{AcceleratorInventory, ModelPlacement};
 use hwaccel::controller::HealthTaints;
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::controller::start_controller;
 use support::nodes::create_kwok_node;
-use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
+use support::{
+    DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_crd_established, wait_for,
+};
 
 /// GPUs each fixture node (`h100-8x-nvswitch`) has.
 const GPUS: u32 = 8;
@@ -333,22 +334,10 @@ async fn install_lws_crd(cluster: &TestCluster) -> Result<()> {
             &file.to_string_lossy(),
         ])
         .await?;
-    // Polled here: `kubectl wait` fails outright while a new CRD has no conditions yet.
-    let crds: Api<CustomResourceDefinition> = Api::all(cluster.client());
-    wait_for(DEFAULT_TIMEOUT, "LeaderWorkerSet CRD Established", || {
-        let crds = crds.clone();
-        async move {
-            let established = crds
-                .get("leaderworkersets.leaderworkerset.x-k8s.io")
-                .await?
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(established.then_some(()))
-        }
-    })
+    wait_crd_established(
+        &cluster.client(),
+        "leaderworkersets.leaderworkerset.x-k8s.io",
+    )
     .await?;
     Ok(())
 }

@@ -362,6 +362,28 @@ fn sanitize(s: &str, max: usize) -> String {
     }
 }
 
+/// Waits until CRD `name` is Established (`kubectl wait` fails outright while a new CRD has
+/// no conditions yet, so this polls).
+pub async fn wait_crd_established(client: &Client, name: &str) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    wait_for(DEFAULT_TIMEOUT, &format!("CRD {name} established"), || {
+        let crds = crds.clone();
+        async move {
+            let established = crds
+                .get(name)
+                .await?
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        }
+    })
+    .await
+}
+
 /// Installs (or updates) the project's generated CRDs by server-side apply and waits until
 /// each is Established. Safe to call from every test: re-applying the same CRD is a no-op.
 pub async fn install_crds(client: &Client) -> Result<()> {
@@ -377,21 +399,7 @@ pub async fn install_crds(client: &Client) -> Result<()> {
         )
         .await
         .with_context(|| format!("installing CRD {name}"))?;
-        wait_for(DEFAULT_TIMEOUT, "CRD established", || {
-            let (crds, name) = (crds.clone(), name.clone());
-            async move {
-                let established = crds
-                    .get(&name)
-                    .await?
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(established.then_some(()))
-            }
-        })
-        .await?;
+        wait_crd_established(client, &name).await?;
     }
     Ok(())
 }
