@@ -29,6 +29,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use support::nodes::apply_inventory;
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 /// A Node plus its AcceleratorInventory, detected from a fixture host, both labelled for
@@ -60,13 +61,7 @@ async fn publish_inventory(cluster: &TestCluster, node: &str, scenario: &str) ->
         .node(node)
         .label(TEST_LABEL, cluster.prefix())
         .build();
-    Api::<AcceleratorInventory>::all(cluster.client())
-        .patch(
-            node,
-            &PatchParams::apply("hwaccel-agent").force(),
-            &Patch::Apply(&inventory),
-        )
-        .await?;
+    apply_inventory(&cluster.client(), &inventory).await?;
     Ok(())
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use hwaccel::api::placement::{AllocationMode, ModelPlacementSpec, ModelPlacementStatus};
-use hwaccel::api::{AcceleratorInventory, ModelPlacement, attribute, conditions};
+use hwaccel::api::{ModelPlacement, attribute, conditions};
 use hwaccel::controller::metrics::ControllerMetrics;
 use hwaccel::controller::{self, Config};
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
@@ -35,7 +35,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::nodes::create_kwok_node;
+use support::nodes::{apply_inventory, create_kwok_node};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const DRIVER: &str = "gpu.nvidia.com";
@@ -79,13 +79,7 @@ async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, 
         })
         .collect();
     let published = devices.len();
-    Api::<AcceleratorInventory>::all(client.clone())
-        .patch(
-            &name,
-            &PatchParams::apply("hwaccel-agent").force(),
-            &Patch::Apply(&inventory),
-        )
-        .await?;
+    apply_inventory(&client, &inventory).await?;
     let slice: ResourceSlice = serde_json::from_value(json!({
         "metadata": {"name": format!("{name}-{DRIVER}")},
         "spec": {
@@ -446,13 +440,7 @@ async fn labels_mode_makes_no_claims_and_claims_mode_plans_only_published_device
         .node(&plain)
         .label(TEST_LABEL, cluster.prefix())
         .build();
-    Api::<AcceleratorInventory>::all(cluster.client())
-        .patch(
-            &plain,
-            &PatchParams::apply("hwaccel-agent").force(),
-            &Patch::Apply(&inventory),
-        )
-        .await?;
+    apply_inventory(&cluster.client(), &inventory).await?;
     let _controller = start_controller(&cluster);
     create_placement(
         &cluster,
@@ -841,13 +829,7 @@ async fn set_first_gpu_health(cluster: &TestCluster, node: &str, health: &str) -
         );
     }
     let id = first.expect("the fixture has NVIDIA GPUs");
-    Api::<AcceleratorInventory>::all(cluster.client())
-        .patch(
-            node,
-            &PatchParams::apply("hwaccel-agent").force(),
-            &Patch::Apply(&inventory),
-        )
-        .await?;
+    apply_inventory(&cluster.client(), &inventory).await?;
     Ok(id)
 }
 

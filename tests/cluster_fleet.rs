@@ -29,7 +29,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use support::controller::{start_controller, start_controller_with};
-use support::nodes::{create_kwok_node, node_events};
+use support::nodes::{apply_inventory, create_kwok_node, node_events};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
@@ -70,13 +70,7 @@ async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<(String, u64)
             DeviceAttribute::String("healthy".to_string()),
         );
     }
-    Api::<AcceleratorInventory>::all(cluster.client())
-        .patch(
-            &name,
-            &PatchParams::apply("hwaccel-agent").force(),
-            &Patch::Apply(&inventory),
-        )
-        .await?;
+    apply_inventory(&cluster.client(), &inventory).await?;
     Ok((name, accelerators))
 }
 

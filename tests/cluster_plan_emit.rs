@@ -24,8 +24,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail, ensure};
+use hwaccel::api::ModelPlacement;
 use hwaccel::api::placement::{ModelPlacementSpec, ModelPlacementStatus, PrecisionChoice};
-use hwaccel::api::{AcceleratorInventory, ModelPlacement};
 use hwaccel::controller::HealthTaints;
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
@@ -33,7 +33,7 @@ use kube::Api;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::controller::start_controller;
-use support::nodes::create_kwok_node;
+use support::nodes::{apply_inventory, create_kwok_node};
 use support::{
     DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_crd_established, wait_for,
 };
@@ -60,13 +60,7 @@ async fn add_gpu_node(cluster: &TestCluster) -> Result<String> {
         .node(&name)
         .label(TEST_LABEL, cluster.prefix())
         .build();
-    Api::<AcceleratorInventory>::all(cluster.client())
-        .patch(
-            &name,
-            &PatchParams::apply("hwaccel-agent").force(),
-            &Patch::Apply(&inventory),
-        )
-        .await?;
+    apply_inventory(&cluster.client(), &inventory).await?;
     Ok(name)
 }
 

@@ -1,9 +1,11 @@
 //! Nodes for cluster tests: a plain Node for an agent to describe, a kwok Node the
-//! scheduler can place pods on, and the Events recorded about a Node.
+//! scheduler can place pods on, a node's inventory written as its agent writes it, and the
+//! Events recorded about a Node.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use hwaccel::api::AcceleratorInventory;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -59,4 +61,22 @@ pub async fn node_events(cluster: &TestCluster, node: &str) -> Result<Vec<String
         ])
         .await?;
     Ok(out.lines().map(str::to_string).collect())
+}
+
+/// Writes `inventory` as the node's agent does: server-side apply under the agent's field
+/// manager, so the controller's own status fields stay the controller's.
+pub async fn apply_inventory(client: &Client, inventory: &AcceleratorInventory) -> Result<()> {
+    let name = inventory
+        .metadata
+        .name
+        .as_deref()
+        .context("an inventory without a name")?;
+    Api::<AcceleratorInventory>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("hwaccel-agent").force(),
+            &Patch::Apply(inventory),
+        )
+        .await?;
+    Ok(())
 }
