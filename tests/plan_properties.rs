@@ -242,6 +242,34 @@ fn check_suggestions(
             "{} on {:?}: applying {:?} does not fit: {:?}",
             model.name, request, suggestion.text, again.reasons
         );
+        // Adding nodes names no node the plan then leaves idle, and the fewest that fit: one
+        // fewer does not.
+        if let Change::AddNodes { count, .. } = &suggestion.change {
+            assert!(
+                again.nodes.is_some_and(|used| used >= *count),
+                "{} on {:?}: {:?} adds nodes the plan does not use",
+                model.name,
+                request,
+                suggestion.text
+            );
+        }
+        if let Change::AddNodes { count, .. } = &suggestion.change
+            && *count > 1
+        {
+            let mut fewer_change = suggestion.change.clone();
+            if let Change::AddNodes { count, .. } = &mut fewer_change {
+                *count -= 1;
+            }
+            let mut changed = request.clone();
+            let mut fewer = nodes.to_vec();
+            apply(&fewer_change, &mut changed, &mut fewer);
+            let short = plan(model, &fewer, reserved, &changed).unwrap();
+            assert!(
+                !short.fits,
+                "{} on {:?}: {:?} is not the fewest nodes: one fewer fits",
+                model.name, request, suggestion.text
+            );
+        }
     }
 }
 
@@ -255,6 +283,37 @@ type Case = (
     Option<u32>,
     Option<u32>,
 );
+
+/// The demo as it runs: the 70B placement holds half of the MI300X node when DeepSeek-V3
+/// asks for a place. Its "add nodes" suggestion said 8 nodes where fewer fit: a replica's
+/// node count must divide the class's node count (or be a power of two), so fitting is not
+/// monotone in the number of nodes added and a bisection over it skips the answer.
+#[test]
+fn the_demos_add_nodes_suggestion_names_the_fewest_nodes() {
+    let model = presets::find("deepseek-v3").unwrap().unwrap();
+    let nodes = parse_hardware("1x8xMI300X,1x8xH100-80GB+nvswitch").unwrap();
+    let amd = nodes
+        .iter()
+        .find(|n| n.devices.iter().any(|d| d.product.contains("MI300X")))
+        .unwrap();
+    let mut reserved = Reservations::none();
+    for device in amd.devices.iter().take(4) {
+        reserved.insert(amd.name.clone(), device.id.clone());
+    }
+    let mut request = PlanRequest::serve(Some(131_072), 64).with_precision(Precision::Bf16);
+    request.max_nodes = Some(1);
+    let result = plan(&model, &nodes, &reserved, &request).unwrap();
+    assert!(!result.fits);
+    assert!(
+        result
+            .suggested_changes
+            .iter()
+            .any(|s| matches!(s.change, Change::AddNodes { .. })),
+        "{:?}",
+        result.suggested_changes
+    );
+    check_suggestions(&result, &model, &nodes, &reserved, &request);
+}
 
 /// Fixed refusals that between them offer every kind of suggestion, each checked the same
 /// way as the property below (so that property is known to see suggestions at all).

@@ -572,11 +572,16 @@ fn suggest_all(
     }
 }
 
-/// The smallest count in `1..=max` for which `attempt` succeeds, assuming success is
-/// monotone in the count.
+/// The smallest count in `1..=max` for which `attempt` succeeds.
+///
+/// Success is not monotone in the count: a replica spanning nodes must use a node count that
+/// is a power of two or divides the class's node count, and every added node changes that
+/// divisor (the demo's DeepSeek-V3 fits with 8 added MI300X nodes on 6 of them, but not with
+/// 6 added). So doubling only finds *a* count that fits; every smaller count it skipped is
+/// then tried in order. Doubling tried every power of two below the hit, and those failed.
 fn fewest_nodes<T>(max: u32, attempt: impl Fn(u32) -> Option<T>) -> Option<(u32, T)> {
     let mut high = 1;
-    let mut found = loop {
+    let found = loop {
         if let Some(found) = attempt(high) {
             break found;
         }
@@ -585,18 +590,10 @@ fn fewest_nodes<T>(max: u32, attempt: impl Fn(u32) -> Option<T>) -> Option<(u32,
         }
         high = (high * 2).min(max);
     };
-    let mut low = high / 2; // fails (or is zero)
-    while high - low > 1 {
-        let mid = low + (high - low) / 2;
-        match attempt(mid) {
-            Some(hit) => {
-                high = mid;
-                found = hit;
-            }
-            None => low = mid,
-        }
-    }
-    Some((high, found))
+    (1..high)
+        .filter(|count| !count.is_power_of_two())
+        .find_map(|count| attempt(count).map(|hit| (count, hit)))
+        .or(Some((high, found)))
 }
 
 /// Fewest nodes like the roomiest node of some class to add to the fleet, each copy holding
@@ -707,5 +704,41 @@ fn suggest_more_nodes(
     }
     if let Some((_, suggestion)) = best {
         suggest::push(plan, suggestion);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::fewest_nodes;
+
+    #[test]
+    fn fewest_nodes_finds_the_smallest_count_when_success_is_not_monotone() {
+        // Fits at 3 and from 8 on, not at 4 to 7: doubling alone would answer 8.
+        assert_eq!(
+            fewest_nodes(64, |n| (n == 3 || n >= 8).then_some(n * 10)),
+            Some((3, 30))
+        );
+        assert_eq!(fewest_nodes(64, |n| (n >= 6).then_some(n)), Some((6, 6)));
+        assert_eq!(fewest_nodes(5, |n| (n == 5).then_some(n)), Some((5, 5)));
+        assert_eq!(fewest_nodes(64, |_| None::<u32>), None);
+    }
+
+    #[test]
+    fn fewest_nodes_tries_each_count_at_most_once_and_stops_early_when_nothing_fits() {
+        let calls = Cell::new(0);
+        let none = fewest_nodes(64, |_| {
+            calls.set(calls.get() + 1);
+            None::<()>
+        });
+        assert_eq!((none, calls.get()), (None, 7)); // 1, 2, 4, ..., 64
+        calls.set(0);
+        let hit = fewest_nodes(64, |n| {
+            calls.set(calls.get() + 1);
+            (n >= 20).then_some(())
+        });
+        // 1, 2, 4, 8, 16, 32 (hit), then 3, 5, 6, 7, 9, ..., 20.
+        assert_eq!((hit, calls.get()), (Some((20, ())), 6 + 20 - 5));
     }
 }

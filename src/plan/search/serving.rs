@@ -41,6 +41,9 @@ pub(super) struct Candidate {
     pub expert_parallel: bool,
     pub replicas: u32,
     pub fit: ServingFit,
+    /// How many [`PipelineRule`]s past its class's strictest rule with any layout this one
+    /// needs (0: that rule's own). Fallbacks are placed only when nothing stricter places.
+    pub fallback: u8,
 }
 
 impl Candidate {
@@ -69,11 +72,13 @@ impl Candidate {
         self.devices().div_ceil(per_node).max(1)
     }
 
-    /// The search order (item 6 of issue 14): fewest nodes, then the widest precision, then
-    /// fewest devices, then [`Self::preference`]. `nodes` is the placement's count, or before
+    /// The search order (item 6 of issue 14): layouts of the strictest pipeline rule first
+    /// (see [`layouts`]), then fewest nodes, then the widest precision, then fewest devices,
+    /// then [`Self::preference`]. `nodes` is the placement's count, or before
     /// placing, [`Self::fewest_nodes`] (a lower bound, so a sorted list can stop early).
     fn rank(&self, fleet: &Fleet<'_>, nodes: u64) -> Rank {
         (
+            self.fallback,
             nodes,
             self.precision_rank,
             self.devices(),
@@ -83,7 +88,7 @@ impl Candidate {
 }
 
 /// See [`Candidate::rank`].
-type Rank = (u64, usize, u64, (u32, usize, u32, u32));
+type Rank = (u8, u64, usize, u64, (u32, usize, u32, u32));
 
 /// How much serving is asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,11 +269,34 @@ fn layouts(
 ) -> Vec<Candidate> {
     // The rules only filter layouts, so each layout's memory is worked out once.
     let mut fits = HashMap::new();
-    PipelineRule::ALL
+    let mut rules = PipelineRule::ALL
         .into_iter()
-        .map(|rule| layouts_where(model, ctx, target, demand, rule, &mut fits))
-        .find(|found| !found.is_empty())
-        .unwrap_or_default()
+        .map(|rule| {
+            (
+                rule,
+                layouts_where(model, ctx, target, demand, rule, &mut fits),
+            )
+        })
+        .skip_while(|(_, found)| found.is_empty());
+    let Some((_, mut found)) = rules.next() else {
+        return Vec::new();
+    };
+    // The rules see only the class's shape, not which devices are free, so the strictest
+    // rule's layouts may all fail to place where whole nodes of another count would (3-node
+    // replicas on a class of 8 nodes, one of them half taken: 3 does not divide 8, and two
+    // 4-node replicas find only 7 whole nodes). Whole-node layouts stay as fallbacks; looser
+    // ones (a pipeline cut inside a node) only ever as the strictest rule with any layout.
+    let fallbacks = rules.take_while(|(rule, _)| *rule <= PipelineRule::WholeNodes);
+    for (depth, (_, looser)) in (1u8..).zip(fallbacks) {
+        for mut candidate in looser {
+            let key = (candidate.sharding(), candidate.replicas);
+            if !found.iter().any(|c| (c.sharding(), c.replicas) == key) {
+                candidate.fallback = depth;
+                found.push(candidate);
+            }
+        }
+    }
+    found
 }
 
 fn layouts_where(
@@ -331,6 +359,7 @@ fn layouts_where(
                 expert_parallel: sharding.expert_parallel,
                 replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
                 fit,
+                fallback: 0,
             });
             // Deeper pipelines only pay off by needing fewer replicas.
             if replicas == 1 || demand.replicas.is_some() {
