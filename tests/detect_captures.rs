@@ -14,8 +14,12 @@ use std::path::{Path, PathBuf};
 
 use hwaccel::detect::backends::accelerators::amd::amd_smi::parse_rocm_smi;
 use hwaccel::detect::backends::accelerators::neuron::parse_neuron_ls_table;
-use hwaccel::detect::backends::accelerators::nvidia::nvidia_smi::parse_gpu_list;
-use hwaccel::detect::backends::accelerators::nvidia::nvlink::parse_topo_matrix;
+use hwaccel::detect::backends::accelerators::nvidia::nvidia_smi::{
+    QueriedGpu, parse_gpu_list, parse_query_gpus,
+};
+use hwaccel::detect::backends::accelerators::nvidia::nvlink::{
+    parse_nvlink_status, parse_topo_matrix,
+};
 use hwaccel::detect::backends::node::cpu::Cpu;
 use hwaccel::detect::{Backend, CommandRunner, Context, HostRoot};
 use hwaccel::hardware::CpuInfo;
@@ -321,4 +325,174 @@ fn neuron_ls_v1_16_table_after_its_banner() {
     );
     assert_eq!(device.bus_id.as_deref(), Some("0000:00:1f.0"));
     assert_eq!(listing.instance_type, None);
+}
+
+// ---- nvidia-smi --query-gpu=... --format=csv (header line, units) ----
+//
+// The exporter's captures query about 200 fields with `--format=csv`; the backend asks for 19
+// with `--format=csv,nounits`. Both print a header line, and the parser maps columns by its
+// names, so these rows read as the backend's own query would.
+
+/// The one GPU row of a query-gpu capture, with nothing left unread.
+fn queried_gpu(name: &str) -> QueriedGpu {
+    let (gpus, unparsed) = parse_query_gpus(&capture("nvidia-smi-query-gpu", name));
+    assert_eq!(unparsed, 0, "{name}: every line is the header or a GPU row");
+    assert_eq!(gpus.len(), 1, "{name}: one GPU");
+    gpus.into_iter().next().expect("one GPU")
+}
+
+/// The PCIe link as (generation, width, max generation, max width).
+fn link(gpu: &QueriedGpu) -> (Option<u8>, Option<u8>, Option<u8>, Option<u8>) {
+    let link = gpu.pcie.expect("a PCIe link");
+    (
+        link.generation,
+        link.width,
+        link.max_generation,
+        link.max_width,
+    )
+}
+
+#[test]
+fn query_gpu_h200_on_driver_580_with_units() {
+    let gpu = queried_gpu("gpu-exporter-h200-580.173.02.csv");
+    assert_eq!(gpu.index, Some(0));
+    assert_eq!(gpu.bus_id, "0000:83:00.0");
+    assert_eq!(gpu.name.as_deref(), Some("NVIDIA H200"));
+    assert_eq!(gpu.memory_bytes, Some(143_771 << 20), "`143771 MiB`");
+    assert_eq!(gpu.driver_version.as_deref(), Some("580.173.02"));
+    assert_eq!(gpu.vbios.as_deref(), Some("96.00.A5.00.03"));
+    assert_eq!(gpu.compute_capability, Some((9, 0)));
+    assert_eq!(gpu.mig_enabled, Some(false));
+    assert_eq!(gpu.ecc_enabled, Some(true));
+    assert_eq!(link(&gpu), (Some(5), Some(16), Some(5), Some(16)));
+}
+
+#[test]
+fn query_gpu_h100_in_mig_mode_on_driver_590() {
+    let gpu = queried_gpu("gpu-exporter-h100-mig-590.48.01.csv");
+    assert_eq!(gpu.bus_id, "0000:00:09.0");
+    assert_eq!(gpu.name.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+    assert_eq!(gpu.memory_bytes, Some(81_559 << 20));
+    assert_eq!(gpu.driver_version.as_deref(), Some("590.48.01"));
+    assert_eq!(gpu.compute_capability, Some((9, 0)));
+    assert_eq!(
+        gpu.mig_enabled,
+        Some(true),
+        "MIG on: the backend asks -L next"
+    );
+    assert_eq!(
+        gpu.uuid.as_deref(),
+        Some("GPU-00000000-0000-0000-0000-000000000000"),
+        "masked by the exporter's collector"
+    );
+}
+
+#[test]
+fn query_gpu_l40s_on_driver_595_without_mig() {
+    let gpu = queried_gpu("gpu-exporter-l40s-595.80.csv");
+    assert_eq!(gpu.bus_id, "0000:01:00.0");
+    assert_eq!(gpu.name.as_deref(), Some("NVIDIA L40S"));
+    assert_eq!(gpu.memory_bytes, Some(46_068 << 20));
+    assert_eq!(gpu.driver_version.as_deref(), Some("595.80"));
+    assert_eq!(gpu.compute_capability, Some((8, 9)));
+    assert_eq!(gpu.mig_enabled, None, "`[N/A]` on a GPU without MIG");
+    assert_eq!(gpu.ecc_enabled, Some(true));
+    assert_eq!(link(&gpu), (Some(4), Some(16), Some(4), Some(16)));
+}
+
+#[test]
+fn query_gpu_geforce_on_driver_610_with_the_kmd_version_column() {
+    // Newer drivers add columns (`kmd_version`); they must be ignored, not shift the others.
+    let gpu = queried_gpu("gpu-exporter-rtx2080super-610.57.04.csv");
+    assert_eq!(gpu.bus_id, "0000:0c:00.0");
+    assert_eq!(gpu.name.as_deref(), Some("NVIDIA GeForce RTX 2080 SUPER"));
+    assert_eq!(gpu.memory_bytes, Some(8_192 << 20));
+    assert_eq!(gpu.driver_version.as_deref(), Some("610.57.04"));
+    assert_eq!(gpu.compute_capability, Some((7, 5)));
+    assert_eq!(gpu.ecc_enabled, None, "no ECC on GeForce: `[N/A]`");
+    assert_eq!(
+        link(&gpu),
+        (Some(1), Some(16), Some(3), Some(16)),
+        "idle: gen 1 now, gen 3 at most"
+    );
+}
+
+#[test]
+fn query_gpu_geforce_on_windows_driver_591() {
+    // The Windows driver has no pci.baseClass/subClass columns: a different column set again.
+    let gpu = queried_gpu("gpu-exporter-windows-rtx2080super-591.86.csv");
+    assert_eq!(gpu.bus_id, "0000:0c:00.0");
+    assert_eq!(gpu.driver_version.as_deref(), Some("591.86"));
+    assert_eq!(gpu.vbios.as_deref(), Some("90.04.7a.40.73"));
+    assert_eq!(gpu.memory_bytes, Some(8_192 << 20));
+}
+
+// ---- nvidia-smi -L (more) and topo -m (more), from the same collector ----
+
+#[test]
+fn listing_h200_with_compute_instance_profiles() {
+    let gpus = parse_gpu_list(&capture(
+        "nvidia-smi-L",
+        "gpu-exporter-h200-mig-590.48.01.txt",
+    ));
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus[0].name, "NVIDIA H200");
+    let profiles: Vec<&str> = gpus[0]
+        .partitions
+        .iter()
+        .map(|p| p.profile.as_str())
+        .collect();
+    assert_eq!(
+        profiles,
+        ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"],
+        "compute-instance profiles (`1c.3g.71gb`) are MIG devices too"
+    );
+}
+
+#[test]
+fn topo_header_underlined_with_ansi_escapes() {
+    // The driver underlines the header row with `ESC[4m ... ESC[0m`.
+    let rows = parse_topo_matrix(&capture(
+        "nvidia-smi-topo-m",
+        "gpu-exporter-h100-590.48.01-ansi-header.txt",
+    ));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].index, 0);
+    assert_eq!(rows[0].numa, Some(0));
+}
+
+#[test]
+fn topo_on_windows_with_empty_affinity_cells() {
+    // Windows prints no CPU or NUMA affinity: both cells empty, then `N/A` for GPU NUMA ID.
+    let rows = parse_topo_matrix(&capture(
+        "nvidia-smi-topo-m",
+        "gpu-exporter-windows-rtx2080super-610.62-empty-affinity.txt",
+    ));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].numa, None, "no NUMA node is known");
+}
+
+// ---- nvidia-smi nvlink -s ----
+
+#[test]
+fn nvlink_status_h100_with_eighteen_links() {
+    let status = parse_nvlink_status(&capture(
+        "nvidia-smi-nvlink-s",
+        "gpu-exporter-h100-590.48.01-18-links.txt",
+    ));
+    assert_eq!(status.len(), 1);
+    let gpu0 = status.get(&0).expect("GPU 0");
+    assert_eq!(gpu0.active, 18);
+    assert!((gpu0.gbps - 18.0 * 26.562).abs() < 1e-6, "{}", gpu0.gbps);
+}
+
+#[test]
+fn nvlink_status_without_links_is_empty() {
+    for name in [
+        "gpu-exporter-h100-mig-590.48.01-not-supported.txt",
+        "gpu-exporter-l40s-595.80-no-nvlink.txt",
+    ] {
+        let status = parse_nvlink_status(&capture("nvidia-smi-nvlink-s", name));
+        assert!(status.is_empty(), "{name}: {status:?}");
+    }
 }
