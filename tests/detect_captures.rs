@@ -13,13 +13,19 @@
 use std::path::{Path, PathBuf};
 
 use hwaccel::detect::backends::accelerators::amd::amd_smi::parse_rocm_smi;
-use hwaccel::detect::backends::accelerators::neuron::parse_neuron_ls_table;
+use hwaccel::detect::backends::accelerators::intel_gpu::xpu_smi::{
+    parse_discovery_dump, parse_topology_matrix as parse_xpu_topology,
+};
+use hwaccel::detect::backends::accelerators::neuron::{
+    parse_neuron_ls_json, parse_neuron_ls_table,
+};
 use hwaccel::detect::backends::accelerators::nvidia::nvidia_smi::{
     QueriedGpu, parse_gpu_list, parse_query_gpus,
 };
 use hwaccel::detect::backends::accelerators::nvidia::nvlink::{
     parse_nvlink_status, parse_topo_matrix,
 };
+use hwaccel::detect::backends::accelerators::vulkan::parse_vulkaninfo_summary;
 use hwaccel::detect::backends::node::cpu::Cpu;
 use hwaccel::detect::{Backend, CommandRunner, Context, HostRoot};
 use hwaccel::hardware::CpuInfo;
@@ -495,4 +501,193 @@ fn nvlink_status_without_links_is_empty() {
         let status = parse_nvlink_status(&capture("nvidia-smi-nvlink-s", name));
         assert!(status.is_empty(), "{name}: {status:?}");
     }
+}
+
+// ---- vulkaninfo --summary ----
+
+/// (vendor id, device id, device type, device name) of every block.
+fn vulkan_devices(name: &str) -> Vec<(Option<u32>, Option<u32>, Option<String>, String)> {
+    parse_vulkaninfo_summary(&capture("vulkaninfo-summary", name))
+        .expect("a summary")
+        .iter()
+        .map(|gpu| {
+            (
+                gpu.vendor_id(),
+                gpu.device_id(),
+                gpu.device_type(),
+                gpu.fields.get("deviceName").cloned().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn vulkaninfo_llvmpipe_only_after_a_loader_warning_and_an_error_line() {
+    let devices = vulkan_devices("qemu-devel-llvmpipe-after-loader-warning.txt");
+    assert_eq!(
+        devices,
+        [(
+            Some(0x10005),
+            Some(0),
+            Some("cpu".to_string()),
+            "llvmpipe (LLVM 15.0.3, 128 bits)".to_string()
+        )],
+        "the warning lines are not devices; llvmpipe is a CPU device the backend drops"
+    );
+}
+
+#[test]
+fn vulkaninfo_venus_guest_with_debug_lines_around_the_device_list() {
+    let devices = vulkan_devices("qemu-devel-venus-virtio-gpu-debug-lines.txt");
+    assert_eq!(devices.len(), 3, "{devices:?}");
+    assert_eq!(
+        devices[0],
+        (
+            Some(0x8086),
+            Some(0xa780),
+            Some("integrated_gpu".to_string()),
+            "Virtio-GPU Venus (Intel(R) Graphics (RPL-S))".to_string()
+        )
+    );
+    let hardware = devices
+        .iter()
+        .filter(|d| d.2.as_deref() != Some("cpu"))
+        .count();
+    assert_eq!(hardware, 1, "two of the three are CPU rasterisers");
+    let gpus = parse_vulkaninfo_summary(&capture(
+        "vulkaninfo-summary",
+        "qemu-devel-venus-virtio-gpu-debug-lines.txt",
+    ))
+    .expect("a summary");
+    assert!(
+        gpus.iter()
+            .all(|gpu| !gpu.fields.keys().any(|key| key.contains("res_id"))),
+        "renderer debug lines are not device fields"
+    );
+}
+
+#[test]
+fn vulkaninfo_windows_excerpt_with_crlf() {
+    let devices = vulkan_devices("vulkan-tools-801-windows-rdp-excerpt-crlf.txt");
+    assert_eq!(
+        devices,
+        [
+            (
+                Some(0x8086),
+                Some(0x1912),
+                Some("integrated_gpu".to_string()),
+                "Intel(R) HD Graphics 530".to_string()
+            ),
+            (
+                Some(0x1002),
+                Some(0x6939),
+                Some("discrete_gpu".to_string()),
+                "AMD Radeon (TM) R9 380 Series".to_string()
+            ),
+        ],
+        "no carriage return left in a value"
+    );
+}
+
+#[test]
+fn vulkaninfo_devices_section_alone() {
+    let gpus = parse_vulkaninfo_summary(&capture(
+        "vulkaninfo-summary",
+        "nixgl-153-rx6600xt-amdgpu-pro-devices.txt",
+    ))
+    .expect("the Devices: heading makes it a summary");
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus[0].index, 0);
+    assert_eq!(gpus[0].vendor_id(), Some(0x1002));
+    assert_eq!(gpus[0].device_id(), Some(0x73ff));
+    assert_eq!(
+        gpus[0].fields.get("deviceName").map(String::as_str),
+        Some("AMD Radeon RX 6600 XT")
+    );
+    assert_eq!(
+        gpus[0].fields.get("driverInfo").map(String::as_str),
+        Some("(AMD proprietary shader compiler)")
+    );
+}
+
+// ---- neuron-ls --json-output, and the plain tables of AWS's documentation ----
+
+#[test]
+fn neuron_ls_json_trn1_2xlarge_with_string_numa_and_null_links() {
+    let listing = parse_neuron_ls_json(&capture("neuron-ls", "backend-ai-trn1-2xlarge.json"))
+        .expect("a JSON listing");
+    assert_eq!(listing.devices.len(), 1);
+    let device = &listing.devices[0];
+    assert_eq!(device.index, 0);
+    assert_eq!(device.bus_id.as_deref(), Some("0000:00:1e.0"));
+    assert_eq!(device.neuroncores, Some(2));
+    assert_eq!(device.memory_bytes, Some(32 << 30), "34359738368 bytes");
+    assert_eq!(device.numa_node, None, "`\"-1\"` is no NUMA node");
+    assert!(device.connected_to.is_empty(), "`null` on one device");
+    assert_eq!(device.cpu_affinity.as_deref(), Some("0-7"));
+}
+
+#[test]
+fn neuron_ls_table_trn2_48xlarge_from_the_docs() {
+    let listing = parse_neuron_ls_table(&capture(
+        "neuron-ls",
+        "aws-neuron-sdk-docs-trn2-48xlarge.txt",
+    ))
+    .expect("a device table");
+    assert_eq!(listing.devices.len(), 16);
+    let first = &listing.devices[0];
+    assert_eq!(first.neuroncores, Some(8), "NEURON CORES, not LOGICAL NC");
+    assert_eq!(first.memory_bytes, Some(96 << 30));
+    assert_eq!(first.bus_id.as_deref(), Some("0000:cc:00.0"), "short BDF");
+    assert_eq!(first.connected_to, [12, 3, 4, 1]);
+    let last = &listing.devices[15];
+    assert_eq!(last.index, 15);
+    assert_eq!(last.bus_id.as_deref(), Some("0000:f7:00.0"));
+    assert_eq!(last.connected_to, [11, 14, 3, 12]);
+}
+
+#[test]
+fn neuron_ls_table_of_the_first_tools_with_memory_channels() {
+    let listing = parse_neuron_ls_table(&capture(
+        "neuron-ls",
+        "aws-neuron-sdk-docs-inf1-xlarge-2020.txt",
+    ))
+    .expect("LOGICAL ID names the device");
+    assert_eq!(listing.devices.len(), 1);
+    let device = &listing.devices[0];
+    assert_eq!(device.index, 0);
+    assert_eq!(device.neuroncores, Some(4));
+    assert_eq!(
+        device.memory_bytes,
+        Some(8 << 30),
+        "two 4096 MB channels make the 8 GB later tools print"
+    );
+    assert_eq!(device.bus_id.as_deref(), Some("0000:00:1f.0"));
+}
+
+// ---- xpu-smi (Intel's user guide) ----
+
+#[test]
+fn xpu_smi_dump_without_the_bus_column_is_refused() {
+    // The guide's example asks for fields 1,2,3,6; without the PCI BDF Address column a row
+    // cannot be matched to a device, so the parser says so instead of guessing.
+    let result = parse_discovery_dump(&capture(
+        "xpu-smi",
+        "xpumanager-guide-flex170-dump-1-2-3-6.csv",
+    ));
+    assert!(result.is_err(), "{result:?}");
+}
+
+#[test]
+fn xpu_smi_topology_two_cards_two_tiles() {
+    let pairs = parse_xpu_topology(&capture(
+        "xpu-smi",
+        "xpumanager-guide-2-cards-2-tiles-topology-m.txt",
+    ))
+    .expect("a matrix");
+    assert_eq!(
+        pairs.into_iter().collect::<Vec<_>>(),
+        [(0, 1)],
+        "XL16 joins card 0 and card 1; MDF is within a card, XL* is indirect"
+    );
 }
