@@ -505,8 +505,11 @@ fn nvlink_status_without_links_is_empty() {
 
 // ---- vulkaninfo --summary ----
 
-/// (vendor id, device id, device type, device name) of every block.
-fn vulkan_devices(name: &str) -> Vec<(Option<u32>, Option<u32>, Option<String>, String)> {
+/// What a `GPU<n>:` block says: vendor id, device id, device type, device name.
+type VulkanSummary = (Option<u32>, Option<u32>, Option<String>, String);
+
+/// The summary of every block of a capture.
+fn vulkan_devices(name: &str) -> Vec<VulkanSummary> {
     parse_vulkaninfo_summary(&capture("vulkaninfo-summary", name))
         .expect("a summary")
         .iter()
