@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hwaccel::detect::backends::accelerators::amd::amd_smi::parse_rocm_smi;
+use hwaccel::detect::backends::accelerators::amd::amd_smi::{parse_amd_smi_static, parse_rocm_smi};
 use hwaccel::detect::backends::accelerators::intel_gpu::xpu_smi::{
     parse_discovery_dump, parse_topology_matrix as parse_xpu_topology,
 };
@@ -693,4 +693,45 @@ fn xpu_smi_topology_two_cards_two_tiles() {
         [(0, 1)],
         "XL16 joins card 0 and card 1; MDF is within a card, XL* is indirect"
     );
+}
+
+// ---- amd-smi static --json ----
+
+#[test]
+fn amd_smi_static_mi210_in_the_gpu_data_form() {
+    let gpus = parse_amd_smi_static(&capture("amd-smi-static", "dme-mi210-gpu-data.json"))
+        .expect("the gpu_data object form");
+    assert_eq!(gpus.len(), 1);
+    let gpu = &gpus[0];
+    assert_eq!(gpu.index, Some(0));
+    assert_eq!(gpu.market_name.as_deref(), Some("AMD Instinct MI210"));
+    assert_eq!(gpu.gfx.as_deref(), Some("gfx90a"));
+    assert_eq!(gpu.compute_units, Some(104));
+    assert_eq!(gpu.vram_bytes, Some(65_520 << 20), "65520 MB, binary");
+    assert_eq!(gpu.bus_id, None, "no bdf in this capture's bus block");
+    assert_eq!(
+        gpu.driver_version.as_deref(),
+        Some("6.14.0-24-generic"),
+        "the kernel release out of the space-less /proc/version string"
+    );
+    assert_eq!(gpu.board_serial, None, "`0` is no serial");
+}
+
+#[test]
+fn amd_smi_static_strix_halo_in_the_list_form() {
+    let gpus = parse_amd_smi_static(&capture("amd-smi-static", "tkdk-strix-halo-list-form.json"))
+        .expect("the list form");
+    assert_eq!(gpus.len(), 1);
+    let gpu = &gpus[0];
+    assert_eq!(gpu.bus_id.as_deref(), Some("0000:c4:00.0"));
+    assert_eq!(gpu.gfx.as_deref(), Some("gfx1151"));
+    assert_eq!(gpu.compute_units, Some(40));
+    assert_eq!(gpu.vram_bytes, Some(32 << 30));
+    assert_eq!(gpu.vbios.as_deref(), Some("113-STRXLGEN-001"));
+    assert_eq!(
+        gpu.driver_version.as_deref(),
+        Some("6.17.1-300.fc43.x86_64")
+    );
+    assert_eq!(gpu.compute_partition, None, "`N/A`");
+    assert_eq!(gpu.serial, None, "`N/A`");
 }
