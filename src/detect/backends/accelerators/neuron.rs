@@ -319,10 +319,20 @@ pub fn parse_neuron_ls_table(text: &str) -> Result<NeuronLsListing, String> {
         }
     }
     let column = |name: &str| headers.iter().position(|h| h == name);
-    let index_column =
-        column("NEURON DEVICE").ok_or_else(|| "no NEURON DEVICE column".to_string())?;
+    // The first tools (Neuron 1.0, inf1, 2020) named the device `LOGICAL ID` and split its
+    // memory into `MEMORY CHANNEL 0` and `MEMORY CHANNEL 1` (aws-neuron-sdk
+    // `docs/neuron-tools/Readme.md`); the device's memory is their sum.
+    let index_column = column("NEURON DEVICE")
+        .or_else(|| column("LOGICAL ID"))
+        .ok_or_else(|| "no NEURON DEVICE column".to_string())?;
     let cores = column("NEURON CORES");
     let memory = column("NEURON MEMORY");
+    let channels: Vec<usize> = headers
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.starts_with("MEMORY CHANNEL"))
+        .map(|(i, _)| i)
+        .collect();
     let connected = column("CONNECTED DEVICES");
     let bdf = column("PCI BDF");
     let numa = column("NUMA NODE");
@@ -336,7 +346,9 @@ pub fn parse_neuron_ls_table(text: &str) -> Result<NeuronLsListing, String> {
                 index: cell(Some(index_column))?.parse().ok()?,
                 bus_id: cell(bdf).and_then(canonical_bus_id),
                 neuroncores: cell(cores).and_then(|c| c.parse().ok()),
-                memory_bytes: cell(memory).and_then(parse_memory),
+                memory_bytes: cell(memory)
+                    .and_then(parse_memory)
+                    .or_else(|| channel_sum(channels.iter().map(|&i| cells.get(i).copied()))),
                 connected_to: cell(connected)
                     .map(|list| {
                         list.split(',')
@@ -361,6 +373,16 @@ pub fn parse_neuron_ls_table(text: &str) -> Result<NeuronLsListing, String> {
 fn split_row(line: &str) -> Vec<&str> {
     let inner = line.trim().trim_start_matches('|').trim_end_matches('|');
     inner.split('|').map(str::trim).collect()
+}
+
+/// The sum of the memory channel cells, `None` when there are none or one does not parse.
+fn channel_sum<'a>(cells: impl Iterator<Item = Option<&'a str>>) -> Option<u64> {
+    let mut total: Option<u64> = None;
+    for cell in cells {
+        let bytes = parse_memory(cell?)?;
+        total = Some(total.unwrap_or(0).checked_add(bytes)?);
+    }
+    total
 }
 
 /// `32 GB` (neuron-ls means GiB) or `512 MB` to bytes.

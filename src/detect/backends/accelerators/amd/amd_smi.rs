@@ -84,7 +84,9 @@ fn amd_smi_gpu(entry: &Map<String, Value>) -> SmiGpu {
         vbios: at(&["vbios", "part_number"])
             .and_then(text)
             .or_else(|| at(&["vbios", "version"]).and_then(text)),
-        driver_version: at(&["driver", "version"]).and_then(text),
+        driver_version: at(&["driver", "version"])
+            .and_then(text)
+            .map(|version| kernel_release(&version)),
         vram_bytes: at(&["vram", "size"]).and_then(size_bytes),
         compute_partition: at(&["partition", "compute_partition"]).and_then(text),
         memory_partition: at(&["partition", "memory_partition"]).and_then(text),
@@ -146,6 +148,26 @@ fn json_after_preamble(text: &str) -> Option<&str> {
         offset += line.len();
     }
     None
+}
+
+/// The driver version as a release string. For the in-box driver amd-smi reports the kernel,
+/// and some releases print `/proc/version` with its spaces removed
+/// (`Linuxversion6.14.0-24-generic(buildd@lcy02-amd64-010)(x86_64-linux-gnu-gcc-13...`, in the
+/// `amd-smi static --json` output kept in ROCm/device-metrics-exporter's tests); that is cut
+/// down to the release (`6.14.0-24-generic`), the form other releases print. Anything else is
+/// kept as it is.
+fn kernel_release(version: &str) -> String {
+    match version.strip_prefix("Linuxversion") {
+        Some(rest) => {
+            let release = rest.split('(').next().unwrap_or_default();
+            if release.is_empty() {
+                version.to_string()
+            } else {
+                release.to_string()
+            }
+        }
+        None => version.to_string(),
+    }
 }
 
 fn lookup<'a>(entry: &'a Map<String, Value>, path: &[&str]) -> Option<&'a Value> {
@@ -213,6 +235,16 @@ mod tests {
     );
     const ROCM_SMI: &str =
         include_str!("../../../../../fixtures/hosts/mi300x-8x/commands/outputs/rocm-smi.json");
+
+    #[test]
+    fn a_proc_version_driver_string_is_cut_to_the_release() {
+        assert_eq!(
+            kernel_release("Linuxversion6.14.0-24-generic(buildd@lcy02-amd64-010)(gcc)#24"),
+            "6.14.0-24-generic"
+        );
+        assert_eq!(kernel_release("6.10.5"), "6.10.5");
+        assert_eq!(kernel_release("Linuxversion(odd)"), "Linuxversion(odd)");
+    }
 
     #[test]
     fn amd_smi_static_after_its_warning_line() {

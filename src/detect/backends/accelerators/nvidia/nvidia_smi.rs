@@ -3,7 +3,12 @@
 //!
 //! The CSV is read by column name because the field list shrinks on older drivers: a driver
 //! that does not know a field (`compute_cap` before R510) rejects the whole query naming that
-//! field, and the query is retried without it. Values in brackets (`[N/A]`, `[Not Supported]`,
+//! field, and the query is retried without it. The query asks for the header line
+//! (`--format=csv,nounits`) and maps columns by the header's names (`memory.total [MiB]` is
+//! `memory.total`), because that is the form public captures take (exporters and bug reports
+//! run `--format=csv`): any field list, any column order, extra columns ignored, and values with
+//! unit suffixes (`81559 MiB`, `700.00 W`) read. Output without a header is read in the order
+//! asked for. Values in brackets (`[N/A]`, `[Not Supported]`,
 //! `[Unknown Error]`) are unknowns, except `[GPU is lost]`, which is itself a health finding.
 //! Lines before the CSV (`WARNING: infoROM is corrupted at gpu ...`) are recognised, CRLF line
 //! endings and padding after commas are tolerated, and anything else that does not parse is
@@ -50,7 +55,10 @@ const REQUIRED_FIELDS: [&str; 2] = ["index", "pci.bus_id"];
 /// Row remapping counters (Ampere and later), in the order asked for.
 const REMAP_FIELDS: &str = "gpu_bus_id,remapped_rows.correctable,remapped_rows.uncorrectable,remapped_rows.pending,remapped_rows.failure";
 
-/// Machine-readable CSV: no header line, no unit suffixes.
+/// The GPU query's format: a header line naming the columns, no unit suffixes.
+const QUERY_FORMAT: &str = "--format=csv,nounits";
+
+/// Machine-readable CSV for the remapped-rows query: no header line, no unit suffixes.
 const CSV_FORMAT: &str = "--format=csv,noheader,nounits";
 
 /// How many times a query is retried with a refused field removed.
@@ -111,7 +119,7 @@ fn run_query(ctx: &Context, warnings: &mut Vec<String>) -> Option<(String, Vec<&
     let mut fields = QUERY_FIELDS.to_vec();
     for _ in 0..=MAX_QUERY_RETRIES {
         let query = format!("--query-gpu={}", fields.join(","));
-        let (text, failure) = match ctx.run_tool(TOOL, &[&query, CSV_FORMAT]) {
+        let (text, failure) = match ctx.run_tool(TOOL, &[&query, QUERY_FORMAT]) {
             Ok(None) => return None,
             Ok(Some(output)) => (output.stdout, None),
             Err(err) => (err.to_string(), Some(err)),
@@ -173,10 +181,12 @@ pub(super) struct ParsedQuery {
     pub unparsed: Vec<String>,
 }
 
-/// Parses `--query-gpu` CSV whose columns are `fields`.
+/// Parses `--query-gpu` CSV. A header line, when there is one, names the columns; without
+/// one the columns are `fields`, the order asked for.
 pub(super) fn parse_query(text: &str, fields: &[&str]) -> ParsedQuery {
     let mut parsed = ParsedQuery::default();
     let mut corrupted_inforom = BTreeSet::new();
+    let mut columns: Vec<&str> = fields.to_vec();
     for line in text.lines().map(str::trim).filter(|line| !line.is_empty()) {
         if let Some(notice) = line.strip_prefix("WARNING:") {
             if let Some(bus) = corrupted_inforom_bus(notice) {
@@ -184,7 +194,11 @@ pub(super) fn parse_query(text: &str, fields: &[&str]) -> ParsedQuery {
             }
             continue;
         }
-        match parse_row(line, fields) {
+        if let Some(header) = header_columns(line) {
+            columns = header;
+            continue;
+        }
+        match parse_row(line, &columns) {
             Some(record) => parsed.gpus.push(record),
             None => parsed.unparsed.push(line.to_string()),
         }
@@ -199,6 +213,73 @@ pub(super) fn parse_query(text: &str, fields: &[&str]) -> ParsedQuery {
     parsed.gpus.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
     parsed.gpus.dedup_by(|a, b| a.bus_id == b.bus_id);
     parsed
+}
+
+/// One GPU row of the `--query-gpu` CSV, as the parser read it: the public view the
+/// real-capture corpus test (`tests/detect_captures.rs`) checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueriedGpu {
+    /// The driver's index.
+    pub index: Option<u32>,
+    /// Canonical PCI bus id (`0000:83:00.0`).
+    pub bus_id: String,
+    /// Product name.
+    pub name: Option<String>,
+    /// `GPU-...` UUID.
+    pub uuid: Option<String>,
+    /// Device memory in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Driver version.
+    pub driver_version: Option<String>,
+    /// VBIOS version.
+    pub vbios: Option<String>,
+    /// CUDA compute capability.
+    pub compute_capability: Option<(u32, u32)>,
+    /// MIG mode.
+    pub mig_enabled: Option<bool>,
+    /// ECC mode.
+    pub ecc_enabled: Option<bool>,
+    /// The PCIe link.
+    pub pcie: Option<PcieLink>,
+}
+
+/// Parses `--query-gpu` CSV as the backend does (with the backend's field list for
+/// header-less output). Returns the GPU rows and how many lines could not be read.
+pub fn parse_query_gpus(text: &str) -> (Vec<QueriedGpu>, usize) {
+    let parsed = parse_query(text, &QUERY_FIELDS);
+    let gpus = parsed
+        .gpus
+        .into_iter()
+        .map(|gpu| QueriedGpu {
+            index: gpu.index,
+            bus_id: gpu.bus_id,
+            name: gpu.name,
+            uuid: gpu.uuid,
+            memory_bytes: gpu.memory_bytes,
+            driver_version: gpu.driver_version,
+            vbios: gpu.vbios,
+            compute_capability: gpu.compute_capability,
+            mig_enabled: gpu.mig_enabled,
+            ecc_enabled: gpu.health.ecc_enabled,
+            pcie: gpu.pcie,
+        })
+        .collect();
+    (gpus, parsed.unparsed.len())
+}
+
+/// The column names of a header line (`index, pci.bus_id, memory.total [MiB]`), without the
+/// bracketed units. A line is a header when one of its cells is the `pci.bus_id` field name,
+/// which no data row can hold (that cell is a bus id there).
+fn header_columns(line: &str) -> Option<Vec<&str>> {
+    let names: Vec<&str> = line
+        .split(',')
+        .map(|cell| {
+            let cell = cell.trim();
+            cell.split_once(" [")
+                .map_or(cell, |(name, _unit)| name.trim_end())
+        })
+        .collect();
+    names.contains(&"pci.bus_id").then_some(names)
 }
 
 /// The bus id in `infoROM is corrupted at gpu 0000:4E:00.0`.
@@ -566,6 +647,26 @@ mod tests {
         assert_eq!(other.bus_id, "0000:af:00.0");
         assert_eq!(other.memory_bytes, Some(40960 * MIB));
         assert_eq!(other.health.ecc_uncorrected, Some(3));
+    }
+
+    #[test]
+    fn a_header_line_names_the_columns_and_units_are_read() {
+        // Columns in another order than asked, an extra column, units in the header and
+        // values: the form `--format=csv` prints.
+        let text = "pci.bus_id, timestamp, memory.total [MiB], index, pcie.link.width.max\r\n\
+                    00000000:83:00.0, 2026/09/01 20:41:56.941, 143771 MiB, 3, 16\r\n";
+        let parsed = parse_query(text, &QUERY_FIELDS);
+        assert!(parsed.unparsed.is_empty(), "{:?}", parsed.unparsed);
+        assert_eq!(parsed.gpus.len(), 1);
+        let gpu = &parsed.gpus[0];
+        assert_eq!(gpu.index, Some(3));
+        assert_eq!(gpu.bus_id, "0000:83:00.0");
+        assert_eq!(gpu.memory_bytes, Some(143_771 * MIB));
+        assert_eq!(gpu.pcie.and_then(|link| link.max_width), Some(16));
+        // A row whose shape does not match the header is not read in the asked order.
+        let parsed = parse_query("index, pci.bus_id\n0, 00000000:18:00.0, extra\n", &["x"]);
+        assert!(parsed.gpus.is_empty());
+        assert_eq!(parsed.unparsed.len(), 1);
     }
 
     #[test]

@@ -277,7 +277,7 @@ fn strip_ansi(text: &str) -> String {
 
 /// Link state of one GPU from `nvidia-smi nvlink -s`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(super) struct LinkStatus {
+pub struct LinkStatus {
     /// Links with a speed.
     pub active: u32,
     /// Sum of the link speeds in GB/s.
@@ -286,7 +286,7 @@ pub(super) struct LinkStatus {
 
 /// Parses `nvidia-smi nvlink -s`: a `GPU n:` line, then `Link k: 26.562 GB/s` or
 /// `Link k: <inactive>` per link.
-pub(super) fn parse_nvlink_status(text: &str) -> BTreeMap<u32, LinkStatus> {
+pub fn parse_nvlink_status(text: &str) -> BTreeMap<u32, LinkStatus> {
     let mut status = BTreeMap::new();
     let mut current = None;
     for line in text.lines().map(str::trim) {
