@@ -14,8 +14,9 @@
 //!   documentation (`docs/reference/gpu-arch-specs.rst`, ROCm/legacy-rocm-build commit
 //!   089d7513c55f; rocm.docs.amd.com `reference/gpu-specs`).
 //!
-//! The kernel's `amdgpu_drv.c` id list only maps ids to chip families, and since gfx9.4 parts
-//! are probed by IP discovery rather than listed, so it names no product and is not used here.
+//! The kernel's `amdgpu_drv.c` id list only maps ids to chip families, and newer parts (MI300,
+//! RDNA 3 on) are not listed there at all but matched by class and probed by IP discovery, so it
+//! names no product and is not used here.
 
 use crate::hardware::{GIB, Precision};
 

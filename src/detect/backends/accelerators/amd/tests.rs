@@ -330,7 +330,9 @@ fn a_bare_bus_names_parts_from_the_device_id_table() {
         CommandRunner::new(Vec::new()),
     ));
     assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
-    let seen: Vec<(&str, Option<&str>, Option<u64>, Option<&str>)> = findings
+    /// Model, gfx target, memory and generation of one device.
+    type Seen<'a> = (&'a str, Option<&'a str>, Option<u64>, Option<&'a str>);
+    let seen: Vec<Seen> = findings
         .devices
         .iter()
         .map(|d| {
