@@ -4,7 +4,8 @@
 //! Only display and 3D controller functions count: the NVSwitch bridges (class 0x0680) and the
 //! HDMI audio functions of NVIDIA cards (0x0403) are not GPUs. The driver's
 //! `/proc/driver/nvidia/gpus/<bus>/information` names the model, UUID and VBIOS when the
-//! driver is loaded; otherwise a small table of data-centre device ids names the part.
+//! driver is loaded; otherwise a table of device ids (data-centre parts from Volta to
+//! Blackwell, and the Blackwell workstation and GeForce cards) names the part.
 
 use crate::detect::{Context, HostRoot, PciFunction};
 
