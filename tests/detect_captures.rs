@@ -734,4 +734,22 @@ fn amd_smi_static_strix_halo_in_the_list_form() {
     );
     assert_eq!(gpu.compute_partition, None, "`N/A`");
     assert_eq!(gpu.serial, None, "`N/A`");
+#[test]
+fn cpuinfo_arm64_grace_and_neoverse_n1() {
+    // Grace: the mail's own `lscpu` says vendor ARM, model Neoverse-V2; one processor block.
+    let grace = cpu_from("lkml-grace-neoverse-v2-excerpt.txt");
+    assert_eq!(grace.vendor.as_deref(), Some("ARM"));
+    assert_eq!(grace.model.as_deref(), Some("Neoverse-V2"));
+    assert_eq!(grace.arch.as_deref(), Some("aarch64"));
+    assert_eq!(grace.threads, Some(1), "an excerpt of one processor");
+    for flag in ["sve", "sve2", "bf16", "i8mm", "asimddp"] {
+        assert!(grace.ai_flags.iter().any(|f| f == flag), "{flag}");
+    }
+    // Neoverse-N1 (MIDR 0x41/0xd0c, lscpu-arm.c): no SVE, no BF16; five processors.
+    let n1 = cpu_from("archspec-ampere-altra-n1-excerpt.txt");
+    assert_eq!(n1.vendor.as_deref(), Some("ARM"));
+    assert_eq!(n1.model.as_deref(), Some("Neoverse-N1"));
+    assert_eq!(n1.arch.as_deref(), Some("aarch64"));
+    assert_eq!(n1.threads, Some(5));
+    assert_eq!(n1.ai_flags, ["asimddp"]);
 }

@@ -145,6 +145,7 @@ fn build_device(
                 .vram_bytes
                 .or_else(|| sum(nodes.iter().map(|n| n.memory_bytes)))
                 .or_else(|| tool.and_then(|t| t.vram_bytes))
+                .or_else(|| part.and_then(|p| p.memory_bytes))
         })
         .flatten();
     device.compute_units = sum(nodes.iter().map(|n| n.compute_units.map(u64::from)))

@@ -186,8 +186,8 @@ fn build_device(
     device.architecture = architecture.map(|a| a.name.to_string());
     let eu_count = tool.and_then(|t| t.eu_count);
     device.compute_units = eu_count
-        .filter(|_| architecture.is_some())
-        .map(|eus| eus / part_catalog::EUS_PER_XE_CORE)
+        .zip(architecture)
+        .map(|(eus, architecture)| eus / architecture.eus_per_xe_core)
         .filter(|&cores| cores > 0);
     device.driver_version = tool
         .and_then(|t| t.driver_version.clone())

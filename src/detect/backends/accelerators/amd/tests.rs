@@ -303,3 +303,75 @@ fn fru_placeholders_are_not_serials() {
         assert!(!is_known(placeholder), "{placeholder:?}");
     }
 }
+
+#[test]
+fn a_bare_bus_names_parts_from_the_device_id_table() {
+    // Only vendor, device, class and driver: no KFD topology, no VRAM file, no tool. Names are
+    // pci.ids', targets and memory ROCm's specification tables' (Radeon VII gfx906 16 GiB,
+    // MI210 gfx90a 64 GiB, Radeon AI PRO R9700 gfx1201 32 GiB; RX 7900 XT/XTX/GRE share an id
+    // and differ in memory).
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let parts = [
+        ("0000:03:00.0", "0x66af", "0x030000"),
+        ("0000:04:00.0", "0x740f", "0x038000"),
+        ("0000:05:00.0", "0x744c", "0x030000"),
+        ("0000:06:00.0", "0x7551", "0x030000"),
+    ];
+    for (address, device, class) in parts {
+        let pci = format!("sys/bus/pci/devices/{address}");
+        write(root, &format!("{pci}/vendor"), "0x1002\n");
+        write(root, &format!("{pci}/device"), &format!("{device}\n"));
+        write(root, &format!("{pci}/class"), &format!("{class}\n"));
+        write(root, &format!("{pci}/uevent"), "DRIVER=amdgpu\n");
+    }
+    let findings = Amd.detect(&Context::new(
+        HostRoot::new(root),
+        CommandRunner::new(Vec::new()),
+    ));
+    assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
+    /// Model, gfx target, memory and generation of one device.
+    type Seen<'a> = (&'a str, Option<&'a str>, Option<u64>, Option<&'a str>);
+    let seen: Vec<Seen> = findings
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.model.as_str(),
+                d.architecture.as_deref(),
+                d.memory_bytes,
+                d.attributes.get("generation").map(String::as_str),
+            )
+        })
+        .collect();
+    let gib = 1u64 << 30;
+    assert_eq!(
+        seen,
+        [
+            (
+                "AMD Radeon VII",
+                Some("gfx906"),
+                Some(16 * gib),
+                Some("gcn5")
+            ),
+            (
+                "AMD Instinct MI210",
+                Some("gfx90a"),
+                Some(64 * gib),
+                Some("cdna2")
+            ),
+            (
+                "AMD Radeon RX 7900 XT/7900 XTX/7900 GRE/7900M",
+                Some("gfx1100"),
+                None,
+                Some("rdna3")
+            ),
+            (
+                "AMD Radeon AI PRO R9700",
+                Some("gfx1201"),
+                Some(32 * gib),
+                Some("rdna4")
+            ),
+        ]
+    );
+}

@@ -467,3 +467,36 @@ fn architectures_and_precisions() {
     assert!(!precisions(9, 0).contains(&Precision::Mxfp4));
     assert!(!precisions(7, 0).contains(&Precision::Bf16));
 }
+
+#[test]
+fn without_tools_blackwell_ids_name_their_products() {
+    // Names and ids from open-gpu-kernel-modules' 595.45.04 README, capabilities from the
+    // CUDA GPUs page: B300 and GB300 are 10.3, RTX PRO 6000 Blackwell 12.0.
+    let (_dir, ctx) = temp_host(
+        &[
+            ("0000:1a:00.0", 0x10de, 0x3182, 0x030200),
+            ("0000:1b:00.0", 0x10de, 0x31c2, 0x030200),
+            ("0000:1c:00.0", 0x10de, 0x2bb5, 0x030000),
+        ],
+        None,
+        Duration::from_secs(10),
+    );
+    let findings = Nvidia.detect(&ctx);
+    assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
+    let seen: Vec<(&str, Option<&str>)> = findings
+        .devices
+        .iter()
+        .map(|d| (d.model.as_str(), d.architecture.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("NVIDIA B300 SXM6 AC", Some("blackwell")),
+            ("NVIDIA GB300", Some("blackwell")),
+            (
+                "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                Some("blackwell")
+            ),
+        ]
+    );
+}
