@@ -735,9 +735,8 @@ fn gpt_oss_120b_uses_plain_tp() {
     );
 }
 
-/// A GB200 NVL72 rack is 18 trays of 4 GPUs (the shorthand takes them as B200s: 179 GiB) in one
-/// NVLink domain (TensorRT-LLM's sharding
-/// guide: NVL72 "allows TP across nodes"). Kimi-K2 in BF16 (about 2 TB) needs 16 GB200s: in
+/// A GB200 NVL72 rack is 18 trays of 4 GPUs (185 GiB each as `nvidia-smi` reports them) in one
+/// NVLink domain (TensorRT-LLM's sharding guide: NVL72 "allows TP across nodes"). Kimi-K2 in BF16 (about 2 TB) needs 16 GB200s: in
 /// the rack that is one group of 16 across four trays; without the rack's NVLink domain TP
 /// stops at a tray and the same 16 GPUs become TP 4 x PP 4.
 #[test]
