@@ -60,6 +60,16 @@ const TOLERANCE: f64 = 0.10;
 //   towers, hybrid linear attention or architectures without a preset.
 // * Mistral-7B-GPTQ on a DGX Spark (vLLM 0.11, 840,160 tokens) and Qwen2.5-32B "on A100 80GB or
 //   H100" (239,152 tokens): the device memory is not logged (the second cannot be an 80 GB card).
+// * vllm-project/vllm#12330 (A100 40GB, Meta-Llama-3-8B, V0 0.6.6, 5691 blocks): the log shows a
+//   9.37 GiB activation peak, 7x the 1.26 GiB the same model and defaults logged on an H100
+//   (vllm-project/vllm#10511), and no launch flags. 9.37 GiB is what 8192 sampler rows of FP32
+//   logits cost (a max_num_seqs near 8192); with that flag assumed the planner lands at +4.7 %,
+//   at the defaults +73 %. The flag is not in the log, so the row is left out and the memory
+//   model unchanged: the A100-40GB is still missing from the table.
+// * vllm-project/vllm#17327 / #17469 (vLLM 0.8.5 V1, Qwen3-30B-A3B, 4x A10, 198,784 tokens at
+//   8192): the device memory and utilisation are not in the quoted log.
+// * vLLM 0.8.5 logs of Qwen2-7B at TP 2 (473,184 tokens) and Qwen3-32B at TP 2 (67,856 tokens)
+//   quoted in vLLM issues name no GPU.
 
 fn rows() -> Vec<Row> {
     let base = Row {
@@ -147,9 +157,9 @@ fn rows() -> Vec<Row> {
             ..base
         },
         Row {
-            // A public Phase 1 log (file headed "Phase 1 实验记录：vLLM 基线"; its repository is not
-            // named by the index): RTX 4080, 16,376 MiB, WSL2.
-            source: "vLLM 0.26 baseline notes, RTX 4080 (15.99 GiB), Qwen2.5-7B-Instruct-AWQ, --max-model-len 32768",
+            // WSL2 on an RTX 4080 (16,376 MiB); the notes itemise 5.29 GiB of weights, 1.04 GiB of
+            // activations, 0.48 GiB of CUDA graphs and 8.0 GiB of KV cache.
+            source: "akiyax/kvcache-lab docs/phase1-baseline.md (vLLM 0.26, RTX 4080 15.99 GiB, Qwen2.5-7B-Instruct-AWQ, --max-model-len 32768)",
             engine: Engine::Vllm,
             model: "qwen2-7b",
             precision: Precision::Int4,
@@ -173,8 +183,11 @@ fn rows() -> Vec<Row> {
             ..base
         },
         Row {
-            // Capacity as the same log prints it ("Free memory on device (43.93/44.42 GiB)").
-            source: "public notes \"Hosting Qwen3-235B-A22B-Instruct-2507-FP8 on 8xL40S\" (vLLM 0.10.2, TP 8 + EP, 32k)",
+            // Capacity as the same log prints it ("Free memory on device (43.93/44.42 GiB)"). The
+            // file's heading command says TP 4; the log under it ran `--tensor-parallel-size 8`
+            // (non-default args, Worker_TP0..TP7). Source repository untraceable: the code index
+            // holds the file but does not name its repository.
+            source: "untraceable public notes \"Hosting Qwen3-235B-A22B-Instruct-2507-FP8 on 8xL40S\" (vLLM 0.10.2, TP 8 + EP, 32k)",
             engine: Engine::VllmV1,
             model: "qwen3-235b-a22b",
             precision: Precision::Fp8,
@@ -200,12 +213,14 @@ fn rows() -> Vec<Row> {
             ..base
         },
         Row {
-            // The post names a 24 GB card only; the V0 accounting does not depend on which one.
-            source: "public study notes \"启动日志挖金矿\" (vLLM V0, Qwen2.5-7B BF16, 23.57 GiB, --max-model-len 8192 --max-num-seqs 16)",
+            // The notes ("Week 4 笔记(Day1):vLLM 初体验", section "启动日志挖金矿") ran vLLM 0.6.6
+            // on an RTX 3090. Source repository untraceable: the code index holds the file but
+            // does not name its repository.
+            source: "untraceable study notes \"启动日志挖金矿\" (vLLM 0.6.6 V0, Qwen2.5-7B BF16, RTX 3090 23.57 GiB, --max-model-len 8192 --max-num-seqs 16)",
             engine: Engine::VllmV0,
             model: "qwen2-7b",
             capacity_gib: 23.57,
-            product: "24 GB GPU",
+            product: "NVIDIA GeForce RTX 3090",
             context: 8192,
             max_num_seqs: Some(16),
             logged: Logged::Tokens(6749 * 16),
@@ -213,7 +228,10 @@ fn rows() -> Vec<Row> {
         },
         Row {
             // GGUF Q8_0 stands in as INT8 (8.5 bits per weight with its scales; vLLM logged 3.26 GiB).
-            source: "public RAG walkthrough (vLLM 0.8 V0, Llama-3.2-3B-Instruct Q8_0 GGUF, RTX 4070 7.65 GiB, --max-model-len 10000 --enforce-eager)",
+            // The walkthrough ("Local RAG with LangChain") links its CPU variant,
+            // eformat/rag-local-intel-cpu; its own repository is untraceable: the code index
+            // holds the file but does not name its repository.
+            source: "untraceable RAG walkthrough \"Local RAG with LangChain\" (vLLM 0.8 V0, Llama-3.2-3B-Instruct Q8_0 GGUF, RTX 4070 7.65 GiB, --max-model-len 10000 --enforce-eager)",
             engine: Engine::VllmV0,
             model: "llama-3.2-3b",
             precision: Precision::Int8,
@@ -224,10 +242,9 @@ fn rows() -> Vec<Row> {
             ..base
         },
         Row {
-            // A public notebook log ("vLLM STDOUT: ... Initializing a V0 LLM engine (v0.8.2)";
-            // repository not named by the index). Turing: XFormers backend. Its CUDA-graph
-            // capture sizes stop at 192, i.e. max_num_seqs 192.
-            source: "public notebook log (vLLM 0.8.2 V0, unsloth/Llama-3.2-3B-Instruct FP16, T4 14.74 GiB, gpu_memory_utilization 0.89, max_model_len 2048)",
+            // Unsloth's SyntheticDataKit starting vLLM on a Colab T4 (Turing: V0 and XFormers);
+            // its logged args give max_num_seqs 192 and max_num_batched_tokens 2048.
+            source: "huggingface/cookbook notebooks/en/fine_tune_chatbot_docs_synthetic.ipynb (vLLM 0.8.2 V0, unsloth/Llama-3.2-3B-Instruct FP16, T4 14.74 GiB, gpu_memory_utilization 0.89, max_model_len 2048)",
             engine: Engine::VllmV0,
             model: "llama-3.2-3b",
             precision: Precision::Fp16,
@@ -237,6 +254,50 @@ fn rows() -> Vec<Row> {
             util: Some(0.89),
             max_num_seqs: Some(192),
             logged: Logged::Tokens(3637 * 16),
+            ..base
+        },
+        Row {
+            // vLLM 0.8.4's V1 engine through the `LLM` class on one of four RTX 3090s (the post's
+            // hardware section), `max_model_len=4096`, default utilisation; the log states the
+            // 8192-token chunked-prefill budget of the `LLM` class. Source repository
+            // untraceable: the code index holds the post (author "hsc", 2025-02-27) but does not
+            // name its repository; no vllm-project/vllm issue found gives a V1 0.8-0.9 log with
+            // both the GPU and the flags.
+            source: "untraceable blog post \"vLLM 框架介绍与本地私有化部署\" (vLLM 0.8.4 V1, Qwen2.5-7B BF16, RTX 3090, max_model_len 4096)",
+            engine: Engine::VllmV1,
+            model: "qwen2-7b",
+            capacity_gib: 23.58,
+            product: "NVIDIA GeForce RTX 3090",
+            context: 4096,
+            max_num_batched_tokens: Some(8192),
+            logged: Logged::Tokens(97_680),
+            ..base
+        },
+        Row {
+            // The same post, TP 2 at 0.8: rank 0 logged 359,328 tokens, rank 1 359,712.
+            source: "untraceable blog post \"vLLM 框架介绍与本地私有化部署\" (vLLM 0.8.4 V1, Qwen2.5-7B BF16, 2x RTX 3090, tensor_parallel_size 2, gpu_memory_utilization 0.8)",
+            engine: Engine::VllmV1,
+            model: "qwen2-7b",
+            capacity_gib: 23.58,
+            product: "NVIDIA GeForce RTX 3090",
+            tp: 2,
+            context: 4096,
+            util: Some(0.8),
+            max_num_batched_tokens: Some(8192),
+            logged: Logged::Tokens(359_328),
+            ..base
+        },
+        Row {
+            // V0 (the `worker.py` profiling lines and `# CUDA blocks`), April 2025; the log
+            // prints 44.42 GiB, 0.90, 30.71 GiB of weights per rank and 3947 blocks.
+            source: "vllm-project/vllm#15815 (V0, Qwen2.5-32B-Instruct BF16, 2x L40S, TP 2, --max-model-len 10000)",
+            engine: Engine::VllmV0,
+            model: "qwen2.5-32b",
+            capacity_gib: 44.42,
+            product: "NVIDIA L40S",
+            tp: 2,
+            context: 10_000,
+            logged: Logged::Tokens(3947 * 16),
             ..base
         },
         Row {

@@ -587,17 +587,30 @@ fn deepseek_v3_fp8_on_two_h100_nodes_is_tp8_pp2() {
 /// Kimi-K2 FP8 with 128k tokens: "the smallest deployment unit ... on mainstream H800
 /// platform is a cluster with 16 GPUs", run as `--tensor-parallel-size 8
 /// --pipeline-parallel-size 2` (`vllm-project/recipes` `Moonshotai/Kimi-K2.md`). The config is
-/// moonshotai/Kimi-K2-Instruct's. The H800 is the H100 SXM with fewer NVLink lanes: the same
-/// 80 GB, so H100 nodes stand in for it.
+/// moonshotai/Kimi-K2-Instruct's. The H800 is the H100 SXM with NVLink cut to 400 GB/s and the
+/// same 80 GB: planned on H800 nodes, and on H100 nodes the same way.
 #[test]
 fn kimi_k2_fp8_on_sixteen_h800s_is_tp8_pp2() {
     let config = fixture("kimi-k2-instruct");
     let plan = serve(
         &config,
+        "2x8xH800+nvswitch+ib",
+        Some(Precision::Fp8),
+        Some(131_072),
+    );
+    assert_eq!(
+        plan.device.as_deref(),
+        Some("NVIDIA H800"),
+        "{:?}",
+        plan.reasons
+    );
+    let h100 = serve(
+        &config,
         "2x8xH100+nvswitch+ib",
         Some(Precision::Fp8),
         Some(131_072),
     );
+    assert_eq!(shape(&h100), shape(&plan), "{:?}", h100.reasons);
     assert_eq!(
         shape(&plan),
         (
@@ -614,7 +627,7 @@ fn kimi_k2_fp8_on_sixteen_h800s_is_tp8_pp2() {
     assert!(
         !serve(
             &config,
-            "1x8xH100+nvswitch",
+            "1x8xH800+nvswitch",
             Some(Precision::Fp8),
             Some(131_072)
         )
@@ -735,9 +748,8 @@ fn gpt_oss_120b_uses_plain_tp() {
     );
 }
 
-/// A GB200 NVL72 rack is 18 trays of 4 GPUs (the shorthand takes them as B200s: 179 GiB) in one
-/// NVLink domain (TensorRT-LLM's sharding
-/// guide: NVL72 "allows TP across nodes"). Kimi-K2 in BF16 (about 2 TB) needs 16 GB200s: in
+/// A GB200 NVL72 rack is 18 trays of 4 GPUs (185 GiB each as `nvidia-smi` reports them) in one
+/// NVLink domain (TensorRT-LLM's sharding guide: NVL72 "allows TP across nodes"). Kimi-K2 in BF16 (about 2 TB) needs 16 GB200s: in
 /// the rack that is one group of 16 across four trays; without the rack's NVLink domain TP
 /// stops at a tray and the same 16 GPUs become TP 4 x PP 4.
 #[test]
@@ -755,6 +767,7 @@ fn kimi_k2_bf16_gets_tp16_inside_an_nvl72_rack() {
         "{:?}",
         rack.reasons
     );
+    assert_eq!(rack.device.as_deref(), Some("NVIDIA GB200"));
     assert!(
         rack.reasons
             .iter()

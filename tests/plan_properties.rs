@@ -24,7 +24,7 @@ use hwaccel::plan::weights::WeightBytes;
 use hwaccel::plan::{Bytes, Model, NodeSpec, Reservations};
 use proptest::prelude::*;
 
-const PRODUCTS: [&str; 8] = [
+const PRODUCTS: [&str; 10] = [
     "H100",
     "A100-40GB",
     "A100-80GB",
@@ -33,6 +33,8 @@ const PRODUCTS: [&str; 8] = [
     "H200",
     "T4",
     "B200",
+    "GB200",
+    "H800",
 ];
 const LINKS: [&str; 3] = ["", "+nvswitch", "+pcie"];
 

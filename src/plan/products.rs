@@ -6,9 +6,13 @@
 //! PCIe 2.0 TB/s, NVL 3.9 TB/s), H200 (4.8 TB/s), H20 (4.0 TB/s), A100 (40 GB 1.555 TB/s,
 //! 80 GB SXM 2.039 TB/s, 80 GB PCIe 1.935 TB/s), L4 (300 GB/s), L40S (864 GB/s), A10
 //! (600 GB/s), RTX A6000 (768 GB/s), A40 (696 GB/s), T4 (320 GB/s), V100 (900 GB/s), GeForce RTX 4090 (1,008 GB/s), B200
-//! (8 TB/s) datasheets; AMD Instinct MI300X (5.3 TB/s), MI325X (6 TB/s), MI355X (8 TB/s) data
-//! sheets; Intel Gaudi 2 (2.45 TB/s) and Gaudi 3 (3.7 TB/s) product briefs; Google Cloud TPU
-//! v5e (819 GB/s), v5p (2,765 GB/s), v6e (1,640 GB/s) system-architecture pages; AWS Trainium2
+//! (8 TB/s) datasheets; H800 (SXM5: 80 GB HBM3, 3.35 TB/s, the H100 SXM's compute, NVLink
+//! 400 GB/s; PCIe: 2.0 TB/s) datasheet; GB200 from the GB200 NVL72 spec sheet divided by its 72
+//! GPUs (13.4 TB HBM3e = 186 GB and 576 TB/s = 8 TB/s per GPU; FP4 1,440 PFLOPS with
+//! sparsity = 10 PFLOPS dense per GPU, FP8 5, FP16/BF16 2.5, TF32 1.25 dense; NVLink 5 at
+//! 1.8 TB/s per GPU), its `nvidia-smi` size 189,471 MiB as GB200 trays print it; AMD
+//! Instinct MI300X (5.3 TB/s), MI325X (6 TB/s), MI355X (8 TB/s) data sheets; Intel Gaudi 2
+//! (2.45 TB/s) and Gaudi 3 (3.7 TB/s) product briefs; Google Cloud TPU v5e (819 GB/s), v5p (2,765 GB/s), v6e (1,640 GB/s) system-architecture pages; AWS Trainium2
 //! (2.9 TB/s per chip). Memory in MiB is what `nvidia-smi` / `amd-smi` print where they differ
 //! from the marketing figure (an "80 GB" H100 shows 81,559 MiB).
 //! Precisions follow the architecture (Hopper: FP8; Ada: FP8; Ampere: no FP8; Blackwell and
@@ -120,6 +124,26 @@ pub const PRODUCTS: &[Product] = &[
         3.35,
         NVSWITCH,
     ),
+    // The H100's export variant for China: the same die and memory, NVLink cut to 400 GB/s
+    // (the H100 SXM has 900 GB/s). The table keeps no link bandwidth, only the link kind.
+    gpu(
+        "NVIDIA H800 PCIe",
+        &["h800", "pcie"],
+        NV,
+        (81_559, 80),
+        HOPPER,
+        2.0,
+        PCIE,
+    ),
+    gpu(
+        "NVIDIA H800",
+        &["h800"],
+        NV,
+        (81_559, 80),
+        HOPPER,
+        3.35,
+        NVSWITCH,
+    ),
     gpu(
         "NVIDIA H200",
         &["h200"],
@@ -213,6 +237,18 @@ pub const PRODUCTS: &[Product] = &[
         ADA,
         1.008,
         PCIE,
+    ),
+    // The Blackwell GPU of a GB200 superchip (GB200 NVL72 / NVL4): the B200's die at
+    // 1,200 W with 186 GB of HBM3e. Before the B200 so that "NVIDIA GB200" is this row: the
+    // B200's pattern also occurs in the name.
+    gpu(
+        "NVIDIA GB200",
+        &["gb200"],
+        NV,
+        (189_471, 186),
+        BLACKWELL,
+        8.0,
+        NVSWITCH,
     ),
     gpu(
         "NVIDIA B200",
@@ -438,6 +474,14 @@ mod tests {
         assert_eq!(name("NVIDIA A10G", None), Some("NVIDIA A10G"));
         assert_eq!(name("h20", None), Some("NVIDIA H20"));
         assert_eq!(name("H200", None), Some("NVIDIA H200"));
+        assert_eq!(name("NVIDIA H800", Some(79.6)), Some("NVIDIA H800"));
+        assert_eq!(name("NVIDIA H800 PCIe", None), Some("NVIDIA H800 PCIe"));
+        assert_eq!(name("H800", None), Some("NVIDIA H800"));
+        // The GB200's name contains the B200's pattern: the GB200 row wins, with or without
+        // a memory size, and the B200 stays the B200.
+        assert_eq!(name("NVIDIA GB200", Some(185.0)), Some("NVIDIA GB200"));
+        assert_eq!(name("GB200", None), Some("NVIDIA GB200"));
+        assert_eq!(name("NVIDIA B200", Some(179.0)), Some("NVIDIA B200"));
 
         assert_eq!(
             name("AMD Instinct MI300X", None),

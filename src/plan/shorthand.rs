@@ -278,9 +278,9 @@ mod tests {
     fn nvl72_racks_share_one_clique_per_72_devices() {
         let nodes = parse_hardware("36x4xGB200+nvl72").unwrap();
         assert_eq!(nodes.len(), 36);
-        // The product table has no GB200 row yet: the name resolves to the B200 (the same
-        // Blackwell GPU, precisions and NVSwitch link).
-        assert_eq!(nodes[0].devices[0].product, "NVIDIA B200");
+        // The GB200 has its own row (186 GB, where the B200 has 180 GB).
+        assert_eq!(nodes[0].devices[0].product, "NVIDIA GB200");
+        assert_eq!(nodes[0].devices[0].memory.0, 189_471 * 1024 * 1024);
         assert_eq!(nodes[0].nvlink_clique(), Some("nvl-0.0"));
         assert_eq!(nodes[17].nvlink_clique(), Some("nvl-0.0"));
         assert_eq!(nodes[18].nvlink_clique(), Some("nvl-0.1"));

@@ -173,15 +173,25 @@ pub fn chart_template() -> Result<String, DeviceClassError> {
 }
 
 /// The smallest threshold in MiB that a device of `step_gb` GB or more meets: the share
-/// [`MEMORY_THRESHOLD_PERCENT`] of the smallest such product's memory. `None` when no
-/// product is that large.
+/// [`MEMORY_THRESHOLD_PERCENT`] of the smallest such product's memory, raised above every
+/// smaller product of the table where that share would let one in (a GB200's 189,471 MiB is
+/// above 95 % of an MI300X's 196,608 MiB but it is a 186 GB part). `None` when no product is
+/// that large.
 pub fn memory_threshold_mib(step_gb: u64) -> Option<u64> {
-    PRODUCTS
+    let share = PRODUCTS
         .iter()
         .filter(|p| p.nominal_gb >= step_gb)
         .map(|p| p.memory_mib)
-        .min()
-        .map(|mib| mib * MEMORY_THRESHOLD_PERCENT / 100)
+        .min()?
+        * MEMORY_THRESHOLD_PERCENT
+        / 100;
+    let above_smaller = PRODUCTS
+        .iter()
+        .filter(|p| p.nominal_gb < step_gb)
+        .map(|p| p.memory_mib + 1)
+        .max()
+        .unwrap_or(0);
+    Some(share.max(above_smaller))
 }
 
 /// The families some known driver serves, in the table's order, each once.

@@ -220,6 +220,9 @@ fn product_selection_on_names_drivers_publish() {
         ("NVIDIA L4", true),
         ("NVIDIA L40S", true),
         ("NVIDIA B200", true),
+        ("NVIDIA GB200", true),
+        ("NVIDIA H800", true),
+        ("NVIDIA H800 PCIe", true),
         ("NVIDIA A100-SXM4-80GB", false),
         ("NVIDIA A100-SXM4-40GB", false),
         ("NVIDIA A100 80GB PCIe", false),
@@ -234,10 +237,28 @@ fn product_selection_on_names_drivers_publish() {
     assert!(selected(gaudi, &fp8, "Gaudi3"));
     let expr = expression(&class_named("fp8.hwaccel.io"));
     assert!(
-        expr.contains("matches('(?i)(h100|h200|h20|l40s|l4|4090|b200)([^0-9]|$)')"),
+        expr.contains("matches('(?i)(h100|h800|h200|h20|l40s|l4|4090|gb200|b200)([^0-9]|$)')"),
         "{expr}"
     );
     assert!(!expr.contains("a100"), "{expr}");
+    // FP4 on NVIDIA: the B200 and the GB200, and no Hopper part.
+    for (name, fp4) in [
+        ("NVIDIA GB200", true),
+        ("NVIDIA B200", true),
+        ("NVIDIA H800", false),
+        ("NVIDIA H100 80GB HBM3", false),
+    ] {
+        assert_eq!(selected(nvidia, &fp4_native, name), fp4, "{name}");
+    }
+}
+
+#[test]
+fn a_gb200_is_not_a_192_gb_part() {
+    // 189,471 MiB (`nvidia-smi` on a GB200 tray) is above 95 % of an MI300X's 196,608 MiB:
+    // the threshold is raised above it, and stays under the smallest 192 GB part.
+    let threshold = memory_threshold_mib(192).unwrap();
+    assert!(threshold > 189_471 && threshold < 196_608, "{threshold}");
+    assert_eq!(memory_threshold_mib(141), Some(143_771 * 95 / 100));
 }
 
 #[test]
