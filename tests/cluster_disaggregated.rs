@@ -189,11 +189,25 @@ async fn role_labels_follow_the_pools_and_go_when_disaggregation_is_switched_off
                 .as_str()
         )
     );
-    // Switching disaggregation off: one pool, the role labels go, the placement label stays.
+    // Switching disaggregation off (prefillReplicas must go with it: the CRD allows it only
+    // with disaggregated) gives one pool: the role labels go, the placement label stays.
+    let kept = api
+        .patch(
+            "pd",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"goal": {"serve": {"disaggregated": false}}}})),
+        )
+        .await;
+    assert!(
+        kept.is_err(),
+        "prefillReplicas without disaggregated was accepted"
+    );
     api.patch(
         "pd",
         &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"goal": {"serve": {"disaggregated": false}}}})),
+        &Patch::Merge(
+            json!({"spec": {"goal": {"serve": {"disaggregated": false, "prefillReplicas": null}}}}),
+        ),
     )
     .await?;
     let single = wait_status(&cluster, "pd", "Planned without a prefill pool", |s| {
