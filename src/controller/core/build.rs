@@ -382,6 +382,60 @@ mod tests {
     }
 
     #[test]
+    fn a_disaggregated_plan_has_a_prefill_status_and_role_selectors() {
+        let fleet = fleet();
+        let spec = PlacementBuilder::serve("llama-3.1-8b")
+            .concurrency(8)
+            .disaggregated(Some(2))
+            .spec();
+        let outcome = evaluate(&spec, "ml", "pd", &fleet, &Reservations::none());
+        let Outcome::Planned(status) = outcome else {
+            panic!("expected a plan: {outcome:?}");
+        };
+        let prefill = status.prefill.as_ref().expect("status.prefill");
+        let decode = status.decode.as_ref().expect("status.decode");
+        assert_eq!(prefill.plan.as_ref().map(|p| p.replicas), Some(2));
+        let devices = |list: &[Assignment]| -> BTreeSet<(String, String)> {
+            list.iter()
+                .flat_map(|a| a.devices.iter().map(|d| (a.node.clone(), d.clone())))
+                .collect()
+        };
+        assert!(devices(&status.assignments).is_disjoint(&devices(&prefill.assignments)));
+        assert_eq!(status.node_selector, labels::node_selector("ml", "pd"));
+        assert_eq!(
+            prefill.node_selector,
+            labels::role_node_selector(labels::PREFILL_LABEL_PREFIX, "ml", "pd")
+        );
+        assert_eq!(
+            decode.node_selector,
+            labels::role_node_selector(labels::DECODE_LABEL_PREFIX, "ml", "pd")
+        );
+        // nodeNames covers both pools; each role names its own.
+        let all: BTreeSet<&str> = status.all_assignments().map(|a| a.node.as_str()).collect();
+        let names = |list: Option<&String>| -> BTreeSet<String> {
+            list.map(|s| s.split(',').map(str::to_string).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            names(status.node_names.as_ref()),
+            all.iter().map(|n| n.to_string()).collect()
+        );
+        assert!(
+            names(prefill.node_names.as_ref())
+                .iter()
+                .all(|n| all.contains(n.as_str()))
+        );
+        // Claims cannot hold two pools yet: refused with a reason that says so.
+        let mut claims = spec.clone();
+        claims.allocation = Some(AllocationMode::Claims);
+        let refused = evaluate(&claims, "ml", "pd", &fleet, &Reservations::none());
+        let Outcome::Invalid(status) = refused else {
+            panic!("expected a refusal: {refused:?}");
+        };
+        assert_eq!(status.reasons, [DISAGGREGATED_NEEDS_LABELS]);
+    }
+
+    #[test]
     fn a_plan_becomes_a_status_with_inventory_device_names() {
         let fleet = fleet();
         let outcome = evaluate(
