@@ -680,11 +680,16 @@ async fn controller_token_may_only_touch_placement_labels() -> Result<()> {
         )
     })
     .await?;
+    // The placement label and the role labels of a disaggregated placement.
     apply_labels(
         &controller,
         CONTROLLER_MANAGER,
         &node,
-        json!({"placement.hwaccel.io/serve-llama": "true"}),
+        json!({
+            "placement.hwaccel.io/serve-llama": "true",
+            "prefill.placement.hwaccel.io/serve-llama": "true",
+            "decode.placement.hwaccel.io/serve-llama": "true",
+        }),
     )
     .await?;
     let taint = json!({"spec": {"unschedulable": true}});
@@ -696,13 +701,16 @@ async fn controller_token_may_only_touch_placement_labels() -> Result<()> {
         "controller cordons a node",
     )?;
     let labels = labels_of(&Api::<Node>::all(fixture.admin.clone()).get(&node).await?);
-    ensure!(
-        labels
-            .get("placement.hwaccel.io/serve-llama")
-            .map(String::as_str)
-            == Some("true"),
-        "{labels:?}"
-    );
+    for key in [
+        "placement.hwaccel.io/serve-llama",
+        "prefill.placement.hwaccel.io/serve-llama",
+        "decode.placement.hwaccel.io/serve-llama",
+    ] {
+        ensure!(
+            labels.get(key).map(String::as_str) == Some("true"),
+            "{key}: {labels:?}"
+        );
+    }
     assert_denied_by(
         apply_labels(
             &controller,

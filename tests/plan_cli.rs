@@ -1020,3 +1020,89 @@ fn emit_refuses_what_a_workload_cannot_express() {
     ]);
     assert_ne!(out.status.code(), Some(0));
 }
+
+#[test]
+fn disaggregated_plans_show_both_pools_in_the_table_and_the_json() {
+    let args = [
+        "--model",
+        "llama-3.1-70b",
+        "--hardware",
+        "1x4xH100+nvswitch,1x4xL40S",
+        "--precision",
+        "bf16",
+        "--context",
+        "8192",
+        "--concurrency",
+        "32",
+        "--disaggregated",
+    ];
+    let (code, plan) = json(&args);
+    assert_eq!(code, 0, "{plan}");
+    // The top level is the decode pool, `prefill` the prefill pool.
+    assert!(plan["device"].as_str().unwrap().contains("H100"), "{plan}");
+    assert_eq!(plan["prefill"]["device"], "NVIDIA L40S");
+    assert_eq!(plan["prefill"]["precision"], plan["precision"]);
+    assert_eq!(plan["prefill"]["kv_dtype"], plan["kv_dtype"]);
+    assert_eq!(plan["prefill"]["replicas"], 1);
+    assert!(plan["prefill"]["kv_tokens"].as_u64().unwrap() >= 8192);
+    assert!(plan["prefill"]["per_device"]["total"].as_u64().is_some());
+    let nodes = |pool: &Value| -> Vec<String> {
+        pool["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["node"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(nodes(&plan).iter().all(|n| n.starts_with("h100")));
+    assert!(
+        nodes(&plan["prefill"])
+            .iter()
+            .all(|n| n.starts_with("l40s"))
+    );
+    let sglang = |pool: &Value| pool["engine"]["sglang"].to_string();
+    assert!(
+        sglang(&plan).contains(r#""--disaggregation-mode","decode""#),
+        "{plan}"
+    );
+    assert!(sglang(&plan["prefill"]).contains(r#""--disaggregation-mode","prefill""#));
+
+    let out = hwaccel(&args);
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let decode_at = table.find("== decode pool ==").expect("a decode section");
+    let prefill_at = table.find("== prefill pool ==").expect("a prefill section");
+    assert!(decode_at < prefill_at, "{table}");
+    assert!(table[prefill_at..].contains("x NVIDIA L40S"), "{table}");
+    assert_eq!(table.matches("PER DEVICE").count(), 2, "{table}");
+    assert!(table.contains("--kv-transfer-config '{"), "{table}");
+
+    // A fleet too small for the prefill pool exits 2 and names it.
+    let (code, refused) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1x1xH100",
+        "--context",
+        "8192",
+        "--disaggregated",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        refused["reasons"]
+            .to_string()
+            .contains("prefill pool: no free devices left")
+    );
+    assert!(refused.get("prefill").is_none());
+    // --prefill-replicas needs --disaggregated.
+    let out = hwaccel(&[
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1x2xH100",
+        "--prefill-replicas",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--disaggregated"));
+}

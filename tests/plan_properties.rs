@@ -16,7 +16,8 @@ use hwaccel::plan::memory::{ServingTarget, serving_fit};
 use hwaccel::plan::model::presets;
 use hwaccel::plan::report::Plan;
 use hwaccel::plan::search::{
-    Change, Goal, PlanRequest, is_meaningful_context, plan, valid_tensor_parallel_sizes,
+    Change, Disaggregation, Goal, PlanRequest, is_meaningful_context, plan,
+    valid_tensor_parallel_sizes,
 };
 use hwaccel::plan::shorthand::parse_hardware;
 use hwaccel::plan::training::{LoraTarget, Method, TrainingTarget, training_memory};
@@ -623,5 +624,50 @@ proptest! {
             prop_assert!(total(devices, stage) <= total(devices, stage - 1));
         }
         prop_assert!(total(devices + 1, 3) <= total(devices, 3));
+    }
+
+    /// Disaggregated serving: when both pools fit, their devices are disjoint, avoid the
+    /// reserved ones, and neither pool's busiest device exceeds its capacity or budget.
+    #[test]
+    fn disaggregated_pools_are_disjoint_and_within_capacity(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        concurrency in 1u64..12,
+        prefill_replicas in 1u32..4,
+        stride in 0usize..5,
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let reserved = reserve(&nodes, stride);
+        let context = model.max_context.map_or(4096, |max| max.min(4096));
+        let mut request = PlanRequest::serve(Some(context), concurrency);
+        request.disaggregation = Some(Disaggregation { prefill_replicas });
+        let Ok(result) = plan(&model, &nodes, &reserved, &request) else {
+            return Ok(());
+        };
+        if !result.fits {
+            prop_assert!(result.prefill.is_none());
+            return Ok(());
+        }
+        let prefill = result.prefill.as_deref().expect("a fitting disaggregated plan has a prefill pool");
+        let devices = |p: &Plan| -> BTreeSet<(String, String)> {
+            p.assignments
+                .iter()
+                .flat_map(|a| a.devices.iter().map(|d| (a.node.clone(), d.clone())))
+                .collect()
+        };
+        let (decode_devices, prefill_devices) = (devices(&result), devices(prefill));
+        prop_assert!(!decode_devices.is_empty() && !prefill_devices.is_empty());
+        prop_assert!(decode_devices.is_disjoint(&prefill_devices));
+        for (node, device) in decode_devices.iter().chain(&prefill_devices) {
+            prop_assert!(!reserved.contains(node, device), "{}/{} is reserved", node, device);
+        }
+        for pool in [&result, prefill] {
+            let memory = pool.per_device.expect("a fitting pool has its memory");
+            prop_assert!(memory.total <= memory.budget && memory.budget <= memory.capacity);
+        }
+        prop_assert_eq!(result.precision, prefill.precision);
+        prop_assert_eq!(result.kv_dtype, prefill.kv_dtype);
+        prop_assert_eq!(prefill.replicas, Some(prefill_replicas));
     }
 }

@@ -139,6 +139,7 @@ pub struct Goal {
 /// Serving: every request may use the full context; `concurrency` requests at once.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.prefillReplicas) || (has(self.disaggregated) && self.disaggregated)").message("prefillReplicas needs disaggregated: true"))]
 pub struct ServeGoal {
     /// Context length in tokens (prompt plus output) each request may use.
     #[serde(default = "default_context")]
@@ -148,6 +149,15 @@ pub struct ServeGoal {
     #[serde(default = "default_concurrency")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1048576").message("concurrency must be between 1 and 1048576"))]
     pub concurrency: u32,
+    /// Plan a decode pool (for `concurrency`) and a separate prefill pool on other devices,
+    /// whose KV caches a router hands to decode. Only with `allocation: labels` for now.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disaggregated: bool,
+    /// Prefill replicas (default 1), each holding one full-context request; only with
+    /// `disaggregated: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("prefillReplicas must be between 1 and 64"))]
+    pub prefill_replicas: Option<u32>,
 }
 
 fn default_context() -> u32 {
@@ -287,12 +297,69 @@ pub struct ModelPlacementStatus {
     /// The serving engines' command-line arguments for the plan (serving plans that fit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineStatus>,
+    /// Disaggregated serving: the prefill pool (plan, devices, nodes, engine). The fields
+    /// above then describe the decode pool, except `nodeNames` and `nodeSelector`, which cover
+    /// the whole placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillStatus>,
+    /// Disaggregated serving: the decode pool's nodes and the role nodeSelector that picks
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<RoleNodes>,
     /// Why the model does not fit, or what constrained the choice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
     /// What would make it fit.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suggestions: Vec<String>,
+}
+
+impl ModelPlacementStatus {
+    /// Every device assignment the placement holds: the decode (or only) pool's, then the
+    /// prefill pool's.
+    pub fn all_assignments(&self) -> impl Iterator<Item = &Assignment> {
+        self.assignments.iter().chain(
+            self.prefill
+                .iter()
+                .flat_map(|prefill| prefill.assignments.iter()),
+        )
+    }
+}
+
+/// The prefill pool of a disaggregated placement.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrefillStatus {
+    /// The prefill pool's plan in numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+    /// The prefill pool's devices, per node and stage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16384))]
+    pub assignments: Vec<Assignment>,
+    /// The prefill pool's nodes, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub node_names: Option<String>,
+    /// A nodeSelector that selects exactly the prefill pool's nodes (the role label).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// The serving engines' arguments for a prefill instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineStatus>,
+}
+
+/// One role's nodes in a disaggregated placement.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleNodes {
+    /// The role's nodes, comma-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 262144))]
+    pub node_names: Option<String>,
+    /// A nodeSelector that selects exactly the role's nodes (the role label).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
 }
 
 /// The plan in numbers.

@@ -22,7 +22,7 @@ use crate::plan::load::{load_inventories, parse_bytes};
 use crate::plan::model::presets;
 use crate::plan::report::Plan;
 use crate::plan::request::{ModelInput, PlanInput, prepare};
-use crate::plan::search::{Goal, plan};
+use crate::plan::search::{Disaggregation, Goal, plan};
 use crate::plan::shorthand::parse_hardware;
 use crate::plan::training::{LoraTarget, Method, TrainingTarget};
 
@@ -98,6 +98,13 @@ pub struct PlanArgs {
     /// as the concurrency needs).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "train")]
     pub replicas: Option<u32>,
+    /// Serving: plan a decode pool for --concurrency and a separate prefill pool on other
+    /// devices (docs/planner.md, "Disaggregated serving").
+    #[arg(long, conflicts_with = "train")]
+    pub disaggregated: bool,
+    /// Prefill replicas with --disaggregated, each holding one full-context request.
+    #[arg(long, requires = "disaggregated", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub prefill_replicas: Option<u32>,
     /// The goal and its shape (shared with `hwaccel fleet`).
     #[command(flatten)]
     pub goal: GoalArgs,
@@ -184,7 +191,11 @@ fn planned(args: &PlanArgs) -> Result<(Plan, Vec<NodeSpec>, Option<DraNames>)> {
 /// The planning question the flags ask.
 fn input_from_args(args: &PlanArgs) -> Result<PlanInput> {
     let model = model_input(args.model.as_deref(), args.params.as_deref())?;
-    args.goal.plan_input(model, args.replicas)
+    let mut input = args.goal.plan_input(model, args.replicas)?;
+    input.disaggregation = args.disaggregated.then(|| Disaggregation {
+        prefill_replicas: args.prefill_replicas.unwrap_or(1),
+    });
+    Ok(input)
 }
 
 /// `--model` or `--params` as the planner's model input.
@@ -234,6 +245,7 @@ impl GoalArgs {
             max_nodes: self.max_nodes,
             gpu_util: self.gpu_util,
             replicas,
+            disaggregation: None,
         })
     }
 }

@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::context::{Context, FIELD_MANAGER, State};
 use super::core::decide::Decision;
-use super::core::labels::{is_placement_label, labels_by_node};
+use super::core::labels::{HeldNodes, is_placement_label, labels_by_node};
 use super::core::ledger::PlacementKey;
 
 /// How long the Node watch cache may lag behind a label write of ours before a difference
@@ -59,11 +59,11 @@ pub async fn sync_node_labels(
     if nodes.is_empty() {
         return Ok(unconfirmed);
     }
-    let holdings: Vec<(PlacementKey, BTreeSet<String>)> = state
+    let holdings: Vec<(PlacementKey, HeldNodes)> = state
         .ledger
         .iter()
-        .map(|(key, holding)| (key.clone(), holding.nodes()))
-        .filter(|(_, held)| held.iter().any(|n| nodes.contains(n)))
+        .map(|(key, holding)| (key.clone(), holding.held_nodes()))
+        .filter(|(_, held)| held.all.iter().any(|n| nodes.contains(n)))
         .collect();
     let desired = labels_by_node(
         holdings

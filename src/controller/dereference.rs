@@ -106,8 +106,7 @@ pub fn someone_waits(ctx: &Context, state: &State, except: &PlacementKey) -> boo
 /// The planned Nodes the Node cache does not know: they cannot carry a placement label.
 pub fn missing_nodes(ctx: &Context, status: &ModelPlacementStatus) -> Vec<String> {
     status
-        .assignments
-        .iter()
+        .all_assignments()
         .map(|a| a.node.clone())
         .filter(|node| ctx.nodes.get(&ObjectRef::new(node)).is_none())
         .collect::<BTreeSet<String>>()

@@ -76,10 +76,21 @@ impl EngineSettings {
 }
 
 fn command(head: &[&str], model: &str, args: &[String]) -> String {
-    let mut words: Vec<&str> = head.to_vec();
-    words.push(model);
-    words.extend(args.iter().map(String::as_str));
+    let mut words: Vec<String> = head.iter().map(|w| (*w).to_string()).collect();
+    words.push(quoted(model));
+    words.extend(args.iter().map(|a| quoted(a)));
     words.join(" ")
+}
+
+/// `word` as one shell word: single-quoted when it holds anything but plain characters (the
+/// JSON of `--kv-transfer-config`).
+fn quoted(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "._/=:,@+-".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// The settings for `plan`: `None` unless it is a serving plan that fits.
@@ -261,5 +272,6 @@ fn fraction(value: f64) -> String {
     text
 }
 
+pub mod disaggregation;
 #[cfg(test)]
 mod tests;

@@ -136,6 +136,10 @@ pub struct Plan {
     /// The serving suggestions as typed changes, each checked to fit when applied (its `text`
     /// is also in `suggestions`).
     pub suggested_changes: Vec<super::search::Suggestion>,
+    /// Disaggregated serving: the prefill pool (the fields above describe the decode pool).
+    /// Absent from the output of an ordinary plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<Box<Plan>>,
 }
 
 impl Plan {
@@ -169,20 +173,55 @@ impl Plan {
             reasons: Vec::new(),
             suggestions: Vec::new(),
             suggested_changes: Vec::new(),
+            prefill: None,
         }
     }
 
-    /// The table people read: the decision, the memory behind it, where it runs, and why.
+    /// The table people read: the decision, the memory behind it, where it runs, and why. A
+    /// disaggregated plan shows the decode pool, then the prefill pool, each with its memory.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
         let verdict = if self.fits { "FITS" } else { "DOES NOT FIT" };
         let _ = writeln!(
             out,
-            "{verdict}: {} {} ({:.1}B params)",
+            "{verdict}: {} {} ({:.1}B params){}",
             self.goal,
             self.model.name,
-            self.model.params as f64 / 1e9
+            self.model.params as f64 / 1e9,
+            if self.prefill.is_some() {
+                ", disaggregated"
+            } else {
+                ""
+            }
         );
+        match &self.prefill {
+            Some(prefill) => {
+                out.push_str("\n== decode pool ==\n");
+                self.pool_table(&mut out);
+                out.push_str("\n== prefill pool ==\n");
+                prefill.pool_table(&mut out);
+                if !prefill.reasons.is_empty() {
+                    let _ = writeln!(out, "\nwhy (prefill pool):");
+                    for line in &prefill.reasons {
+                        let _ = writeln!(out, "  - {line}");
+                    }
+                }
+            }
+            None => self.pool_table(&mut out),
+        }
+        for (title, lines) in [("why", &self.reasons), ("try", &self.suggestions)] {
+            if !lines.is_empty() {
+                let _ = writeln!(out, "\n{title}:");
+                for line in lines {
+                    let _ = writeln!(out, "  - {line}");
+                }
+            }
+        }
+        out
+    }
+
+    /// One pool's layout, memory, context, throughput, engine line and assignments.
+    fn pool_table(&self, out: &mut String) {
         if let (Some(device), Some(precision)) = (&self.device, self.precision) {
             let layout = format!(
                 "{} x {} | precision {precision}{} | TP {} x PP {} x {} replica(s) on {} node(s)",
@@ -207,7 +246,9 @@ impl Plan {
         if let (Some(context), Some(max)) = (self.context, self.max_concurrency) {
             let _ = writeln!(
                 out,
-                "\ncontext {context} tokens, {max} concurrent full-context request(s) fit"
+                "\ncontext {context} tokens, {max} concurrent full-context request(s) fit{}",
+                self.kv_tokens
+                    .map_or(String::new(), |kv| format!(" ({kv} KV tokens per replica)"))
             );
         }
         if let Some(t) = &self.throughput {
@@ -233,15 +274,6 @@ impl Plan {
             }
             out.push_str(&table.render());
         }
-        for (title, lines) in [("why", &self.reasons), ("try", &self.suggestions)] {
-            if !lines.is_empty() {
-                let _ = writeln!(out, "\n{title}:");
-                for line in lines {
-                    let _ = writeln!(out, "  - {line}");
-                }
-            }
-        }
-        out
     }
 }
 

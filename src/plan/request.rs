@@ -12,7 +12,7 @@ use super::load::load_model;
 use super::memory::DEFAULT_GPU_UTIL;
 use super::model::config::parse_config;
 use super::model::{Model, parse_param_count, presets};
-use super::search::{Goal, PlanRequest};
+use super::search::{Disaggregation, Goal, PlanRequest};
 use super::training::DEFAULT_TRAINING_GPU_UTIL;
 use super::units::Bytes;
 
@@ -53,6 +53,8 @@ pub struct PlanInput {
     pub gpu_util: Option<f64>,
     /// Serving replicas asked for; training ignores them (with a note).
     pub replicas: Option<u32>,
+    /// Serving: plan separate prefill and decode pools.
+    pub disaggregation: Option<Disaggregation>,
 }
 
 /// A question the planner can answer.
@@ -88,6 +90,7 @@ pub fn prepare(input: PlanInput) -> Result<Prepared> {
         max_nodes: input.max_nodes,
         gpu_util: input.gpu_util.unwrap_or(default_util),
         replicas: input.replicas.filter(|_| !training),
+        disaggregation: input.disaggregation.filter(|_| !training),
     };
     Ok(Prepared {
         model,
@@ -142,6 +145,7 @@ mod tests {
             max_nodes: None,
             gpu_util: None,
             replicas: Some(2),
+            disaggregation: None,
         }
     }
 

@@ -39,6 +39,8 @@ impl PlacementBuilder {
                 serve: Some(ServeGoal {
                     context: 8192,
                     concurrency: 1,
+                    disaggregated: false,
+                    prefill_replicas: None,
                 }),
                 train: None,
             },
@@ -98,6 +100,16 @@ impl PlacementBuilder {
     pub fn context(mut self, tokens: u32) -> Self {
         if let Some(serve) = &mut self.spec.goal.serve {
             serve.context = tokens;
+        }
+        self
+    }
+
+    /// Disaggregated serving with `prefill_replicas` (ignored for training).
+    #[must_use]
+    pub fn disaggregated(mut self, prefill_replicas: Option<u32>) -> Self {
+        if let Some(serve) = &mut self.spec.goal.serve {
+            serve.disaggregated = true;
+            serve.prefill_replicas = prefill_replicas;
         }
         self
     }
@@ -280,7 +292,9 @@ mod tests {
             spec.goal.serve,
             Some(ServeGoal {
                 context: 4096,
-                concurrency: 40
+                concurrency: 40,
+                disaggregated: false,
+                prefill_replicas: None,
             })
         );
         assert_eq!(spec.replicas, Some(2));

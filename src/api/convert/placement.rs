@@ -7,7 +7,7 @@ use crate::api::placement::{Goal, ModelPlacementSpec, ModelSource, PrecisionChoi
 use crate::plan::Bytes;
 use crate::plan::kv::KvDtype;
 use crate::plan::request::{ModelInput, PlanInput};
-use crate::plan::search::Goal as PlannerGoal;
+use crate::plan::search::{Disaggregation, Goal as PlannerGoal};
 use crate::plan::training::{LoraTarget, TrainingTarget};
 
 /// Where an inline `config.json` comes from, in messages.
@@ -30,6 +30,14 @@ impl ModelPlacementSpec {
                 .memory_utilization_percent
                 .map(|percent| f64::from(percent) / 100.0),
             replicas: self.replicas,
+            disaggregation: self
+                .goal
+                .serve
+                .as_ref()
+                .filter(|serve| serve.disaggregated)
+                .map(|serve| Disaggregation {
+                    prefill_replicas: serve.prefill_replicas.unwrap_or(1),
+                }),
         })
     }
 }
@@ -99,6 +107,8 @@ mod tests {
             },
             goal: Goal {
                 serve: Some(ServeGoal {
+                    disaggregated: false,
+                    prefill_replicas: None,
                     context: 4096,
                     concurrency: 3,
                 }),

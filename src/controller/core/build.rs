@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::placement::{
     AllocationMode, Assignment, Constraints, EngineStatus, MemoryBreakdown, ModelPlacementSpec,
-    ModelPlacementStatus, PlanStatus,
+    ModelPlacementStatus, PlanStatus, PrefillStatus, RoleNodes,
 };
 use crate::plan::report::Plan;
 use crate::plan::request::prepare;
@@ -76,6 +76,9 @@ fn filter(constraints: &Constraints) -> DeviceFilter {
     }
 }
 
+/// Why a disaggregated placement with DRA allocation is refused.
+pub const DISAGGREGATED_NEEDS_LABELS: &str = "disaggregated serving supports allocation: labels for now (spec.allocation is claims or claimTemplate)";
+
 /// What planning concluded.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -108,6 +111,18 @@ pub fn evaluate(
         Ok(request) => request,
         Err(reasons) => return Outcome::Invalid(refusal(None, reasons, Vec::new())),
     };
+    if request.request.disaggregation.is_some()
+        && matches!(
+            spec.allocation,
+            Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
+        )
+    {
+        return Outcome::Invalid(refusal(
+            Some(request.model.name.clone()),
+            vec![DISAGGREGATED_NEEDS_LABELS.to_string()],
+            vec!["set spec.allocation: labels, or drop spec.goal.serve.disaggregated".to_string()],
+        ));
+    }
     let nodes = fleet.filtered(&request.filter);
     let nodes = if request.filter.dra_only {
         Cow::Owned(dra_published(&nodes, fleet))
@@ -185,7 +200,9 @@ fn refusal(
 
 /// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
 /// fields, so the flag names are rewritten to the field paths that mean the same.
-const FLAG_TO_FIELD: [(&str, &str); 10] = [
+const FLAG_TO_FIELD: [(&str, &str); 12] = [
+    ("--prefill-replicas ", "spec.goal.serve.prefillReplicas="),
+    ("--disaggregated", "spec.goal.serve.disaggregated"),
     ("--precision ", "spec.constraints.precision="),
     ("--kv-dtype ", "spec.constraints.kvCachePrecision="),
     ("--max-nodes ", "spec.constraints.maxNodes="),
@@ -209,8 +226,8 @@ fn in_spec_terms(lines: Vec<String>) -> Vec<String> {
         .collect()
 }
 
-/// The status for a plan that fits.
-pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacementStatus {
+/// One pool's assignments, plan numbers and engine arguments.
+fn pool_status(plan: &Plan) -> (Vec<Assignment>, PlanStatus, Option<EngineStatus>) {
     let assignments: Vec<Assignment> = plan
         .assignments
         .iter()
@@ -221,7 +238,6 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
             stage: a.stage,
         })
         .collect();
-    let nodes: BTreeSet<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
     let memory = plan.per_device.map(|m| MemoryBreakdown {
         weights: m.weights.0,
         kv_cache: m.kv_cache.0,
@@ -244,21 +260,58 @@ pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacemen
             .as_ref()
             .map(|t| t.single_stream_tokens_per_s.round().max(0.0) as u64),
     };
-    ModelPlacementStatus {
+    let engine = plan.engine.as_ref().map(|e| EngineStatus {
+        model: e.model.clone(),
+        vllm: e.vllm.clone(),
+        sglang: e.sglang.clone(),
+        notes: e.notes.clone(),
+    });
+    (assignments, plan_status, engine)
+}
+
+/// The status for a plan that fits: for a disaggregated plan, the decode pool at the top
+/// level and the prefill pool under `prefill`.
+pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacementStatus {
+    let (assignments, plan_status, engine) = pool_status(plan);
+    let nodes: BTreeSet<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
+    let node_names = nodes.into_iter().collect::<Vec<_>>().join(",");
+    let mut status = ModelPlacementStatus {
         model: Some(plan.model.name.clone()),
         plan: Some(plan_status),
-        node_names: Some(nodes.iter().copied().collect::<Vec<_>>().join(",")),
+        node_names: Some(node_names.clone()),
         node_selector: labels::node_selector(namespace, name),
         assignments,
-        engine: plan.engine.as_ref().map(|e| EngineStatus {
-            model: e.model.clone(),
-            vllm: e.vllm.clone(),
-            sglang: e.sglang.clone(),
-            notes: e.notes.clone(),
-        }),
+        engine,
         reasons: plan.reasons.clone(),
         suggestions: plan.suggestions.clone(),
+        prefill: plan
+            .prefill
+            .as_deref()
+            .map(|prefill| prefill_status(prefill, namespace, name)),
+        decode: plan.prefill.as_ref().map(|_| RoleNodes {
+            node_names: Some(node_names),
+            node_selector: labels::role_node_selector(labels::DECODE_LABEL_PREFIX, namespace, name),
+        }),
         ..ModelPlacementStatus::default()
+    };
+    if status.prefill.is_some() {
+        // The whole placement's nodes, like its nodeSelector; `decode` names the decode pool's.
+        let all: BTreeSet<&str> = status.all_assignments().map(|a| a.node.as_str()).collect();
+        status.node_names = Some(all.into_iter().collect::<Vec<_>>().join(","));
+    }
+    status
+}
+
+/// The prefill pool's part of a disaggregated placement's status.
+fn prefill_status(prefill: &Plan, namespace: &str, name: &str) -> PrefillStatus {
+    let pool = pool_status(prefill);
+    let nodes: BTreeSet<&str> = pool.0.iter().map(|a| a.node.as_str()).collect();
+    PrefillStatus {
+        node_names: Some(nodes.iter().copied().collect::<Vec<_>>().join(",")),
+        node_selector: labels::role_node_selector(labels::PREFILL_LABEL_PREFIX, namespace, name),
+        assignments: pool.0,
+        plan: Some(pool.1),
+        engine: pool.2,
     }
 }
 
@@ -326,6 +379,60 @@ mod tests {
             "the note in spec terms: {:?}",
             status.reasons
         );
+    }
+
+    #[test]
+    fn a_disaggregated_plan_has_a_prefill_status_and_role_selectors() {
+        let fleet = fleet();
+        let spec = PlacementBuilder::serve("llama-3.1-8b")
+            .concurrency(8)
+            .disaggregated(Some(2))
+            .spec();
+        let outcome = evaluate(&spec, "ml", "pd", &fleet, &Reservations::none());
+        let Outcome::Planned(status) = outcome else {
+            panic!("expected a plan: {outcome:?}");
+        };
+        let prefill = status.prefill.as_ref().expect("status.prefill");
+        let decode = status.decode.as_ref().expect("status.decode");
+        assert_eq!(prefill.plan.as_ref().map(|p| p.replicas), Some(2));
+        let devices = |list: &[Assignment]| -> BTreeSet<(String, String)> {
+            list.iter()
+                .flat_map(|a| a.devices.iter().map(|d| (a.node.clone(), d.clone())))
+                .collect()
+        };
+        assert!(devices(&status.assignments).is_disjoint(&devices(&prefill.assignments)));
+        assert_eq!(status.node_selector, labels::node_selector("ml", "pd"));
+        assert_eq!(
+            prefill.node_selector,
+            labels::role_node_selector(labels::PREFILL_LABEL_PREFIX, "ml", "pd")
+        );
+        assert_eq!(
+            decode.node_selector,
+            labels::role_node_selector(labels::DECODE_LABEL_PREFIX, "ml", "pd")
+        );
+        // nodeNames covers both pools; each role names its own.
+        let all: BTreeSet<&str> = status.all_assignments().map(|a| a.node.as_str()).collect();
+        let names = |list: Option<&String>| -> BTreeSet<String> {
+            list.map(|s| s.split(',').map(str::to_string).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            names(status.node_names.as_ref()),
+            all.iter().map(|n| n.to_string()).collect()
+        );
+        assert!(
+            names(prefill.node_names.as_ref())
+                .iter()
+                .all(|n| all.contains(n.as_str()))
+        );
+        // Claims cannot hold two pools yet: refused with a reason that says so.
+        let mut claims = spec.clone();
+        claims.allocation = Some(AllocationMode::Claims);
+        let refused = evaluate(&claims, "ml", "pd", &fleet, &Reservations::none());
+        let Outcome::Invalid(status) = refused else {
+            panic!("expected a refusal: {refused:?}");
+        };
+        assert_eq!(status.reasons, [DISAGGREGATED_NEEDS_LABELS]);
     }
 
     #[test]

@@ -96,9 +96,9 @@ pub fn decide(
     }
     if let Some(holding) = ledger.get(key) {
         let same_object = holding.uid == me.uid && holding.generation == me.generation;
-        match fleet.holds(holding.assignments()) {
+        match fleet.holds(&holding.assignments()) {
             Ok(()) if same_object => {
-                decision.degraded = fleet.degraded(holding.assignments());
+                decision.degraded = fleet.degraded(&holding.assignments());
                 decision.outcome = Outcome::Planned(holding.status.clone());
                 decision.kept = true;
                 return decision;

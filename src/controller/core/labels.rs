@@ -14,6 +14,19 @@ use crate::labels::{MAX_LABEL_LENGTH, shorten_with_hash};
 /// The prefix of every placement label; the controller writes no other Node label.
 pub const PLACEMENT_LABEL_PREFIX: &str = "placement.hwaccel.io/";
 
+/// The prefix of the role label on the nodes of a disaggregated placement's prefill pool.
+pub const PREFILL_LABEL_PREFIX: &str = "prefill.placement.hwaccel.io/";
+
+/// The prefix of the role label on the nodes of a disaggregated placement's decode pool.
+pub const DECODE_LABEL_PREFIX: &str = "decode.placement.hwaccel.io/";
+
+/// Every prefix the controller owns (the chart's admission policy lists the same).
+pub const OWNED_LABEL_PREFIXES: [&str; 3] = [
+    PLACEMENT_LABEL_PREFIX,
+    PREFILL_LABEL_PREFIX,
+    DECODE_LABEL_PREFIX,
+];
+
 /// The value every placement label carries.
 pub const PLACEMENT_LABEL_VALUE: &str = "true";
 
@@ -29,6 +42,23 @@ pub fn placement_label_key(namespace: &str, name: &str) -> String {
         slug
     };
     format!("{PLACEMENT_LABEL_PREFIX}{slug}")
+}
+
+/// A role label key of the placement `namespace/name`: `prefix` (one of
+/// [`PREFILL_LABEL_PREFIX`], [`DECODE_LABEL_PREFIX`]) with the placement key's name, so the
+/// three keys of one placement differ only in their prefix.
+pub fn role_label_key(prefix: &str, namespace: &str, name: &str) -> String {
+    let key = placement_label_key(namespace, name);
+    let slug = key.strip_prefix(PLACEMENT_LABEL_PREFIX).unwrap_or(&key);
+    format!("{prefix}{slug}")
+}
+
+/// The `nodeSelector` that selects exactly the nodes carrying a role label.
+pub fn role_node_selector(prefix: &str, namespace: &str, name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        role_label_key(prefix, namespace, name),
+        PLACEMENT_LABEL_VALUE.to_string(),
+    )])
 }
 
 /// Keeps the characters a label name allows (`[A-Za-z0-9._-]`), trimmed so it starts and ends
@@ -56,25 +86,60 @@ pub fn node_selector(namespace: &str, name: &str) -> BTreeMap<String, String> {
     )])
 }
 
-/// True for a label key the controller owns.
+/// True for a label key the controller owns (the placement key and the role keys).
 pub fn is_placement_label(key: &str) -> bool {
-    key.starts_with(PLACEMENT_LABEL_PREFIX)
+    OWNED_LABEL_PREFIXES
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+}
+
+/// The nodes one placement holds, and for a disaggregated one, each pool's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldNodes {
+    /// Every node of the placement.
+    pub all: BTreeSet<String>,
+    /// Disaggregated: (prefill pool's nodes, decode pool's nodes).
+    pub roles: Option<(BTreeSet<String>, BTreeSet<String>)>,
+}
+
+impl HeldNodes {
+    /// An ordinary placement on `nodes`.
+    pub fn plain(nodes: BTreeSet<String>) -> Self {
+        Self {
+            all: nodes,
+            roles: None,
+        }
+    }
 }
 
 /// The complete set of placement labels each node should carry, from the nodes each
-/// placement holds (`(namespace, name) -> nodes`). Nodes holding nothing are absent: the
-/// caller applies an empty set to them so their old labels go by omission.
+/// placement holds (`(namespace, name) -> nodes`): the placement key on all of them, and for
+/// a disaggregated placement the role keys on each pool's (a node may carry both). Nodes
+/// holding nothing are absent: the caller applies an empty set to them so their old labels
+/// go by omission.
 pub fn labels_by_node<'a>(
-    holdings: impl IntoIterator<Item = (&'a str, &'a str, &'a BTreeSet<String>)>,
+    holdings: impl IntoIterator<Item = (&'a str, &'a str, &'a HeldNodes)>,
 ) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut by_node: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for (namespace, name, nodes) in holdings {
-        let key = placement_label_key(namespace, name);
+    let mut mark = |nodes: &BTreeSet<String>, key: &str| {
         for node in nodes {
             by_node
                 .entry(node.clone())
                 .or_default()
-                .insert(key.clone(), PLACEMENT_LABEL_VALUE.to_string());
+                .insert(key.to_string(), PLACEMENT_LABEL_VALUE.to_string());
+        }
+    };
+    for (namespace, name, held) in holdings {
+        mark(&held.all, &placement_label_key(namespace, name));
+        if let Some((prefill, decode)) = &held.roles {
+            mark(
+                prefill,
+                &role_label_key(PREFILL_LABEL_PREFIX, namespace, name),
+            );
+            mark(
+                decode,
+                &role_label_key(DECODE_LABEL_PREFIX, namespace, name),
+            );
         }
     }
     by_node
@@ -126,8 +191,8 @@ mod tests {
 
     #[test]
     fn selector_matches_exactly_the_labelled_nodes() {
-        let first: BTreeSet<String> = ["n1", "n2"].map(String::from).into();
-        let second: BTreeSet<String> = ["n2", "n3"].map(String::from).into();
+        let first = HeldNodes::plain(["n1", "n2"].map(String::from).into());
+        let second = HeldNodes::plain(["n2", "n3"].map(String::from).into());
         let by_node = labels_by_node([("ml", "a", &first), ("ml", "b", &second)]);
         let selector = node_selector("ml", "a");
         let selected: Vec<&str> = by_node
@@ -139,5 +204,43 @@ mod tests {
         assert_eq!(by_node["n2"].len(), 2);
         assert!(by_node.keys().all(|n| n != "n4"));
         assert!(by_node["n1"].keys().all(|k| is_placement_label(k)));
+    }
+
+    #[test]
+    fn role_labels_mark_each_pool_and_share_the_placement_slug() {
+        let nodes = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+        let held = HeldNodes {
+            all: nodes(&["p1", "both", "d1"]),
+            roles: Some((nodes(&["p1", "both"]), nodes(&["both", "d1"]))),
+        };
+        let by_node = labels_by_node([("ml", "llama", &held)]);
+        let prefill = role_node_selector(PREFILL_LABEL_PREFIX, "ml", "llama");
+        let decode = role_node_selector(DECODE_LABEL_PREFIX, "ml", "llama");
+        let whole = node_selector("ml", "llama");
+        let selected = |selector: &BTreeMap<String, String>| -> Vec<&str> {
+            by_node
+                .iter()
+                .filter(|(_, labels)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+                .map(|(node, _)| node.as_str())
+                .collect()
+        };
+        assert_eq!(selected(&prefill), ["both", "p1"]);
+        assert_eq!(selected(&decode), ["both", "d1"]);
+        assert_eq!(selected(&whole), ["both", "d1", "p1"]);
+        assert_eq!(
+            role_label_key(PREFILL_LABEL_PREFIX, "ml", "llama"),
+            "prefill.placement.hwaccel.io/ml.llama"
+        );
+        for labels in by_node.values() {
+            for key in labels.keys() {
+                assert!(is_placement_label(key), "{key}");
+                assert!(is_valid_label_key(key), "{key}");
+            }
+        }
+        // A long name's role key is as valid as its placement key.
+        let long = role_label_key(DECODE_LABEL_PREFIX, &"n".repeat(63), &"m".repeat(250));
+        assert!(is_valid_label_key(&long), "{long}");
+        assert!(!is_placement_label("hwaccel.io/product"));
+        assert!(!is_placement_label("xprefill.placement.hwaccel.io/a"));
     }
 }

@@ -14,12 +14,14 @@
 //! `namespace/name` ([`PlacementKey`]), so "older first" means the same thing on every replica
 //! and after every restart.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
 
 use super::build::Outcome;
+use super::labels::HeldNodes;
 
 /// A placement's identity: namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,9 +72,26 @@ pub struct Holding {
 }
 
 impl Holding {
-    /// The assigned devices.
-    pub fn assignments(&self) -> &[Assignment] {
-        &self.status.assignments
+    /// The assigned devices: for a disaggregated placement, both pools'.
+    pub fn assignments(&self) -> Cow<'_, [Assignment]> {
+        if self.status.prefill.is_none() {
+            Cow::Borrowed(&self.status.assignments)
+        } else {
+            Cow::Owned(self.status.all_assignments().cloned().collect())
+        }
+    }
+
+    /// The nodes it holds, and for a disaggregated placement each pool's, for the labels.
+    pub fn held_nodes(&self) -> HeldNodes {
+        let nodes = |list: &[Assignment]| list.iter().map(|a| a.node.clone()).collect();
+        HeldNodes {
+            all: self.nodes(),
+            roles: self
+                .status
+                .prefill
+                .as_ref()
+                .map(|prefill| (nodes(&prefill.assignments), nodes(&self.status.assignments))),
+        }
     }
 
     /// The distinct nodes the placement uses.
@@ -82,8 +101,8 @@ impl Holding {
 
     /// Every (node, device) pair held.
     pub fn devices(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.assignments()
-            .iter()
+        self.status
+            .all_assignments()
             .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
     }
 }

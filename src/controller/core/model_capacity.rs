@@ -126,6 +126,7 @@ impl CountedModel {
             max_nodes: None,
             gpu_util: None,
             replicas: None,
+            disaggregation: None,
         })
         .map_err(|err| refused(err.to_string()))?;
         let context = context

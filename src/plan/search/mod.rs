@@ -8,6 +8,7 @@
 //! NVLink-class domain, PP where there is only PCIe), then device class and sizes, so the
 //! same input always yields the same plan.
 
+mod disaggregated;
 #[cfg(test)]
 mod overflow;
 mod parallel;
@@ -28,6 +29,7 @@ use super::model::Model;
 use super::report::Plan;
 use super::training::TrainingTarget;
 
+pub use disaggregated::{Disaggregation, MAX_PREFILL_REPLICAS, dense_tflops};
 pub use parallel::{valid_pipeline_sizes, valid_tensor_parallel_sizes};
 pub use suggest::{CONTEXT_STEP, Change, Suggestion, context_steps, is_meaningful_context};
 
@@ -65,6 +67,9 @@ pub struct PlanRequest {
     /// Serving replicas to place, each holding its share of the concurrency; `None` places
     /// as many as the concurrency needs. Training ignores it.
     pub replicas: Option<u32>,
+    /// Serving only: plan a decode pool and a separate prefill pool
+    /// ([`disaggregated`](self::disaggregated)); `None` plans one pool.
+    pub disaggregation: Option<Disaggregation>,
 }
 
 impl PlanRequest {
@@ -80,6 +85,7 @@ impl PlanRequest {
             max_nodes: None,
             gpu_util: DEFAULT_GPU_UTIL,
             replicas: None,
+            disaggregation: None,
         }
     }
 
@@ -97,6 +103,30 @@ pub fn plan(
     nodes: &[NodeSpec],
     reserved: &Reservations,
     request: &PlanRequest,
+) -> Result<Plan> {
+    plan_checked(model, nodes, reserved, request, true)
+}
+
+/// [`plan`] of a disaggregated request; `verify` says whether its suggestions are checked
+/// (a check re-plans without checking again).
+fn plan_disaggregated(
+    model: &Model,
+    (nodes, reserved): (&[NodeSpec], &Reservations),
+    request: &PlanRequest,
+    disaggregation: Disaggregation,
+    verify: bool,
+) -> Result<Plan> {
+    let mut request = request.clone();
+    request.disaggregation = Some(disaggregation);
+    plan_checked(model, nodes, reserved, &request, verify)
+}
+
+fn plan_checked(
+    model: &Model,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+    verify: bool,
 ) -> Result<Plan> {
     validate(request)?;
     let fleet = Fleet::new(nodes, reserved);
@@ -117,6 +147,16 @@ pub fn plan(
             concurrency,
         } => {
             let context = resolve_context(model, *context)?;
+            if let Some(disaggregation) = request.disaggregation {
+                return Ok(disaggregated::plan(
+                    model,
+                    (nodes, reserved),
+                    request,
+                    (context, *concurrency),
+                    disaggregation,
+                    verify,
+                ));
+            }
             let mut plan = serving::plan(
                 model,
                 &fleet,
@@ -152,6 +192,13 @@ fn validate(request: &PlanRequest) -> Result<()> {
             }
             if *concurrency == 0 {
                 return Err(PlanError::constraint("--concurrency must be at least 1"));
+            }
+            if let Some(d) = request.disaggregation
+                && !(1..=MAX_PREFILL_REPLICAS).contains(&d.prefill_replicas)
+            {
+                return Err(PlanError::constraint(format!(
+                    "--prefill-replicas must be between 1 and {MAX_PREFILL_REPLICAS}"
+                )));
             }
         }
         Goal::Train(target) => {
