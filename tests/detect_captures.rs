@@ -734,6 +734,8 @@ fn amd_smi_static_strix_halo_in_the_list_form() {
     );
     assert_eq!(gpu.compute_partition, None, "`N/A`");
     assert_eq!(gpu.serial, None, "`N/A`");
+}
+
 #[test]
 fn cpuinfo_arm64_grace_and_neoverse_n1() {
     // Grace: the mail's own `lscpu` says vendor ARM, model Neoverse-V2; one processor block.
