@@ -24,6 +24,10 @@
 //! (aws-neuron/neuron-helm-charts), Google TPUs `google.com/tpu` (GKE), Qualcomm
 //! `qualcomm.com/qaic` (quic/cloud-ai-containers).
 //!
+//! A disaggregated plan (`--disaggregated`, or a placement whose status has a `prefill` pool)
+//! emits one workload per pool, `<name>-decode` and `<name>-prefill`, each placed by its own
+//! nodes or role nodeSelector and running its pool's arguments.
+//!
 //! A plan that does not fit emits nothing: the reasons go to stderr and the exit code is 2.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,7 +40,7 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::placement::{ModelPlacementStatus, PlacementClaim};
+use crate::api::placement::{ModelPlacementStatus, PlacementClaim, PrefillStatus};
 use crate::hardware::{Family, Vendor};
 use crate::output::{self, Format};
 use crate::plan::error::{PlanError, Result};
@@ -115,6 +119,9 @@ pub struct Workload {
     pub devices_per_pod: u32,
     /// Where the pods go.
     pub target: Target,
+    /// Disaggregated serving: the prefill pool's workload (this one is then the decode pool's;
+    /// the names end in `-decode` and `-prefill`).
+    pub prefill: Option<Box<Workload>>,
 }
 
 /// Where a workload's pods go and how they get their devices.
@@ -188,6 +195,26 @@ type Built = Result<std::result::Result<Workload, Vec<String>>>;
 
 /// From a plan made from the flags: the plan's own nodes by name.
 pub fn from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec]) -> Built {
+    let name = dns_name(args.name.as_deref().unwrap_or(&plan.model.name));
+    let Some(prefill) = plan.prefill.as_deref() else {
+        return pool_from_plan(args, plan, nodes, name);
+    };
+    if !plan.fits || !prefill.fits {
+        let lines = plan.reasons.iter().chain(&plan.suggestions).cloned();
+        return Ok(Err(lines.collect()));
+    }
+    let decode = pool_from_plan(args, plan, nodes, format!("{name}-decode"))?;
+    let prefill = pool_from_plan(args, prefill, nodes, format!("{name}-prefill"))?;
+    Ok(decode.and_then(|decode| {
+        prefill.map(|prefill| Workload {
+            prefill: Some(Box::new(prefill)),
+            ..decode
+        })
+    }))
+}
+
+/// One pool of a plan (the whole plan unless it is disaggregated), named `name`.
+fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String) -> Built {
     let engine = match (&plan.engine, plan.fits) {
         (Some(engine), true) => engine,
         _ => {
@@ -206,7 +233,7 @@ pub fn from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec]) -> Built {
     };
     let model = served_model(args, engine.model.as_deref())?;
     Ok(Ok(Workload {
-        name: dns_name(args.name.as_deref().unwrap_or(&plan.model.name)),
+        name,
         namespace: args.namespace.clone(),
         image: args.image.clone(),
         model,
@@ -218,6 +245,7 @@ pub fn from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec]) -> Built {
             nodes: shape.nodes.into_iter().collect(),
             resource,
         },
+        prefill: None,
     }))
 }
 
@@ -356,15 +384,17 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
             resource: resource(),
         },
     };
-    let name = args
-        .name
-        .as_deref()
-        .or(placement.metadata.name.as_deref())
-        .or(status.model.as_deref())
-        .unwrap_or("model");
-    Ok(Ok(Workload {
-        name: dns_name(name),
-        namespace: args.namespace.clone().or(placement.metadata.namespace),
+    let name = dns_name(
+        args.name
+            .as_deref()
+            .or(placement.metadata.name.as_deref())
+            .or(status.model.as_deref())
+            .unwrap_or("model"),
+    );
+    let namespace = args.namespace.clone().or(placement.metadata.namespace);
+    let whole = Workload {
+        name: name.clone(),
+        namespace,
         image: args.image.clone(),
         model: served_model(args, engine.model.as_deref())?,
         args: engine.vllm.clone(),
@@ -372,7 +402,70 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
         nodes_per_replica: shape.nodes_per_replica,
         devices_per_pod: shape.devices_per_pod,
         target,
+        prefill: None,
+    };
+    let Some(prefill) = &status.prefill else {
+        return Ok(Ok(whole));
+    };
+    // Disaggregated (labels only: the controller refuses claims for it): each pool's pods go
+    // to the nodes its role label selects.
+    let decode_selector = status
+        .decode
+        .as_ref()
+        .map(|decode| decode.node_selector.clone())
+        .filter(|selector| !selector.is_empty())
+        .ok_or_else(|| {
+            bad("the placement is disaggregated but its status has no decode nodeSelector")
+        })?;
+    let prefill_pool = prefill_from_status(args, prefill, &whole, resource())?;
+    Ok(Ok(Workload {
+        name: format!("{name}-decode"),
+        target: Target::Selector {
+            selector: decode_selector,
+            resource: resource(),
+        },
+        prefill: Some(Box::new(prefill_pool)),
+        ..whole
     }))
+}
+
+/// The prefill pool of a disaggregated placement's status, beside `decode`'s workload.
+fn prefill_from_status(
+    args: &EmitArgs,
+    prefill: &PrefillStatus,
+    decode: &Workload,
+    resource: String,
+) -> Result<Workload> {
+    let missing = |what: &str| bad(format!("the placement's prefill pool has no {what}"));
+    let plan = prefill.plan.as_ref().ok_or_else(|| missing("plan"))?;
+    let engine = prefill
+        .engine
+        .as_ref()
+        .ok_or_else(|| missing("engine arguments"))?;
+    if prefill.node_selector.is_empty() {
+        return Err(missing("nodeSelector"));
+    }
+    let shape = Shape::of(
+        prefill
+            .assignments
+            .iter()
+            .map(|a| (a.replica, a.node.clone(), a.devices.len())),
+    )?;
+    Ok(Workload {
+        name: format!("{}-prefill", decode.name),
+        namespace: decode.namespace.clone(),
+        image: decode.image.clone(),
+        model: served_model(args, engine.model.as_deref())?,
+        args: engine.vllm.clone(),
+        replicas: plan.replicas.max(1),
+        nodes_per_replica: shape.nodes_per_replica,
+        devices_per_pod: shape.devices_per_pod,
+        target: Target::Selector {
+            selector: prefill.node_selector.clone(),
+            resource,
+        },
+        prefill: None,
+    })
 }
 
 fn served_model(args: &EmitArgs, known: Option<&str>) -> Result<String> {
@@ -506,8 +599,16 @@ pub fn render(workload: &Workload, kind: EmitKind, format: Format) -> Result<Str
     Ok(text)
 }
 
-/// The objects to apply.
+/// The objects to apply: the workload's, then its prefill pool's.
 pub fn objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
+    let mut objects = pool_objects(workload, kind)?;
+    if let Some(prefill) = &workload.prefill {
+        objects.extend(pool_objects(prefill, kind)?);
+    }
+    Ok(objects)
+}
+
+fn pool_objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
     match kind {
         EmitKind::Deployment if workload.nodes_per_replica > 1 => Err(bad(format!(
             "a replica spans {} nodes: a Deployment pod runs on one node; use --emit lws",

@@ -346,3 +346,112 @@ fn yaml_streams_and_json_lists_hold_every_object() {
         serde_json::from_str(&render(&work, EmitKind::Lws, Format::Json).unwrap()).unwrap();
     assert_eq!(json["kind"], "LeaderWorkerSet");
 }
+
+#[test]
+fn a_disaggregated_plan_becomes_a_decode_and_a_prefill_workload_on_their_own_nodes() {
+    let mut request = PlanRequest::serve(Some(8192), 32);
+    request.disaggregation = Some(crate::plan::search::Disaggregation::default());
+    let (plan, nodes) = planned_with("llama-3.1-70b", "1x4xH100+nvswitch,1x4xL40S", request);
+    let prefill = plan.prefill.as_deref().expect("a prefill pool");
+    assert!(plan.fits && prefill.fits, "{}", plan.to_table());
+    let work = from_plan(&args(), &plan, &nodes).unwrap().unwrap();
+    let pool = work.prefill.as_deref().expect("the prefill workload");
+    assert_eq!(
+        (work.name.as_str(), pool.name.as_str()),
+        ("llama-3-1-70b-decode", "llama-3-1-70b-prefill")
+    );
+    let deployments = objects(&work, EmitKind::Deployment).unwrap();
+    let [decode, prefill_deployment] = deployments.as_slice() else {
+        panic!("two Deployments: {deployments:?}");
+    };
+    let nodes_of = |deployment: &Value| {
+        deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchExpressions"][0]["values"]
+            .clone()
+    };
+    assert_ne!(nodes_of(decode), nodes_of(prefill_deployment));
+    let args_of = |deployment: &Value| {
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string()
+    };
+    for (deployment, expected) in [(decode, &plan), (prefill_deployment, prefill)] {
+        let tp = expected.tp.unwrap().to_string();
+        assert!(
+            args_of(deployment).contains(&format!("\"--tensor-parallel-size\",\"{tp}\"")),
+            "{}",
+            args_of(deployment)
+        );
+        assert!(args_of(deployment).contains("NixlConnector"));
+    }
+}
+
+#[test]
+fn a_disaggregated_placement_selects_each_pool_by_its_role_label() {
+    let mut st = status("labels", 2);
+    st.decode = Some(crate::api::placement::RoleNodes {
+        node_names: Some("node-0,node-1".into()),
+        node_selector: BTreeMap::from([(
+            "decode.placement.hwaccel.io/ml.llama".into(),
+            "true".into(),
+        )]),
+    });
+    st.prefill = Some(crate::api::placement::PrefillStatus {
+        plan: Some(PlanStatus {
+            tensor_parallel: 1,
+            replicas: 1,
+            devices: 1,
+            nodes: 1,
+            ..PlanStatus::default()
+        }),
+        assignments: vec![Assignment {
+            node: "node-9".into(),
+            devices: vec!["0".into()],
+            replica: 0,
+            stage: 0,
+        }],
+        node_names: Some("node-9".into()),
+        node_selector: BTreeMap::from([(
+            "prefill.placement.hwaccel.io/ml.llama".into(),
+            "true".into(),
+        )]),
+        engine: Some(EngineStatus {
+            model: Some("meta-llama/Llama-3.1-8B-Instruct".into()),
+            vllm: vec!["--tensor-parallel-size".into(), "1".into()],
+            sglang: vec![],
+            notes: vec![],
+        }),
+    });
+    let work = from_placement(&args(), placement(st.clone()))
+        .unwrap()
+        .unwrap();
+    let [decode, prefill] = objects(&work, EmitKind::Deployment)
+        .unwrap()
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        (
+            decode["metadata"]["name"].as_str(),
+            prefill["metadata"]["name"].as_str()
+        ),
+        (Some("llama-decode"), Some("llama-prefill"))
+    );
+    let selector = |d: &Value| d["spec"]["template"]["spec"]["nodeSelector"].clone();
+    assert_eq!(
+        selector(&decode),
+        json!({"decode.placement.hwaccel.io/ml.llama": "true"})
+    );
+    assert_eq!(
+        selector(&prefill),
+        json!({"prefill.placement.hwaccel.io/ml.llama": "true"})
+    );
+    assert_eq!(
+        (
+            decode["spec"]["replicas"].as_u64(),
+            prefill["spec"]["replicas"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
+    // A status whose decode pool has no role selector is refused, not emitted to every node.
+    st.decode = None;
+    assert!(from_placement(&args(), placement(st)).is_err());
+}
