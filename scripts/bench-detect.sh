@@ -75,6 +75,10 @@ for name in ("true", "version", "detect"):
     print(f"  {name:8} median {r['median'] * 1e3:7.3f} ms  "
           f"(+{(r['median'] - base) * 1e3:6.3f} over /bin/true)  "
           f"mean {r['mean'] * 1e3:7.3f} ms  min {r['min'] * 1e3:7.3f} ms")
+above = (results["detect"]["median"] - base) * 1e3
+# Reported, not enforced: timings on a shared machine move with its load.
+verdict = "met" if above < 1.0 else "missed"
+print(f"  time target (detect under 1 ms above /bin/true, median): {verdict} ({above:.3f} ms)")
 EOF
 }
 

@@ -235,6 +235,67 @@ async fn a_rendered_deployment_is_accepted_and_scheduled_onto_the_planned_nodes(
 
 #[tokio::test]
 #[ignore = "needs cluster"]
+async fn a_disaggregated_placement_renders_one_deployment_per_pool_onto_its_role_nodes()
+-> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        bail!("needs the full tier (tests/cluster/up.sh --full): kube-scheduler and kwok");
+    }
+    install_crds(&cluster.client()).await?;
+    for _ in 0..2 {
+        add_gpu_node(&cluster).await?;
+    }
+    let (_controller, _registry) = start_controller(&cluster, HealthTaints::None);
+
+    let spec = PlacementBuilder::serve("llama-3.1-70b")
+        .context(8192)
+        .concurrency(16)
+        .precision(PrecisionChoice::Bf16)
+        .disaggregated(Some(2))
+        .spec();
+    let status = plan(&cluster, "pd", spec).await?;
+    let prefill = status
+        .prefill
+        .clone()
+        .context("a prefill pool in the status")?;
+    let role_nodes = |names: Option<&String>| -> BTreeSet<String> {
+        names
+            .map(|n| n.split(',').map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let decode_nodes = role_nodes(status.decode.as_ref().and_then(|d| d.node_names.as_ref()));
+    let prefill_nodes = role_nodes(prefill.node_names.as_ref());
+    ensure!(
+        !decode_nodes.is_empty() && !prefill_nodes.is_empty(),
+        "{status:?}"
+    );
+    let decode_replicas = status.plan.as_ref().context("a plan")?.replicas;
+    let prefill_replicas = prefill.plan.as_ref().context("a prefill plan")?.replicas;
+    assert_eq!(prefill_replicas, 2);
+
+    let yaml = render(&cluster, "pd", "deployment").await?;
+    for name in ["name: pd-decode", "name: pd-prefill"] {
+        assert!(yaml.contains(name), "{name} missing:\n{yaml}");
+    }
+    create(&cluster, "pd.yaml", &yaml).await?;
+    for (pool, replicas, nodes) in [
+        ("pd-decode", decode_replicas, &decode_nodes),
+        ("pd-prefill", prefill_replicas, &prefill_nodes),
+    ] {
+        let selector = format!("app.kubernetes.io/name={pool}");
+        let pods = running_pods(&cluster, &selector, usize::try_from(replicas)?).await?;
+        for (pod, node) in &pods {
+            assert!(
+                nodes.contains(node),
+                "{pod} of {pool} runs on {node}, outside its role's nodes {nodes:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
 async fn a_rendered_leader_worker_set_validates_and_its_pods_land_on_the_planned_nodes()
 -> Result<()> {
     let cluster = TestCluster::new().await?;
