@@ -56,17 +56,21 @@ impl Default for Disaggregation {
 /// Peak dense (no sparsity) 16-bit tensor TFLOPS per device, from the vendors' datasheets
 /// (NVIDIA H100/H200/H20/A100/L40S/L4/A10/A10G/A40/RTX A6000/T4/V100/RTX 4090/B200 product
 /// datasheets: the "BF16/FP16 Tensor Core" row halved where the sheet quotes sparsity; AMD
-/// Instinct MI300X/MI325X/MI355X datasheets, "peak BF16"). Only an ordering is drawn from
-/// it, so a few percent of error does not matter.
+/// Instinct MI300X/MI325X/MI355X datasheets, "peak BF16"; the GB200 NVL72 spec sheet's 360
+/// PFLOPS sparse FP16/BF16 over its 72 GPUs, halved; the H800 has the H100's compute, SXM and
+/// PCIe). Only an ordering is drawn from it, so a few percent of error does not matter.
 const DENSE_TFLOPS: &[(&str, f64)] = &[
+    ("NVIDIA GB200", 2500.0),
     ("NVIDIA B200", 2250.0),
     ("AMD Instinct MI355X", 2500.0),
     ("AMD Instinct MI325X", 1307.0),
     ("AMD Instinct MI300X", 1307.0),
     ("NVIDIA H200", 989.0),
     ("NVIDIA H100 80GB HBM3", 989.0),
+    ("NVIDIA H800", 989.0),
     ("NVIDIA H100 NVL", 835.0),
     ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA H800 PCIe", 756.0),
     ("NVIDIA L40S", 362.0),
     ("NVIDIA A100-SXM4-80GB", 312.0),
     ("NVIDIA A100-SXM4-40GB", 312.0),
@@ -388,6 +392,18 @@ mod tests {
     use super::*;
     use crate::plan::model::presets;
     use crate::plan::shorthand::parse_hardware;
+
+    #[test]
+    fn every_compute_figure_names_a_product_the_planner_knows() {
+        for (name, _) in DENSE_TFLOPS {
+            assert!(
+                crate::plan::products::PRODUCTS
+                    .iter()
+                    .any(|p| p.name == *name),
+                "{name} is not a product name: a renamed product would silently lose its figure"
+            );
+        }
+    }
 
     fn ask(
         preset: &str,
