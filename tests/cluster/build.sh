@@ -5,6 +5,10 @@
 #   tests/cluster/build.sh          etcd, kube-apiserver, kubectl        (minimal tier)
 #   tests/cluster/build.sh --full   + kube-controller-manager, kube-scheduler,
 #                                     helm, kwok, kwokctl                (full tier)
+#   tests/cluster/build.sh --node   + kubelet, kube-proxy (same Kubernetes module),
+#                                     containerd, containerd-shim-runc-v2, ctr
+#                                     (tests/cluster/node)               (real-node tier;
+#                                     implies --full)
 #
 # Prints the bin dir on stdout; everything else goes to stderr.
 # Binaries are cached in ${TESTCLUSTER_CACHE:-$HOME/.cache/hwaccel-testcluster}/<hash>/
@@ -12,11 +16,12 @@
 # A warm run does no Go work at all (it only hashes a few files).
 set -euo pipefail
 
-FULL=0
+FULL=0; NODE=0
 for a in "$@"; do
   case $a in
     --full) FULL=1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    --node) FULL=1; NODE=1 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     *) echo "build.sh: unknown argument '$a'" >&2; exit 2 ;;
   esac
 done
@@ -42,12 +47,13 @@ export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -trimpath -buildvc
 
 GOVER=$(go env GOVERSION)
 KEY=$( { cat "$HERE/k8s/go.mod" "$HERE/k8s/go.sum" "$HERE/k8s/cmd/etcd/main.go" \
-             "$HERE/tools/go.mod" "$HERE/tools/go.sum" "$HERE/build.sh"
+             "$HERE/tools/go.mod" "$HERE/tools/go.sum" "$HERE/node/go.mod" "$HERE/node/go.sum" \
+             "$HERE/build.sh"
          echo "$GOVER $(go env GOOS GOARCH)"; } | sha256sum | cut -c1-16)
 CACHE=${TESTCLUSTER_CACHE:-$HOME/.cache/hwaccel-testcluster}
 OUT=$CACHE/$KEY
 
-MARK=.minimal; [ $FULL = 1 ] && MARK=.full
+MARK=.minimal; [ $FULL = 1 ] && MARK=.full; [ $NODE = 1 ] && MARK=.node
 if [ -f "$OUT/$MARK" ]; then echo "$OUT"; exit 0; fi
 
 mkdir -p "$CACHE"
@@ -88,6 +94,14 @@ if [ $FULL = 1 ]; then
   have kwok || want_tools+=(sigs.k8s.io/kwok/cmd/kwok)
   have kwokctl || want_tools+=(sigs.k8s.io/kwok/cmd/kwokctl)
 fi
+want_node=()
+if [ $NODE = 1 ]; then
+  have kubelet || want_k8s+=(k8s.io/kubernetes/cmd/kubelet)
+  have kube-proxy || want_k8s+=(k8s.io/kubernetes/cmd/kube-proxy)
+  for t in containerd containerd-shim-runc-v2 ctr; do
+    have $t || want_node+=(github.com/containerd/containerd/v2/cmd/$t)
+  done
+fi
 
 now() { date +%s; }
 if [ ${#want_k8s[@]} -gt 0 ]; then
@@ -109,6 +123,19 @@ if [ ${#want_tools[@]} -gt 0 ]; then
   log "tools module built in $(( $(now) - t0 ))s"
 fi
 
+if [ ${#want_node[@]} -gt 0 ]; then
+  CV=$(cd "$HERE/node" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
+  # The same flags containerd's own Makefile stamps; no_btrfs/no_devmapper/no_zfs: those
+  # snapshotters need cgo and host tools this tier does not use (overlayfs only).
+  CLDF="-s -w -X github.com/containerd/containerd/v2/version.Version=$CV"
+  CLDF+=" -X github.com/containerd/containerd/v2/version.Revision=0000000000000000000000000000000000000000"
+  CLDF+=" -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+  log "building ${want_node[*]##*/} (containerd $CV)"
+  t0=$(now)
+  (cd "$HERE/node" && go build -tags "no_btrfs no_devmapper no_zfs no_aufs" -ldflags "$CLDF" -o "$TMP/" "${want_node[@]}")
+  log "node module built in $(( $(now) - t0 ))s"
+fi
+
 api=$TMP/kube-apiserver; [ -x "$api" ] || api=$OUT/kube-apiserver
 got=$("$api" --version)
 log "kube-apiserver --version: $got"
@@ -116,6 +143,7 @@ case $got in *"$KV"*) ;; *) log "ERROR: version stamping failed (expected $KV)";
 
 touch "$TMP/.minimal"
 [ $FULL = 1 ] && touch "$TMP/.full"
+[ $NODE = 1 ] && touch "$TMP/.node"
 chmod 755 "$TMP"
 if [ -d "$OUT" ]; then
   # Each rename is atomic; markers go last so a reader never sees a marker
@@ -123,6 +151,7 @@ if [ -d "$OUT" ]; then
   for f in "$TMP"/*; do [ -e "$f" ] && mv -f "$f" "$OUT/"; done
   mv -f "$TMP/.minimal" "$OUT/"
   if [ $FULL = 1 ]; then mv -f "$TMP/.full" "$OUT/"; fi
+  if [ $NODE = 1 ]; then mv -f "$TMP/.node" "$OUT/"; fi
   rm -rf "$TMP"
 else
   mv "$TMP" "$OUT"

@@ -3,7 +3,7 @@
 # The staging-module replace list is derived from k8s.io/kubernetes's own go.mod
 # as served by the Go module proxy, so it never drifts from the release.
 #
-#   usage: tests/cluster/gen-gomod.sh v1.36.3
+#   usage: tests/cluster/gen-gomod.sh v1.37.2
 set -euo pipefail
 K=${1:?usage: $0 v1.X.Y}
 case $K in v1.*.*) ;; *) echo "gen-gomod.sh: expected a version like v1.36.3, got '$K'" >&2; exit 2;; esac
@@ -20,7 +20,7 @@ mods=$(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/src/.*#\1#p' "$kmod
 go mod edit -go="$(sed -n 's/^go \(.*\)/\1/p' "$kmod")"
 for m in $mods; do go mod edit -replace="$m=$m@$S"; done   # replaces BEFORE the require
 go mod edit -require="k8s.io/kubernetes@$K"
-for t in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for t in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
   go mod edit -tool="k8s.io/kubernetes/cmd/$t"
 done
 go mod tidy
