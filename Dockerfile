@@ -16,7 +16,8 @@
 #
 # tests/dockerfile.rs checks these stage names, targets and base images.
 
-ARG RUST_VERSION=1
+# The toolchain rust-toolchain.toml pins (tests/dockerfile.rs checks they agree).
+ARG RUST_VERSION=1.95.0
 
 # The glibc build: Debian bookworm's glibc (2.36), the one distroless/cc-debian12 ships.
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build-glibc

@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build demo scale test unit cluster-test check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build demo scale test unit cluster-test node-test image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -30,23 +30,61 @@ build:
 demo:
 	scripts/demo.sh
 
-## test: unit and fixture tests, then the cluster tests against a real local control plane
-test: unit cluster-test
+## test: each test once: the fast tier (unit, fixture, CLI), then the cluster tier against a
+## real local control plane with kwok nodes, then the real-node tier (the chart's pods on a
+## real kubelet, from the image `make image-static` builds)
+test: unit cluster-test node-test
 
 unit:
 	$(CARGO) test
 
-## cluster-test: start etcd + kube-apiserver (+ controller-manager, scheduler, kwok), run every
-## test including the `#[ignore = "needs cluster"]` ones, and stop the cluster even on failure.
-cluster-test:
-	@if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then \
+NEED_GO = if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then \
 	  if [ "$${CI:-}" = true ]; then echo "error: Go is required to build the test control plane" >&2; exit 1; fi; \
-	  echo "warning: no Go toolchain; skipping the cluster tests" >&2; exit 0; \
-	fi; \
+	  echo "warning: no Go toolchain; skipping $@" >&2; exit 0; \
+	fi
+
+## cluster-test: start etcd + kube-apiserver (+ controller-manager, scheduler, kwok), run only
+## the `#[ignore = "needs cluster"]` tests (the fast tier ran in `unit`), stop the cluster even
+## on failure. The real-node tests (`real_node_*`) run in node-test.
+cluster-test:
+	@$(NEED_GO); \
 	trap 'tests/cluster/down.sh "$(TESTCLUSTER_WORK)"' EXIT; \
 	tests/cluster/up.sh --full "$(TESTCLUSTER_WORK)" || exit 1; \
 	set -a; . "$(TESTCLUSTER_WORK)/env"; set +a; \
-	$(CARGO) test -- --include-ignored
+	$(CARGO) test -- --ignored --skip real_node_
+
+## node-test: the same control plane plus this machine as a real node (containerd 2.x, runc,
+## kubelet, kube-proxy; needs root on Linux: tests/cluster/node.sh), then the real-node tests
+## (`#[ignore = "needs real node"]`). Where no real node can run: a warning, an error in CI.
+NODE_WORK ?= $(CURDIR)/target/testnode
+node-test: image-static
+	@$(NEED_GO); \
+	why=$$(bash -c '. tests/cluster/lib.sh; . tests/cluster/node.sh; tc_node_supported'); \
+	if [ -n "$$why" ]; then \
+	  if [ "$${CI:-}" = true ]; then echo "error: the real-node tier cannot run here: $$why" >&2; exit 1; fi; \
+	  echo "warning: skipping the real-node tier: $$why" >&2; exit 0; \
+	fi; \
+	trap 'tests/cluster/down.sh "$(NODE_WORK)"' EXIT; \
+	tests/cluster/up.sh --node "$(NODE_WORK)" || exit 1; \
+	set -a; . "$(NODE_WORK)/env"; set +a; \
+	HWACCEL_IMAGE_ARCHIVE=$(IMAGE_DIR)/hwaccel-static.oci.tar $(CARGO) test --test cluster_real_node -- --ignored
+
+## image: the static (musl) and glibc images as OCI archives in target/image, assembled from
+## the cargo-built binaries without a container engine (scripts/oci-image.py; docs/install.md)
+IMAGE_DIR := $(CURDIR)/target/image
+IMAGE_REPO ?= ghcr.io/hwaccel/hwaccel-operator
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' $(CHART)/Chart.yaml)
+MUSL_TARGET := $(shell uname -m)-unknown-linux-musl
+GNU_TARGET := $(shell uname -m)-unknown-linux-gnu
+image: image-static image-glibc
+image-static:
+	$(CARGO) build --release --locked --bin hwaccel --target $(MUSL_TARGET)
+	scripts/oci-image.py --stage static --binary target/$(MUSL_TARGET)/release/hwaccel \
+	  --name $(IMAGE_REPO):$(IMAGE_TAG) --out $(IMAGE_DIR)/hwaccel-static.oci.tar
+image-glibc:
+	$(CARGO) build --release --locked --bin hwaccel --target $(GNU_TARGET)
+	scripts/oci-image.py --stage glibc --binary target/$(GNU_TARGET)/release/hwaccel \
+	  --name $(IMAGE_REPO):$(IMAGE_TAG)-glibc --out $(IMAGE_DIR)/hwaccel-glibc.oci.tar
 
 ## scale: controller scale run (kwok nodes, synthetic inventories, 300 placements); figures in
 ## docs/benchmarks.md. Leaves the test cluster up (tests/cluster/down.sh).

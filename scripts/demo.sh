@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # `make demo`: the operator's main job end to end on a local control plane.
 #
-#   1. builds (or reuses) the local control plane from tests/cluster and starts it (full tier);
-#   2. installs the CRDs and the chart's RBAC and admission policy;
-#   3. creates three fake Nodes (kwok) and runs one real agent process per node against a
+#   1. builds (or reuses) the local control plane from tests/cluster and starts it, with this
+#      machine joined as a real node (kubelet, containerd 2.x: `up.sh --node`);
+#   2. builds the image without Docker (`make image-static`), imports it on the real node and
+#      installs the chart with `helm install`: the controller and the real node's agent run
+#      as pods, as on any cluster;
+#   3. creates three fake Nodes (kwok) and runs one agent process per fake node against a
 #      fixture host: an 8x H100 NVSwitch node, an 8x MI300X node and a CPU-only node;
-#   4. runs the controller and applies the example ModelPlacements;
+#   4. applies the example ModelPlacements, which the in-cluster controller plans;
 #   5. prints `kubectl get accinv`, `kubectl get mp -o wide`, and a nodeSelector to use;
 #   6. prints `hwaccel fleet` (sick or missing, what fits now) and, for a model that does not
 #      fit, which nodes to add;
 #   7. stops everything it started.
 #
-# Nothing here dials anything but 127.0.0.1. Set DEMO_KEEP=1 to leave the cluster running.
+# Where no real node can run (not root, not Linux, DEMO_REAL_NODE=0), it says so and falls
+# back to the controller as a local process next to the fake nodes, without the chart's pods.
+#
+# Nothing here dials anything but 127.0.0.1 and the bridge the real node creates (pod traffic
+# never leaves the machine). Set DEMO_KEEP=1 to leave the cluster running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,21 +47,51 @@ trap cleanup EXIT
 say "Building hwaccel"
 cargo build --quiet --bin hwaccel
 
-say "Starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
+REAL=0
+if [ "${DEMO_REAL_NODE:-1}" = 1 ]; then
+  why=$(bash -c '. tests/cluster/lib.sh; . tests/cluster/node.sh; tc_node_supported')
+  if [ -z "$why" ]; then REAL=1; else
+    echo "note: this machine cannot run a real node ($why): the controller runs as a local"
+    echo "      process and no pod of the chart starts (set up a root Linux machine for that)"
+  fi
+fi
 mkdir -p "$WORK"
-tests/cluster/up.sh --full "$WORK/cluster" >/dev/null
+if [ $REAL = 1 ]; then
+  say "Building the image without Docker (make image-static: the static musl binary as an OCI archive)"
+  make --no-print-directory image-static >"$WORK/image.log" 2>&1 || { tail -n 20 "$WORK/image.log" >&2; exit 1; }
+  tail -n 1 "$WORK/image.log"
+  say "Starting the local control plane with this machine as a real node (kubelet, containerd) and kwok"
+  tests/cluster/up.sh --node "$WORK/cluster" >/dev/null
+else
+  say "Starting the local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
+  tests/cluster/up.sh --full "$WORK/cluster" >/dev/null
+fi
 set -a; . "$WORK/cluster/env"; set +a
 kubectl() { "$TESTCLUSTER_BIN/kubectl" "$@"; }
 
-say "Installing the CRDs and the admission policy"
-kubectl apply --server-side -f crds/ >/dev/null
-kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
-kubectl create namespace hwaccel-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-"$TESTCLUSTER_BIN/helm" template hwaccel charts/hwaccel-operator --namespace hwaccel-system \
-  --show-only templates/serviceaccounts.yaml --show-only templates/agent-rbac.yaml \
-  --show-only templates/controller-rbac.yaml --show-only templates/admission-policy.yaml \
-  | kubectl apply --server-side -f - >/dev/null
-kubectl get crd -o custom-columns=CRD:.metadata.name --no-headers | sed 's/^/  /'
+if [ $REAL = 1 ]; then
+  say "helm install hwaccel charts/hwaccel-operator (the image imported on the real node)"
+  "$TESTCLUSTER_BIN/ctr" --address "$TESTCLUSTER_CONTAINERD_SOCK" -n k8s.io images import --local \
+    target/image/hwaccel-static.oci.tar >/dev/null
+  # The chart's pods on the real node only: the fake nodes run no containers, their agents
+  # are the local processes below.
+  on_real_node="{\"kubernetes.io/hostname\":\"$TESTCLUSTER_NODE\"}"
+  "$TESTCLUSTER_BIN/helm" install hwaccel charts/hwaccel-operator --namespace hwaccel-system \
+    --create-namespace --set image.pullPolicy=Never --set logFormat=text \
+    --set-json "agent.nodeSelector=$on_real_node" --set-json "controller.nodeSelector=$on_real_node" \
+    --wait --timeout 180s >/dev/null
+  kubectl -n hwaccel-system get pods -o wide | sed 's/^/  /'
+else
+  say "Installing the CRDs and the admission policy"
+  kubectl apply --server-side -f crds/ >/dev/null
+  kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  kubectl create namespace hwaccel-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  "$TESTCLUSTER_BIN/helm" template hwaccel charts/hwaccel-operator --namespace hwaccel-system \
+    --show-only templates/serviceaccounts.yaml --show-only templates/agent-rbac.yaml \
+    --show-only templates/controller-rbac.yaml --show-only templates/admission-policy.yaml \
+    | kubectl apply --server-side -f - >/dev/null
+  kubectl get crd -o custom-columns=CRD:.metadata.name --no-headers | sed 's/^/  /'
+fi
 
 # node name -> fixture host
 declare -A HOSTS=(
@@ -105,10 +142,15 @@ for node in json.load(sys.stdin)["items"]:
 '
 
 if "$BIN" controller --help >/dev/null 2>&1; then
-  say "Starting the controller and applying example ModelPlacements"
-  "$BIN" controller --metrics-addr 127.0.0.1:0 --leader-election-namespace hwaccel-system \
-    --log-format text >"$WORK/controller.log" 2>&1 &
-  PIDS+=($!)
+  if [ $REAL = 1 ]; then
+    say "Applying example ModelPlacements (the controller runs as the chart's Deployment)"
+    kubectl -n hwaccel-system get lease hwaccel-controller -o jsonpath='  Lease held by {.spec.holderIdentity}{"\n"}'
+  else
+    say "Starting the controller and applying example ModelPlacements"
+    "$BIN" controller --metrics-addr 127.0.0.1:0 --leader-election-namespace hwaccel-system \
+      --log-format text >"$WORK/controller.log" 2>&1 &
+    PIDS+=($!)
+  fi
   kubectl apply -f manifests/examples/serve-llama-3.1-8b.yaml -f manifests/examples/serve-llama-3.1-70b.yaml >/dev/null
   cat <<'YAML' | kubectl apply -f - >/dev/null
 apiVersion: hwaccel.io/v1alpha1

@@ -171,3 +171,156 @@ fn the_header_documents_both_builds() {
     );
     assert!(header.contains("-glibc ."), "{header}");
 }
+
+/// The `KEY="value"` pairs of a stage's `LABEL` instructions.
+fn labels(stage: &Stage) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in &stage.instructions {
+        let Some(mut rest) = line.strip_prefix("LABEL ") else {
+            continue;
+        };
+        while let Some((key, after)) = rest.trim_start().split_once("=\"") {
+            let (value, tail) = after.split_once('"').expect("a closed label value");
+            out.insert(key.trim().to_string(), value.to_string());
+            rest = tail;
+        }
+    }
+    out
+}
+
+/// The files of an uncompressed tar archive (ustar headers; what scripts/oci-image.py writes).
+fn untar(bytes: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut at = 0;
+    while at + 512 <= bytes.len() && bytes[at] != 0 {
+        let header = &bytes[at..at + 512];
+        let field = |range: std::ops::Range<usize>| {
+            String::from_utf8_lossy(&header[range])
+                .trim_matches(char::from(0))
+                .trim()
+                .to_string()
+        };
+        let name = field(0..100);
+        let size = usize::from_str_radix(&field(124..136), 8).expect("an octal size");
+        let data = bytes[at + 512..at + 512 + size].to_vec();
+        if header[156] == b'0' || header[156] == 0 {
+            files.insert(name, data);
+        }
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    files
+}
+
+fn blob(files: &std::collections::BTreeMap<String, Vec<u8>>, digest: &str) -> serde_json::Value {
+    let name = format!("blobs/sha256/{}", digest.trim_start_matches("sha256:"));
+    serde_json::from_slice(files.get(&name).unwrap_or_else(|| panic!("no {name}")))
+        .expect("a JSON blob")
+}
+
+/// `make image` (scripts/oci-image.py, no container engine) and the Dockerfile describe the
+/// same two images: stage names, entrypoint, user and labels. The binaries here are stand-ins
+/// (the layout is what is compared, not the program).
+#[test]
+fn make_image_builds_the_images_the_dockerfile_describes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let stages = stages(&dockerfile());
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let dummy = dir.path().join("hwaccel");
+    std::fs::write(&dummy, b"#!/bin/false\n").expect("a stand-in binary");
+    // The glibc image copies what its binary links: any dynamically linked program will do.
+    for (name, binary) in [
+        ("static", dummy.as_path()),
+        ("glibc", Path::new("/bin/true")),
+    ] {
+        let out = dir.path().join(format!("{name}.tar"));
+        let status = std::process::Command::new("python3")
+            .arg(root.join("scripts/oci-image.py"))
+            .args(["--stage", name, "--binary"])
+            .arg(binary)
+            .args(["--name", "example.test/hwaccel:1", "--out"])
+            .arg(&out)
+            .status()
+            .expect("python3 runs scripts/oci-image.py");
+        assert!(status.success(), "{name}: oci-image.py failed");
+        let files = untar(&std::fs::read(&out).expect("the archive"));
+        let index: serde_json::Value =
+            serde_json::from_slice(&files["index.json"]).expect("index.json");
+        let manifest = blob(
+            &files,
+            index["manifests"][0]["digest"].as_str().expect("digest"),
+        );
+        assert_eq!(manifest["annotations"]["hwaccel.io/stage"], name);
+        assert_eq!(
+            index["manifests"][0]["annotations"]["io.containerd.image.name"],
+            "example.test/hwaccel:1"
+        );
+        let config = blob(
+            &files,
+            manifest["config"]["digest"].as_str().expect("digest"),
+        );
+        let image = stage(&stages, name);
+        assert!(
+            has(
+                image,
+                &format!("USER {}", config["config"]["User"].as_str().expect("User"))
+            ),
+            "{name}: user {} is not the Dockerfile's",
+            config["config"]["User"]
+        );
+        assert!(
+            has(
+                image,
+                &format!("ENTRYPOINT {}", config["config"]["Entrypoint"])
+            ),
+            "{name}: entrypoint {} is not the Dockerfile's",
+            config["config"]["Entrypoint"]
+        );
+        let from_make: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(config["config"]["Labels"].clone()).expect("labels");
+        assert_eq!(from_make, labels(image), "{name}: labels differ");
+        let layer = untar(
+            &files[&format!(
+                "blobs/sha256/{}",
+                manifest["layers"][0]["digest"]
+                    .as_str()
+                    .expect("digest")
+                    .trim_start_matches("sha256:")
+            )],
+        );
+        assert!(
+            layer.contains_key("hwaccel"),
+            "{name}: no /hwaccel in the layer"
+        );
+        if name == "glibc" {
+            assert!(
+                layer.keys().any(|path| path.contains("libc.so.6")),
+                "the glibc image carries the libc its binary links: {:?}",
+                layer.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+/// The Dockerfile builds with the toolchain rust-toolchain.toml pins for CI and `make image`.
+#[test]
+fn the_dockerfile_builds_with_the_pinned_toolchain() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let pin =
+        std::fs::read_to_string(root.join("rust-toolchain.toml")).expect("rust-toolchain.toml");
+    let channel = pin
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("channel = "))
+        .expect("a channel")
+        .trim_matches('"')
+        .to_string();
+    assert!(
+        channel.split('.').count() == 3,
+        "the pin names an exact release, not {channel}"
+    );
+    assert!(
+        dockerfile()
+            .lines()
+            .any(|line| line == format!("ARG RUST_VERSION={channel}")),
+        "the Dockerfile's RUST_VERSION is not {channel}"
+    );
+}

@@ -24,12 +24,18 @@ WORK=$(cd "$WORK" && pwd)
 exec 8>"$WORK/.lock"
 flock 8
 
+# shellcheck source=node.sh source-path=SCRIPTDIR
+. "$TC_HERE/node.sh"
+BIN=$(cat "$WORK/run/bin" 2>/dev/null || true)
 rm -f "$WORK/env"
+# The real node first (its pods are deleted through the apiserver, which must still run).
+tc_node_down
+[ "$(cat /run/hwaccel-testcluster-node 2>/dev/null)" != "$WORK" ] || rm -f /run/hwaccel-testcluster-node
 for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do
   tc_stop "${TC_COMPONENTS[i]}" 30
 done
 left=()
-for c in "${TC_COMPONENTS[@]}"; do
+for c in "${TC_COMPONENTS[@]}" "${TC_NODE_COMPONENTS[@]}"; do
   if pid=$(tc_pid "$c"); then left+=("$c:$pid"); fi
 done
 [ ${#left[@]} -eq 0 ] || tc_die "still running: ${left[*]}"

@@ -115,5 +115,5 @@ tc_free_port() {
 # curl against the apiserver with the admin client certificate.
 tc_api_get() {
   curl -fsS --max-time 5 --cacert "$WORK/pki/ca.crt" --cert "$WORK/pki/admin.crt" \
-    --key "$WORK/pki/admin.key" "https://127.0.0.1:$(cat "$WORK/run/apiserver.port")$1"
+    --key "$WORK/pki/admin.key" "https://$(cat "$WORK/run/apiserver.host" 2>/dev/null || echo 127.0.0.1):$(cat "$WORK/run/apiserver.port")$1"
 }

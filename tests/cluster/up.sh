@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Start a local Kubernetes control plane for the cluster test tier.
 #
-#   tests/cluster/up.sh [--full] [WORKDIR]
+#   tests/cluster/up.sh [--full] [--node] [WORKDIR]
 #
 #   minimal: etcd + kube-apiserver (127.0.0.1, random ports, client-cert auth,
 #            Node,RBAC authorization, admission incl. ValidatingAdmissionPolicy,
 #            ServiceAccount admission off because nothing creates SAs)
 #   --full:  + kube-controller-manager, kube-scheduler and kwok (fake nodes:
 #            Nodes annotated kwok.x-k8s.io/node=fake become Ready, node IP 127.0.0.1)
+#   --node:  --full + this machine as one real node (containerd 2.x, runc, CNI bridge,
+#            kubelet, kube-proxy; tests/cluster/node.sh): needs root on Linux. The apiserver
+#            then listens on the node's bridge address (10.89.0.1), not on loopback, so pods
+#            can reach it; nothing listens on the machine's own interfaces.
 #
 # WORKDIR defaults to ${TESTCLUSTER_WORK:-<repo>/target/testcluster}. Writes
 # WORKDIR/admin.kubeconfig and WORKDIR/env (source it), logs in WORKDIR/logs.
@@ -19,11 +23,12 @@ TC_SCRIPT=up.sh
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-FULL=0; WORK=
+FULL=0; NODE=0; WORK=
 for a in "$@"; do
   case $a in
     --full) FULL=1 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    --node) FULL=1; NODE=1 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     -*) tc_die "unknown option '$a'" ;;
     *) [ -z "$WORK" ] || tc_die "only one WORKDIR allowed"; WORK=$a ;;
   esac
@@ -35,7 +40,15 @@ for c in curl openssl setsid python3; do
   command -v "$c" >/dev/null || tc_die "'$c' is required"
 done
 
-BUILD_ARGS=(); [ $FULL = 1 ] && BUILD_ARGS=(--full)
+# shellcheck source=node.sh source-path=SCRIPTDIR
+. "$TC_HERE/node.sh"
+if [ $NODE = 1 ]; then
+  why=$(tc_node_supported)
+  [ -z "$why" ] || tc_die "this machine cannot run a real node: $why"
+  mkdir -p "$WORK/logs"
+  tc_node_deps
+fi
+BUILD_ARGS=(); [ $FULL = 1 ] && BUILD_ARGS=(--full); [ $NODE = 1 ] && BUILD_ARGS=(--node)
 BIN=$("$TC_HERE/build.sh" "${BUILD_ARGS[@]}")
 [ -x "$BIN/kube-apiserver" ] || tc_die "build.sh did not produce binaries in '$BIN'"
 
@@ -49,8 +62,10 @@ healthy() {
   [ "$(cat "$WORK/run/bin" 2>/dev/null)" = "$BIN" ] || return 1
   local running_full; running_full=$(cat "$WORK/run/full")
   [ $FULL = 0 ] || [ "$running_full" = 1 ] || return 1
+  [ "$(cat "$WORK/run/node" 2>/dev/null || echo 0)" = $NODE ] || return 1
   local comps=(etcd kube-apiserver)
   [ "$running_full" = 1 ] && comps+=(kube-controller-manager kube-scheduler kwok)
+  [ $NODE = 1 ] && comps+=("${TC_NODE_COMPONENTS[@]}")
   local c; for c in "${comps[@]}"; do tc_pid "$c" >/dev/null || return 1; done
   tc_api_get /readyz >/dev/null 2>&1
 }
@@ -65,16 +80,32 @@ if [ -d "$WORK/run" ] || [ -f "$WORK/env" ]; then
   tc_log "cleaning up previous cluster state in $WORK"
 fi
 rm -f "$WORK/env"
+tc_node_down
 for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do tc_stop "${TC_COMPONENTS[i]}" 5; done
-rm -rf "$WORK/run" "$WORK/pki" "$WORK/etcd-data" "$WORK/logs" "$WORK/kwok" "$WORK/certs" \
+rm -rf "$WORK/node" "$WORK/run" "$WORK/pki" "$WORK/etcd-data" "$WORK/logs" "$WORK/kwok" "$WORK/certs" \
        "$WORK/admin.kubeconfig"
 mkdir -p "$WORK/run" "$WORK/logs" "$WORK/pki" "$WORK/certs"
 echo "$BIN" >"$WORK/run/bin"
+echo "$NODE" >"$WORK/run/node"
+API_HOST=127.0.0.1
+if [ $NODE = 1 ]; then
+  # One real node per machine: the kubelet's ports and host paths are fixed.
+  other=$(cat /run/hwaccel-testcluster-node 2>/dev/null || true)
+  if [ -n "$other" ] && [ "$other" != "$WORK" ] && [ -d "$other/node" ] \
+     && WORK=$other tc_pid kubelet >/dev/null; then
+    tc_die "a real-node cluster already runs from $other (tests/cluster/down.sh $other)"
+  fi
+  echo "$WORK" >/run/hwaccel-testcluster-node
+  tc_node_host_up
+  API_HOST=$TC_NODE_BRIDGE_IP
+fi
+echo "$API_HOST" >"$WORK/run/apiserver.host"
 
 fail() {
   tc_log "ERROR: $*"
   tc_tails
   tc_log "stopping what was started; logs kept in $WORK/logs"
+  tc_node_down
   for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do tc_stop "${TC_COMPONENTS[i]}" 10; done
   exit 1
 }
@@ -105,7 +136,7 @@ P=$WORK/pki
     rm -f "$1.csr" "$1.ext"
   }
   sign apiserver "/CN=kube-apiserver" serverAuth \
-    "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1"
+    "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1,IP:$TC_NODE_BRIDGE_IP,IP:$TC_NODE_SERVICE_IP"
   sign admin "/O=system:masters/CN=testcluster-admin" clientAuth
   # Aggregation layer (front proxy): its own CA, so a client cert from ca.crt can
   # never pose as the front proxy. Also lets kcm/scheduler delegate authentication
@@ -124,12 +155,14 @@ P=$WORK/pki
   openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
   chmod 600 ./*.key
 ) || fail "PKI generation failed"
+[ $NODE = 0 ] || (tc_node_pki) || fail "node PKI generation failed"
 
 # ---------------------------------------------------------------- ports
+SERVICE_CIDR=10.0.0.0/24; [ $NODE = 1 ] && SERVICE_CIDR=$TC_NODE_SERVICE_CIDR
 tc_free_port ETCD_PORT; tc_free_port ETCD_PEER_PORT; tc_free_port API_PORT
 echo "$API_PORT" >"$WORK/run/apiserver.port"
 echo "$ETCD_PORT" >"$WORK/run/etcd.port"
-SERVER=https://127.0.0.1:$API_PORT
+SERVER=https://$API_HOST:$API_PORT
 
 # ---------------------------------------------------------------- kubeconfig
 KC=$WORK/admin.kubeconfig
@@ -172,10 +205,7 @@ TC_WAIT_FOR=etcd tc_wait 60 "etcd /health" curl -fsS --max-time 2 "http://127.0.
 # shellcheck disable=SC2054 # the commas are part of flag values
 APISERVER_CMD=("$BIN/kube-apiserver"
   --etcd-servers="http://127.0.0.1:$ETCD_PORT"
-  --bind-address=127.0.0.1 --secure-port="$API_PORT"
-  # Loopback advertise address needs the 'none' endpoint reconciler (lease/master-count
-  # reject loopback); nothing in the tests uses the in-cluster kubernetes Service.
-  --advertise-address=127.0.0.1 --endpoint-reconciler-type=none
+  --bind-address="$API_HOST" --secure-port="$API_PORT"
   --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key"
   --client-ca-file="$P/ca.crt"
   --requestheader-client-ca-file="$P/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client
@@ -184,7 +214,7 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --proxy-client-cert-file="$P/front-proxy-client.crt" --proxy-client-key-file="$P/front-proxy-client.key"
   --service-account-issuer=https://kubernetes.default.svc.cluster.local
   --service-account-key-file="$P/sa.pub" --service-account-signing-key-file="$P/sa.key"
-  --service-cluster-ip-range=10.0.0.0/24
+  --service-cluster-ip-range="$SERVICE_CIDR"
   --authorization-mode=Node,RBAC
   --enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy
   # DeviceTaintRules (beta, off by default in 1.36) so the health-taint tests reach both of
@@ -192,12 +222,37 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --feature-gates=DRADeviceTaintRules=true
   --runtime-config=resource.k8s.io/v1beta2=true
   --allow-privileged=true --profiling=false
+  # Every write, by user (metadata only, no bodies): tests count who wrote what (a steady
+  # agent writes nothing) from this log.
+  --audit-policy-file="$WORK/run/audit-policy.yaml" --audit-log-path="$WORK/logs/audit.log"
+  --audit-log-maxsize=200 --audit-log-maxbackup=1
   # Never resolve node host names; kwok nodes report InternalIP 127.0.0.1.
   --kubelet-preferred-address-types=InternalIP
 )
+if [ $NODE = 1 ]; then
+  # Pods reach the apiserver at the bridge address through the kubernetes Service, whose
+  # endpoint the default (lease) reconciler publishes; the apiserver reaches the kubelet
+  # (logs, exec) with its own client certificate.
+  APISERVER_CMD+=(--advertise-address="$API_HOST"
+    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt"
+    --kubelet-client-key="$P/apiserver-kubelet-client.key")
+else
+  # Loopback advertise address needs the 'none' endpoint reconciler (lease/master-count
+  # reject loopback); nothing in the kwok tier uses the in-cluster kubernetes Service.
+  APISERVER_CMD+=(--advertise-address=127.0.0.1 --endpoint-reconciler-type=none)
+fi
 # Without kube-controller-manager nothing creates the 'default' ServiceAccount,
 # so the ServiceAccount admission plugin would reject every Pod.
 [ $FULL = 1 ] || APISERVER_CMD+=(--disable-admission-plugins=ServiceAccount)
+cat >"$WORK/run/audit-policy.yaml" <<'YAML'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+YAML
 printf '%q ' "${APISERVER_CMD[@]}" >"$WORK/run/kube-apiserver.cmd"
 echo >>"$WORK/run/kube-apiserver.cmd"
 
@@ -261,6 +316,14 @@ if [ $FULL = 1 ]; then
 fi
 echo "$FULL" >"$WORK/run/full"
 
+# ---------------------------------------------------------------- real node
+if [ $NODE = 1 ]; then
+  tc_log "starting containerd ($("$BIN/containerd" --version | awk '{print $3}')), then kubelet and kube-proxy as node $TC_NODE_NAME"
+  tc_node_containerd || fail "containerd did not start"
+  tc_node_kubelet || fail "node $TC_NODE_NAME did not become Ready"
+  tc_log "node $TC_NODE_NAME Ready after $(elapsed)"
+fi
+
 # ---------------------------------------------------------------- env file
 q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 {
@@ -273,6 +336,11 @@ q() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
   echo "export TESTCLUSTER_CA_CRT=$(q "$P/ca.crt")"
   echo "export TESTCLUSTER_CA_KEY=$(q "$P/ca.key")"
   echo "export TESTCLUSTER_ETCD=$(q "http://127.0.0.1:$ETCD_PORT")"
+  if [ $NODE = 1 ]; then
+    echo "export TESTCLUSTER_NODE=$(q "$TC_NODE_NAME")"
+    echo "export TESTCLUSTER_CONTAINERD_SOCK=$(q "$WORK/node/run/containerd.sock")"
+    echo "export TESTCLUSTER_BUSYBOX_IMAGE=$(q "$TC_NODE_BUSYBOX_IMAGE")"
+  fi
   echo "export TESTCLUSTER_K8S_VERSION=$(q "$("$BIN/kube-apiserver" --version | awk '{print $2}')")"
 } >"$WORK/env.tmp"
 mv "$WORK/env.tmp" "$WORK/env"
