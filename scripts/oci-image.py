@@ -150,10 +150,15 @@ def blob(data):
     return "sha256:" + hashlib.sha256(data).hexdigest(), data
 
 
+def architecture():
+    """The build machine's architecture in OCI terms (the binaries are built for it)."""
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+
+
 def build(stage, binary, name, out):
     layer_digest, layer_bytes = blob(layer(stage, binary))
     config = {
-        "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine),
+        "architecture": architecture(),
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": {
@@ -185,6 +190,8 @@ def build(stage, binary, name, out):
                 "mediaType": MT_MANIFEST,
                 "digest": manifest_digest,
                 "size": len(manifest_bytes),
+                # Importers pick the manifest for their platform from the index.
+                "platform": {"architecture": architecture(), "os": "linux"},
                 "annotations": {
                     # containerd names the image from the first; the OCI layout's own tag is the second.
                     "io.containerd.image.name": name,

@@ -29,7 +29,7 @@ flock 8
 BIN=$(cat "$WORK/run/bin" 2>/dev/null || true)
 rm -f "$WORK/env"
 # The real node first (its pods are deleted through the apiserver, which must still run).
-tc_node_down
+tc_node_down || true
 [ "$(cat /run/hwaccel-testcluster-node 2>/dev/null)" != "$WORK" ] || rm -f /run/hwaccel-testcluster-node
 for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do
   tc_stop "${TC_COMPONENTS[i]}" 30

@@ -205,8 +205,7 @@ TOML
 
 # tc_node_import ARCHIVE: make an OCI archive's image available to the kubelet.
 tc_node_import() {
-  "$BIN/ctr" --address "$WORK/node/run/containerd.sock" -n k8s.io images import \
-    --no-unpack=false --local "$1" >&2
+  "$BIN/ctr" --address "$WORK/node/run/containerd.sock" -n k8s.io images import --local "$1" >&2
 }
 
 # tc_node_kubelet: kubelet + kube-proxy; waits until the node is Ready.
@@ -243,8 +242,11 @@ failSwapOn: false
 podLogsDir: $N/pod-logs
 serializeImagePulls: false
 maxPods: 30
-# A small test machine: evict only when really short.
-evictionHard: {memory.available: "200Mi", nodefs.available: "2%", imagefs.available: "2%", nodefs.inodesFree: "2%"}
+# A small test machine: evict only when really short. No imagefs thresholds: with containerd's
+# root in the work dir the kubelet's cadvisor finds no image filesystem ("invalid capacity 0
+# on image filesystem"), reads 0 bytes free, and would reclaim by deleting every exited
+# container (and its logs) at once.
+evictionHard: {memory.available: "200Mi", nodefs.available: "2%", nodefs.inodesFree: "2%"}
 imageGCHighThresholdPercent: 98
 imageGCLowThresholdPercent: 97
 YAML

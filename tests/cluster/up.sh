@@ -80,7 +80,7 @@ if [ -d "$WORK/run" ] || [ -f "$WORK/env" ]; then
   tc_log "cleaning up previous cluster state in $WORK"
 fi
 rm -f "$WORK/env"
-tc_node_down
+tc_node_down || true
 for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do tc_stop "${TC_COMPONENTS[i]}" 5; done
 rm -rf "$WORK/node" "$WORK/run" "$WORK/pki" "$WORK/etcd-data" "$WORK/logs" "$WORK/kwok" "$WORK/certs" \
        "$WORK/admin.kubeconfig"
@@ -105,7 +105,7 @@ fail() {
   tc_log "ERROR: $*"
   tc_tails
   tc_log "stopping what was started; logs kept in $WORK/logs"
-  tc_node_down
+  tc_node_down || true
   for ((i = ${#TC_COMPONENTS[@]} - 1; i >= 0; i--)); do tc_stop "${TC_COMPONENTS[i]}" 10; done
   exit 1
 }
