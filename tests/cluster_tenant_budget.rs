@@ -15,7 +15,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use futures::{StreamExt, TryStreamExt};
