@@ -26,7 +26,7 @@ kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
 printf 'apiVersion: v1\nkind: Node\nmetadata: {name: bench-node}\n' | kubectl apply -f - >/dev/null
 
 ./target/release/hwaccel agent --node-name bench-node --host-root "$HOST" --tool-path "$HOST/commands" \
-  --backends all,-vulkan --interval 1s --metrics-addr "127.0.0.1:$PORT" --log-format json \
+  --backends all,-vulkan --interval 1s --metrics-addr "127.0.0.1:$PORT" --health-addr 127.0.0.1:0 --log-format json \
   >"$WORK/agent.log" 2>&1 &
 AGENT=$!
 sleep 3 # first cycle and its writes

@@ -45,6 +45,8 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 # Binaries from before issue 11 have no --api-timeout (their calls to this apiserver hang).
 extra=()
 if "$bin" agent --help | grep -q -- --api-timeout; then extra=(--api-timeout 1s); fi
+# Binaries from before issue 27 serve the probes on the metrics port; newer ones on their own.
+if "$bin" agent --help | grep -q -- --health-addr; then extra+=(--health-addr 127.0.0.1:0); fi
 KUBECONFIG=$work/kubeconfig NODE_NAME=bench RUST_LOG=error "$bin" agent \
   --host-root fixtures/hosts/cpu-only-vm --backends all,-vulkan \
   --metrics-addr "127.0.0.1:$port" "${extra[@]}" 2>"$work/agent.log" &

@@ -114,7 +114,7 @@ done
 for node in $(printf '%s\n' "${!HOSTS[@]}" | sort); do
   host=fixtures/hosts/${HOSTS[$node]}
   "$BIN" agent --node-name "$node" --host-root "$host" --tool-path "$host/commands" \
-    --backends all,-vulkan --interval 30s --metrics-addr 127.0.0.1:0 --log-format text \
+    --backends all,-vulkan --interval 30s --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --log-format text \
     >"$WORK/agent-$node.log" 2>&1 &
   PIDS+=($!)
   echo "  agent for $node reads $host"
@@ -147,7 +147,7 @@ if "$BIN" controller --help >/dev/null 2>&1; then
     kubectl -n hwaccel-system get lease hwaccel-controller -o jsonpath='  Lease held by {.spec.holderIdentity}{"\n"}'
   else
     say "Starting the controller and applying example ModelPlacements"
-    "$BIN" controller --metrics-addr 127.0.0.1:0 --leader-election-namespace hwaccel-system \
+    "$BIN" controller --metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0 --leader-election-namespace hwaccel-system \
       --log-format text >"$WORK/controller.log" 2>&1 &
     PIDS+=($!)
   fi

@@ -1,16 +1,23 @@
-//! The operational HTTP endpoints of the agent and the controller: `/healthz` (the process is
-//! alive: every loop registered in [`Liveness`] is making progress, otherwise 503 naming the
-//! loops that are not), `/readyz` (it has done its first useful work and can still reach what
-//! it needs), and `/metrics` (Prometheus/OpenMetrics text).
+//! The operational HTTP endpoints of the agent and the controller, on two listeners:
 //!
-//! The port is reachable by any peer of the pod, so the server bounds what a client can hold:
-//! a fixed number of connections (more are closed at once, not queued), a deadline for the
-//! request head, a small header buffer and a longest connection life. 5,000 idle half-sent
+//! - the **health** port: `/healthz` (the process is alive: every loop registered in
+//!   [`Liveness`] is making progress, otherwise 503 naming the loops that are not) and `/readyz`
+//!   (it has done its first useful work and can still reach what it needs; a request that comes
+//!   before that is held, see [`readiness`]). Only the kubelet needs it: the chart puts it
+//!   behind no Service and its NetworkPolicy admits no peer to it (the node is always admitted);
+//! - the **metrics** port: `/metrics` (Prometheus/OpenMetrics text), behind the Services.
+//!
+//! Both ports are reachable by peers that should not be there, so each bounds what a client can
+//! hold: a fixed number of connections (more are closed at once, not queued), a deadline for
+//! the request head, a small header buffer and a longest connection life. 5,000 idle half-sent
 //! requests once took the agent from 14 to 99 MB; see `docs/benchmarks.md` for the figures now.
+//! Each port has its own budget: one client holding the metrics port's 128 connections used to
+//! fail every probe, since `/healthz` shared them (issue 27 item 3).
+
+mod readiness;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -22,45 +29,38 @@ use prometheus_client::registry::Registry;
 
 use crate::health::Liveness;
 
-/// Readiness shared between the worker loop and the HTTP server.
-#[derive(Debug, Default)]
-pub struct Readiness {
-    ready: AtomicBool,
-}
-
-impl Readiness {
-    /// Marks the process ready (or not).
-    pub fn set(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
-    }
-
-    /// Whether the process is ready.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
-    }
-}
+pub use readiness::{READY_HOLD, Readiness};
 
 #[derive(Clone)]
-struct AppState {
-    registry: Arc<Registry>,
+struct HealthState {
     readiness: Arc<Readiness>,
     liveness: Liveness,
 }
 
-/// The router serving the three endpoints; exposed for tests.
-pub fn router(registry: Arc<Registry>, readiness: Arc<Readiness>, liveness: Liveness) -> Router {
+/// The health port's router: `/healthz` and `/readyz`.
+pub fn health_router(readiness: Arc<Readiness>, liveness: Liveness) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(AppState {
-            registry,
+        .with_state(HealthState {
             readiness,
             liveness,
         })
 }
 
-async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+/// The metrics port's router: `/metrics`.
+pub fn metrics_router(registry: Arc<Registry>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(registry)
+}
+
+/// Both routers on one, for tests and tools that want the three endpoints together.
+pub fn router(registry: Arc<Registry>, readiness: Arc<Readiness>, liveness: Liveness) -> Router {
+    health_router(readiness, liveness).merge(metrics_router(registry))
+}
+
+async fn healthz(State(state): State<HealthState>) -> impl IntoResponse {
     let problems = state.liveness.problems();
     if problems.is_empty() {
         return (StatusCode::OK, "ok".to_string());
@@ -70,17 +70,17 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     (StatusCode::SERVICE_UNAVAILABLE, lines.join("\n"))
 }
 
-async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.readiness.is_ready() {
+async fn readyz(State(state): State<HealthState>) -> impl IntoResponse {
+    if state.readiness.ready_within(READY_HOLD).await {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+    match prometheus_client::encoding::text::encode(&mut body, &registry) {
         Ok(()) => (
             StatusCode::OK,
             [(
@@ -111,44 +111,114 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// The limits the agent and the controller serve with.
+    /// The limits the metrics port serves with.
     fn default() -> Self {
+        Self::metrics()
+    }
+}
+
+impl Limits {
+    /// The metrics port's limits.
+    pub fn metrics() -> Self {
         Self {
-            // The legitimate clients are the kubelet's two probes, one or two Prometheus
-            // scrapers and a person with curl: a handful at once. 128 is far above that, and
-            // at a few tens of KiB per connection (task, buffers, socket) keeps the server's
-            // share of memory to a few MiB whatever a peer does.
+            // The legitimate clients are one or two Prometheus scrapers and a person with curl:
+            // a handful at once. 128 is far above that, and at a few tens of KiB per connection
+            // (task, buffers, socket) keeps the server's share of memory to a few MiB whatever
+            // a peer does.
             max_connections: 128,
-            // The kubelet gives a probe 3 s (timeoutSeconds) in all, so an honest client has
-            // sent its request head long before this.
+            // An honest scraper sends its request head at once.
             header_timeout: Duration::from_secs(5),
             // hyper's smallest buffer; a GET for these paths needs a few hundred bytes.
             max_header_bytes: 8 * 1024,
-            // A scrape or probe takes milliseconds; a scraper that keeps its connection alive
-            // between scrapes simply reconnects after this.
+            // A scrape takes milliseconds; a scraper that keeps its connection alive between
+            // scrapes simply reconnects after this.
             max_connection_life: Duration::from_secs(60),
+        }
+    }
+
+    /// The health port's limits: its only client is the kubelet, with two probes of which a
+    /// held `/readyz` lasts at most [`READY_HOLD`].
+    pub fn health() -> Self {
+        Self {
+            max_connections: 32,
+            // The kubelet gives a probe its timeoutSeconds (3 s for liveness) in all, so an
+            // honest client has sent its request head long before this.
+            header_timeout: Duration::from_secs(5),
+            max_header_bytes: 8 * 1024,
+            // Longer than a held readiness answer, so that one is never cut off.
+            max_connection_life: READY_HOLD + Duration::from_secs(10),
         }
     }
 }
 
-/// Binds `addr` and serves until `shutdown` completes, with the default [`Limits`].
+/// Where the two ports listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses {
+    /// `/healthz` and `/readyz`.
+    pub health: SocketAddr,
+    /// `/metrics`.
+    pub metrics: SocketAddr,
+}
+
+/// Binds both ports and serves until `shutdown` completes, each with its own [`Limits`]. An
+/// error is a port that could not be bound (the same address for both included).
 pub async fn serve(
-    addr: SocketAddr,
+    addrs: Addresses,
     registry: Arc<Registry>,
     readiness: Arc<Readiness>,
     liveness: Liveness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    serve_on(
-        listener,
-        router(registry, readiness, liveness),
-        Limits::default(),
+    // Port 0 asks the system for a free port, which differs for each.
+    if addrs.health == addrs.metrics && addrs.health.port() != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the health and metrics addresses must differ (both {}): the probes need a \
+                 port of their own",
+                addrs.health
+            ),
+        ));
+    }
+    let health = tokio::net::TcpListener::bind(addrs.health).await?;
+    let metrics = tokio::net::TcpListener::bind(addrs.metrics).await?;
+    tracing::info!(health = %addrs.health, metrics = %addrs.metrics, "serving /healthz and /readyz, and /metrics");
+    serve_both(
+        health,
+        metrics,
+        health_router(readiness, liveness),
+        metrics_router(registry),
         shutdown,
     )
     .await;
     Ok(())
+}
+
+/// Serves `health` and `metrics` on their listeners, each within its own [`Limits`], until
+/// `shutdown` completes.
+pub async fn serve_both(
+    health_listener: tokio::net::TcpListener,
+    metrics_listener: tokio::net::TcpListener,
+    health: Router,
+    metrics: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let health = serve_on(
+        health_listener,
+        health,
+        Limits::health(),
+        wait(stopped.clone()),
+    );
+    let metrics = serve_on(metrics_listener, metrics, Limits::metrics(), wait(stopped));
+    let signal = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    tokio::join!(health, metrics, signal);
 }
 
 /// Serves `app` on `listener` within `limits` until `shutdown` completes; open connections are
@@ -225,7 +295,8 @@ mod tests {
         (status, String::from_utf8(bytes.to_vec()).unwrap())
     }
 
-    #[tokio::test]
+    // Paused time: the not-ready `/readyz` below is held for READY_HOLD first.
+    #[tokio::test(start_paused = true)]
     async fn endpoints_report_health_readiness_and_metrics() {
         let mut registry = Registry::default();
         let writes = Counter::<u64>::default();
@@ -415,6 +486,98 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             drop(holding);
+        }
+
+        /// A GET with `Connection: close` on `addr`; the response, empty on a refusal.
+        async fn probe(addr: SocketAddr, path: &str) -> String {
+            let mut stream = TcpStream::connect(addr).await.expect("connect");
+            let mut response = String::new();
+            let request = format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+            if stream.write_all(request.as_bytes()).await.is_err() {
+                return response;
+            }
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+                    .await
+                    .expect("response in time");
+            if read.is_err() {
+                response.clear();
+            }
+            response
+        }
+
+        #[tokio::test]
+        async fn a_peer_holding_the_whole_metrics_budget_fails_no_probe() {
+            // Issue 27 item 3: 128 half-sent requests on the shared port failed 20/20 probes.
+            let health = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let metrics = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let (health_addr, metrics_addr) = (
+                health.local_addr().expect("address"),
+                metrics.local_addr().expect("address"),
+            );
+            let readiness = Arc::new(Readiness::default());
+            readiness.set(true);
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(serve_both(
+                health,
+                metrics,
+                health_router(readiness, Liveness::default()),
+                metrics_router(Arc::new(Registry::default())),
+                async move {
+                    let _ = stopped.await;
+                },
+            ));
+            // The whole budget, and more: the extra ones are closed at once.
+            let budget = Limits::metrics().max_connections;
+            let mut holding = Vec::new();
+            for _ in 0..budget + 16 {
+                let mut stream = TcpStream::connect(metrics_addr).await.expect("connect");
+                let _ = stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\n")
+                    .await;
+                holding.push(stream);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The metrics port is full: a scrape now is refused.
+            let scrape = probe(metrics_addr, "/metrics").await;
+            assert!(!scrape.starts_with("HTTP/1.1 200"), "{scrape}");
+            // Every probe still answers, for as long as the peer holds the port.
+            for _ in 0..20 {
+                for path in ["/healthz", "/readyz"] {
+                    let response = probe(health_addr, path).await;
+                    assert!(response.starts_with("HTTP/1.1 200"), "{path}: {response:?}");
+                }
+            }
+            // The health port serves no metrics, and the metrics port no probes.
+            assert!(
+                probe(health_addr, "/metrics")
+                    .await
+                    .starts_with("HTTP/1.1 404")
+            );
+            drop(holding);
+            let _ = stop.send(());
+        }
+
+        #[tokio::test]
+        async fn serve_refuses_one_address_for_both_ports() {
+            let addr: SocketAddr = "127.0.0.1:18081".parse().expect("address");
+            let err = serve(
+                Addresses {
+                    health: addr,
+                    metrics: addr,
+                },
+                Arc::new(Registry::default()),
+                Arc::new(Readiness::default()),
+                Liveness::default(),
+                async {},
+            )
+            .await
+            .expect_err("one address for both");
+            assert!(err.to_string().contains("must differ"), "{err}");
         }
 
         #[tokio::test]

@@ -64,6 +64,7 @@ fn host(dir: &Path, stall: bool) -> PathBuf {
 struct Agent {
     child: Child,
     metrics: SocketAddr,
+    health: SocketAddr,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -93,12 +94,15 @@ impl Agent {
         let host = host(dir.path(), stall);
         let log = dir.path().join("agent.log");
         let metrics = free_port();
+        let health = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_hwaccel"))
             .arg("agent")
             .arg("--host-root")
             .arg(&host)
             .arg("--metrics-addr")
             .arg(metrics.to_string())
+            .arg("--health-addr")
+            .arg(health.to_string())
             .args(["--backends", "all,-vulkan", "--interval", "1s"])
             .args(["--hotplug-poll", "1s", "--max-backoff", "1s"])
             .args(["--tool-timeout-ms", "100"])
@@ -116,15 +120,24 @@ impl Agent {
         Self {
             child,
             metrics,
+            health,
             log,
             _dir: dir,
         }
     }
 
-    /// `(status, body)` of a GET, or `None` while the server is not up.
+    /// `(status, body)` of a GET (`/metrics` on the metrics port, the rest on the health
+    /// port), or `None` while the server is not up.
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut stream = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(2)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        let port = if path == "/metrics" {
+            &self.metrics
+        } else {
+            &self.health
+        };
+        let mut stream = TcpStream::connect_timeout(port, Duration::from_secs(2)).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(12)))
+            .ok()?;
         write!(
             stream,
             "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"

@@ -213,10 +213,87 @@ fn default_render_has_every_component() {
             ("controller", pod),
         ] {
             assert_eq!(
-                pod["containers"][0][probe]["httpGet"]["port"], "metrics",
-                "{workload} {probe}"
+                pod["containers"][0][probe]["httpGet"]["port"], "health",
+                "{workload} {probe}: the probes have a port of their own (issue 27 item 3)"
             );
         }
+    }
+}
+
+/// Issue 27 item 3 and issue 28: the probes use a port no Service exposes and no NetworkPolicy
+/// rule admits a pod to, and the readiness probe waits longer than `/readyz` holds a request,
+/// so a normal start answers the first probe 200 instead of a Warning.
+#[test]
+fn probes_have_their_own_port_and_outwait_the_held_readiness_answer() {
+    let test = "probes_have_their_own_port_and_outwait_the_held_readiness_answer";
+    let Some(docs) = render(test, &[]) else {
+        return;
+    };
+    let hold = hwaccel::server::READY_HOLD.as_secs();
+    for workload in [
+        of_kind(&docs, "DaemonSet")[0],
+        of_kind(&docs, "Deployment")[0],
+    ] {
+        let name = name_of(workload);
+        let container = &workload["spec"]["template"]["spec"]["containers"][0];
+        let ports = container["ports"].as_array().expect("ports");
+        let port_of = |wanted: &str| {
+            ports
+                .iter()
+                .find(|p| p["name"] == wanted)
+                .and_then(|p| p["containerPort"].as_u64())
+                .unwrap_or_else(|| panic!("{name}: no port {wanted}"))
+        };
+        let (health, metrics) = (port_of("health"), port_of("metrics"));
+        assert_ne!(health, metrics, "{name}");
+        let args = container["args"].to_string();
+        assert!(
+            args.contains(&format!("--health-addr=0.0.0.0:{health}")),
+            "{name}: {args}"
+        );
+        assert!(
+            args.contains(&format!("--metrics-addr=0.0.0.0:{metrics}")),
+            "{name}: {args}"
+        );
+        let readiness = &container["readinessProbe"];
+        let timeout = readiness["timeoutSeconds"]
+            .as_u64()
+            .expect("timeoutSeconds");
+        assert!(
+            timeout > hold,
+            "{name}: readiness timeoutSeconds {timeout} must exceed the {hold} s hold of /readyz"
+        );
+        assert!(
+            readiness["initialDelaySeconds"].as_u64().unwrap_or(0) >= 1,
+            "{name}"
+        );
+        let liveness = &container["livenessProbe"];
+        assert_eq!(liveness["httpGet"]["path"], "/healthz", "{name}");
+    }
+    for service in of_kind(&docs, "Service") {
+        let ports = service["spec"]["ports"].to_string();
+        assert!(
+            !ports.contains("health"),
+            "{} exposes the health port: {ports}",
+            name_of(service)
+        );
+    }
+    for policy in of_kind(&docs, "NetworkPolicy") {
+        let rules = policy["spec"]["ingress"].to_string();
+        assert!(
+            !rules.contains("health"),
+            "{} admits a peer to the health port: {rules}",
+            name_of(policy)
+        );
+    }
+    // One port for both is refused, by the schema and by the template's own check.
+    let Some(helm) = find_helm() else {
+        return;
+    };
+    for extra in [&[][..], &["--skip-schema-validation"][..]] {
+        let err = template_with_values(&helm, "probes:\n  port: 8080\n", extra)
+            .expect_err("probes.port = metrics.port");
+        assert!(err.contains("must differ from metrics.port"), "{err}");
     }
 }
 

@@ -518,6 +518,8 @@ async fn a_placement_nested_deeper_than_json_decoders_go_is_invalid_and_the_rest
     // upgrade.
     let depth = 130;
     let config = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+    // The config is JSON text inside the placement (a string field, bounded in size).
+    let config = serde_json::to_string(&config)?;
     let deep = format!(
         r#"{{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacement",
             "metadata":{{"name":"deep"}},

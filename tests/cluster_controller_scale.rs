@@ -243,6 +243,8 @@ async fn scale_run() -> Result<()> {
             cluster.namespace(),
             "--metrics-addr",
             &format!("127.0.0.1:{port}"),
+            "--health-addr",
+            "127.0.0.1:0",
             "--identity",
             "scale",
             "--log-format",

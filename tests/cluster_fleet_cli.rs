@@ -81,6 +81,8 @@ async fn fleet_reads_inventories_and_placements_from_the_cluster() -> Result<()>
     // the way the controller reads them.
     let depth = 130;
     let config = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+    // The config is JSON text inside the placement (a string field, bounded in size).
+    let config = serde_json::to_string(&config)?;
     let deep_name = tc.unique_name("deep");
     let deep = format!(
         r#"{{"apiVersion":"hwaccel.io/v1alpha1","kind":"ModelPlacement",

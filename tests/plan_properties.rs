@@ -606,6 +606,58 @@ proptest! {
         }
     }
 
+    /// A checkpoint size never makes a plan fit where the same plan with the true (computed)
+    /// weights would not: at every precision and layout the checkpoint-sized weights are at
+    /// least the computed ones, and a fitting plan still fits without the checkpoint size.
+    #[test]
+    fn a_checkpoint_size_never_fits_where_the_true_weights_would_not(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        checkpoint_permille in 1u64..20_000,
+        precision in 0usize..4,
+        tp_index in 0usize..8,
+        pp in 1u32..5,
+    ) {
+        let bare = model(model_index);
+        let native = WeightBytes::of(&bare, bare.native.precision).total();
+        // From a thousandth of the computed size (a wrong figure) to 20 times it.
+        let checkpoint = Bytes(native.0 / 1000 * checkpoint_permille);
+        let sized = bare.clone().with_checkpoint_bytes(Some(checkpoint));
+        let tps = valid_tensor_parallel_sizes(&bare, 8);
+        let tp = tps[tp_index % tps.len()];
+        let target = ServingTarget { context: 4096, gpu_util: 0.9, ..ServingTarget::default() };
+        for p in [Precision::Bf16, Precision::Fp16, Precision::Fp8, Precision::Int4, bare.native.precision] {
+            let with = WeightBytes::of(&sized, p);
+            let without = WeightBytes::of(&bare, p);
+            prop_assert!(with.total() >= without.total(), "{}: {:?}", bare.name, p);
+            let need = |w: &WeightBytes, m: &Model| {
+                let fit = serving_fit(m, w, (Bytes::gib(80), "H100"), tp, pp, &target);
+                fit.memory.weights
+            };
+            prop_assert!(need(&with, &sized) >= need(&without, &bare), "{}: {:?} TP {} PP {}", bare.name, p, tp, pp);
+        }
+        prop_assert_eq!(WeightBytes::of(&sized, Precision::Bf16), WeightBytes::of(&sized, Precision::Fp16));
+        let nodes = parse_hardware(&hardware).unwrap();
+        let mut request = PlanRequest::serve(Some(bare.max_context.map_or(4096, |max| max.min(4096))), 1);
+        request.precision = choice(precision);
+        let (Ok(with), Ok(without)) = (
+            plan(&sized, &nodes, &Reservations::none(), &request),
+            plan(&bare, &nodes, &Reservations::none(), &request),
+        ) else {
+            return Ok(());
+        };
+        if with.fits {
+            prop_assert!(without.fits, "{}: fits with {} but not with its true weights", bare.name, checkpoint);
+            // Pinned to the same precision and layout, the true weights fit too.
+            let precision = with.precision.unwrap();
+            let mut pinned = request.clone().with_precision(precision);
+            pinned.replicas = with.replicas;
+            let again = plan(&bare, &nodes, &Reservations::none(), &pinned).unwrap();
+            prop_assert!(again.fits, "{}: {:?}", bare.name, again.reasons);
+            prop_assert!(again.nodes <= with.nodes, "{:?} vs {:?}", again.nodes, with.nodes);
+        }
+    }
+
     /// More sharding never needs more memory per device.
     #[test]
     fn training_memory_shrinks_with_sharding(model_index in 0usize..64, devices in 2u32..64) {

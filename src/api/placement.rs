@@ -113,9 +113,10 @@ pub struct ModelSource {
     #[schemars(length(max = 32))]
     #[x_kube(validation = Rule::new("self.matches('^[0-9]+([.][0-9]+)?[KMBT]$')").message("parameters must look like 70B, 1.5T or 350M"))]
     pub parameters: Option<String>,
-    /// An inline Hugging Face `config.json` (dense, GQA, MoE, MLA and sliding-window models).
+    /// An inline Hugging Face `config.json`, as its JSON text (dense, GQA, MoE, MLA and
+    /// sliding-window models); at most 65,536 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "free_form_object")]
+    #[schemars(schema_with = "config_text")]
     pub hugging_face_config: Option<InlineJson>,
     /// Exact checkpoint size in bytes; overrides the weight bytes computed from parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -219,9 +220,11 @@ pub struct Constraints {
     /// (`nvidia-h100-80gb-hbm3`); empty means any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(p, size(p) <= 128)").message("each product must be at most 128 characters (a hwaccel.io/product label value is at most 63)"))]
     pub products: Vec<String>,
     /// Only nodes whose labels match all of these.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(k, size(k) <= 317 && size(self[k]) <= 63)").message("nodeSelector keys must be at most 317 characters and values at most 63 (Kubernetes label limits)"))]
     pub node_selector: BTreeMap<String, String>,
     /// At most this many nodes per replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -512,46 +515,68 @@ pub struct PodResourceClaimTemplateRef {
     pub resource_claim_template_name: String,
 }
 
-/// Top-level keys an inline `config.json` may have (real ones have 30 to 100).
-pub const MAX_CONFIG_KEYS: u32 = 512;
+/// Characters an inline `config.json` may have. Real ones have 1 to 10 KiB (the largest seen,
+/// a quantised MoE listing every ignored module, about 30 KiB). The bound is on the text, so
+/// the apiserver enforces it with `maxLength`, at no CEL cost, whatever the JSON inside:
+/// a free-form object could be bounded only in its number of top-level keys, and one
+/// placement reached 1.3 MB that way (issue 27 item 1).
+pub const MAX_CONFIG_CHARS: u32 = 65_536;
 
-fn free_form_object(_: &mut SchemaGenerator) -> Schema {
+fn config_text(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-        "maxProperties": MAX_CONFIG_KEYS,
-        "description": "An inline Hugging Face config.json.",
+        "type": "string",
+        "maxLength": MAX_CONFIG_CHARS,
+        "description": "An inline Hugging Face config.json, as its JSON text (at most 65,536 characters).",
     })
 }
 
-/// A JSON value kept as the text the apiserver sent, decoded only when the planner reads it.
+/// An inline `config.json`: the JSON text a tenant wrote, reduced as it is decoded to the
+/// fields the planner reads ([`crate::plan::model::subset`]).
 ///
-/// The apiserver stores free-form objects nested far deeper than serde_json decodes (its
-/// recursion limit is 128), and one such ModelPlacement made every list of placements fail
-/// to decode: the controller could not start. Skipping over raw JSON has no depth limit, so
-/// the object always decodes, and the planner's own decode of this field turns a value it
-/// cannot read into that one placement's `Invalid` condition.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// Whoever decodes a placement (the controller's caches above all) keeps a bounded model
+/// description, not what the tenant stored: the subset of a real config is about 1 KiB. Text
+/// that is not a JSON object (malformed, nested too deeply to decode, an array) is kept as it
+/// is, within the CRD's bound, so the planner reports its own error for it and that
+/// placement alone becomes `Invalid`.
+#[derive(Clone, Debug, Serialize)]
 #[serde(transparent)]
-pub struct InlineJson(Box<serde_json::value::RawValue>);
+pub struct InlineJson(String);
 
 impl InlineJson {
-    /// The JSON text.
+    /// Keeps the planner's subset of `text` when it is a JSON object, else `text` itself.
+    pub fn reduced(text: String) -> Self {
+        let subset = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|value| crate::plan::model::subset::planning_subset(&value));
+        match subset {
+            Some(subset) => Self(subset.to_string()),
+            None => Self(text),
+        }
+    }
+
+    /// The JSON text (the planner's subset, see above).
     pub fn text(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 
     /// Decodes the value (fails on malformed or too deeply nested JSON).
     pub fn value(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::from_str(self.0.get())
+        serde_json::from_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for InlineJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(Self::reduced)
     }
 }
 
 impl TryFrom<serde_json::Value> for InlineJson {
     type Error = serde_json::Error;
 
+    /// The value's JSON text (a test and tool convenience; never fails for a `Value`).
     fn try_from(value: serde_json::Value) -> Result<Self, Self::Error> {
-        serde_json::value::to_raw_value(&value).map(Self)
+        serde_json::to_string(&value).map(Self::reduced)
     }
 }
 

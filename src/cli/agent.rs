@@ -44,9 +44,13 @@ pub(super) struct AgentArgs {
     /// of this node is deleted.
     #[arg(long, value_delimiter = ',')]
     own_slice_families: Vec<crate::api::dra::own_slices::OwnFamily>,
-    /// Address for /healthz, /readyz and /metrics.
+    /// Address for /metrics (what the chart's Service exposes).
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
+    /// Address for /healthz and /readyz (the kubelet's probes), a port apart from the metrics
+    /// one so that no scraper or peer can use up the probes' connections.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    health_addr: std::net::SocketAddr,
     #[command(flatten)]
     process: ProcessArgs,
     /// Log format.
@@ -86,7 +90,10 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         let agent = crate::agent::Agent::new(config, start.client.clone(), metrics)
             .with_heartbeat(heartbeat)
             .with_own_slices(args.own_slice_families.into_iter().collect());
-        let server = start.spawn_server(args.metrics_addr);
+        let server = start.spawn_server(crate::server::Addresses {
+            health: args.health_addr,
+            metrics: args.metrics_addr,
+        });
         let worker = crate::agent::run::run(agent, start.readiness.clone(), start.stopped.clone());
         let mut worker = tokio::spawn(worker);
         let stop = start.stop;

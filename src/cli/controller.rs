@@ -9,9 +9,13 @@ use super::process::{self, ProcessArgs};
 
 #[derive(Debug, clap::Args)]
 pub(super) struct ControllerArgs {
-    /// Address for /healthz, /readyz and /metrics.
+    /// Address for /metrics (what the chart's Service exposes).
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
+    /// Address for /healthz and /readyz (the kubelet's probes), a port apart from the metrics
+    /// one so that no scraper or peer can use up the probes' connections.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    health_addr: std::net::SocketAddr,
     /// Namespace of the leader-election Lease (the controller's own namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     leader_election_namespace: String,
@@ -94,7 +98,10 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             "controller reconcile",
             crate::health::reconcile_bound(flags.api_timeout),
         );
-        let server = start.spawn_server(args.metrics_addr);
+        let server = start.spawn_server(crate::server::Addresses {
+            health: args.health_addr,
+            metrics: args.metrics_addr,
+        });
         let lease = crate::controller::leader::LeaseConfig::new(
             &args.leader_election_namespace,
             &args.lease_name,

@@ -242,7 +242,11 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
 /// failed list.
 async fn list_all<K>(client: kube::Client, notes: &mut Vec<String>) -> anyhow::Result<Vec<K>>
 where
-    K: kube::Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()>
+        + DeserializeOwned
+        + crate::api::lenient::Trim
+        + Clone
+        + std::fmt::Debug,
 {
     let api: Api<Lenient<K>> = Api::all(client);
     let kind = K::kind(&());

@@ -2,7 +2,6 @@
 //! flags for API deadlines and shutdown, the runtime, and the health and metrics server that
 //! runs beside the loop until told to stop.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::health::Liveness;
-use crate::server::Readiness;
+use crate::server::{Addresses, Readiness};
 
 /// Flags every long-running command shares.
 #[derive(Debug, clap::Args)]
@@ -59,13 +58,14 @@ pub(super) async fn start(api_timeout: Duration) -> anyhow::Result<Start> {
 }
 
 impl Start {
-    /// Starts /healthz, /readyz and /metrics on `addr`, serving the metrics registered so far
-    /// (register before calling this); the server stops once `stop` sends `true`.
-    pub(super) fn spawn_server(&mut self, addr: SocketAddr) -> JoinHandle<std::io::Result<()>> {
+    /// Starts /healthz and /readyz on the health address and /metrics on the metrics one,
+    /// serving the metrics registered so far (register before calling this); the server stops
+    /// once `stop` sends `true`.
+    pub(super) fn spawn_server(&mut self, addrs: Addresses) -> JoinHandle<std::io::Result<()>> {
         let registry = std::mem::take(&mut self.registry);
         let mut stopped = self.stopped.clone();
         tokio::spawn(crate::server::serve(
-            addr,
+            addrs,
             Arc::new(registry),
             self.readiness.clone(),
             self.liveness.clone(),

@@ -126,6 +126,9 @@ impl Config {
     }
 }
 
+/// Placements per page when the controller lists them (each up to ~70 KiB as stored).
+const PLACEMENT_PAGE: u32 = 50;
+
 /// Runs the controller until `shutdown` resolves (or a watch fails for good).
 pub async fn run(
     client: Client,
@@ -282,13 +285,15 @@ async fn run_controller(
         devices = state.ledger.devices_reserved(),
         "reservation ledger rebuilt from placement statuses"
     );
-    let controller = Controller::new(api, watcher::Config::default()).with_config(
-        kube::runtime::controller::Config::default()
-            .debounce(config.debounce)
-            // Reconciles run one at a time under the ledger lock anyway; a small window keeps
-            // graceful shutdown short (only these finish) and memory flat.
-            .concurrency(RECONCILE_CONCURRENCY),
-    );
+    // Small pages: the first list of a large namespace is decoded a page at a time.
+    let controller = Controller::new(api, watcher::Config::default().page_size(PLACEMENT_PAGE))
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .debounce(config.debounce)
+                // Reconciles run one at a time under the ledger lock anyway; a small window keeps
+                // graceful shutdown short (only these finish) and memory flat.
+                .concurrency(RECONCILE_CONCURRENCY),
+        );
     let placements_store = controller.store();
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
@@ -379,14 +384,24 @@ async fn restore_placement_labels(
 
 /// The ledger, from every placement's own status.
 async fn initial_state(api: &Api<Lenient<ModelPlacement>>) -> anyhow::Result<State> {
-    let placements = api.list(&ListParams::default()).await?;
-    let (ledger, dropped) = Ledger::rebuild(
-        placements
-            .items
-            .iter()
-            .filter_map(Lenient::decoded)
-            .filter_map(holding_from_status),
-    );
+    // Page by page, keeping only the holdings: the whole list at once is every byte tenants
+    // stored, decoded at the same moment as the watch's own first list.
+    let mut holdings = Vec::new();
+    let mut params = ListParams::default().limit(PLACEMENT_PAGE);
+    loop {
+        let page = api.list(&params).await?;
+        holdings.extend(
+            page.items
+                .iter()
+                .filter_map(Lenient::decoded)
+                .filter_map(holding_from_status),
+        );
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let (ledger, dropped) = Ledger::rebuild(holdings);
     for key in dropped {
         tracing::warn!(placement = %key, "status claims devices another placement holds; re-planning it");
     }

@@ -90,10 +90,18 @@ seccompProfile:
 {{- end -}}
 
 {{- define "hwaccel.probes" -}}
+{{- /*
+Both probes use the health port, which no Service exposes and no NetworkPolicy rule admits
+(the node is always admitted): a scraper or peer holding the metrics port's connections cannot
+fail them (issue 27 item 3). /readyz holds a request that comes before the first cycle for up
+to 8 s (src/server/readiness.rs READY_HOLD) and answers as soon as the process is ready, so the
+readiness timeoutSeconds stays above that hold and a normal start fails no probe and causes no
+Warning Event (issue 28); initialDelaySeconds 1 lets the server bind first.
+*/ -}}
 livenessProbe:
   httpGet:
     path: /healthz
-    port: metrics
+    port: health
   initialDelaySeconds: 10
   periodSeconds: 20
   timeoutSeconds: 3
@@ -101,9 +109,10 @@ livenessProbe:
 readinessProbe:
   httpGet:
     path: /readyz
-    port: metrics
+    port: health
+  initialDelaySeconds: 1
   periodSeconds: 10
-  timeoutSeconds: 3
+  timeoutSeconds: 10
   failureThreshold: 3
 {{- end -}}
 

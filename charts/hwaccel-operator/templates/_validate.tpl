@@ -28,6 +28,10 @@ cannot climb out.
 {{- end -}}
 
 {{- define "hwaccel.validateValues" -}}
+{{- $probePort := int ((.Values.probes | default dict).port | default 8081) -}}
+{{- if eq $probePort (int .Values.metrics.port) -}}
+{{- fail (printf "probes.port=%d: must differ from metrics.port, so that nothing holding the metrics port's connections can fail the probes" $probePort) -}}
+{{- end -}}
 {{- $taints := toString ((.Values.health | default dict).taints | default "none") -}}
 {{- if not (has $taints (list "none" "dryRun" "enforce")) -}}
 {{- fail (printf "health.taints=%q: must be none, dryRun or enforce" $taints) -}}

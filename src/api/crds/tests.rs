@@ -398,16 +398,14 @@ fn every_string_list_and_map_a_client_writes_is_bounded() {
     let device = &devices["items"]["properties"];
     assert_eq!(device["attributes"]["maxProperties"], 32);
     assert_eq!(device["capacity"]["maxProperties"], 32);
-    // The free-form config is bounded at the top; its depth is the controller's business
-    // (it reads the config as raw text, see api::lenient).
+    // The inline config is JSON text, bounded as a whole: the apiserver refuses a longer one
+    // with no CEL cost at all (a free-form object could be bounded only in its top-level keys).
     let placement = all()
         .into_iter()
         .find(|crd| crd.spec.names.kind == "ModelPlacement")
         .expect("ModelPlacement CRD");
-    let config = &schema_of(&placement)["properties"]["spec"]["properties"]["model"]["properties"]
-        ["huggingFaceConfig"];
-    assert_eq!(
-        config["maxProperties"],
-        crate::api::placement::MAX_CONFIG_KEYS
-    );
+    let model = &schema_of(&placement)["properties"]["spec"]["properties"]["model"];
+    let config = &model["properties"]["huggingFaceConfig"];
+    assert_eq!(config["type"], "string");
+    assert_eq!(config["maxLength"], crate::api::placement::MAX_CONFIG_CHARS);
 }

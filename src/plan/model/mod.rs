@@ -9,6 +9,7 @@ pub mod config;
 mod count;
 pub mod params;
 pub mod presets;
+pub mod subset;
 
 use serde::Serialize;
 

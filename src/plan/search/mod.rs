@@ -8,6 +8,8 @@
 //! NVLink-class domain, PP where there is only PCIe), then device class and sizes, so the
 //! same input always yields the same plan.
 
+#[cfg(test)]
+mod checkpoint;
 mod disaggregated;
 #[cfg(test)]
 mod overflow;

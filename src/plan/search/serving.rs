@@ -617,8 +617,12 @@ fn explain_memory(
             c.precision, c.precision
         ));
     }
-    if c.precision == model.native.precision && model.checkpoint_bytes.is_some() {
-        lines.push("weight bytes are the given checkpoint size, not computed".to_string());
+    if let Some(exact) = model.checkpoint_bytes {
+        lines.push(format!(
+            "weight bytes follow the given {exact} checkpoint in {}: scaled to {}, never below \
+             the computed weights",
+            model.native.precision, c.precision
+        ));
     }
     let kv = KvLayout::new(model, target.kv_dtype, c.tp, c.pp);
     lines.push(format!(
