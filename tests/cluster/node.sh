@@ -242,11 +242,12 @@ failSwapOn: false
 podLogsDir: $N/pod-logs
 serializeImagePulls: false
 maxPods: 30
-# A small test machine: evict only when really short. No imagefs thresholds: with containerd's
+# A small test machine, its disk shared with builds: evict only when really short (absolute,
+# not a share of a big disk). No imagefs thresholds: with containerd's
 # root in the work dir the kubelet's cadvisor finds no image filesystem ("invalid capacity 0
 # on image filesystem"), reads 0 bytes free, and would reclaim by deleting every exited
 # container (and its logs) at once.
-evictionHard: {memory.available: "200Mi", nodefs.available: "2%", nodefs.inodesFree: "2%"}
+evictionHard: {memory.available: "200Mi", nodefs.available: "512Mi", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 98
 imageGCLowThresholdPercent: 97
 YAML
