@@ -214,8 +214,11 @@ mod tests {
     const H100: &str = "h100-8x-nvswitch";
     const CPU_ONLY: &str = "cpu-only-vm";
 
+    /// One node of a test fleet: fixture scenario, node name, node labels.
+    type TestNode<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
     /// A fleet of (scenario, node, labels).
-    fn fleet(nodes: &[(&str, &str, &[(&str, &str)])]) -> FleetView {
+    fn fleet(nodes: &[TestNode<'_>]) -> FleetView {
         let inventories: Vec<_> = nodes
             .iter()
             .map(|(scenario, name, _)| fixture_inventory(scenario, name))
@@ -251,7 +254,7 @@ mod tests {
     #[test]
     fn long_lists_are_bounded() {
         let names: Vec<String> = (0..12).map(|i| format!("cpu-{i:02}")).collect();
-        let nodes: Vec<(&str, &str, &[(&str, &str)])> = names
+        let nodes: Vec<TestNode<'_>> = names
             .iter()
             .map(|name| (CPU_ONLY, name.as_str(), &[][..]))
             .collect();
