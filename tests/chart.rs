@@ -326,7 +326,7 @@ fn every_container_is_hardened() {
 fn run_as_root_switch_changes_only_the_agent_uid() {
     let Some(docs) = render(
         "run_as_root_switch_changes_only_the_agent_uid",
-        &["--set", "agent.runAsRoot=true"],
+        ROOT_WITH_RECURSIVE_READ_ONLY,
     ) else {
         return;
     };
@@ -340,6 +340,126 @@ fn run_as_root_switch_changes_only_the_agent_uid() {
         controller["securityContext"]["runAsNonRoot"], true,
         "only the agent may run as root"
     );
+}
+
+/// A root agent as the chart accepts it without an acknowledgement: with every host mount
+/// recursively read-only.
+const ROOT_WITH_RECURSIVE_READ_ONLY: &[&str] = &[
+    "--set",
+    "agent.runAsRoot=true",
+    "--set",
+    "agent.hostMounts.recursiveReadOnly=Enabled",
+];
+
+/// Every hostPath volumeMount of every agent pod: (workload, mount).
+fn host_volume_mounts(docs: &[Value]) -> Vec<(String, Value)> {
+    let mut found = Vec::new();
+    for (workload, pod) in pod_specs(docs) {
+        let host_volumes: BTreeSet<&str> = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|volume| volume["hostPath"].is_object())
+            .filter_map(|volume| volume["name"].as_str())
+            .collect();
+        for container in containers(pod) {
+            for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+                if host_volumes.contains(mount["name"].as_str().unwrap_or_default()) {
+                    found.push((workload.clone(), mount.clone()));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Issue 28: on containerd < 2.0 a read-only hostPath mount is read-only only at its top.
+/// Every host mount carries the chosen recursiveReadOnly (with readOnly and no propagation,
+/// which Kubernetes requires for it).
+#[test]
+fn every_host_mount_is_recursively_read_only_as_chosen() {
+    let test = "every_host_mount_is_recursively_read_only_as_chosen";
+    for (extra, expected) in [
+        (&[][..], "IfPossible"),
+        (
+            &["--set", "agent.hostMounts.recursiveReadOnly=Enabled"][..],
+            "Enabled",
+        ),
+    ] {
+        let extra = [
+            extra,
+            &[
+                "--set",
+                "agent.hostMounts.procFiles={cpuinfo,driver/nvidia/version}",
+            ],
+            &[
+                "--set",
+                "agent.hostMounts.extra[0].name=tpu-env",
+                "--set",
+                "agent.hostMounts.extra[0].hostPath=/etc/hwaccel",
+                "--set",
+                "agent.hostMounts.extra[0].type=Directory",
+            ],
+        ]
+        .concat();
+        let Some(docs) = render(test, &extra) else {
+            return;
+        };
+        let mounts = host_volume_mounts(&docs);
+        // sys, dev, 2 /proc files, os-release, one extra.
+        assert_eq!(mounts.len(), 6, "{mounts:#?}");
+        for (workload, mount) in mounts {
+            assert_eq!(mount["recursiveReadOnly"], expected, "{workload}: {mount}");
+            assert_eq!(mount["readOnly"], true, "{workload}: {mount}");
+            assert!(mount["mountPropagation"].is_null(), "{workload}: {mount}");
+        }
+    }
+}
+
+/// A root agent could write the host's cgroup files through a mount that is read-only only
+/// at its top: refused unless every mount is recursively read-only or the risk is
+/// acknowledged, with and without the schema, and the NOTES say what stays writable.
+#[test]
+fn run_as_root_needs_recursive_read_only_or_an_acknowledgement() {
+    let test = "run_as_root_needs_recursive_read_only_or_an_acknowledgement";
+    let Some(helm) = find_helm() else {
+        skip_notice(test);
+        return;
+    };
+    let chart = chart_dir();
+    for skip_schema in [false, true] {
+        let mut args = vec!["--set", "agent.runAsRoot=true"];
+        if skip_schema {
+            args.push("--skip-schema-validation");
+        }
+        let err = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &args)
+            .expect_err("runAsRoot with IfPossible is refused");
+        assert!(err.contains("acknowledgeWritableHostMounts"), "{err}");
+        assert!(err.contains("recursiveReadOnly=Enabled"), "{err}");
+        let mut bad = vec!["--set", "agent.hostMounts.recursiveReadOnly=Disabled"];
+        if skip_schema {
+            bad.push("--skip-schema-validation");
+        }
+        let err = helm::template(&helm, &chart, "hwaccel", NAMESPACE, &bad)
+            .expect_err("Disabled is refused");
+        assert!(err.contains("recursiveReadOnly"), "{err}");
+    }
+    render(test, ROOT_WITH_RECURSIVE_READ_ONLY).expect("helm found above");
+    let acknowledged = [
+        "--set",
+        "agent.runAsRoot=true",
+        "--set",
+        "agent.hostMounts.acknowledgeWritableHostMounts=true",
+    ];
+    let docs = render(test, &acknowledged).expect("helm found above");
+    for (workload, mount) in host_volume_mounts(&docs) {
+        assert_eq!(mount["recursiveReadOnly"], "IfPossible", "{workload}");
+    }
+    let notes = install_notes(&helm, &acknowledged).expect("dry-run install");
+    assert!(notes.contains("cgroup files"), "{notes}");
+    assert!(notes.contains("HostMountsWritable"), "{notes}");
+    let notes = install_notes(&helm, ROOT_WITH_RECURSIVE_READ_ONLY).expect("dry-run install");
+    assert!(!notes.contains("cgroup files"), "{notes}");
 }
 
 #[test]
@@ -2133,7 +2253,7 @@ fn nvml_and_default_agents_split_the_nodes_exactly() {
 #[test]
 fn nvml_agents_keep_the_agent_security_context_mounts_and_identity() {
     let test = "nvml_agents_keep_the_agent_security_context_mounts_and_identity";
-    for extra in [&[][..], &["--set", "agent.runAsRoot=true"][..]] {
+    for extra in [&[][..], ROOT_WITH_RECURSIVE_READ_ONLY] {
         let Some(docs) = render(test, &[NVML_ON, extra].concat()) else {
             return;
         };

@@ -1,7 +1,8 @@
 //! The node agent against a real kube-apiserver: labels and inventory appear, a steady node
 //! causes no writes, devices leave only after the configured misses, a failing detector keeps
 //! the last good state and sets Degraded, foreign labels are untouched, long product names
-//! stay valid, and a deleted Node takes its inventory with it.
+//! stay valid, a deleted Node takes its inventory with it, and the controller's `freeDevices`
+//! write costs the agent no write.
 //!
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test cluster_agent --
 //! --ignored`.
@@ -201,6 +202,61 @@ async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> R
 
     // And steady again: reads only.
     assert_eq!(agent.cycle().await?, PublishOutcome::default());
+    Ok(())
+}
+
+/// Issue 28: the controller's `status.freeDevices` write (its own field manager) made the
+/// next agent cycle rewrite the inventory and reset every condition's transition time. Now
+/// the agent reads what is stored, finds its own fields unchanged, and writes nothing.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn the_controllers_free_devices_write_causes_no_agent_write() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("free");
+    create_node(&client, &node).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let mut agent = agent_for(&client, &node, host.path(), 3);
+    agent.cycle().await?;
+    let inventories: Api<AcceleratorInventory> = Api::all(client.clone());
+    // Transition times have whole seconds: let a reset show.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    let patch = serde_json::json!({
+        "apiVersion": "hwaccel.io/v1alpha1",
+        "kind": "AcceleratorInventory",
+        "status": {"freeDevices": 3},
+    });
+    let params = PatchParams::apply("hwaccel-controller").force();
+    inventories
+        .patch_status(&node, &params, &Patch::Apply(&patch))
+        .await?;
+    let written = inventories.get(&node).await?;
+    let times = |inventory: &AcceleratorInventory| -> Vec<(String, String)> {
+        let status = inventory.status.clone().unwrap_or_default();
+        status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.clone(), format!("{:?}", c.last_transition_time)))
+            .collect()
+    };
+    assert!(times(&written).len() >= 4, "{:?}", written.status);
+
+    for cycle in 0..5 {
+        assert_eq!(
+            agent.cycle().await?,
+            PublishOutcome::default(),
+            "cycle {cycle}"
+        );
+    }
+    let after = inventories.get(&node).await?;
+    assert_eq!(
+        after.metadata.resource_version,
+        written.metadata.resource_version
+    );
+    assert_eq!(times(&after), times(&written));
+    assert_eq!(after.status.unwrap_or_default().free_devices, Some(3));
     Ok(())
 }
 

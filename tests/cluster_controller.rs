@@ -704,6 +704,45 @@ async fn a_model_that_does_not_fit_says_why_and_what_would() -> Result<()> {
     Ok(())
 }
 
+/// Issues 27 and 28: a placement whose nodes have no accelerator names them (not "the
+/// inventory has no nodes"), and a selector that is not label syntax is Invalid.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn refusals_name_nodes_without_accelerators_and_invalid_selectors() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let cpu = add_node(&cluster, "cpu-only-vm").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "cpu",
+        PlacementBuilder::serve("llama-3.1-8b")
+            .node_selector("kubernetes.io/hostname", &cpu)
+            .spec(),
+    )
+    .await?;
+    let status = wait_state(&cluster, "cpu", "Pending").await?;
+    let reasons = status.reasons.join("; ");
+    assert!(
+        reasons.contains(&format!("with no usable accelerator: {cpu}")),
+        "{reasons}"
+    );
+    assert!(!reasons.contains("has no nodes"), "{reasons}");
+
+    create_placement(
+        &cluster,
+        "typo",
+        PlacementBuilder::serve("llama-3.1-8b")
+            .node_selector("bad key", "x")
+            .spec(),
+    )
+    .await?;
+    let status = wait_state(&cluster, "typo", "Invalid").await?;
+    let reasons = status.reasons.join("; ");
+    assert!(reasons.contains("not a valid label key"), "{reasons}");
+    Ok(())
+}
+
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn losing_an_inventory_replans_its_placements() -> Result<()> {

@@ -325,6 +325,9 @@ pub struct AgentMetrics {
     pub stale_devices: Gauge,
     /// Warnings in the last detection.
     pub warnings: Gauge,
+    /// Mount points under the host root that are not read-only (see
+    /// [`super::host_mounts`]).
+    pub writable_host_mounts: Gauge,
     /// The per-device and per-node accelerator series (not under the `hwaccel_agent` prefix).
     pub device_series: DeviceMetrics,
 }
@@ -341,6 +344,7 @@ impl AgentMetrics {
             devices: Gauge::default(),
             stale_devices: Gauge::default(),
             warnings: Gauge::default(),
+            writable_host_mounts: Gauge::default(),
             device_series: DeviceMetrics::default(),
         };
         metrics.device_series.register(registry);
@@ -375,6 +379,11 @@ impl AgentMetrics {
             "warnings",
             "Warnings raised by the last detection",
             metrics.warnings.clone(),
+        );
+        registry.register(
+            "writable_host_mounts",
+            "Mount points under the agent's host root that are not read-only (0 with recursive read-only mounts)",
+            metrics.writable_host_mounts.clone(),
         );
         metrics
     }

@@ -4,15 +4,19 @@
 //! [`run::run`] loops it on an interval and on hot-plug. The pieces are separate so each can be
 //! tested alone: [`presence`] (pure debouncing), [`node_labels`] (server-side apply of labels),
 //! [`hotplug`] (device-directory fingerprint), [`own_slice`] (the opt-in `hwaccel.io`
-//! ResourceSlice), [`devices_missing`] (expected versus present devices), [`metrics`].
+//! ResourceSlice), [`devices_missing`] (expected versus present devices), [`host_mounts`]
+//! (host mounts left writable by the runtime), [`metrics`].
 
 pub mod devices_missing;
 pub mod dra_labels;
+pub mod host_mounts;
 pub mod hotplug;
 pub mod metrics;
 pub mod node_labels;
 pub mod own_slice;
 pub mod presence;
 pub mod run;
+#[cfg(test)]
+mod run_tests;
 
 pub use run::{Agent, AgentConfig, FIELD_MANAGER, PublishOutcome};

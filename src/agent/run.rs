@@ -9,10 +9,14 @@
 //!
 //! Before the first publish the agent reads its existing inventory and seeds the tracker with
 //! it, so a restarted agent whose first detection fails keeps the node's labels. On every
-//! later cycle it reads the inventory's metadata (one small GET, no write): an inventory that
-//! was deleted, or changed by anyone else since the agent's last write, is written again on
-//! that same cycle, so the controller never plans on a missing or edited inventory for longer
-//! than one interval.
+//! later cycle it reads the inventory's metadata (one small GET, no write). An inventory that
+//! was deleted is written again on that same cycle. One that anyone else changed since the
+//! agent's last write (the controller writes `status.freeDevices` after every change in use)
+//! is read again, and the agent's own fields (the spec, its status fields) are compared with
+//! what is stored: only a difference there is written back (and logged), so the controller
+//! never plans on an edited inventory for longer than one interval, and the controller's own
+//! writes cost the agent one GET and no write. Conditions are merged into the stored ones, so
+//! a condition's `lastTransitionTime` moves only when its status does.
 //!
 //! Every cycle also reads its Node's metadata (one small GET, no write; it replaces the GET
 //! that learnt the Node's uid): the `hwaccel.io/expected-devices` annotation and the instance
@@ -21,7 +25,7 @@
 //! `hwaccel.io/devices-missing` label and the device metrics compare detection with.
 //!
 //! The status is written by server-side apply of the agent's fields only (`Ready`, `Degraded`,
-//! `DevicesMissing`, `observedGeneration`, `expectedDevices`, `expectedSource`): the
+//! `DevicesMissing`, `HostMountsWritable` (see [`super::host_mounts`]), `observedGeneration`, `expectedDevices`, `expectedSource`): the
 //! controller's `freeDevices` and any condition it adds are never sent, so never taken over.
 
 use std::sync::Arc;
@@ -36,6 +40,7 @@ use tokio::sync::watch;
 
 use super::devices_missing::DevicesMissing;
 use super::dra_labels::{SliceReader, fill_from_published};
+use super::host_mounts::{self, HOST_MOUNTS_WRITABLE};
 use super::hotplug::DeviceFingerprint;
 use super::metrics::{AgentMetrics, DeviceRow, NodeCounts};
 use super::node_labels::{LabelOutcome, NodeLabeler};
@@ -44,7 +49,7 @@ use super::presence::PresenceTracker;
 use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
 use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
-use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, Report};
+use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, ProcessView, Report};
 use crate::fleet::expected::{
     EXPECTED_DEVICES_ANNOTATION, Expected, ExpectedInputs, ExpectedSource, INSTANCE_TYPE_LABEL,
 };
@@ -110,14 +115,19 @@ pub struct Agent {
     seeded: bool,
     applied_spec: Option<AcceleratorInventorySpec>,
     applied_status: Option<AcceleratorInventoryStatus>,
-    /// The inventory's resourceVersion after the agent's last write (or as seeded).
+    /// The inventory's resourceVersion after the agent's last write (or as last read).
     applied_version: Option<String>,
+    /// False after an error: what is stored is read again before the next comparison, so
+    /// the conditions keep their stored transition times.
+    synced: bool,
     generation: Option<i64>,
     heartbeat: crate::health::Heartbeat,
     /// The expected count last decided (seeded from the status), so `seen` only grows.
     last_expected: Option<Expected>,
     /// The malformed annotation value last warned about, so a bad value is logged once.
     warned_annotation: Option<String>,
+    /// Host paths mounted writable under the host root, found at start.
+    writable_host_mounts: Vec<String>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -131,9 +141,14 @@ impl std::fmt::Debug for Agent {
 impl Agent {
     /// An agent for one node.
     pub fn new(config: AgentConfig, client: Client, metrics: AgentMetrics) -> Self {
+        let config_root = config.host_root.clone();
         let runner =
             CommandRunner::with_extra_paths(&config.tool_paths).with_timeout(config.tool_timeout);
-        let detector = Detector::new(HostRoot::new(&config.host_root), runner, &config.backends);
+        // The agent reads the host under `--host-root`, but the container and Kubernetes facts
+        // are its own process's (issue 28): the pod's `/proc/self`, service-account mount and
+        // environment, which the host root does not hold.
+        let detector = Detector::new(HostRoot::new(&config.host_root), runner, &config.backends)
+            .with_process(ProcessView::own());
         let nodes: Api<Node> = Api::all(client.clone());
         let labeler = NodeLabeler::new(nodes.clone(), &config.node_name, FIELD_MANAGER);
         let slices = SliceReader::new(client.clone(), &config.node_name, SLICE_LIST_TIMEOUT);
@@ -156,18 +171,51 @@ impl Agent {
             applied_spec: None,
             applied_status: None,
             applied_version: None,
+            synced: false,
             generation: None,
             heartbeat: crate::health::Heartbeat::default(),
             last_expected: None,
             warned_annotation: None,
+            writable_host_mounts: Vec::new(),
             config,
         }
+        .with_writable_host_mounts(host_mounts::check(&config_root))
+    }
+
+    /// Reports `paths` as the host paths mounted writable under the host root (found at start
+    /// from `/proc/self/mountinfo`; tests inject them): a warning now, the
+    /// `writable_host_mounts` gauge and the `HostMountsWritable` condition.
+    pub fn with_writable_host_mounts(mut self, paths: Vec<String>) -> Self {
+        if !paths.is_empty() {
+            tracing::warn!(
+                count = paths.len(),
+                paths = %paths.iter().take(10).cloned().collect::<Vec<_>>().join(", "),
+                "host mounts are writable below their top (no recursive read-only mounts on \
+                 this node's runtime); see docs/security.md"
+            );
+        }
+        self.metrics
+            .writable_host_mounts
+            .set(i64::try_from(paths.len()).unwrap_or(i64::MAX));
+        self.writable_host_mounts = paths;
+        self
     }
 
     /// Publishes an own `hwaccel.io` ResourceSlice for devices of `families` that no driver
     /// or device plugin exposes (see [`crate::api::dra::own_slices`]); empty keeps it off.
     pub fn with_own_slices(mut self, families: BTreeSet<OwnFamily>) -> Self {
         self.own_slices.set_families(families);
+        self
+    }
+
+    /// Reads the process's own facts (container, Kubernetes) from `process` instead of the
+    /// running process: for tests, which must not depend on where they run.
+    pub fn with_process(mut self, process: ProcessView) -> Self {
+        let runner = CommandRunner::with_extra_paths(&self.config.tool_paths)
+            .with_timeout(self.config.tool_timeout);
+        let host = HostRoot::new(&self.config.host_root);
+        let detector = Detector::new(host, runner, &self.config.backends).with_process(process);
+        self.detector = Arc::new(detector);
         self
     }
 
@@ -262,7 +310,7 @@ impl Agent {
             }
         }
 
-        self.forget_if_changed_elsewhere().await?;
+        self.sync_with_stored().await?;
         if self.applied_spec.as_ref() != Some(&inventory.spec) {
             let params = PatchParams::apply(FIELD_MANAGER).force();
             let applied = self
@@ -271,6 +319,7 @@ impl Agent {
                 .await?;
             self.generation = applied.metadata.generation;
             self.applied_version = applied.metadata.resource_version;
+            self.synced = true;
             self.applied_spec = Some(inventory.spec.clone());
             self.metrics.wrote("inventory");
             outcome.inventory_written = true;
@@ -291,7 +340,10 @@ impl Agent {
                 .patch_status(&self.config.node_name, &params, &Patch::Apply(&patch))
                 .await?;
             self.applied_version = applied.metadata.resource_version;
-            self.applied_status = Some(status);
+            self.synced = true;
+            // What is stored, not what was sent: transition times are kept to the second, and
+            // a comparison with the nanosecond copy would see every later read as an edit.
+            self.applied_status = Some(applied.status.map(agent_fields).unwrap_or(status));
             self.metrics.wrote("inventory_status");
             outcome.status_written = true;
         }
@@ -302,36 +354,65 @@ impl Agent {
     /// what may not have been written.
     pub fn invalidate(&mut self) {
         self.labeler.invalidate();
+        self.synced = false;
+    }
+
+    /// Brings the cached copy of the agent's fields up to date with what is stored, so the
+    /// comparisons that follow write only what differs. One metadata GET when nothing changed
+    /// since the agent's last write; a full GET when someone else wrote (the controller's
+    /// `freeDevices`, a user's edit) or after an error. A deleted inventory may have gone with
+    /// a Node that was re-created under the same name; the Node's uid is read every cycle
+    /// anyway.
+    async fn sync_with_stored(&mut self) -> Result<(), kube::Error> {
+        let name = self.config.node_name.clone();
+        if self.synced {
+            let Some(written) = self.applied_version.clone() else {
+                // Nothing stored yet as far as the agent knows: this cycle creates it.
+                return Ok(());
+            };
+            match self.inventories.get_metadata_opt(&name).await? {
+                Some(meta) if meta.metadata.resource_version.as_deref() == Some(&*written) => {
+                    return Ok(());
+                }
+                None => {
+                    tracing::warn!("the inventory was deleted; writing it again");
+                    self.forget_stored();
+                    return Ok(());
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(stored) = self.inventories.get_opt(&name).await? else {
+            if self.applied_version.is_some() {
+                tracing::warn!("the inventory was deleted; writing it again");
+            }
+            self.forget_stored();
+            self.synced = true;
+            return Ok(());
+        };
+        let status = stored.status.map(agent_fields);
+        let ours_changed = self.synced
+            && (self.applied_spec.as_ref() != Some(&stored.spec) || self.applied_status != status);
+        if ours_changed {
+            tracing::warn!(
+                "the inventory's agent fields were changed by someone else; writing them again"
+            );
+        } else {
+            tracing::debug!("the inventory was written by someone else; agent fields unchanged");
+        }
+        self.generation = stored.metadata.generation;
+        self.applied_version = stored.metadata.resource_version;
+        self.applied_spec = Some(stored.spec);
+        self.applied_status = status;
+        self.synced = true;
+        Ok(())
+    }
+
+    /// Forgets everything about the stored inventory: the next comparisons write it whole.
+    fn forget_stored(&mut self) {
         self.applied_spec = None;
         self.applied_status = None;
         self.applied_version = None;
-    }
-
-    /// Forgets what was last written when the inventory is gone or someone else changed it
-    /// since, so this cycle writes it again. A deleted inventory may have gone with a Node
-    /// that was re-created under the same name; the Node's uid is read every cycle anyway.
-    async fn forget_if_changed_elsewhere(&mut self) -> Result<(), kube::Error> {
-        let Some(written) = self.applied_version.clone() else {
-            return Ok(());
-        };
-        match self
-            .inventories
-            .get_metadata_opt(&self.config.node_name)
-            .await?
-        {
-            Some(meta) if meta.metadata.resource_version.as_deref() == Some(written.as_str()) => {}
-            found => {
-                if found.is_none() {
-                    tracing::warn!("the inventory was deleted; writing it again");
-                } else {
-                    tracing::warn!("the inventory was changed by someone else; writing it again");
-                }
-                self.applied_spec = None;
-                self.applied_status = None;
-                self.applied_version = None;
-            }
-        }
-        Ok(())
     }
 
     /// Compares what the node should have (its annotation, instance type, or the most seen)
@@ -417,6 +498,7 @@ impl Agent {
             tracing::info!("seeded from the existing inventory");
         }
         self.seeded = true;
+        self.synced = true;
         Ok(())
     }
 
@@ -449,6 +531,10 @@ impl Agent {
             &mut status.conditions,
             missing.condition(&self.config.node_name, generation, &now),
         );
+        conditions::set(
+            &mut status.conditions,
+            host_mounts::condition(&self.writable_host_mounts, generation, &now),
+        );
         status.observed_generation = generation;
         status.expected_devices = Some(missing.expected.count);
         status.expected_source = Some(missing.expected.source.as_str().to_string());
@@ -457,7 +543,7 @@ impl Agent {
 }
 
 /// The condition types the agent owns in the inventory's status.
-const AGENT_CONDITIONS: [&str; 3] = [READY, DEGRADED, DEVICES_MISSING];
+const AGENT_CONDITIONS: [&str; 4] = [READY, DEGRADED, DEVICES_MISSING, HOST_MOUNTS_WRITABLE];
 
 /// `status` cut to the fields the agent owns: what it sends by server-side apply, and what it
 /// compares with before writing (so the controller's `freeDevices` never causes a write and

@@ -5,9 +5,11 @@
 //! reconcile makes, in which shape, and what it does when one is refused.
 //!
 //! The fake keeps objects by path and answers like an apiserver would, closely enough for
-//! the controller: `GET` returns the object; `PATCH` merges an apply or merge patch into it
-//! (or applies a JSON patch) and returns the result; `POST` (Events) echoes the body. Every
-//! request is recorded, and a request can be refused with a status code.
+//! the controller and the agent: `GET` returns the object; `PATCH` merges an apply or merge
+//! patch into it (or applies a JSON patch), bumps its `resourceVersion` and returns the
+//! result; a server-side apply to a missing object creates it; `DELETE` removes it; `POST`
+//! (Events) echoes the body. Every request is recorded, and a request can be refused with a
+//! status code.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,6 +41,8 @@ type Refusal = (String, String, StatusCode);
 #[derive(Default)]
 struct Inner {
     objects: std::collections::BTreeMap<String, Value>,
+    /// The last `resourceVersion` handed out; every write takes the next one.
+    version: u64,
     recorded: Vec<Recorded>,
     refusals: Vec<Refusal>,
 }
@@ -161,7 +165,20 @@ impl FakeApiserver {
                 Some(object) => reply(StatusCode::OK, object),
                 None => failure(StatusCode::NOT_FOUND, "not found"),
             },
+            "DELETE" => match inner.objects.remove(&object_path) {
+                Some(object) => reply(StatusCode::OK, &object),
+                None => failure(StatusCode::NOT_FOUND, "not found"),
+            },
             "PATCH" => {
+                let is_apply = recorded.content_type.starts_with("application/apply-patch");
+                let creates = is_apply
+                    && !recorded.path.ends_with("/status")
+                    && !inner.objects.contains_key(&object_path);
+                if creates {
+                    inner.objects.insert(object_path.clone(), json!({}));
+                }
+                inner.version += 1;
+                let version = inner.version.to_string();
                 let Some(object) = inner.objects.get_mut(&object_path) else {
                     return failure(StatusCode::NOT_FOUND, "not found");
                 };
@@ -176,6 +193,9 @@ impl FakeApiserver {
                     }
                 } else {
                     json_patch::merge(object, &recorded.body);
+                }
+                if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+                    metadata.insert("resourceVersion".into(), Value::String(version));
                 }
                 reply(StatusCode::OK, object)
             }
@@ -196,7 +216,8 @@ fn failure(code: StatusCode, message: &str) -> Response<Body> {
         "apiVersion": "v1",
         "status": "Failure",
         "message": message,
-        "reason": code.canonical_reason().unwrap_or("Unknown"),
+        // The apiserver's reasons are CamelCase (`NotFound`), which `get_opt` looks for.
+        "reason": code.canonical_reason().unwrap_or("Unknown").replace(' ', ""),
         "code": code.as_u16(),
     });
     reply(code, &status)

@@ -28,7 +28,7 @@ pub mod core;
 pub mod dereference;
 mod dra_watch;
 #[cfg(test)]
-mod fake_apiserver;
+pub(crate) mod fake_apiserver;
 mod fleet_loop;
 pub mod fleet_metrics;
 mod health_taints;

@@ -16,6 +16,7 @@ pub mod backends;
 mod command;
 mod host;
 pub mod pci;
+mod process;
 pub mod render;
 mod report;
 mod selection;
@@ -33,6 +34,7 @@ pub use command::{
 };
 pub use host::{FileReadError, HostRoot, parse_u64, read_at_most};
 pub use pci::PciFunction;
+pub use process::ProcessView;
 pub use report::{BackendRun, BackendTiming, Findings, Report, SCHEMA_VERSION, Warning, merge};
 pub use selection::{BackendSelection, SelectionError};
 
@@ -40,6 +42,8 @@ pub use selection::{BackendSelection, SelectionError};
 #[derive(Debug)]
 pub struct Context {
     host: HostRoot,
+    /// The running process's own facts; not the host's (see [`ProcessView`]).
+    process: ProcessView,
     runner: CommandRunner,
     pci: OnceLock<Vec<PciFunction>>,
     /// The backends still to run, while a [`Detector`] runs over this context.
@@ -47,9 +51,11 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context over a host view and a command runner.
+    /// A context over a host view and a command runner; the process's facts come from
+    /// [`ProcessView::for_host`] unless [`Context::with_process`] says otherwise.
     pub fn new(host: HostRoot, runner: CommandRunner) -> Self {
         Self {
+            process: ProcessView::for_host(&host),
             host,
             runner,
             pci: OnceLock::new(),
@@ -57,9 +63,22 @@ impl Context {
         }
     }
 
+    /// The same context with the process's facts read from `process`.
+    #[must_use]
+    pub fn with_process(mut self, process: ProcessView) -> Self {
+        self.process = process;
+        self
+    }
+
     /// The host's files.
     pub fn host(&self) -> &HostRoot {
         &self.host
+    }
+
+    /// The running process's own facts (container, Kubernetes), which the host root does not
+    /// hold in the agent's pod.
+    pub fn process(&self) -> &ProcessView {
+        &self.process
     }
 
     /// The host's tools.
@@ -111,6 +130,8 @@ pub trait Backend: Send + Sync {
 pub struct Detector {
     backends: Arc<[Box<dyn Backend>]>,
     host: HostRoot,
+    /// Where the process's own facts come from; `None` is [`ProcessView::for_host`].
+    process: Option<ProcessView>,
     runner: CommandRunner,
 }
 
@@ -120,6 +141,7 @@ impl std::fmt::Debug for Detector {
         f.debug_struct("Detector")
             .field("backends", &names)
             .field("host", &self.host)
+            .field("process", &self.process)
             .field("runner", &self.runner)
             .finish()
     }
@@ -140,8 +162,17 @@ impl Detector {
         Self {
             backends: backends.into(),
             host,
+            process: None,
             runner,
         }
+    }
+
+    /// The same detector, reading the process's own facts from `process` whatever the host
+    /// root: the agent reads the host under `/host` but is itself the process in the pod.
+    #[must_use]
+    pub fn with_process(mut self, process: ProcessView) -> Self {
+        self.process = Some(process);
+        self
     }
 
     /// Runs every backend and merges their findings. Per-backend timings are always returned;
@@ -156,7 +187,11 @@ impl Detector {
     /// Each run gets a fresh [`Context`], so nothing read from the host (the PCI scan above
     /// all) outlives the run that read it: the agent keeps one detector for its lifetime.
     pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
-        let context = Arc::new(Context::new(self.host.fresh(), self.runner.clone()));
+        let mut context = Context::new(self.host.fresh(), self.runner.clone());
+        if let Some(process) = &self.process {
+            context = context.with_process(process.fresh());
+        }
+        let context = Arc::new(context);
         let crew = Arc::new(Crew {
             backends: Arc::clone(&self.backends),
             context: Arc::downgrade(&context),

@@ -105,6 +105,13 @@ the schema would refuse would make Prometheus reject the whole rule group. */ -}
 {{- if and .Values.metrics.dashboard.enabled (not .Values.metrics.dashboard.sidecarLabel) -}}
 {{- fail "metrics.dashboard.sidecarLabel is empty: Grafana's sidecar finds the dashboard ConfigMap by that label" -}}
 {{- end -}}
+{{- $rro := toString ($agent.hostMounts.recursiveReadOnly | default "IfPossible") -}}
+{{- if not (has $rro (list "IfPossible" "Enabled")) -}}
+{{- fail (printf "agent.hostMounts.recursiveReadOnly=%q: must be IfPossible or Enabled (Disabled would leave every submount of the host mounts writable)" $rro) -}}
+{{- end -}}
+{{- if and $agent.runAsRoot (ne $rro "Enabled") (not $agent.hostMounts.acknowledgeWritableHostMounts) -}}
+{{- fail "agent.runAsRoot=true with agent.hostMounts.recursiveReadOnly=IfPossible: on a runtime without recursive read-only mounts (containerd < 2.0) only the top of each host mount is read-only, so a root agent could write the host's cgroup files (/sys/fs/cgroup) and /dev/shm. Set agent.hostMounts.recursiveReadOnly=Enabled (needs containerd >= 2.0 or CRI-O >= 1.30), or also set agent.hostMounts.acknowledgeWritableHostMounts=true." -}}
+{{- end -}}
 {{- $policy := .Values.admissionPolicy -}}
 {{- if and $policy.enabled (eq (toString $policy.failurePolicy) "Ignore") (not $policy.acknowledgeFailOpen) -}}
 {{- fail "admissionPolicy.failurePolicy=Ignore fails open: whenever the API server cannot evaluate a policy (a CEL error, a cost-budget overrun an oversized request can provoke, a broken binding), the write is admitted with RBAC alone, so the agent of any node could rewrite any Node's labels, taints and annotations and any node's inventory. Keep Fail, or also set admissionPolicy.acknowledgeFailOpen=true." -}}

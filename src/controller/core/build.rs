@@ -20,6 +20,7 @@ use crate::plan::{Model, NodeSpec, PlanError, PlanRequest, Reservations, plan};
 
 use super::fleet_view::FleetView;
 use super::labels;
+use super::no_match;
 
 /// A spec the planner can work on.
 #[derive(Debug, Clone)]
@@ -50,6 +51,12 @@ pub struct DeviceFilter {
 /// Turns a spec into a planner request, the way `hwaccel plan` turns its flags into one
 /// ([`crate::plan::request::prepare`]); the error lists what is wrong with the spec.
 pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<String>> {
+    let constraints = spec.constraints.clone().unwrap_or_default();
+    // A selector or product that is not label syntax can never match: Invalid, not Pending.
+    let invalid = no_match::invalid_constraints(&constraints.node_selector, &constraints.products);
+    if !invalid.is_empty() {
+        return Err(invalid);
+    }
     let input = spec.plan_input().map_err(|reason| vec![reason])?;
     let prepared = prepare(input).map_err(|err| vec![err.to_string()])?;
     Ok(Request {
@@ -61,7 +68,7 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
                 spec.allocation,
                 Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
             ),
-            ..filter(&spec.constraints.clone().unwrap_or_default())
+            ..filter(&constraints)
         },
         notes: prepared.notes,
     })
@@ -129,6 +136,10 @@ pub fn evaluate(
     } else {
         nodes
     };
+    // The planner sees only what is left; the whole fleet says why nothing is.
+    if let Some(why) = no_match::why_nothing_left(fleet, &request.filter, &nodes) {
+        return Outcome::Unschedulable(no_devices(&request, &why));
+    }
     if spec.allocation == Some(AllocationMode::ClaimTemplate) {
         return super::template::evaluate_template(&request, &nodes, fleet, namespace, name);
     }
@@ -156,20 +167,24 @@ pub(super) fn outcome_of(
             plan.reasons,
             plan.suggestions,
         )),
-        Err(PlanError::NoDevices(reason)) => Outcome::Unschedulable(refusal(
-            Some(request.model.name.clone()),
-            vec![format!("no free accelerator matches: {reason}")],
-            vec![
-                "wait for another placement to be deleted, add nodes, or relax constraints"
-                    .to_string(),
-            ],
-        )),
+        Err(PlanError::NoDevices(reason)) => Outcome::Unschedulable(no_devices(request, &reason)),
         Err(err) => Outcome::Invalid(refusal(
             Some(request.model.name.clone()),
             vec![err.to_string()],
             Vec::new(),
         )),
     }
+}
+
+/// The refusal when no accelerator is left to plan on, saying why.
+fn no_devices(request: &Request, reason: &str) -> ModelPlacementStatus {
+    refusal(
+        Some(request.model.name.clone()),
+        vec![format!("no free accelerator matches: {reason}")],
+        vec![
+            "wait for another placement to be deleted, add nodes, or relax constraints".to_string(),
+        ],
+    )
 }
 
 /// `nodes` with only the devices a DRA driver publishes, and only nodes left with some.
@@ -630,5 +645,95 @@ mod tests {
             evaluate(&spec, "ml", "x", &fleet, &Reservations::none()),
             Outcome::Unschedulable(_)
         ));
+    }
+
+    /// Issue 28: a placement on a fleet whose only node has no accelerator said "the inventory
+    /// has no nodes"; it names the node now.
+    #[test]
+    fn a_fleet_without_accelerators_names_its_nodes() {
+        let inventories = [crate::testing::inventory::fixture_inventory(
+            "cpu-only-vm",
+            "cpu-1",
+        )];
+        let fleet = FleetView::new(inventories.iter(), &BTreeMap::new());
+        let mut spec = serve("llama-3.1-8b", 8192);
+        for constraints in [
+            None,
+            Some(Constraints {
+                families: vec!["gpu".into()],
+                ..Constraints::default()
+            }),
+        ] {
+            spec.constraints = constraints;
+            let Outcome::Unschedulable(status) =
+                evaluate(&spec, "ml", "x", &fleet, &Reservations::none())
+            else {
+                panic!("nothing to plan on");
+            };
+            let reasons = status.reasons.join("; ");
+            assert!(
+                reasons.contains("with no usable accelerator: cpu-1"),
+                "{reasons}"
+            );
+            assert!(!reasons.contains("has no nodes"), "{reasons}");
+        }
+    }
+
+    /// Issue 27: a selector or product that can never match is Invalid, saying which, not
+    /// "the inventory has no nodes"; a well-formed one that matches nothing says why.
+    #[test]
+    fn impossible_constraints_are_invalid_and_unmatched_ones_say_why() {
+        let fleet = fleet();
+        let mut spec = serve("llama-3.1-8b", 8192);
+        spec.constraints = Some(Constraints {
+            node_selector: BTreeMap::from([("bad key".to_string(), "a".to_string())]),
+            ..Constraints::default()
+        });
+        let Outcome::Invalid(status) = evaluate(&spec, "ml", "x", &fleet, &Reservations::none())
+        else {
+            panic!("an invalid selector is Invalid");
+        };
+        assert!(
+            status.reasons[0].contains("not a valid label key"),
+            "{status:?}"
+        );
+        spec.constraints = Some(Constraints {
+            products: vec!["NVIDIA H100 80GB HBM3".into()],
+            ..Constraints::default()
+        });
+        let Outcome::Invalid(status) = evaluate(&spec, "ml", "x", &fleet, &Reservations::none())
+        else {
+            panic!("a product that is no slug is Invalid");
+        };
+        assert!(
+            status.reasons[0].contains("did you mean \"nvidia-h100-80gb-hbm3\"?"),
+            "{status:?}"
+        );
+        spec.constraints = Some(Constraints {
+            node_selector: BTreeMap::from([("pool".to_string(), "nowhere".to_string())]),
+            ..Constraints::default()
+        });
+        let Outcome::Unschedulable(status) =
+            evaluate(&spec, "ml", "x", &fleet, &Reservations::none())
+        else {
+            panic!("a well-formed selector may match later");
+        };
+        assert!(
+            status.reasons[0].contains("nodeSelector {pool=nowhere} matches none of the"),
+            "{status:?}"
+        );
+        spec.constraints = Some(Constraints {
+            products: vec!["acme-x1".into()],
+            ..Constraints::default()
+        });
+        let Outcome::Unschedulable(status) =
+            evaluate(&spec, "ml", "x", &fleet, &Reservations::none())
+        else {
+            panic!("a product may join the fleet later");
+        };
+        assert!(
+            status.reasons[0].contains("products acme-x1; products there: "),
+            "{status:?}"
+        );
     }
 }

@@ -14,6 +14,7 @@
 //! | [`desired`] | the status and conditions a decision leads to |
 //! | [`labels`] | placement label keys and nodeSelectors |
 //! | [`model_capacity`] | `--capacity-model`: replicas of chosen models the free devices hold |
+//! | [`no_match`] | why no node is left for a placement; constraints that can never match |
 //! | [`template`] | the planner's alternatives for a ResourceClaimTemplate |
 //!
 //! `tests/` and a unit test keep this module free of `kube`, `tokio` and `clap`.
@@ -28,4 +29,5 @@ pub mod health_taints;
 pub mod labels;
 pub mod ledger;
 pub mod model_capacity;
+pub mod no_match;
 pub mod template;

@@ -136,10 +136,7 @@ fn plan_checked(
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()
         } else {
-            format!(
-                "{} node(s) but no free accelerator with a known memory size",
-                nodes.len()
-            )
+            no_free_accelerator(nodes)
         };
         return Err(PlanError::NoDevices(reason));
     }
@@ -172,6 +169,31 @@ fn plan_checked(
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
     }
+}
+
+/// Most node names a refusal lists; the rest are counted.
+const MAX_NAMED_NODES: usize = 5;
+
+/// Why `nodes` (not empty) give the planner no device: naming the nodes that have none, so a
+/// CPU-only node is not mistaken for a missing one (issue 28).
+fn no_free_accelerator(nodes: &[NodeSpec]) -> String {
+    let mut reason = format!(
+        "{} node(s) but no free accelerator with a known memory size",
+        nodes.len()
+    );
+    let bare: Vec<&str> = nodes
+        .iter()
+        .filter(|node| node.devices.is_empty())
+        .map(|node| node.name.as_str())
+        .collect();
+    if !bare.is_empty() {
+        let shown: Vec<&str> = bare.iter().copied().take(MAX_NAMED_NODES).collect();
+        reason.push_str(&format!("; without accelerators: {}", shown.join(", ")));
+        if bare.len() > MAX_NAMED_NODES {
+            reason.push_str(&format!(" and {} more", bare.len() - MAX_NAMED_NODES));
+        }
+    }
+    reason
 }
 
 fn validate(request: &PlanRequest) -> Result<()> {
@@ -230,5 +252,42 @@ fn resolve_context(model: &Model, requested: Option<u64>) -> Result<u64> {
         (Some(context), _) => Ok(context),
         (None, Some(max)) => Ok(max),
         (None, None) => Ok(FALLBACK_CONTEXT),
+    }
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    fn bare(name: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.to_string(),
+            devices: Vec::new(),
+            fabric: None,
+            labels: std::collections::BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_fleet_without_accelerators_names_its_nodes() {
+        let model = crate::plan::model::presets::find("llama-3.2-1b")
+            .unwrap()
+            .unwrap();
+        let request = PlanRequest::serve(Some(4096), 1);
+        let one = plan(&model, &[bare("cpu-1")], &Reservations::default(), &request);
+        let Err(PlanError::NoDevices(reason)) = one else {
+            panic!("{one:?}");
+        };
+        assert!(reason.ends_with("without accelerators: cpu-1"), "{reason}");
+        let many: Vec<NodeSpec> = (0..7).map(|i| bare(&format!("cpu-{i}"))).collect();
+        let Err(PlanError::NoDevices(reason)) =
+            plan(&model, &many, &Reservations::default(), &request)
+        else {
+            panic!("no devices");
+        };
+        assert!(
+            reason.ends_with("cpu-0, cpu-1, cpu-2, cpu-3, cpu-4 and 2 more"),
+            "{reason}"
+        );
     }
 }

@@ -12,14 +12,13 @@
 //! - Kernel: `/proc/sys/kernel/osrelease`; OS: `PRETTY_NAME` of `/etc/os-release` (or
 //!   `/usr/lib/os-release`).
 //!
-//! The container and Kubernetes facts describe the *process* running detection, like the CPU
-//! backend's cgroup limits. `/proc/self` under the host root still names our own process (in
-//! the agent's pod, the host's procfs resolves `self` to the reader), while `/.dockerenv` and
-//! the service-account mount under a foreign root describe that root's filesystem, which is
-//! what a fixture means. The environment is not part of the host tree, so
-//! `KUBERNETES_SERVICE_HOST` is consulted only when the host root is `/`.
-
-use std::path::{Component, Path};
+//! The container and Kubernetes facts describe the *process* running detection, so they are
+//! read from the context's [`ProcessView`](crate::detect::ProcessView), not from the host
+//! root: in the agent's pod the host is mounted at `/host` without `/proc/self` or a
+//! service-account directory, while the process's own are at `/` and in its environment.
+//! For a fixture tree the view is the tree itself, without an environment (the tree describes
+//! the process it was captured from), so fixtures never change with the shell running tests.
+//! Cloud, instance type, kernel and OS are the host's and come from the host root.
 
 use crate::detect::{Backend, Context, Findings, HostRoot};
 use crate::hardware::RuntimeEnv;
@@ -35,19 +34,20 @@ impl Backend for Runtime {
 
     fn detect(&self, ctx: &Context) -> Findings {
         let host = ctx.host();
-        let own_machine = is_own_root(host.root());
+        let process = ctx.process();
+        let own = process.files();
         let cgroups = ["/proc/self/cgroup", "/proc/1/cgroup"]
             .iter()
-            .filter_map(|path| host.read(path))
+            .filter_map(|path| own.read(path))
             .map(|text| parse_cgroup_markers(&text))
             .fold(CgroupMarkers::default(), CgroupMarkers::or);
         let kubernetes = cgroups.kubepods
-            || SERVICE_ACCOUNT_DIRS.iter().any(|dir| host.exists(dir))
-            || (own_machine && kubernetes_env_present());
+            || SERVICE_ACCOUNT_DIRS.iter().any(|dir| own.exists(dir))
+            || process.kubernetes_env();
         let dmi = Dmi::read(host);
         let (cloud, instance_type) = cloud_from_dmi(&dmi);
         let runtime = RuntimeEnv {
-            container: container_runtime(host, &cgroups).map(str::to_string),
+            container: container_runtime(own, &cgroups).map(str::to_string),
             kubernetes,
             cloud: cloud.map(str::to_string),
             instance_type,
@@ -69,17 +69,6 @@ const SERVICE_ACCOUNT_DIRS: [&str; 2] = [
     "/var/run/secrets/kubernetes.io/serviceaccount",
     "/run/secrets/kubernetes.io/serviceaccount",
 ];
-
-/// True when `root` is this machine's own root directory (`/`, `/.`). Decided from the path
-/// alone, without a syscall.
-fn is_own_root(root: &Path) -> bool {
-    let mut components = root.components();
-    components.next() == Some(Component::RootDir) && components.all(|c| c == Component::CurDir)
-}
-
-fn kubernetes_env_present() -> bool {
-    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|value| !value.is_empty())
-}
 
 /// What cgroup paths say about a container.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -136,19 +125,19 @@ fn runtime_in_path(path: &str) -> Option<&'static str> {
     path.contains("kubepods").then_some("kubepods")
 }
 
-/// The container runtime: marker files first (they name the runtime for sure), then cgroup
+/// The container runtime of the process whose root is `own`: marker files first (they name the runtime for sure), then cgroup
 /// paths, then an overlay root filesystem, which shows a container without naming it.
-fn container_runtime(host: &HostRoot, cgroups: &CgroupMarkers) -> Option<&'static str> {
-    if host.exists("/run/.containerenv") {
+fn container_runtime(own: &HostRoot, cgroups: &CgroupMarkers) -> Option<&'static str> {
+    if own.exists("/run/.containerenv") {
         return Some("podman");
     }
-    if host.exists("/.dockerenv") {
+    if own.exists("/.dockerenv") {
         return Some("docker");
     }
     if cgroups.runtime.is_some() {
         return cgroups.runtime;
     }
-    host.read("/proc/self/mountinfo")
+    own.read("/proc/self/mountinfo")
         .filter(|text| root_is_overlay(text))
         .map(|_| "unknown")
 }
@@ -323,8 +312,9 @@ mod tests {
     use super::*;
     use crate::detect::testing::detect_on;
     use crate::detect::testing::write_host_file as write;
-    use crate::detect::{CommandRunner, Context};
+    use crate::detect::{CommandRunner, Context, ProcessView};
     use proptest::prelude::*;
+    use std::path::Path;
 
     fn detect_in(root: &Path) -> RuntimeEnv {
         let ctx = Context::new(HostRoot::new(root), CommandRunner::new(Vec::new()));
@@ -528,13 +518,90 @@ rw,lowerdir=/var/lib/containerd/l1,upperdir=/u,workdir=/w\n";
         assert_eq!(detect_in(dir.path()).container.as_deref(), Some("unknown"));
     }
 
+    /// A pod's own root, as the agent's process sees it: its cgroup, its service-account
+    /// mount, an overlay root.
+    fn pod_process_root(root: &Path) {
+        write(
+            root,
+            "proc/self/cgroup",
+            "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope\n",
+        );
+        write(
+            root,
+            "proc/self/mountinfo",
+            "1 0 0:1 / / rw - overlay overlay rw\n",
+        );
+        write(
+            root,
+            "var/run/secrets/kubernetes.io/serviceaccount/token",
+            "x",
+        );
+    }
+
+    fn detect_with(host: &Path, process: ProcessView) -> RuntimeEnv {
+        let ctx =
+            Context::new(HostRoot::new(host), CommandRunner::new(Vec::new())).with_process(process);
+        Runtime.detect(&ctx).runtime.unwrap()
+    }
+
+    /// Issue 28: the agent reads the host at `/host`, which has no `/proc/self` and no
+    /// service-account directory; the process's own facts still say pod and container,
+    /// while the host's facts (cloud, OS) still come from the host root.
     #[test]
-    fn only_slash_is_this_machine() {
-        assert!(is_own_root(Path::new("/")));
-        assert!(is_own_root(Path::new("/.")));
-        assert!(!is_own_root(Path::new("/host")));
-        assert!(!is_own_root(Path::new(".")));
-        assert!(!is_own_root(Path::new("fixtures/hosts/cpu-only-vm")));
+    fn process_facts_come_from_the_process_whatever_the_host_root() {
+        let host = tempfile::tempdir().unwrap();
+        write(host.path(), "sys/class/dmi/id/sys_vendor", "Google\n");
+        write(host.path(), "etc/os-release", "PRETTY_NAME=\"Host OS\"\n");
+        let pod = tempfile::tempdir().unwrap();
+        pod_process_root(pod.path());
+        write(pod.path(), "etc/os-release", "PRETTY_NAME=\"Image OS\"\n");
+        let runtime = detect_with(
+            host.path(),
+            ProcessView::new(HostRoot::new(pod.path()), false),
+        );
+        assert!(runtime.kubernetes);
+        assert_eq!(runtime.container.as_deref(), Some("containerd"));
+        assert_eq!(runtime.cloud.as_deref(), Some("gcp"));
+        assert_eq!(runtime.os.as_deref(), Some("Host OS"));
+        // The same host read as its own process (the old reading) saw neither.
+        let old = detect_in(host.path());
+        assert!(!old.kubernetes);
+        assert_eq!(old.container, None);
+    }
+
+    /// A cgroup namespace hides the `kubepods` path (`0::/`) and a pod may run without a token
+    /// (`automountServiceAccountToken: false`); `KUBERNETES_SERVICE_HOST` still says
+    /// Kubernetes, and the overlay root still says container.
+    #[test]
+    fn the_environment_says_kubernetes_when_the_files_do_not() {
+        let host = tempfile::tempdir().unwrap();
+        let pod = tempfile::tempdir().unwrap();
+        write(pod.path(), "proc/self/cgroup", "0::/\n");
+        write(
+            pod.path(),
+            "proc/self/mountinfo",
+            "1 0 0:1 / / rw - overlay overlay rw\n",
+        );
+        let files = || HostRoot::new(pod.path());
+        let with_env = detect_with(host.path(), ProcessView::new(files(), true));
+        assert!(with_env.kubernetes);
+        assert_eq!(with_env.container.as_deref(), Some("unknown"));
+        assert!(!detect_with(host.path(), ProcessView::new(files(), false)).kubernetes);
+    }
+
+    /// The host tree's own markers say nothing about the process once the process is elsewhere.
+    #[test]
+    fn host_markers_are_not_the_process() {
+        let host = tempfile::tempdir().unwrap();
+        write(host.path(), ".dockerenv", "");
+        pod_process_root(host.path());
+        let bare = tempfile::tempdir().unwrap();
+        let runtime = detect_with(
+            host.path(),
+            ProcessView::new(HostRoot::new(bare.path()), false),
+        );
+        assert_eq!(runtime.container, None);
+        assert!(!runtime.kubernetes);
     }
 
     #[test]
