@@ -8,7 +8,8 @@
 //! and nothing is ever deleted, neither on error nor on shutdown.
 //!
 //! Before the first publish the agent reads its existing inventory and seeds the tracker with
-//! it, so a restarted agent whose first detection fails keeps the node's labels. On every
+//! it, so a restarted agent whose first detection fails keeps the node's labels for the
+//! grace (the devices of backends it runs, and only until detection confirms or misses them). On every
 //! later cycle it reads the inventory's metadata (one small GET, no write): an inventory that
 //! was deleted, or changed by anyone else since the agent's last write, is written again on
 //! that same cycle, so the controller never plans on a missing or edited inventory for longer
@@ -143,10 +144,11 @@ impl Agent {
             BTreeSet::new(),
             FIELD_MANAGER,
         );
+        let tracker = PresenceTracker::new(config.misses_to_remove, detector.backend_names());
         Self {
             slices,
             own_slices,
-            tracker: PresenceTracker::new(config.misses_to_remove),
+            tracker,
             detector: Arc::new(detector),
             inventories: Api::all(client),
             nodes,
@@ -402,7 +404,16 @@ impl Agent {
         }
         if let Some(existing) = self.inventories.get_opt(&self.config.node_name).await? {
             let previous = existing.to_report();
-            self.tracker.seed(previous.devices, previous.interconnects);
+            // Only devices a backend of ours can confirm, and only for the grace (see
+            // `PresenceTracker::seed`): the stored inventory is not evidence.
+            let dropped = self.tracker.seed(previous.devices, previous.interconnects);
+            if !dropped.is_empty() {
+                tracing::warn!(
+                    dropped = dropped.len(),
+                    first = ?dropped.iter().take(8).collect::<Vec<_>>(),
+                    "stored devices of backends this agent does not run are not kept"
+                );
+            }
             self.generation = existing.metadata.generation;
             self.applied_version = existing.metadata.resource_version;
             self.applied_spec = Some(existing.spec);
