@@ -802,8 +802,14 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
                     ),
                 ),
                 (
-                    "a rule without a selector",
-                    rule_doc(version, &name("all"), true, &json!({}), (KEY, "NoSchedule")),
+                    "a rule for a whole pool",
+                    rule_doc(
+                        version,
+                        &name("pool"),
+                        true,
+                        &json!({"driver": "gpu.nvidia.com", "pool": "node-a"}),
+                        (KEY, "NoSchedule"),
+                    ),
                 ),
                 (
                     "a rule without the managed-by label",
