@@ -251,14 +251,41 @@ impl Work {
     }
 
     /// Runs `future` as one piece of this work, counted from now (not from its first poll).
+    /// Inside it, [`progress`] restarts the count of every piece of this work.
     pub fn track<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
         let running = self.start();
+        let work = self.clone();
         async move {
-            let output = future.await;
+            let output = CURRENT_WORK.scope(work, future).await;
             drop(running);
             output
         }
     }
+
+    /// Counts every running piece from now: the work as a whole is moving.
+    fn touch(&self) {
+        let now = Instant::now();
+        self.liveness.update(self.index, |state| {
+            if let State::Working { running, .. } = state {
+                running.values_mut().for_each(|started| *started = now);
+            }
+        });
+    }
+}
+
+tokio::task_local! {
+    /// The work the current task's future runs as, set by [`Work::track`].
+    static CURRENT_WORK: Work;
+}
+
+/// Says that the work the current task runs as (see [`Work::track`]) made progress: one of
+/// many steps finished (an API call answered). Every running piece of that work is counted
+/// from now, so a long piece that keeps moving (a reconcile writing hundreds of claims, each
+/// call bounded by the API timeout, and the reconciles queued behind it) is never reported
+/// stuck, while one that stops moving still is, one bound after its last step. Outside
+/// tracked work it does nothing.
+pub fn progress() {
+    let _ = CURRENT_WORK.try_with(Work::touch);
 }
 
 /// One piece of [`Work`] in progress.
@@ -308,6 +335,8 @@ pub fn agent_loop_bound(
 /// behind the other reconciles in flight, then makes a handful of API calls (status, finalizer,
 /// Events, labels of the placement's nodes) each bounded by the API timeout, and one plan
 /// (milliseconds). Ten API timeouts (5 minutes on the default 30 s) covers that with room.
+/// A reconcile that writes many claims (two calls each, up to 1,024 replicas) would not fit:
+/// each claim call answered counts as [`progress`], so the bound holds between steps.
 pub fn reconcile_bound(api_timeout: Duration) -> Duration {
     api_timeout.saturating_mul(10)
 }
@@ -397,6 +426,37 @@ mod tests {
         let _ = release.send(());
         tracked.await.expect("tracked future finishes");
         assert_eq!(liveness.problems(), []);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tracked_work_that_keeps_making_progress_is_never_stuck_and_stops_being_so() {
+        // A reconcile writing many claims: each step takes most of the bound, the whole takes
+        // many bounds. Before, it was reported stuck one bound after it started.
+        let liveness = Liveness::default();
+        let work = liveness.work("reconcile", BOUND);
+        let (steps_tx, mut steps) = tokio::sync::mpsc::channel::<()>(1);
+        let tracked = tokio::spawn(work.clone().track(async move {
+            while steps.recv().await.is_some() {
+                progress();
+            }
+        }));
+        // A second reconcile queued behind it (waiting for the lock) counts as moving too.
+        let queued = work.start();
+        for _ in 0..20 {
+            tokio::time::advance(BOUND - Duration::from_secs(1)).await;
+            steps_tx.send(()).await.expect("the step is taken");
+            tokio::task::yield_now().await;
+            assert_eq!(liveness.problems(), []);
+        }
+        // No more steps: stuck again one bound after the last.
+        tokio::time::advance(BOUND + Duration::from_secs(1)).await;
+        assert_eq!(liveness.problems().len(), 1);
+        drop(steps_tx);
+        tracked.await.expect("tracked future finishes");
+        drop(queued);
+        assert_eq!(liveness.problems(), []);
+        // Outside tracked work, progress does nothing (and does not panic).
+        progress();
     }
 
     #[test]

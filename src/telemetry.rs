@@ -1,6 +1,8 @@
 //! Logging setup: JSON lines for the long-running agent and controller (what log pipelines in
 //! a cluster expect), plain text for the one-shot CLI commands. `RUST_LOG` overrides the level.
-//! `cli` makes [`LogFormat`] a flag value.
+//! `cli` makes [`LogFormat`] a flag value. Every line is bounded in size ([`bounded`]).
+
+pub mod bounded;
 
 use tracing_subscriber::EnvFilter;
 
@@ -22,7 +24,7 @@ pub fn init(format: LogFormat, default_level: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(bounded::BoundedStderr);
     let _ = match format {
         LogFormat::Json => builder
             .json()

@@ -656,8 +656,9 @@ fn admission_policies_match_the_chart_service_accounts() {
     let all_policies = of_kind(&docs, "ValidatingAdmissionPolicy");
     assert_eq!(
         all_policies.len(),
-        4,
-        "node writes, agent inventory writes, controller placement and claim writes"
+        5,
+        "node writes, agent inventory writes, controller placement, claim and DeviceTaintRule \
+         writes"
     );
     // The controller's placement policy: only its own finalizer on a ModelPlacement.
     let placements = all_policies
@@ -701,6 +702,39 @@ fn admission_policies_match_the_chart_service_accounts() {
     let checks = claims["spec"]["validations"].to_string();
     assert!(checks.contains("hwaccel.io/placement"), "{checks}");
     assert!(checks.contains("ModelPlacement"), "{checks}");
+    // The controller's DeviceTaintRule policy: its own rules only, one device each, never
+    // evicting; rendered even with health taints off, and over every served version.
+    let rules = all_policies
+        .iter()
+        .find(|policy| {
+            policy["spec"]["matchConstraints"]["resourceRules"]
+                .to_string()
+                .contains("devicetaintrules")
+        })
+        .expect("a policy over the controller's DeviceTaintRule writes");
+    assert!(
+        rules["spec"]["matchConditions"]
+            .to_string()
+            .contains(&format!("'{controller_user}'")),
+        "{}",
+        rules["spec"]["matchConditions"]
+    );
+    let rule_match = &rules["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rule_match["apiVersions"], serde_json::json!(["*"]));
+    assert_eq!(
+        rule_match["operations"],
+        serde_json::json!(["CREATE", "UPDATE", "DELETE"])
+    );
+    let checks = rules["spec"]["validations"].to_string();
+    for needle in [
+        "oldObject.metadata.?labels[?'hwaccel.io/managed-by']",
+        "object.metadata.?labels[?'hwaccel.io/managed-by']",
+        "['NoSchedule', 'None']",
+        "['driver', 'pool', 'device']",
+    ] {
+        assert!(checks.contains(needle), "{needle}: {checks}");
+    }
+    assert!(!checks.contains("NoExecute'"), "{checks}");
     let policies: Vec<_> = all_policies
         .into_iter()
         .filter(|policy| {
@@ -826,6 +860,17 @@ fn health_taint_rights_follow_the_mode() {
         } else {
             assert!(pod_rules.is_empty(), "{mode}: {pod_rules:?}");
         }
+        // Whenever the controller may taint a Node, only with NoSchedule.
+        let node_checks = of_kind(&docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .filter(|p| name_of(p).ends_with("-node-writes"))
+            .map(|p| p["spec"]["validations"].to_string())
+            .collect::<String>();
+        assert_eq!(
+            node_checks.contains("t.effect == 'NoSchedule'"),
+            rules,
+            "{mode}: {node_checks}"
+        );
         // freeDevices is written in every mode.
         assert_eq!(
             controller_rules_for(&docs, "acceleratorinventories/status"),

@@ -3,8 +3,9 @@
 //! tokens. An agent token bound to a pod on node A may label node A under `hwaccel.io/` and
 //! write inventory A, and is denied node B, inventory B, labels outside its prefix, taints,
 //! and everything when the token is not bound to a pod. The controller's token may only touch
-//! `placement.hwaccel.io/` labels, and in `resource.k8s.io` only hold devices with
-//! ResourceClaims (create, allocate, delete).
+//! `placement.hwaccel.io/` labels (and, with health taints, its own `NoSchedule` taint and
+//! its own single-device DeviceTaintRules that evict nothing), and in `resource.k8s.io` only
+//! hold devices with ResourceClaims (create, allocate, delete).
 //!
 //! Needs a cluster: `tests/cluster/up.sh` then `source target/testcluster/env` (KUBECONFIG),
 //! and `cargo test --test cluster_security -- --include-ignored`. Each test renders the chart
@@ -479,8 +480,8 @@ fn own_slice_doc(name: &str, driver: &str, node: &str) -> Value {
 }
 
 /// With `dra.ownSlices.enabled`, the agent's pod-bound token may write and delete its own
-/// node's `hwaccel.io` slice, and the agent-slices policy denies another node's slice and
-/// any other driver name.
+/// node's `hwaccel.io` slice, and the agent-slices policy denies another node's slice, another
+/// node's slice name and any other driver name.
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn agent_token_writes_only_its_own_nodes_hwaccel_slices() -> Result<()> {
@@ -531,6 +532,15 @@ async fn agent_token_writes_only_its_own_nodes_hwaccel_slices() -> Result<()> {
         &policy,
         "agent writing a vendor driver's slice",
     )?;
+    // Another node's slice name, for its own node: denied, or node B's agent could never
+    // publish its slice (the name is taken, and the slice's node cannot change).
+    let squatted = assert_denied_by(
+        apply(other.clone(), "hwaccel.io", a.clone()).await,
+        &policy,
+        "agent taking another node's slice name",
+    );
+    let _ = admin_slices.delete(&other, &DeleteParams::default()).await;
+    squatted?;
     // Another node's slice, written by the admin: the agent may not delete it.
     admin_slices
         .patch(
@@ -611,6 +621,30 @@ async fn controller_token_may_set_only_its_own_health_taint() -> Result<()> {
         &node_policy,
         "controller adds another taint",
     )?;
+    // Its own key, but evicting: a NoExecute taint would evict every pod on the Node.
+    let evicting = json!({"key": "hwaccel.io/devices-unhealthy", "value": "DevicesMissing", "effect": "NoExecute"});
+    assert_denied_by(
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(&taints(json!([other, evicting]))),
+            )
+            .await,
+        &node_policy,
+        "controller sets its own taint with effect NoExecute",
+    )?;
+    assert_denied_by(
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(&taints(json!([other, ours, evicting]))),
+            )
+            .await,
+        &node_policy,
+        "controller adds a NoExecute copy of its own taint",
+    )?;
     assert_denied_by(
         nodes
             .patch(
@@ -654,6 +688,296 @@ async fn controller_token_may_set_only_its_own_health_taint() -> Result<()> {
     ensure!(keys == ["example.com/maintenance"], "{keys:?}");
     fixture.clean_up().await;
     Ok(())
+}
+
+/// The API resource of DeviceTaintRules in `version` (`v1` or `v1beta2`).
+fn device_taint_rules(version: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", version, "DeviceTaintRule"),
+        "devicetaintrules",
+    )
+}
+
+/// A DeviceTaintRule named `name` in `version`, labelled as the controller's when `ours`,
+/// selecting with `selector`, carrying taint `key` with `effect`.
+fn rule_doc(
+    version: &str,
+    name: &str,
+    ours: bool,
+    selector: &Value,
+    (key, effect): (&str, &str),
+) -> Value {
+    let labels = if ours {
+        json!({"hwaccel.io/managed-by": "hwaccel-controller", "hwaccel.io/scope": "all"})
+    } else {
+        json!({"team": "admins"})
+    };
+    json!({
+        "apiVersion": format!("resource.k8s.io/{version}"),
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "deviceSelector": selector,
+            "taint": {"key": key, "value": "DeviceUnhealthy", "effect": effect},
+        },
+    })
+}
+
+/// Server-side applies `doc` as the controller does (its field manager, forced).
+async fn apply_rule(client: &Client, doc: &Value) -> kube::Result<DynamicObject> {
+    apply_rule_as(client, CONTROLLER_MANAGER, doc).await
+}
+
+/// Server-side applies `doc` as `manager`, forced.
+async fn apply_rule_as(client: &Client, manager: &str, doc: &Value) -> kube::Result<DynamicObject> {
+    let version = doc["apiVersion"]
+        .as_str()
+        .and_then(|v| v.strip_prefix("resource.k8s.io/"))
+        .unwrap_or("v1beta2");
+    Api::<DynamicObject>::all_with(client.clone(), &device_taint_rules(version))
+        .patch(
+            name_of(doc),
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(doc),
+        )
+        .await
+}
+
+/// With `health.taints` on, the controller's token may write DeviceTaintRules, but only its
+/// own (labelled `hwaccel.io/managed-by=hwaccel-controller`, before and after the write),
+/// each naming exactly one device, with its own taint key and an effect that evicts nothing.
+/// Refused, in both served versions: a NoExecute rule, a match-all rule, an unlabelled rule,
+/// a foreign taint key, deleting, changing or adopting an administrator's rule, dropping the
+/// label from its own. Allowed: its own rule, written, switched between NoSchedule and None,
+/// and deleted.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot_evict()
+-> Result<()> {
+    let Some(fixture) = Fixture::install_with("rules", &["--set", "health.taints=enforce"]).await?
+    else {
+        return Ok(());
+    };
+    let controller = fixture.client_as(&fixture.user("controller"), None).await?;
+    let policy = fixture.policy("controller-device-taint-rules");
+    let prefix = fixture.prefix.clone();
+    let name = |what: &str| format!("{prefix}-{what}");
+    let one_device = json!({"driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"});
+    const KEY: &str = "hwaccel.io/devices-unhealthy";
+    let outcome = async {
+        // RBAC and the policy reach the API server's caches a moment after they are applied:
+        // wait until a NoExecute rule of its own is refused.
+        wait_until_enforced(&policy, |round| {
+            let doc = rule_doc(
+                "v1beta2",
+                &name(&format!("probe-{round}")),
+                true,
+                &one_device,
+                (KEY, "NoExecute"),
+            );
+            let controller = controller.clone();
+            async move { apply_rule(&controller, &doc).await }
+        })
+        .await?;
+        for version in ["v1beta2", "v1"] {
+            let refused = [
+                (
+                    "a NoExecute rule",
+                    rule_doc(
+                        version,
+                        &name("evict"),
+                        true,
+                        &one_device,
+                        (KEY, "NoExecute"),
+                    ),
+                ),
+                (
+                    "a rule for every NVIDIA device",
+                    rule_doc(
+                        version,
+                        &name("all-nvidia"),
+                        true,
+                        &json!({"driver": "gpu.nvidia.com"}),
+                        (KEY, "NoSchedule"),
+                    ),
+                ),
+                (
+                    "a rule for a whole pool",
+                    rule_doc(
+                        version,
+                        &name("pool"),
+                        true,
+                        &json!({"driver": "gpu.nvidia.com", "pool": "node-a"}),
+                        (KEY, "NoSchedule"),
+                    ),
+                ),
+                (
+                    "a rule without the managed-by label",
+                    rule_doc(
+                        version,
+                        &name("unlabelled"),
+                        false,
+                        &one_device,
+                        (KEY, "NoSchedule"),
+                    ),
+                ),
+                (
+                    "a rule with a foreign taint key",
+                    rule_doc(
+                        version,
+                        &name("foreign"),
+                        true,
+                        &one_device,
+                        ("example.com/maintenance", "NoSchedule"),
+                    ),
+                ),
+            ];
+            for (what, doc) in refused {
+                assert_denied_by(
+                    apply_rule(&controller, &doc).await,
+                    &policy,
+                    &format!("controller creates {what} ({version})"),
+                )?;
+            }
+        }
+
+        // An administrator's rule: not the controller's to delete, change or adopt.
+        let admin_rule = rule_doc(
+            "v1",
+            &name("admin"),
+            false,
+            &json!({"driver": "gpu.nvidia.com", "pool": "node-b", "device": "gpu-1"}),
+            ("example.com/maintenance", "NoSchedule"),
+        );
+        apply_rule_as(&fixture.admin, TEST_MANAGER, &admin_rule)
+            .await
+            .context("the administrator writes a rule")?;
+        for version in ["v1beta2", "v1"] {
+            let rules =
+                Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules(version));
+            assert_denied_by(
+                rules.delete(&name("admin"), &DeleteParams::default()).await,
+                &policy,
+                &format!("controller deletes an administrator's rule ({version})"),
+            )?;
+            assert_denied_by(
+                rules
+                    .patch(
+                        &name("admin"),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"taint": {"effect": "NoExecute"}}})),
+                    )
+                    .await,
+                &policy,
+                &format!("controller makes an administrator's rule evict ({version})"),
+            )?;
+            let adopted = rule_doc(
+                version,
+                &name("admin"),
+                true,
+                &json!({"driver": "gpu.nvidia.com", "pool": "node-b", "device": "gpu-1"}),
+                (KEY, "None"),
+            );
+            assert_denied_by(
+                apply_rule(&controller, &adopted).await,
+                &policy,
+                &format!("controller labels an administrator's rule as its own ({version})"),
+            )?;
+        }
+        let kept = Api::<DynamicObject>::all_with(fixture.admin.clone(), &device_taint_rules("v1"))
+            .get(&name("admin"))
+            .await
+            .context("the administrator's rule is still there")?;
+        ensure!(
+            kept.data["spec"]["taint"]["effect"] == "NoSchedule"
+                && kept.data["spec"]["taint"]["key"] == "example.com/maintenance",
+            "the administrator's rule changed: {:?}",
+            kept.data["spec"]
+        );
+
+        // Its own rule, as the controller writes it (v1beta2): enforce, dry run, deleted.
+        let own = name("own");
+        apply_rule(
+            &controller,
+            &rule_doc("v1beta2", &own, true, &one_device, (KEY, "NoSchedule")),
+        )
+        .await
+        .context("the controller writes its own NoSchedule rule")?;
+        apply_rule(
+            &controller,
+            &rule_doc("v1beta2", &own, true, &one_device, (KEY, "None")),
+        )
+        .await
+        .context("the controller switches its rule to None (dry run)")?;
+        let rules =
+            Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules("v1beta2"));
+        assert_denied_by(
+            rules
+                .patch(
+                    &own,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"taint": {"effect": "NoExecute"}}})),
+                )
+                .await,
+            &policy,
+            "controller turns its own rule into an evicting one",
+        )?;
+        assert_denied_by(
+            rules
+                .patch(
+                    &own,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"deviceSelector": {"device": null}}})),
+                )
+                .await,
+            &policy,
+            "controller widens its own rule to a whole pool",
+        )?;
+        assert_denied_by(
+            rules
+                .patch(
+                    &own,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"hwaccel.io/managed-by": null}}})),
+                )
+                .await,
+            &policy,
+            "controller takes the label off its own rule",
+        )?;
+        // The same through v1, which the cluster also serves.
+        let own_v1 = name("own-v1");
+        apply_rule(
+            &controller,
+            &rule_doc("v1", &own_v1, true, &one_device, (KEY, "NoSchedule")),
+        )
+        .await
+        .context("the controller writes its own rule through v1")?;
+        Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules("v1"))
+            .delete(&own_v1, &DeleteParams::default())
+            .await
+            .context("the controller deletes its own rule through v1")?;
+        rules
+            .delete(&own, &DeleteParams::default())
+            .await
+            .context("the controller deletes its own rule")?;
+        anyhow::Ok(())
+    }
+    .await;
+    // Whatever got through (a probe before the policy was live, a failed check), and the
+    // administrator's rule.
+    let admin_rules =
+        Api::<DynamicObject>::all_with(fixture.admin.clone(), &device_taint_rules("v1"));
+    if let Ok(list) = admin_rules.list(&Default::default()).await {
+        for rule in list.items {
+            if let Some(rule_name) = rule.metadata.name.filter(|n| n.starts_with(&prefix)) {
+                let _ = admin_rules
+                    .delete(&rule_name, &DeleteParams::default())
+                    .await;
+            }
+        }
+    }
+    fixture.clean_up().await;
+    outcome
 }
 
 #[tokio::test]

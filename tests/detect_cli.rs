@@ -424,3 +424,43 @@ fn detect_parsed_alone_reads_like_the_full_command_line() {
     let version = run_plain(&["detect", "--version"]);
     assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
 }
+
+/// The whole run has a deadline: a backend stuck past it (here on a tool allowed 30 s; in the
+/// field a read of a file on a hung NFS or FUSE mount, which no per-tool timeout covers) is a
+/// warning, and what the other backends found is reported. Before, the command waited for
+/// ever on such a read.
+#[test]
+fn a_backend_stuck_past_the_overall_deadline_is_a_warning_and_the_rest_is_reported() {
+    let utilities = utilities_dir();
+    let (_dir, root) = host_with_broken_nvidia_smi("sleep 30");
+    let started = Instant::now();
+    let output = hwaccel_within(
+        &root,
+        utilities.path(),
+        &[
+            "-o",
+            "json",
+            "--tool-timeout-ms",
+            "30000",
+            "--deadline-ms",
+            "1000",
+        ],
+        Duration::from_secs(20),
+    );
+    let elapsed = started.elapsed();
+    assert!(output.status.success(), "{output:?}");
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    let report: Report = serde_json::from_slice(&output.stdout).expect("a report");
+    let stuck: Vec<&str> = report
+        .warnings
+        .iter()
+        .filter(|w| w.message.contains("deadline"))
+        .map(|w| w.backend.as_str())
+        .collect();
+    assert!(stuck.contains(&"nvidia"), "{:?}", report.warnings);
+    // The CPU backend finished: its facts are there.
+    assert_eq!(
+        report.node.cpu.model.as_deref(),
+        Some("Intel(R) Xeon(R) Platinum 8488C")
+    );
+}

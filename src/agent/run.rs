@@ -8,15 +8,17 @@
 //! and nothing is ever deleted, neither on error nor on shutdown.
 //!
 //! Before the first publish the agent reads its existing inventory and seeds the tracker with
-//! it, so a restarted agent whose first detection fails keeps the node's labels. On every
-//! later cycle it reads the inventory's metadata (one small GET, no write). An inventory that
-//! was deleted is written again on that same cycle. One that anyone else changed since the
-//! agent's last write (the controller writes `status.freeDevices` after every change in use)
-//! is read again, and the agent's own fields (the spec, its status fields) are compared with
-//! what is stored: only a difference there is written back (and logged), so the controller
-//! never plans on an edited inventory for longer than one interval, and the controller's own
-//! writes cost the agent one GET and no write. Conditions are merged into the stored ones, so
-//! a condition's `lastTransitionTime` moves only when its status does.
+//! it, so a restarted agent whose first detection fails keeps the node's labels for the
+//! grace (the devices of backends it runs, and only until detection confirms or misses them).
+//! On every later cycle it reads the inventory's metadata (one small GET, no write). An
+//! inventory that was deleted is written again on that same cycle. One that anyone else
+//! changed since the agent's last write (the controller writes `status.freeDevices` after
+//! every change in use) is read again, and the agent's own fields (the spec, its status
+//! fields) are compared with what is stored: only a difference there is written back (and
+//! logged), so the controller never plans on an edited inventory for longer than one
+//! interval, and the controller's own writes cost the agent one GET and no write. Conditions
+//! are merged into the stored ones, so a condition's `lastTransitionTime` moves only when its
+//! status does.
 //!
 //! Every cycle also reads its Node's metadata (one small GET, no write; it replaces the GET
 //! that learnt the Node's uid): the `hwaccel.io/expected-devices` annotation and the instance
@@ -158,10 +160,11 @@ impl Agent {
             BTreeSet::new(),
             FIELD_MANAGER,
         );
+        let tracker = PresenceTracker::new(config.misses_to_remove, detector.backend_names());
         Self {
             slices,
             own_slices,
-            tracker: PresenceTracker::new(config.misses_to_remove),
+            tracker,
             detector: Arc::new(detector),
             inventories: Api::all(client),
             nodes,
@@ -483,7 +486,16 @@ impl Agent {
         }
         if let Some(existing) = self.inventories.get_opt(&self.config.node_name).await? {
             let previous = existing.to_report();
-            self.tracker.seed(previous.devices, previous.interconnects);
+            // Only devices a backend of ours can confirm, and only for the grace (see
+            // `PresenceTracker::seed`): the stored inventory is not evidence.
+            let dropped = self.tracker.seed(previous.devices, previous.interconnects);
+            if !dropped.is_empty() {
+                tracing::warn!(
+                    dropped = dropped.len(),
+                    first = ?dropped.iter().take(8).collect::<Vec<_>>(),
+                    "stored devices of backends this agent does not run are not kept"
+                );
+            }
             self.generation = existing.metadata.generation;
             self.applied_version = existing.metadata.resource_version;
             self.applied_spec = Some(existing.spec);

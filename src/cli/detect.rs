@@ -1,5 +1,6 @@
 //! `hwaccel detect`: run the detection backends on this machine (or a host tree) and print
-//! the report, or the AcceleratorInventory object made from it.
+//! the report, or the AcceleratorInventory object made from it. The whole run has a deadline
+//! (`--deadline-ms`): what finished is reported, what did not is a warning.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +29,11 @@ pub(super) struct DetectArgs {
     /// Per-tool deadline, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     tool_timeout_ms: u64,
+    /// Deadline for the whole detection, in milliseconds: past it, the report holds what the
+    /// backends that finished found, and each other one is a warning (a file whose read
+    /// never returns, on a hung NFS or FUSE mount, would otherwise hang the command for ever).
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
     /// Include per-backend timings (they make otherwise identical reports differ).
     #[arg(long)]
     timings: bool,
@@ -42,7 +48,7 @@ pub(super) fn run(args: DetectArgs) -> anyhow::Result<ExitCode> {
     let runner = CommandRunner::with_extra_paths(&args.tool_path)
         .with_timeout(Duration::from_millis(args.tool_timeout_ms));
     let detector = Detector::new(HostRoot::new(args.host_root), runner, &args.backends);
-    let (report, _) = detector.run(args.timings);
+    let (report, _) = detector.run_within(args.timings, Duration::from_millis(args.deadline_ms));
     if let Some(node) = &args.as_inventory {
         let inventory = AcceleratorInventory::from_report(node, &report);
         let text = match args.output {

@@ -48,6 +48,8 @@ use crate::plan::inventory::NodeSpec;
 use crate::plan::load::read_text;
 use crate::plan::report::Plan;
 
+mod validate;
+
 /// Largest placement file read (a status with every bound filled stays far below).
 const MAX_PLACEMENT_BYTES: u64 = 16 << 20;
 
@@ -609,6 +611,7 @@ pub fn objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
 }
 
 fn pool_objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
+    validate::check(workload)?;
     match kind {
         EmitKind::Deployment if workload.nodes_per_replica > 1 => Err(bad(format!(
             "a replica spans {} nodes: a Deployment pod runs on one node; use --emit lws",

@@ -207,7 +207,7 @@ async fn create(
 ) -> Result<ResourceClaim, ClaimError> {
     let writing = Instant::now();
     let claim = plan.claim(Some(owner));
-    match api.create(&PostParams::default(), &claim).await {
+    let created = match api.create(&PostParams::default(), &claim).await {
         Ok(created) => {
             ctx.metrics.wrote("resource_claim", writing.elapsed());
             Ok(created)
@@ -218,7 +218,10 @@ async fn create(
             .await
             .map_err(|source| failed(ctx, &plan.name, source)),
         Err(source) => Err(failed(ctx, &plan.name, source)),
-    }
+    };
+    // One step of a reconcile that may write hundreds of claims: it is moving.
+    crate::health::progress();
+    created
 }
 
 async fn allocate(
@@ -240,6 +243,7 @@ async fn allocate(
         .map_err(|source| failed(ctx, &plan.name, source))?;
     ctx.metrics
         .wrote("resource_claim_allocation", writing.elapsed());
+    crate::health::progress();
     tracing::info!(claim = %plan.name, node = %plan.node, devices = plan.devices.len(), "allocated ResourceClaim");
     Ok(())
 }
@@ -251,7 +255,9 @@ async fn delete(
 ) -> Result<(), ClaimError> {
     delete_exactly(api, claim)
         .await
-        .map_err(|source| failed(ctx, &claim.name_any(), source))
+        .map_err(|source| failed(ctx, &claim.name_any(), source))?;
+    crate::health::progress();
+    Ok(())
 }
 
 /// Deletes exactly `object`: its uid is a precondition, so a namesake created since survives.

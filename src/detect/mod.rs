@@ -175,6 +175,12 @@ impl Detector {
         self
     }
 
+    /// The names of the backends this detector runs, in priority order: the only backends
+    /// whose devices a later run can see again.
+    pub fn backend_names(&self) -> Vec<&'static str> {
+        self.backends.iter().map(|b| b.name()).collect()
+    }
+
     /// Runs every backend and merges their findings. Per-backend timings are always returned;
     /// they go into the report only when `with_timings`.
     ///
@@ -187,6 +193,48 @@ impl Detector {
     /// Each run gets a fresh [`Context`], so nothing read from the host (the PCI scan above
     /// all) outlives the run that read it: the agent keeps one detector for its lifetime.
     pub fn run(&self, with_timings: bool) -> (Report, Vec<BackendTiming>) {
+        let (context, crew) = self.start();
+        drive(&context, &crew);
+        self.collect(&context, &crew, with_timings, None)
+    }
+
+    /// [`Self::run`] with an overall deadline, for a caller that must answer (`hwaccel
+    /// detect`). The run goes on a thread of its own; past `deadline` the report holds what
+    /// the finished backends found and a warning for each backend that did not finish. A
+    /// read that never returns (a hung NFS or FUSE mount under the host tree) cannot be
+    /// interrupted: its thread is left behind, for the process's exit to end.
+    pub fn run_within(
+        &self,
+        with_timings: bool,
+        deadline: std::time::Duration,
+    ) -> (Report, Vec<BackendTiming>) {
+        let (context, crew) = self.start();
+        let (done, finished) = std::sync::mpsc::channel();
+        let (run_context, run_crew) = (Arc::clone(&context), Arc::clone(&crew));
+        let spawned = thread::Builder::new()
+            .name("hwaccel-detect".into())
+            .spawn(move || {
+                drive(&run_context, &run_crew);
+                let _ = done.send(());
+            });
+        let in_time = match spawned {
+            Ok(_) => finished.recv_timeout(deadline).is_ok(),
+            // No thread to spare: run here, without a deadline, as `run` does.
+            Err(_) => {
+                drive(&context, &crew);
+                true
+            }
+        };
+        self.collect(
+            &context,
+            &crew,
+            with_timings,
+            (!in_time).then_some(deadline),
+        )
+    }
+
+    /// A fresh context and backend queue for one run.
+    fn start(&self) -> (Arc<Context>, Arc<Crew>) {
         let mut context = Context::new(self.host.fresh(), self.runner.clone());
         if let Some(process) = &self.process {
             context = context.with_process(process.fresh());
@@ -201,16 +249,29 @@ impl Detector {
             finished: Mutex::new(Vec::new()),
         });
         *lock(&context.crew) = Some(Arc::clone(&crew));
-        crew.work(&context);
-        // Helpers may start further helpers until the queue is empty; join until none is left.
-        while let Some(helper) = lock(&crew.helpers).pop() {
-            let _ = helper.join();
-        }
-        *lock(&context.crew) = None;
+        (context, crew)
+    }
 
+    /// The report of the backends that finished; each other one is a warning, saying the
+    /// run's `deadline` passed when there was one, else that its thread failed.
+    fn collect(
+        &self,
+        context: &Context,
+        crew: &Crew,
+        with_timings: bool,
+        deadline: Option<std::time::Duration>,
+    ) -> (Report, Vec<BackendTiming>) {
         let mut finished = std::mem::take(&mut *lock(&crew.finished));
         finished.sort_by_key(|(index, _)| *index);
         let mut finished = finished.into_iter().peekable();
+        let unfinished = match deadline {
+            Some(deadline) => format!(
+                "did not finish within the {}s deadline (a read or tool that never returns); \
+                 its findings are missing",
+                deadline.as_secs_f64()
+            ),
+            None => "backend thread failed".to_string(),
+        };
         let runs: Vec<BackendRun> = self
             .backends
             .iter()
@@ -221,8 +282,8 @@ impl Detector {
                     .map(|(_, run)| run)
                     .unwrap_or_else(|| BackendRun {
                         backend: backend.name(),
-                        findings: Findings::warning("backend thread failed"),
-                        elapsed: std::time::Duration::ZERO,
+                        findings: Findings::warning(unfinished.clone()),
+                        elapsed: deadline.unwrap_or_default(),
                     })
             })
             .collect();
@@ -249,6 +310,17 @@ impl Detector {
         }
         (merge(runs, with_timings), timings)
     }
+}
+
+/// Runs the queue of one run to its end: this thread takes backends, and helpers take over
+/// while it waits on a tool; joined until none is left.
+fn drive(context: &Context, crew: &Crew) {
+    crew.work(context);
+    // Helpers may start further helpers until the queue is empty; join until none is left.
+    while let Some(helper) = lock(&crew.helpers).pop() {
+        let _ = helper.join();
+    }
+    *lock(&context.crew) = None;
 }
 
 /// Most helper threads one detection run starts, besides the caller's.
@@ -503,5 +575,59 @@ mod tests {
         assert!(report.warnings[0].message.contains("parser bug"));
         assert_eq!(timings.len(), 2);
         assert_eq!(report.backends, ["a", "panics"]);
+    }
+
+    /// A backend whose read never returns (a hung NFS or FUSE file).
+    struct Hangs;
+    impl Backend for Hangs {
+        fn name(&self) -> &'static str {
+            "hangs"
+        }
+        fn detect(&self, _: &Context) -> Findings {
+            loop {
+                thread::park();
+            }
+        }
+    }
+
+    #[test]
+    fn a_run_past_its_deadline_reports_what_finished_and_names_what_did_not() {
+        let detector = Detector::with_backends(
+            HostRoot::new("/nonexistent"),
+            CommandRunner::new(Vec::new()),
+            vec![
+                Box::new(Fixed("a", vec!["0000:01:00.0"])),
+                Box::new(Hangs),
+                Box::new(Fixed("c", vec!["0000:02:00.0"])),
+            ],
+        );
+        let started = Instant::now();
+        let (report, timings) = detector.run_within(false, std::time::Duration::from_millis(200));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // "a" finished; "c" was queued behind the hung read on the same thread.
+        let ids: Vec<&str> = report.devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["0000:01:00.0"]);
+        assert_eq!(report.backends, ["a", "hangs", "c"]);
+        let mut unfinished: Vec<&str> =
+            report.warnings.iter().map(|w| w.backend.as_str()).collect();
+        unfinished.sort_unstable();
+        assert_eq!(unfinished, ["c", "hangs"]);
+        assert!(
+            report.warnings[0].message.contains("deadline"),
+            "{}",
+            report.warnings[0].message
+        );
+        assert_eq!(timings.len(), 3);
+    }
+
+    #[test]
+    fn a_run_within_its_deadline_is_the_plain_run() {
+        let detector = Detector::with_backends(
+            HostRoot::new("/nonexistent"),
+            CommandRunner::new(Vec::new()),
+            vec![Box::new(Fixed("a", vec!["0000:01:00.0"]))],
+        );
+        let (within, _) = detector.run_within(false, std::time::Duration::from_secs(60));
+        assert_eq!(within, detector.run(false).0);
     }
 }

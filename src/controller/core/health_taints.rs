@@ -128,7 +128,13 @@ pub fn node_taint(reason: &str) -> Taint {
 }
 
 /// The name of the DeviceTaintRule for `device` (its inventory name) on `node`:
-/// `hwaccel-<node>-<device>`, cut to a valid name and kept unique by a hash suffix when cut.
+/// `hwaccel-<node>-<device>`, cut to a valid name, always followed by a hash of the pair.
+///
+/// The readable part alone is not unique: `node-a` + `gpu-x` and `node-a-gpu` + `x` join to
+/// the same text, and the second sick device would then get no rule of its own, silently. The
+/// hash is taken over the two parts with a separator that neither a node nor a device name can
+/// hold, and SHA-256 (cut to 64 bits) so that an agent choosing its device names cannot aim at
+/// another node's rule.
 pub fn rule_name(node: &str, device: &str) -> String {
     let raw = format!("hwaccel-{node}-{device}").to_ascii_lowercase();
     let clean: String = raw
@@ -141,14 +147,25 @@ pub fn rule_name(node: &str, device: &str) -> String {
             }
         })
         .collect();
-    if clean.len() <= MAX_NAME && clean == raw {
-        return clean;
-    }
-    // Cut or changed names could collide: a hash of the original keeps them apart.
-    let hash = fnv1a(raw.as_bytes());
-    let keep = MAX_NAME - 17;
+    let hash = pair_hash(node, device);
+    let keep = MAX_NAME - hash.len() - 1;
     let head: String = clean.chars().take(keep).collect();
-    format!("{}-{hash:016x}", head.trim_end_matches(['-', '.']))
+    format!("{}-{hash}", head.trim_end_matches(['-', '.']))
+}
+
+/// The first 16 hex digits of SHA-256 over `node`, a newline and `device`.
+fn pair_hash(node: &str, device: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(node.as_bytes())
+        .chain_update(b"\n")
+        .chain_update(device.as_bytes())
+        .finalize();
+    digest
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 /// The scope label value of a controller with `selector` (see [`SCOPE_LABEL`]).
@@ -271,10 +288,8 @@ mod tests {
             ("DeviceUnhealthy", "None"),
             WHOLE_CLUSTER,
         );
-        assert_eq!(
-            rule.metadata.name.as_deref(),
-            Some("hwaccel-node-a-nvidia-3")
-        );
+        let name = rule.metadata.name.as_deref().unwrap_or_default();
+        assert!(name.starts_with("hwaccel-node-a-nvidia-3-"), "{name}");
         assert_eq!(
             rule.metadata
                 .labels
@@ -312,6 +327,25 @@ mod tests {
         assert!(in_scope(Some(&labels(None)), WHOLE_CLUSTER));
         assert!(!in_scope(Some(&labels(None)), &canary));
         assert!(!in_scope(None, &canary));
+    }
+
+    #[test]
+    fn names_that_join_to_the_same_text_stay_apart() {
+        // Before the hash was always there, both were `hwaccel-node-a-gpu-0000-d1`.
+        let a = rule_name("node-a", "gpu-0000-d1");
+        let b = rule_name("node-a-gpu", "0000-d1");
+        assert_ne!(a, b);
+        assert!(a.starts_with("hwaccel-node-a-gpu-0000-d1-"), "{a}");
+        for name in [&a, &b] {
+            assert!(name.len() <= MAX_NAME);
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{name}"
+            );
+        }
+        // Stable: the controller finds its rules again after a restart.
+        assert_eq!(a, rule_name("node-a", "gpu-0000-d1"));
     }
 
     #[test]
