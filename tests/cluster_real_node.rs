@@ -204,12 +204,18 @@ fn audit_now() -> String {
 async fn fetch_from_a_pod(
     cluster: &TestCluster,
     node: &RealNode,
-    urls: &[String],
+    urls: &[(String, i32)],
 ) -> Result<String> {
     let name = cluster.unique_name("scrape");
     let script = urls
         .iter()
-        .map(|u| format!("echo '### {u}'; wget -q -T 5 -O - '{u}' || echo 'FAILED {u}'"))
+        // busybox's static wget crashes in a pod without NSS files; nc speaks HTTP/1.0 fine.
+        .map(|(ip, port)| {
+            format!(
+                "echo '### {ip}:{port}'; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' \
+                 | /bin/busybox nc -w 5 {ip} {port} || echo 'FAILED {ip}:{port}'"
+            )
+        })
         .collect::<Vec<_>>()
         .join("; ");
     let pod: Pod = serde_json::from_value(json!({
@@ -332,20 +338,6 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
         .args(["-n", "k8s.io", "images", "import", "--local"])
         .arg(&node.image_archive))?;
 
-    // Two kwok fixture nodes with the inventories their agents would write.
-    let fixtures = [("h100", "h100-8x-nvswitch"), ("mi300x", "mi300x-8x")];
-    let mut fixture_nodes = Vec::new();
-    for (what, scenario) in fixtures {
-        let name = cluster.unique_name(what);
-        nodes::create_kwok_node(&cluster, &name).await?;
-        nodes::apply_inventory(
-            &client,
-            &InventoryBuilder::fixture(scenario).node(&name).build(),
-        )
-        .await?;
-        fixture_nodes.push(name);
-    }
-
     // A fresh namespace's root CA ConfigMap comes from the controller-manager a moment after
     // the namespace: wait for it, as a user's namespace would long have it.
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
@@ -367,6 +359,22 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
     install.extend(first_values.iter().map(String::as_str));
     helm(&cluster, home.path(), &install)?;
     eprintln!("helm install returned after {:.1?}", started.elapsed());
+
+    // Two kwok fixture nodes with the inventories their agents would write (the chart
+    // installed the CRDs).
+    support::wait_crd_established(&client, "acceleratorinventories.hwaccel.io").await?;
+    let fixtures = [("h100", "h100-8x-nvswitch"), ("mi300x", "mi300x-8x")];
+    let mut fixture_nodes = Vec::new();
+    for (what, scenario) in fixtures {
+        let name = cluster.unique_name(what);
+        nodes::create_kwok_node(&cluster, &name).await?;
+        nodes::apply_inventory(
+            &client,
+            &InventoryBuilder::fixture(scenario).node(&name).build(),
+        )
+        .await?;
+        fixture_nodes.push(name);
+    }
 
     // Agent and controller pods Ready from the local image.
     let agents = wait_ready_pods(&cluster, "agent", 1, &[]).await?;
@@ -557,14 +565,17 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
             .into_iter()
             .flatten()
             .any(|c| c["type"] == "Planned" && c["status"] == "True");
-        Ok(planned.then_some(status))
+        // The node names follow once the controller has labelled the nodes.
+        let named = status["nodeNames"].as_str().is_some_and(|n| !n.is_empty());
+        Ok((planned && named).then_some(status))
     })
     .await?;
+    // A comma-separated list (the printer column users read).
     let planned_nodes: Vec<String> = planned["nodeNames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n.as_str().map(str::to_string))
+        .as_str()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::to_string)
         .collect();
     ensure!(
         !planned_nodes.is_empty() && planned_nodes.iter().all(|n| fixture_nodes.contains(n)),
@@ -602,10 +613,7 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
     let scraped = fetch_from_a_pod(
         &cluster,
         &node,
-        &[
-            format!("http://{cluster_ip}:{port}/metrics"),
-            format!("http://{agent_ip}:{agent_port}/metrics"),
-        ],
+        &[(cluster_ip.clone(), port), (agent_ip.clone(), agent_port)],
     )
     .await?;
     ensure!(!scraped.contains("FAILED"), "a scrape failed:\n{scraped}");
@@ -618,8 +626,8 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
         "no agent metrics:\n{scraped}"
     );
 
-    // A steady node writes nothing, even after the controller writes freeDevices (a write the
-    // agent must not take for a foreign change).
+    // A steady node writes nothing, even after a write to freeDevices (here a wrong count, which
+    // the running controller also corrects: two foreign writes the agent must not answer).
     let agent_sa = agent_pod
         .spec
         .as_ref()
@@ -644,7 +652,6 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
             })),
         )
         .await?;
-    let after_controller = inventories.get(&node.name).await?;
     let since = audit_now();
     tokio::time::sleep(Duration::from_secs(6 * AGENT_INTERVAL_SECS)).await;
     let steady = inventories.get(&node.name).await?;
@@ -653,10 +660,6 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
         writes.is_empty(),
         "a steady agent wrote over 5+ cycles:\n{}",
         writes.join("\n")
-    );
-    ensure!(
-        steady.metadata.resource_version == after_controller.metadata.resource_version,
-        "the inventory changed after the controller's write"
     );
     ensure!(
         condition_times(&steady) == condition_times(&before),
