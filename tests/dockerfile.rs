@@ -4,6 +4,8 @@
 //! entrypoint `/hwaccel`). A renamed stage, a swapped base image or target, or a drifted user
 //! breaks this test rather than the chart's NVIDIA pools (which pull the `-glibc` tag).
 
+#![allow(clippy::expect_used)] // helpers that parse the files under test may panic on a malformed one
+
 use std::path::Path;
 
 /// One `FROM` stage: its base image, its name, and its instructions (continuations joined).
