@@ -12,39 +12,20 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use anyhow::{Context as _, Result};
 use hwaccel::agent::{Agent, metrics::AgentMetrics};
 use hwaccel::api::{AcceleratorInventory, DeviceAttribute, InventoryDevice, attribute};
 use hwaccel::detect::BackendSelection;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use support::agent::{agent_for, fixture_agent_config};
 use support::hosts::copy_fixture;
-use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
+use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, nodes, wait_for};
 
 /// Clean misses before a missing device goes.
 const MISSES: u32 = 3;
-
-async fn create_node(client: &Client, name: &str) -> Result<()> {
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            labels: Some(BTreeMap::from([(
-                "kubernetes.io/hostname".to_string(),
-                name.to_string(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    Ok(())
-}
 
 /// The detection ids of the inventory's devices (the agent names devices itself, so a forged
 /// entry comes back under the agent's name for its id).
@@ -100,7 +81,7 @@ async fn forged_devices_do_not_survive_a_restart_beyond_the_grace() -> Result<()
     let client = cluster.client();
     install_crds(&client).await?;
     let node = cluster.unique_name("phantom");
-    create_node(&client, &node).await?;
+    nodes::create_node(&client, &node, &[]).await?;
     // A Gaudi node: the NVIDIA backend runs and sees nothing.
     let host = copy_fixture("gaudi2-8x")?;
     let mut agent = agent_for(&client, &node, host.path(), MISSES);
@@ -201,7 +182,7 @@ async fn a_switched_off_backends_devices_are_gone_after_the_restart() -> Result<
     let client = cluster.client();
     install_crds(&client).await?;
     let node = cluster.unique_name("switched");
-    create_node(&client, &node).await?;
+    nodes::create_node(&client, &node, &[]).await?;
     let host = copy_fixture("gaudi2-8x")?;
     let mut agent = agent_for(&client, &node, host.path(), MISSES);
     agent.cycle().await?;

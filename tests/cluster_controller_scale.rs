@@ -12,7 +12,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
@@ -26,6 +26,7 @@ use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use support::process::{ChildGuard, free_port, peak_rss_kib};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds};
 
 fn env_number(name: &str, default: usize) -> usize {
@@ -136,29 +137,6 @@ async fn create_fleet(cluster: &TestCluster, count: usize) -> Result<()> {
     Ok(())
 }
 
-struct Controller(Child);
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 /// How many observations of a Prometheus histogram fell at or below the bucket bound `le`,
 /// and how many there were in all.
 fn count_at_most(text: &str, name: &str, le: f64) -> Option<(u64, u64)> {
@@ -255,7 +233,7 @@ async fn scale_run() -> Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()?;
-    let controller = Controller(child);
+    let controller = ChildGuard(child);
     let metrics_url = format!("http://127.0.0.1:{port}/metrics");
     // Let it take the Lease and sync its caches before the clock starts.
     tokio::time::sleep(Duration::from_secs(3)).await;

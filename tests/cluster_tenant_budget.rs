@@ -14,7 +14,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
@@ -24,6 +24,7 @@ use hwaccel::api::placement::MAX_CONFIG_CHARS;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::{Value, json};
+use support::process::{ChildGuard, free_port, peak_rss_kib};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 /// The apiserver's bound on all of an object's annotations together (keys and values).
@@ -134,22 +135,7 @@ async fn the_apiserver_bounds_everything_a_tenant_stores_in_a_spec() -> Result<(
     Ok(())
 }
 
-struct Controller(Child);
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-fn start_controller(cluster: &TestCluster, metrics: u16) -> Result<Controller> {
+fn start_controller(cluster: &TestCluster, metrics: u16) -> Result<ChildGuard> {
     let child = Command::new(env!("CARGO_BIN_EXE_hwaccel"))
         .args(["controller", "--namespace", cluster.namespace()])
         .args(["--selector", &format!("{TEST_LABEL}={}", cluster.prefix())])
@@ -161,16 +147,7 @@ fn start_controller(cluster: &TestCluster, metrics: u16) -> Result<Controller> {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()?;
-    Ok(Controller(child))
-}
-
-/// VmHWM of `pid`, in KiB.
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    Ok(ChildGuard(child))
 }
 
 /// Reconciles the controller has finished, from its metrics (0 while it is not up).

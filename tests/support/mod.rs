@@ -17,6 +17,7 @@ pub mod agent;
 pub mod controller;
 pub mod hosts;
 pub mod nodes;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::future::Future;
