@@ -16,6 +16,7 @@
 //! | [`labels`] | report to node labels | no |
 //! | [`fleet`] | fleet questions: expected and missing devices, health roll-up, capacity in units of models | no |
 //! | [`output`], [`duration`] | tables, JSON/YAML, byte sizes; duration-flag grammar | no |
+//! | [`backoff`] | the one jittered exponential backoff of every retry loop | no |
 //! | `api` | CRD types and their conversions to and from the core types | yes |
 //! | `agent` | node loop: detect, label, publish the inventory | yes |
 //! | `controller` | ModelPlacement reconciler: a pure placement core (`core/`: decide, ledger, fleet view, build) and a thin driver (`reconcile`, `apply`, `status`) | yes |
@@ -30,6 +31,7 @@
 pub mod agent;
 #[cfg(feature = "kubernetes")]
 pub mod api;
+pub mod backoff;
 #[cfg(feature = "kubernetes")]
 pub mod cleanup;
 #[cfg(feature = "kubernetes")]

@@ -51,6 +51,7 @@ use super::presence::PresenceTracker;
 use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
 use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
+use crate::backoff::{Backoff, Retries};
 use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, ProcessView, Report};
 use crate::fleet::expected::{
     EXPECTED_DEVICES_ANNOTATION, Expected, ExpectedInputs, ExpectedSource, INSTANCE_TYPE_LABEL,
@@ -622,17 +623,25 @@ fn degraded_condition(
     conditions::condition(DEGRADED, Some(true), reason, &message, generation, now)
 }
 
+/// The publish loop's retries after a failed cycle: 1 s, doubling up to `--max-backoff`, each
+/// wait jittered into the upper half of its step so that agents which lost the apiserver
+/// together do not all come back in the same second.
+#[must_use]
+pub fn publish_backoff(max_backoff: Duration) -> Backoff {
+    Backoff::new(Duration::from_secs(1), max_backoff)
+}
+
 /// Runs the agent until `shutdown` flips to true: a cycle per interval, an extra cycle when the
-/// device directories change, exponential backoff while cycles fail.
+/// device directories change, jittered exponential backoff while cycles fail.
 pub async fn run(mut agent: Agent, readiness: Arc<Readiness>, mut shutdown: watch::Receiver<bool>) {
     let host = HostRoot::new(&agent.config.host_root);
     let mut fingerprint = DeviceFingerprint::read(&host);
-    let mut backoff = Duration::from_secs(1);
+    let mut retries = Retries::new(publish_backoff(agent.config.max_backoff));
     loop {
         let wait = match agent.cycle().await {
             Ok(outcome) => {
                 readiness.set(true);
-                backoff = Duration::from_secs(1);
+                retries.reset();
                 tracing::debug!(?outcome, "cycle done");
                 agent.config.interval
             }
@@ -640,9 +649,8 @@ pub async fn run(mut agent: Agent, readiness: Arc<Readiness>, mut shutdown: watc
                 readiness.set(false);
                 agent.metrics.failed("publish");
                 agent.invalidate();
-                tracing::warn!(error = %err, retry_in = ?backoff, "publishing failed; will retry");
-                let wait = backoff;
-                backoff = (backoff * 2).min(agent.config.max_backoff);
+                let wait = retries.next_wait();
+                tracing::warn!(error = %err, retry_in = ?wait, "publishing failed; will retry");
                 wait
             }
         };

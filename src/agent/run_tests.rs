@@ -296,3 +296,16 @@ async fn writable_host_mounts_are_a_condition_of_the_inventory() {
         "{kinds:?}"
     );
 }
+
+#[test]
+fn the_publish_backoff_starts_at_a_second_and_stops_at_max_backoff() {
+    let backoff = super::run::publish_backoff(Duration::from_secs(60));
+    let steps: Vec<u64> = [1, 2, 6, 7, 40]
+        .map(|retry| backoff.step(retry).as_secs())
+        .to_vec();
+    assert_eq!(steps, [1, 2, 32, 60, 60]);
+    for retry in 1..=10 {
+        let wait = backoff.wait(retry);
+        assert!(wait >= Duration::from_millis(500) && wait <= Duration::from_secs(60));
+    }
+}

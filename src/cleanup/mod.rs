@@ -26,6 +26,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::agent::node_labels::LabelOwnership;
+use crate::backoff::{Backoff, Retries};
 
 /// The field managers whose labels cleanup releases.
 pub const FIELD_MANAGERS: [&str; 2] = ["hwaccel-agent", "hwaccel-controller"];
@@ -293,26 +294,33 @@ async fn visit<S: NodeStore>(
 }
 
 /// Runs `request` up to `options.attempts` times while it fails with an error worth
-/// retrying, pausing `retry_pause`, then twice that, and so on.
+/// retrying, pausing as [`retry_backoff`] says.
 async fn retry<T, F, Fut>(options: &Options, mut request: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, kube::Error>>,
 {
-    let mut pause = options.retry_pause;
+    let mut retries = Retries::new(retry_backoff(options));
     let mut attempt = 1;
     loop {
         match request().await {
             Ok(value) => return Ok(value),
             Err(err) if attempt < options.attempts.max(1) && is_transient(&err) => {
-                tracing::warn!(error = %err, attempt, "cleanup request failed; retrying");
+                let pause = retries.next_wait();
+                tracing::warn!(error = %err, attempt, retry_in = ?pause, "cleanup request failed; retrying");
                 tokio::time::sleep(pause).await;
-                pause = pause.saturating_mul(2);
                 attempt += 1;
             }
             Err(err) => return Err(err),
         }
     }
+}
+
+/// The pauses between a request's attempts: `retry_pause`, then twice that, and so on (the
+/// attempt count bounds them, so the steps need no cap of their own), each jittered into the
+/// upper half of its step.
+fn retry_backoff(options: &Options) -> Backoff {
+    Backoff::new(options.retry_pause, Duration::MAX)
 }
 
 fn status_code(err: &kube::Error) -> Option<u16> {

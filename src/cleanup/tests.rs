@@ -297,3 +297,18 @@ async fn a_list_that_keeps_failing_is_an_error() {
         .expect("named");
     assert_eq!(summary.remaining, ["a"]);
 }
+
+#[test]
+fn cleanup_pauses_double_from_the_retry_pause() {
+    let options = Options {
+        retry_pause: Duration::from_millis(500),
+        ..Options::default()
+    };
+    let backoff = super::retry_backoff(&options);
+    let steps: Vec<u128> = [1, 2, 3]
+        .map(|retry| backoff.step(retry).as_millis())
+        .to_vec();
+    assert_eq!(steps, [500, 1000, 2000]);
+    let wait = backoff.wait(3);
+    assert!(wait >= Duration::from_millis(1000) && wait <= Duration::from_millis(2000));
+}

@@ -22,6 +22,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::placement::AllocationMode;
 use crate::api::{Lenient, ModelPlacement};
+use crate::backoff::Backoff;
 
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
@@ -46,8 +47,10 @@ pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
 const PLANNED_RESYNC: Duration = Duration::from_secs(600);
 /// How often a placement that does not fit tries again without any trigger.
 const PENDING_RETRY: Duration = Duration::from_secs(300);
-/// Longest wait after repeated failures.
-const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(300);
+/// Waits after a placement's failed reconciles: 1 s, doubling up to 5 minutes, jittered into
+/// the upper half of each step (a failure that hits every placement at once, such as an
+/// apiserver restart, is not retried in one burst).
+pub const ERROR_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
 
 /// What can make a reconcile fail (and be retried with backoff), by step.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +125,7 @@ fn skip_undecodable(object: &Lenient<ModelPlacement>, error: &str, ctx: &Context
     Action::await_change()
 }
 
-/// Retries a failed reconcile with exponential backoff per placement.
+/// Retries a failed reconcile with jittered exponential backoff per placement ([`ERROR_BACKOFF`]).
 pub fn error_policy(
     placement: Arc<Lenient<ModelPlacement>>,
     error: &Error,
@@ -143,9 +146,7 @@ pub fn error_policy(
         *count = count.saturating_add(1);
         *count
     });
-    let wait = Duration::from_millis(500)
-        .saturating_mul(2u32.saturating_pow(attempts.min(12)))
-        .min(MAX_ERROR_BACKOFF);
+    let wait = ERROR_BACKOFF.wait(attempts);
     tracing::warn!(placement = %key, %error, retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
 }

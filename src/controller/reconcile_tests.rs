@@ -353,3 +353,16 @@ async fn an_undecodable_placement_is_reported_and_nothing_is_written() {
     assert_eq!(events[0].body["reason"], json!("Undecodable"));
     assert_eq!(events[0].body["type"], json!("Warning"));
 }
+
+#[test]
+fn a_failing_placement_waits_one_second_doubling_up_to_five_minutes() {
+    use super::reconcile::ERROR_BACKOFF;
+    let steps: Vec<u64> = [1, 2, 9, 10, 1000]
+        .map(|retry| ERROR_BACKOFF.step(retry).as_secs())
+        .to_vec();
+    assert_eq!(steps, [1, 2, 256, 300, 300]);
+    for retry in 1..=12 {
+        let wait = ERROR_BACKOFF.wait(retry);
+        assert!(wait >= Duration::from_millis(500) && wait <= Duration::from_secs(300));
+    }
+}
