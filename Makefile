@@ -44,14 +44,15 @@ NEED_GO = if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; t
 	fi
 
 ## cluster-test: start etcd + kube-apiserver (+ controller-manager, scheduler, kwok), run only
-## the `#[ignore = "needs cluster"]` tests (the fast tier ran in `unit`), stop the cluster even
-## on failure. The real-node tests (`real_node_*`) run in node-test.
+## the cluster tier's `#[ignore]`d tests (tests/cluster_tier.rs; the fast tier ran in `unit`),
+## one area at a time (scripts/run-cluster-tier.sh), stop the cluster even on failure. The
+## real-node area (`cluster_real_node`) runs in node-test.
 cluster-test:
 	@$(NEED_GO); \
 	trap 'tests/cluster/down.sh "$(TESTCLUSTER_WORK)"' EXIT; \
 	tests/cluster/up.sh --full "$(TESTCLUSTER_WORK)" || exit 1; \
 	set -a; . "$(TESTCLUSTER_WORK)/env"; set +a; \
-	$(CARGO) test -- --ignored --skip real_node_
+	CARGO=$(CARGO) scripts/run-cluster-tier.sh --except cluster_real_node
 
 ## node-test: the same control plane plus this machine as a real node (containerd 2.x, runc,
 ## kubelet, kube-proxy; needs root on Linux: tests/cluster/node.sh), then the real-node tests
@@ -67,11 +68,14 @@ node-test: image-static
 	trap 'tests/cluster/down.sh "$(NODE_WORK)"' EXIT; \
 	tests/cluster/up.sh --node "$(NODE_WORK)" || exit 1; \
 	set -a; . "$(NODE_WORK)/env"; set +a; \
-	HWACCEL_IMAGE_ARCHIVE=$(IMAGE_DIR)/hwaccel-static.oci.tar $(CARGO) test --test cluster_real_node -- --ignored
+	HWACCEL_IMAGE_ARCHIVE=$(IMAGE_DIR)/hwaccel-static.oci.tar CARGO=$(CARGO) scripts/run-cluster-tier.sh cluster_real_node
 
 ## image: the static (musl) and glibc images as OCI archives in target/image, assembled from
 ## the cargo-built binaries without a container engine (scripts/oci-image.py; docs/install.md)
 IMAGE_DIR := $(CURDIR)/target/image
+# Where cargo puts its builds: $$CARGO_TARGET_DIR when set (.ci/run keeps one outside the
+# clone), else ./target.
+CARGO_OUT := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 IMAGE_REPO ?= ghcr.io/hwaccel/hwaccel-operator
 IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' $(CHART)/Chart.yaml)
 MUSL_TARGET := $(shell uname -m)-unknown-linux-musl
@@ -79,11 +83,11 @@ GNU_TARGET := $(shell uname -m)-unknown-linux-gnu
 image: image-static image-glibc
 image-static:
 	$(CARGO) build --release --locked --bin hwaccel --target $(MUSL_TARGET)
-	scripts/oci-image.py --stage static --binary target/$(MUSL_TARGET)/release/hwaccel \
+	scripts/oci-image.py --stage static --binary $(CARGO_OUT)/$(MUSL_TARGET)/release/hwaccel \
 	  --name $(IMAGE_REPO):$(IMAGE_TAG) --out $(IMAGE_DIR)/hwaccel-static.oci.tar
 image-glibc:
 	$(CARGO) build --release --locked --bin hwaccel --target $(GNU_TARGET)
-	scripts/oci-image.py --stage glibc --binary target/$(GNU_TARGET)/release/hwaccel \
+	scripts/oci-image.py --stage glibc --binary $(CARGO_OUT)/$(GNU_TARGET)/release/hwaccel \
 	  --name $(IMAGE_REPO):$(IMAGE_TAG)-glibc --out $(IMAGE_DIR)/hwaccel-glibc.oci.tar
 
 ## scale: controller scale run (kwok nodes, synthetic inventories, 300 placements); figures in

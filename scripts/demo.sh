@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=${DEMO_WORK:-$ROOT/target/demo}
-BIN=$ROOT/target/debug/hwaccel
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/hwaccel
 PIDS=()
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

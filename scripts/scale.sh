@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 profile=()
 [[ "${SCALE_PROFILE:-release}" == release ]] && profile=(--release)
 # Build before the cluster starts, so the compiler does not compete with it.
-cargo test "${profile[@]}" --test cluster_controller_scale --no-run
+cargo test "${profile[@]}" --test cluster_tier --no-run
 tests/cluster/down.sh >/dev/null 2>&1 || true
 trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
 tests/cluster/up.sh --full
@@ -23,4 +23,4 @@ set -a
 . target/testcluster/env
 set +a
 export SCALE_RUN=1 SCALE_NODES="${SCALE_NODES:-1000}" SCALE_PLACEMENTS="${SCALE_PLACEMENTS:-300}"
-cargo test "${profile[@]}" --test cluster_controller_scale -- --ignored --nocapture scale_run
+cargo test "${profile[@]}" --test cluster_tier -- --ignored --nocapture cluster_controller_scale::scale_run

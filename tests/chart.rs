@@ -3,7 +3,7 @@
 //! admission policies bound to the chart's own service accounts, optional parts rendered only
 //! when asked. Skipped with a notice when no helm binary is found (see `tests/helm/mod.rs`).
 
-mod helm;
+use crate::helm;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -4,12 +4,12 @@
 //! stay valid, a deleted Node takes its inventory with it, and the controller's `freeDevices`
 //! write costs the agent no write.
 //!
-//! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test cluster_agent --
-//! --ignored`.
+//! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test cluster_tier --
+//! --ignored cluster_agent::`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -5,11 +5,11 @@
 //! slices of its own node only.
 //!
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
-//! cluster_agent_dra -- --ignored`.
+//! cluster_tier -- --ignored cluster_agent_dra::`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -12,11 +12,11 @@
 //! - `kubectl get accinv` shows the memory as `8×80Gi`.
 //!
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
-//! cluster_agent_health -- --ignored --test-threads=1`.
+//! cluster_tier -- --ignored cluster_agent_health:: --test-threads=1`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

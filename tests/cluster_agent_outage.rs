@@ -10,7 +10,7 @@
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,11 +6,11 @@
 //! deleting the inventory brings back none of them once that grace is over.
 //!
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
-//! cluster_agent_phantoms -- --include-ignored`.
+//! cluster_tier -- --include-ignored cluster_agent_phantoms::`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 

@@ -1,9 +1,9 @@
 //! Basic behaviour of the real control plane that the operator relies on.
 //!
-//! Needs a cluster: `tests/cluster/up.sh [--full] && cargo test --test cluster_basics -- --ignored`
+//! Needs a cluster: `tests/cluster/up.sh [--full] && cargo test --test cluster_tier -- --ignored cluster_basics::`
 //! (see docs/testing.md). Every test works in its own namespace / with its own names.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

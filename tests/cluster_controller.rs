@@ -9,11 +9,11 @@
 //! Each test runs its own controller in-process, scoped to the test's namespace and to Nodes
 //! and inventories labelled `hwaccel.io/test=<prefix>`, so tests run in parallel.
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
-//! cluster_controller -- --include-ignored`.
+//! cluster_tier -- --include-ignored cluster_controller::`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

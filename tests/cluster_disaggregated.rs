@@ -7,11 +7,11 @@
 //! `allocation: claims` the placement is refused with a reason that says so.
 //!
 //! Run with the cluster up: `tests/cluster/up.sh --full && cargo test --test
-//! cluster_disaggregated -- --ignored --test-threads=1`.
+//! cluster_tier -- --ignored cluster_disaggregated:: --test-threads=1`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

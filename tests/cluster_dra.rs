@@ -15,11 +15,11 @@
 //!   another scope leaves alone; the GPU's recovery deletes it.
 //!
 //! Full tier only (needs the scheduler and kwok): `tests/cluster/up.sh --full && cargo test
-//! --test cluster_dra -- --include-ignored`.
+//! --test cluster_tier -- --include-ignored cluster_dra::`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -4,14 +4,14 @@
 //! and a template from `claim_template` falls back to its second alternative when the first
 //! is taken.
 //!
-//! Needs the full tier: `tests/cluster/up.sh --full && cargo test --test cluster_dra_classes
-//! -- --ignored`. The classes are cluster-scoped with fixed names, so the tests take turns
+//! Needs the full tier: `tests/cluster/up.sh --full && cargo test --test cluster_tier
+//! -- --ignored cluster_dra_classes::`. The classes are cluster-scoped with fixed names, so the tests take turns
 //! (one lock) and each removes what it created. Pods are pinned to their own test's nodes by
 //! a label, so other tests' devices are never candidates. The chart test at the end needs no
 //! cluster, only a helm binary (skipped with a notice without one).
 
-mod helm;
-mod support;
+use crate::helm;
+use crate::support;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use hwaccel::api::dra::claim_template::{Alternative, REQUEST_NAME, claim_template};

@@ -8,11 +8,11 @@
 //!
 //! The inventories are written directly (spec as the agent would, status as admin), so these
 //! tests do not depend on the agent. Run with the cluster up: `tests/cluster/up.sh --full &&
-//! cargo test --test cluster_fleet -- --ignored --test-threads=1`.
+//! cargo test --test cluster_tier -- --ignored cluster_fleet:: --test-threads=1`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use anyhow::Result;
 use hwaccel::api::placement::{ModelPlacementStatus, PrecisionChoice};

@@ -2,13 +2,13 @@
 //! ModelPlacements itself, counts the devices a Planned placement's status holds, and reads
 //! the expected count from an inventory's status.
 //!
-//! Needs a cluster: `tests/cluster/up.sh && cargo test --test cluster_fleet_cli -- --ignored`
+//! Needs a cluster: `tests/cluster/up.sh && cargo test --test cluster_tier -- --ignored cluster_fleet_cli::`
 //! (see docs/testing.md). Names are unique per run; other tests' objects are ignored.
 
 // Test helpers panic on setup failures by design; clippy only exempts `#[test]` bodies.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use anyhow::{Context as _, Result, ensure};
 use hwaccel::api::{AcceleratorInventory, ModelPlacement};

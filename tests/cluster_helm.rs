@@ -7,7 +7,8 @@
 //! scaled to 0), and the pre-delete hook's exact command as a local `hwaccel` process with
 //! the hook's identity and rights.
 
-mod support;
+use crate::helm;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,10 +22,10 @@ use hwaccel::controller::{self, Config};
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ServiceAccount};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
 #[tokio::test]
@@ -479,5 +480,55 @@ async fn uninstall_stops_the_writers_then_leaves_no_label_of_ours() -> Result<()
             &Patch::Merge(json!({"metadata": {"finalizers": null}})),
         )
         .await?;
+    Ok(())
+}
+
+/// The dashboard ConfigMap the chart renders is one the apiserver takes (label key and value,
+/// object size) and stores unchanged.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn apiserver_stores_the_dashboard_config_map_as_rendered() -> anyhow::Result<()> {
+    let Some(helm) = helm::find_helm() else {
+        helm::skip_notice("apiserver_stores_the_dashboard_config_map_as_rendered");
+        return Ok(());
+    };
+    let cluster = TestCluster::new().await?;
+    let namespace = cluster.namespace().to_string();
+    let target = format!("metrics.dashboard.namespace={namespace}");
+    let yaml = helm::template(
+        &helm,
+        &helm::chart_dir(),
+        "hwaccel",
+        "hwaccel-system",
+        &["--set", "metrics.dashboard.enabled=true", "--set", &target],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let docs = helm::documents(&yaml);
+    let rendered = helm::of_kind(&docs, "ConfigMap")
+        .into_iter()
+        .find(|map| map["metadata"]["labels"]["grafana_dashboard"] == "1")
+        .ok_or_else(|| anyhow::anyhow!("no dashboard ConfigMap rendered"))?;
+    let map: ConfigMap = serde_json::from_value(rendered.clone())?;
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), &namespace);
+    // The apiserver validates the label key and value and the object's size.
+    api.create(&PostParams::default(), &map).await?;
+    let stored = api
+        .get(&map.metadata.name.clone().unwrap_or_default())
+        .await?;
+    let labels = stored.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("grafana_dashboard").map(String::as_str),
+        Some("1")
+    );
+    let json = stored
+        .data
+        .unwrap_or_default()
+        .remove("hwaccel-fleet.json")
+        .ok_or_else(|| anyhow::anyhow!("no hwaccel-fleet.json key"))?;
+    let stored_dashboard: Value = serde_json::from_str(&json)?;
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/hwaccel-fleet.json"),
+    )?)?;
+    assert_eq!(stored_dashboard, file);
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! agent on nodes NFD or GFD labelled as NVIDIA, the default agent everywhere else. Pods do
 //! not really run under kwok; the test checks the objects and where they were placed.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

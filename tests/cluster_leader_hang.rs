@@ -7,7 +7,7 @@
 //! Its own test binary, because it freezes the shared apiserver for a few seconds (cargo runs
 //! test binaries one at a time).
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -12,11 +12,11 @@
 //!   scheduler binds them to the replica's planned nodes, one pod per node.
 //!
 //! Run with the full tier: `tests/cluster/up.sh --full && cargo test --test
-//! cluster_plan_emit -- --ignored --test-threads=1`.
+//! cluster_tier -- --ignored cluster_plan_emit:: --test-threads=1`.
 
 #![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;

@@ -14,7 +14,7 @@
 //! `make node-test` runs it (`#[ignore = "needs real node"]`); it needs the env of
 //! `up.sh --node` and `HWACCEL_IMAGE_ARCHIVE`, and fails, never skips, without them.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -8,10 +8,10 @@
 //! hold devices with ResourceClaims (create, allocate, delete).
 //!
 //! Needs a cluster: `tests/cluster/up.sh` then `source target/testcluster/env` (KUBECONFIG),
-//! and `cargo test --test cluster_security -- --include-ignored`. Each test renders the chart
+//! and `cargo test --test cluster_tier -- --include-ignored cluster_security::`. Each test renders the chart
 //! under its own name prefix (release, namespace, object names), so tests can share a cluster.
 
-mod helm;
+use crate::helm;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

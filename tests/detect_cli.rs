@@ -10,7 +10,7 @@
 //! the stand-in scripts need to print their captures. No vendor tool of the machine running
 //! the tests can be found that way, so the host's own hardware never leaks into a report.
 //!
-//! `UPDATE_EXPECT=1 cargo test --test detect_cli` rewrites every scenario's `expected.json`
+//! `UPDATE_EXPECT=1 cargo test --test fast_tier detect_cli::` rewrites every scenario's `expected.json`
 //! from the current output; review the diff before committing it.
 
 #![allow(
@@ -117,7 +117,7 @@ fn check_scenario(dir: &Path, utilities: &Path) -> Result<(), String> {
         && expected != json
     {
         return Err(format!(
-            "output differs from {}; run `UPDATE_EXPECT=1 cargo test --test detect_cli` \
+            "output differs from {}; run `UPDATE_EXPECT=1 cargo test --test fast_tier detect_cli::` \
              and review the diff\n--- got ---\n{json}",
             expected_path.display()
         ));

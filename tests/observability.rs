@@ -3,11 +3,11 @@
 //! `docs/observability.md` goes through a real PromQL parser (`promql-parser`), and every
 //! `hwaccel_*` metric and label they select must be in the contract tables of that document.
 //! Alerts need a helm binary and are skipped with a notice without one (see
-//! `tests/helm/mod.rs`); the dashboard and the documentation are read as files. One cluster
-//! test stores the rendered dashboard ConfigMap in a real apiserver.
+//! `tests/helm/mod.rs`); the dashboard and the documentation are read as files. The cluster
+//! tier stores the rendered dashboard ConfigMap in a real apiserver
+//! (`cluster_helm::apiserver_stores_the_dashboard_config_map_as_rendered`).
 
-mod helm;
-mod support;
+use crate::helm;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -17,10 +17,6 @@ use promql_parser::util::{ExprVisitor, walk_expr};
 use serde_json::Value;
 
 use helm::{chart_dir, documents, find_helm, of_kind, skip_notice};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::api::PostParams;
-use support::TestCluster;
 
 const DOC: &str = "docs/observability.md";
 const DASHBOARD: &str = "dashboards/hwaccel-fleet.json";
@@ -686,51 +682,6 @@ fn alert_windows_and_labels_come_from_values() {
         assert_eq!(alert["labels"]["team"], "ml", "{}", alert["alert"]);
         assert!(alert["labels"]["severity"].is_string());
     }
-}
-
-#[tokio::test]
-#[ignore = "needs cluster"]
-async fn apiserver_stores_the_dashboard_config_map_as_rendered() -> anyhow::Result<()> {
-    let Some(helm) = find_helm() else {
-        skip_notice("apiserver_stores_the_dashboard_config_map_as_rendered");
-        return Ok(());
-    };
-    let cluster = TestCluster::new().await?;
-    let namespace = cluster.namespace().to_string();
-    let target = format!("metrics.dashboard.namespace={namespace}");
-    let yaml = helm::template(
-        &helm,
-        &chart_dir(),
-        "hwaccel",
-        "hwaccel-system",
-        &["--set", "metrics.dashboard.enabled=true", "--set", &target],
-    )
-    .map_err(anyhow::Error::msg)?;
-    let docs = documents(&yaml);
-    let rendered = of_kind(&docs, "ConfigMap")
-        .into_iter()
-        .find(|map| map["metadata"]["labels"]["grafana_dashboard"] == "1")
-        .ok_or_else(|| anyhow::anyhow!("no dashboard ConfigMap rendered"))?;
-    let map: ConfigMap = serde_json::from_value(rendered.clone())?;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client(), &namespace);
-    // The apiserver validates the label key and value and the object's size.
-    api.create(&PostParams::default(), &map).await?;
-    let stored = api
-        .get(&map.metadata.name.clone().unwrap_or_default())
-        .await?;
-    let labels = stored.metadata.labels.unwrap_or_default();
-    assert_eq!(
-        labels.get("grafana_dashboard").map(String::as_str),
-        Some("1")
-    );
-    let json = stored
-        .data
-        .unwrap_or_default()
-        .remove("hwaccel-fleet.json")
-        .ok_or_else(|| anyhow::anyhow!("no hwaccel-fleet.json key"))?;
-    let stored_dashboard: Value = serde_json::from_str(&json)?;
-    assert_eq!(stored_dashboard, dashboard());
-    Ok(())
 }
 
 /// The families a registry exposes, with the names their series are stored under
