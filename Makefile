@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build demo scale test unit cluster-test node-test image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build demo scale test unit cluster-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -32,8 +32,9 @@ demo:
 
 ## test: each test once: the fast tier (unit, fixture, CLI), then the cluster tier against a
 ## real local control plane with kwok nodes, then the real-node tier (the chart's pods on a
-## real kubelet, from the image `make image-static` builds)
-test: unit cluster-test node-test
+## real kubelet, from the image `make image-static` builds), then the peak-RSS check of that
+## image's `hwaccel detect`
+test: unit cluster-test node-test detect-rss
 
 unit:
 	$(CARGO) test
@@ -69,6 +70,12 @@ node-test: image-static
 	tests/cluster/up.sh --node "$(NODE_WORK)" || exit 1; \
 	set -a; . "$(NODE_WORK)/env"; set +a; \
 	HWACCEL_IMAGE_ARCHIVE=$(IMAGE_DIR)/hwaccel-static.oci.tar CARGO=$(CARGO) scripts/run-cluster-tier.sh cluster_real_node
+
+## detect-rss: the static binary the image ships (the same build as image-static) peaks under
+## 4 MiB running `detect` on a host without accelerators, and carries the code layout that
+## gets it there (docs/decisions/0008-detect-code-layout.md)
+detect-rss: image-static
+	TARGET=$(MUSL_TARGET) RSS_TARGET_KIB=4096 scripts/bench-detect.sh --no-build --rss-only
 
 ## image: the static (musl) and glibc images as OCI archives in target/image, assembled from
 ## the cargo-built binaries without a container engine (scripts/oci-image.py; docs/install.md)

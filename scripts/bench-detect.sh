@@ -2,8 +2,10 @@
 # Times `hwaccel detect` as a whole process, next to /bin/true and `hwaccel --version` in the
 # same run, on the fixture hosts, and measures its peak RSS. Figures go to docs/benchmarks.md.
 #
-# Usage: scripts/bench-detect.sh [--no-build]
+# Usage: scripts/bench-detect.sh [--no-build] [--rss-only]
 #   RUNS (default 300) and WARMUP (default 20) set the sample counts.
+#   --rss-only skips the timings: the peak-RSS check `make detect-rss` (part of `make test`)
+#   runs, with the check that the binary has the code-layout section of ADR 0008.
 # Results: target/bench-detect/<scenario>.json (hyperfine export, or the fallback's own JSON)
 # and a summary on stdout.
 #
@@ -13,7 +15,8 @@
 # sits in the page cache in large folios that are mapped whole on first touch (Linux 6.18,
 # ext4: `hwaccel --version` 7.9 MiB fresh, 3.8 MiB once re-read), which a node reading the
 # binary from an image layer does not see. RSS_TARGET_KIB (default 4096) is checked on
-# cpu-only-vm; the script exits 1 when it is missed.
+# cpu-only-vm; the script exits 1 when it is missed. Peak RSS is the largest that
+# `/usr/bin/time -v` reports over 20 runs (installed with apt when missing and root).
 #
 # Uses hyperfine (`apt-get install -y hyperfine`) when present, otherwise a Python timing loop.
 # The binary runs with a cleared environment and PATH set to the scenario's `commands/` plus a
@@ -36,11 +39,31 @@ if [[ -z "${TARGET:-}" ]]; then
     TARGET=$arch-unknown-linux-musl
   fi
 fi
-if [[ "${1:-}" != "--no-build" ]]; then
+build=1 rss_only=0
+for arg in "$@"; do
+  case $arg in
+    --no-build) build=0 ;;
+    --rss-only) rss_only=1 ;;
+    *) echo "usage: $0 [--no-build] [--rss-only]" >&2; exit 2 ;;
+  esac
+done
+if ((build)); then
   cargo build --release --locked --bin hwaccel --target "$TARGET"
 fi
-cp "target/$TARGET/release/hwaccel" "$OUT/hwaccel"
+cp "${CARGO_TARGET_DIR:-target}/$TARGET/release/hwaccel" "$OUT/hwaccel"
 BIN=$PWD/$OUT/hwaccel
+
+# The musl release build is linked with the detect layout (build.rs); a link that silently
+# dropped it would show here before it shows in the figures.
+if [[ $TARGET == *-linux-musl ]]; then
+  layout=$(readelf -SW "$BIN" |
+    sed -n 's/.*\.text\.hwaccel_detect  *PROGBITS  *[0-9a-f]*  *[0-9a-f]*  *\([0-9a-f]*\) .*/\1/p')
+  if [[ -z "$layout" ]]; then
+    echo "error: $BIN has no .text.hwaccel_detect section (scripts/link/detect-layout.ld not linked)" >&2
+    exit 1
+  fi
+  echo "layout: .text.hwaccel_detect holds $((16#$layout / 1024)) KiB of code"
+fi
 
 # Basic utilities for the stand-in tool scripts; none of them knows about accelerators.
 UTILS=$(mktemp -d)
@@ -109,6 +132,20 @@ for r in results:
 EOF
 }
 
+# /usr/bin/time, not a wait4() from a script: the kernel keeps a process's peak RSS across
+# exec, so a child forked from python (14 MiB) would report python's peak, not detect's.
+if [[ ! -x /usr/bin/time ]]; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends time >/dev/null ||
+      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends time >/dev/null; } || true
+  fi
+  if [[ ! -x /usr/bin/time ]]; then
+    echo "error: /usr/bin/time is needed for the peak RSS (apt-get install -y time)" >&2
+    exit 1
+  fi
+fi
+
 peak_rss_kib() {
   local scenario=$1 path=$2 peak=0 rss
   for _ in $(seq 20); do
@@ -125,20 +162,18 @@ for scenario in "${scenarios[@]}"; do
   path="$PWD/fixtures/hosts/$scenario/commands:$UTILS"
   echo
   echo "== $scenario"
-  if command -v hyperfine >/dev/null; then
+  if ((rss_only)); then
+    :
+  elif command -v hyperfine >/dev/null; then
     time_with_hyperfine "$scenario" "$path"
   else
     time_with_python "$scenario" "$path"
   fi
-  if [[ -x /usr/bin/time ]]; then
-    peak=$(peak_rss_kib "$scenario" "$path")
-    echo "  peak RSS (max of 20 runs): $peak KiB (target $RSS_TARGET_KIB KiB on cpu-only-vm)"
-    if [[ "$scenario" == cpu-only-vm ]] && ((peak > RSS_TARGET_KIB)); then missed=1; fi
-  else
-    echo "  peak RSS: /usr/bin/time missing (apt-get install -y time)"
-  fi
+  peak=$(peak_rss_kib "$scenario" "$path")
+  echo "  peak RSS (max of 20 runs): $peak KiB (target $RSS_TARGET_KIB KiB on cpu-only-vm)"
+  if [[ "$scenario" == cpu-only-vm ]] && ((peak > RSS_TARGET_KIB)); then missed=1; fi
 done
 if ((missed)); then
-  echo "peak RSS target missed on cpu-only-vm" >&2
+  echo "error: peak RSS target missed on cpu-only-vm: regenerate the layout (scripts/detect-layout.sh, ADR 0008) or find what grew" >&2
   exit 1
 fi

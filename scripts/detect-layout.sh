@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BIN=${1:-target/$(uname -m)-unknown-linux-musl/release/hwaccel}
+BIN=${1:-${CARGO_TARGET_DIR:-target}/$(uname -m)-unknown-linux-musl/release/hwaccel}
 OUT=scripts/link/detect-layout.ld
 VALGRIND=$(command -v valgrind) || { echo "valgrind is needed (apt-get install -y valgrind)" >&2; exit 1; }
 [[ -x "$BIN" ]] || { echo "no binary at $BIN" >&2; exit 1; }
