@@ -822,6 +822,53 @@ fn admission_policies_match_the_chart_service_accounts() {
     }
 }
 
+/// Issue 27: the claim policy admits a claim only under exactly one owner, the controller
+/// reference of the ModelPlacement its `hwaccel.io/placement` label names, in the version the
+/// CRD serves (the garbage collector cannot map another and would keep the claim), and keeps
+/// labels and owners as they are on update. What it cannot do, look the owner up, the garbage
+/// collector does: `cluster_security::controller_token_may_write_only_claims_owned_by_the_placement_their_label_names`.
+#[test]
+fn the_claim_policy_admits_one_controller_owner_the_label_names() {
+    let Some(docs) = render(
+        "the_claim_policy_admits_one_controller_owner_the_label_names",
+        &[],
+    ) else {
+        return;
+    };
+    let policy = of_kind(&docs, "ValidatingAdmissionPolicy")
+        .into_iter()
+        .find(|policy| name_of(policy) == "hwaccel-controller-claim-writes")
+        .expect("the controller's claim policy");
+    let spec = &policy["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    let rules = spec["matchConstraints"]["resourceRules"][0].clone();
+    assert_eq!(
+        rules["apiVersions"],
+        serde_json::json!(["*"]),
+        "every served version"
+    );
+    assert_eq!(
+        rules["operations"],
+        serde_json::json!(["CREATE", "UPDATE", "DELETE"])
+    );
+    let checks = format!("{}{}", spec["variables"], spec["validations"]);
+    let version = format!("'{}'", hwaccel::api::API_VERSION);
+    for needle in [
+        "size(variables.owners) == 1",
+        version.as_str(),
+        "variables.owners[0].kind == 'ModelPlacement'",
+        "variables.owners[0].name == variables.placement",
+        "variables.owners[0].?controller.orValue(false)",
+        "!variables.owners[0].?blockOwnerDeletion.orValue(false)",
+        "object.metadata.?ownerReferences == oldObject.metadata.?ownerReferences",
+    ] {
+        assert!(checks.contains(needle), "{needle}: {checks}");
+    }
+    // The old, loose check: any one ModelPlacement owner among several, any version.
+    assert!(!checks.contains(".exists(o"), "{checks}");
+    assert!(!checks.contains("startsWith('hwaccel.io/')"), "{checks}");
+}
+
 /// The controller's rules for `resources` in `docs`, as (apiGroups, verbs) pairs.
 fn controller_rules_for(docs: &[Value], resource: &str) -> Vec<Value> {
     of_kind(docs, "ClusterRole")

@@ -8,6 +8,8 @@
 //!   driver's GPUs stays Pending with the scheduler's reason;
 //! - deleting the placement frees the devices and the rival schedules;
 //! - a restarted controller neither duplicates nor drops claims;
+//! - a claim a tenant keeps after deleting its placement keeps its GPU out of
+//!   `status.freeDevices` (and gets a `PlacementGone` Event) until it is deleted;
 //! - `allocation: labels` makes no claims; `allocation: claims` plans only on published
 //!   devices;
 //! - with `--health-taints enforce`, a sick published GPU gets a DeviceTaintRule naming
@@ -414,6 +416,116 @@ async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Resu
     .await?;
     assert_eq!(rival_node, node);
     drop(restarted);
+    Ok(())
+}
+
+/// `status.freeDevices` of the inventory of `node` (`None` until the controller wrote it).
+async fn free_devices(cluster: &TestCluster, node: &str) -> Result<Option<u32>> {
+    let inventories: Api<hwaccel::api::AcceleratorInventory> = Api::all(cluster.client());
+    Ok(inventories
+        .get(node)
+        .await?
+        .status
+        .and_then(|s| s.free_devices))
+}
+
+/// Issue 27 (Low): a tenant kept the claim the controller allocated for its placement (here
+/// by taking the ownerReference off, so neither the finalizer nor the garbage collector
+/// deletes it), deleted the placement, and the device still held by the claim was counted
+/// free. Now it stays reserved in `status.freeDevices` while the claim holds it, the claim
+/// gets a `PlacementGone` Warning Event, and the device is free once the claim is gone.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_claim_kept_past_its_placement_keeps_its_device_out_of_free_devices() -> Result<()> {
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (node, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    let free_at_first = wait_for(DEFAULT_TIMEOUT, "freeDevices written", || async {
+        free_devices(&cluster, &node).await
+    })
+    .await?;
+    create_placement(
+        &cluster,
+        "llama",
+        PlacementBuilder::serve("llama-3.1-8b").spec(),
+        AllocationMode::Claims,
+    )
+    .await?;
+    wait_ready(&cluster, "llama").await?;
+    let claims = claims_of(&cluster, "llama").await?;
+    assert_eq!(claims.len(), 1, "one GPU, one claim");
+    let claim = claims[0].metadata.name.clone().unwrap_or_default();
+    let held = free_at_first - 1;
+    wait_for(DEFAULT_TIMEOUT, "one GPU held", || async {
+        Ok(free_devices(&cluster, &node)
+            .await?
+            .filter(|free| *free == held))
+    })
+    .await?;
+
+    // The tenant keeps the claim: the ownerReference off, then the placement deleted.
+    let claim_api: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    claim_api
+        .patch(
+            &claim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
+        )
+        .await?;
+    let placements: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    placements.delete("llama", &DeleteParams::default()).await?;
+    wait_for(DEFAULT_TIMEOUT, "the placement gone", || async {
+        Ok(placements.get_opt("llama").await?.is_none().then_some(()))
+    })
+    .await?;
+    // The controller reports the claim that outlived its placement...
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(
+        DEFAULT_TIMEOUT,
+        "a PlacementGone Event on the claim",
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("PlacementGone")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&claim)
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    // ...and while it is allocated, its GPU is not free (before: freeDevices went back up
+    // within the next fleet pass, a second after the placement went).
+    assert!(
+        claim_api
+            .get(&claim)
+            .await?
+            .status
+            .is_some_and(|s| s.allocation.is_some()),
+        "the kept claim is still allocated"
+    );
+    for _ in 0..10 {
+        assert_eq!(free_devices(&cluster, &node).await?, Some(held));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Once the tenant lets go, the GPU is free again.
+    claim_api.delete(&claim, &DeleteParams::default()).await?;
+    wait_for(DEFAULT_TIMEOUT, "the GPU free again", || async {
+        Ok(free_devices(&cluster, &node)
+            .await?
+            .filter(|free| *free == free_at_first))
+    })
+    .await?;
     Ok(())
 }
 

@@ -11,6 +11,7 @@
 //! changed plan gets new claims and the old ones are deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -23,7 +24,11 @@ use crate::api::dra::DeviceRef;
 use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
 
 use super::context::Context;
+use super::core::claim_holdings::{OutlivedClaim, claimed_devices, outlived_claims};
 use super::core::claims::ClaimsReport;
+use super::core::fleet_view::FleetView;
+use super::core::ledger::Ledger;
+use crate::plan::Reservations;
 
 /// A claim write the apiserver refused or never answered.
 #[derive(Debug, thiserror::Error)]
@@ -130,11 +135,34 @@ fn claims_in_cache(ctx: &Context) -> Vec<ResourceClaim> {
         .unwrap_or_default()
 }
 
-/// Our claims by `(namespace, name)`: those carrying our label, owned by the placement whose
-/// name the label gives, and whose placement holds its devices in the ledger (`held`). A
-/// claim that only carries the label is not ours; nor is one whose placement holds nothing
-/// (a status lost before a restart): its devices count as taken until it is deleted.
-pub fn our_claims(ctx: &Context, held: impl Fn(&str, &str) -> bool) -> BTreeSet<(String, String)> {
+/// The devices the allocated claims in the cache hold beyond what the ledger counts for their
+/// own placements, whoever holds them ([`claimed_devices`]); none when the cluster serves no
+/// DRA or nothing is allocated, and then the fleet view is never asked for.
+pub fn claimed_in_cache(
+    ctx: &Context,
+    ledger: &Ledger,
+    fleet: impl FnOnce() -> Arc<FleetView>,
+) -> Reservations {
+    let Some(store) = &ctx.claims else {
+        return Reservations::none();
+    };
+    let claims = store.state();
+    if !claims.iter().any(|claim| is_allocated(claim)) {
+        return Reservations::none();
+    }
+    claimed_devices(claims.iter().map(|claim| &**claim), ledger, &fleet())
+}
+
+/// True when some claim in the cache is allocated (and so may hold a device we know).
+pub fn any_allocated(ctx: &Context) -> bool {
+    ctx.claims
+        .as_ref()
+        .is_some_and(|store| store.state().iter().any(|claim| is_allocated(claim)))
+}
+
+/// The allocated claims labelled for a placement that is gone ([`outlived_claims`]), in the
+/// namespaces this controller reconciles.
+pub fn outlived_in_cache(ctx: &Context) -> Vec<OutlivedClaim> {
     let placements: BTreeMap<(String, String), String> = ctx
         .placements
         .state()
@@ -144,21 +172,18 @@ pub fn our_claims(ctx: &Context, held: impl Fn(&str, &str) -> bool) -> BTreeSet<
             Some(((p.namespace()?, p.name_any()), p.uid()?))
         })
         .collect();
-    claims_in_cache(ctx)
-        .iter()
-        .filter_map(|claim| {
-            let (namespace, placement) = owning_placement(claim)?;
-            if !held(namespace, placement) {
-                return None;
-            }
-            let uid = placements.get(&(namespace.to_string(), placement.to_string()))?;
-            claim
-                .owner_references()
-                .iter()
-                .any(|o| &o.uid == uid)
-                .then(|| (namespace.to_string(), claim.name_any()))
-        })
-        .collect()
+    let Some(store) = &ctx.claims else {
+        return Vec::new();
+    };
+    outlived_claims(
+        store.state().iter().map(|claim| &**claim),
+        |namespace, name| {
+            placements
+                .get(&(namespace.to_string(), name.to_string()))
+                .map(String::as_str)
+        },
+        |namespace| ctx.scope.as_deref().is_none_or(|scope| scope == namespace),
+    )
 }
 
 fn is_owned_by(claim: &ResourceClaim, placement: &ModelPlacement) -> bool {

@@ -80,6 +80,9 @@ pub struct Context {
     pub inventory_grace: Duration,
     /// Wakes the fleet pass (`fleet_loop.rs`): inventories, holdings or states changed.
     pub fleet_changed: Arc<Notify>,
+    /// The one namespace whose placements this controller reconciles (`Config::namespace`);
+    /// `None` for all. The claim watch is cluster-wide, so this says which claims it may judge.
+    pub scope: Option<String>,
 }
 
 /// Takes the reconcile lock, recording how long that took.

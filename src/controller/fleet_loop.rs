@@ -25,8 +25,11 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::AcceleratorInventory;
+use crate::plan::Reservations;
 
+use super::claims::{any_allocated, claimed_in_cache, outlived_in_cache};
 use super::context::{Context, FIELD_MANAGER};
+use super::core::claim_holdings::OutlivedClaim;
 use super::core::fleet_stats::{FleetTotals, NodeStats};
 use super::core::fleet_view::{FleetView, names_its_node};
 use super::core::health_taints::HealthTaints;
@@ -47,13 +50,15 @@ const WRITE_CONCURRENCY: usize = 8;
 
 /// What the passes remember between them.
 #[derive(Debug, Default)]
-struct Memory {
+pub(super) struct Memory {
     /// freeDevices last written per node, and when.
     free_written: HashMap<String, (u32, Instant)>,
     /// `DevicesMissing` as last seen per node, for the Events on its transitions.
     missing_seen: HashMap<String, bool>,
     /// When the models were last counted.
     counted_at: Option<Instant>,
+    /// Claims already reported as outliving their placement, by uid (or namespace/name).
+    outlived_reported: BTreeSet<String>,
 }
 
 /// Which models to count in units of replicas, and how often at most.
@@ -86,10 +91,22 @@ pub(super) async fn run(
 }
 
 /// One pass: numbers, gauges, freeDevices, Events, taints.
-async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
+pub(super) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
     let (reserved, placements, view) = {
         let mut state = ctx.state.lock().await;
-        let reserved: BTreeSet<(String, String)> = state
+        // Health taints need the planner's view (which devices DRA publishes), and so do
+        // allocated claims (which of our devices they name); without either the pass never
+        // makes a reconcile pay for rebuilding it.
+        let view: Option<Arc<FleetView>> =
+            (taints.active() || any_allocated(ctx)).then(|| fleet_view(ctx, &mut state));
+        // A device an allocated claim names is taken whoever holds the claim (a tenant may
+        // keep one after its placement is gone). Refreshed here as well as in a reconcile:
+        // with no placement left, nothing reconciles, and model counting reads the ledger.
+        let claimed = view.as_ref().map_or_else(Reservations::none, |view| {
+            claimed_in_cache(ctx, &state.ledger, || view.clone())
+        });
+        state.ledger.set_external(claimed.clone());
+        let mut reserved: BTreeSet<(String, String)> = state
             .ledger
             .iter()
             .flat_map(|(_, holding)| {
@@ -98,6 +115,11 @@ async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
                     .map(|(node, device)| (node.to_string(), device.to_string()))
             })
             .collect();
+        reserved.extend(
+            claimed
+                .iter()
+                .map(|(node, device)| (node.to_string(), device.to_string())),
+        );
         let mut placements: BTreeMap<PlacementKey, PlacementFigures> = state
             .states
             .iter()
@@ -120,10 +142,7 @@ async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
                 })
                 .devices = holding.devices().count() as u64;
         }
-        // Only health taints need the planner's view (which devices DRA publishes); without
-        // them the pass never makes a reconcile pay for rebuilding it.
-        let view: Option<Arc<FleetView>> = taints.active().then(|| fleet_view(ctx, &mut state));
-        (reserved, placements, view)
+        (reserved, placements, view.filter(|_| taints.active()))
     };
     let stats: Vec<NodeStats> = ctx
         .inventories
@@ -137,6 +156,7 @@ async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
     ctx.metrics.fleet.publish(&totals, &placements);
     write_free_devices(ctx, memory, &stats).await;
     node_events(ctx, memory, &stats);
+    report_outlived(ctx, memory, &outlived_in_cache(ctx));
     if let Some(view) = view {
         taints.sync(ctx, &stats, &view).await;
     }
@@ -278,6 +298,62 @@ fn node_events(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
             _ => continue,
         };
         publish_node_event(ctx, &node.node, event);
+    }
+}
+
+/// Publishes how many allocated claims outlived their placement, and reports each one once:
+/// a warning log line and a Warning Event on the claim (`kubectl describe resourceclaim`).
+/// The controller does not delete them: it deletes only claims its placement owns, and a
+/// claim a tenant kept (its own finalizer, or the ownerReference taken off) is the tenant's
+/// to let go; until then its devices count as reserved.
+fn report_outlived(ctx: &Context, memory: &mut Memory, outlived: &[OutlivedClaim]) {
+    ctx.metrics.fleet.publish_outlived(outlived.len());
+    let key = |claim: &OutlivedClaim| {
+        if claim.uid.is_empty() {
+            format!("{}/{}", claim.namespace, claim.name)
+        } else {
+            claim.uid.clone()
+        }
+    };
+    let current: BTreeSet<String> = outlived.iter().map(key).collect();
+    memory.outlived_reported.retain(|k| current.contains(k));
+    for claim in outlived {
+        if !memory.outlived_reported.insert(key(claim)) {
+            continue;
+        }
+        tracing::warn!(
+            claim = %format!("{}/{}", claim.namespace, claim.name),
+            placement = %claim.placement,
+            devices = claim.devices,
+            "an allocated ResourceClaim outlived its ModelPlacement; its devices count as reserved until it is deleted"
+        );
+        let reference = ObjectReference {
+            api_version: Some("resource.k8s.io/v1".to_string()),
+            kind: Some("ResourceClaim".to_string()),
+            name: Some(claim.name.clone()),
+            namespace: Some(claim.namespace.clone()),
+            uid: (!claim.uid.is_empty()).then(|| claim.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "PlacementGone".to_string(),
+            note: Some(cut(&format!(
+                "still allocated to {} device(s) for ModelPlacement {}, which no longer exists; \
+                 they count as reserved until this claim is deleted",
+                claim.devices, claim.placement
+            ))),
+            action: "Account".to_string(),
+            secondary: None,
+        };
+        let recorder = ctx.recorder.clone();
+        let metrics = ctx.metrics.clone();
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                metrics.failed("event");
+                tracing::warn!(error = %err, "publishing a ResourceClaim event failed");
+            }
+        });
     }
 }
 

@@ -1,7 +1,7 @@
 //! The fleet's gauges (`hwaccel_fleet_*`, `hwaccel_placement_*`; names in
 //! `docs/observability.md`): devices, healthy, reserved and free per product, nodes missing
-//! devices, per placement the devices it holds and its state, and per counted model the
-//! replicas the free devices hold (`--capacity-model`).
+//! devices, claims that outlived their placement, per placement the devices it holds and its
+//! state, and per counted model the replicas the free devices hold (`--capacity-model`).
 //!
 //! Each publish sets every current series and removes the ones that are gone (a deleted
 //! placement, a product no node has any more), so a scrape never shows a stale series and
@@ -87,6 +87,7 @@ pub struct FleetMetrics {
     reserved: Family<ProductLabel, Gauge>,
     free: Family<ProductLabel, Gauge>,
     nodes_missing_devices: Gauge,
+    outlived_claims: Gauge,
     placement_devices: Family<PlacementLabel, Gauge>,
     placement_state: Family<PlacementStateLabel, Gauge>,
     model_replicas: Family<ModelLabel, Gauge>,
@@ -103,6 +104,7 @@ impl FleetMetrics {
             reserved: Family::default(),
             free: Family::default(),
             nodes_missing_devices: Gauge::default(),
+            outlived_claims: Gauge::default(),
             placement_devices: Family::default(),
             placement_state: Family::default(),
             model_replicas: Family::default(),
@@ -121,18 +123,23 @@ impl FleetMetrics {
         );
         registry.register(
             "hwaccel_fleet_devices_reserved",
-            "Accelerators held by a ModelPlacement (labels or claims), by product",
+            "Accelerators held by a ModelPlacement (labels or claims) or by any allocated ResourceClaim, by product",
             metrics.reserved.clone(),
         );
         registry.register(
             "hwaccel_fleet_devices_free",
-            "Healthy accelerators no ModelPlacement holds, by product",
+            "Healthy accelerators neither a ModelPlacement nor an allocated ResourceClaim holds, by product",
             metrics.free.clone(),
         );
         registry.register(
             "hwaccel_fleet_nodes_missing_devices",
             "Nodes whose AcceleratorInventory says DevicesMissing=True",
             metrics.nodes_missing_devices.clone(),
+        );
+        registry.register(
+            "hwaccel_fleet_outlived_claims",
+            "Allocated ResourceClaims labelled for a ModelPlacement that no longer exists (their devices count as reserved)",
+            metrics.outlived_claims.clone(),
         );
         registry.register(
             "hwaccel_placement_devices",
@@ -155,6 +162,12 @@ impl FleetMetrics {
             metrics.model_stranded.clone(),
         );
         metrics
+    }
+
+    /// Publishes how many allocated claims outlived their placement.
+    pub fn publish_outlived(&self, claims: usize) {
+        self.outlived_claims
+            .set(i64::try_from(claims).unwrap_or(i64::MAX));
     }
 
     /// Publishes the counted models' capacity; a model missing from `counts` (its count

@@ -37,6 +37,8 @@ pub mod metrics;
 pub mod node_changes;
 pub mod reconcile;
 #[cfg(test)]
+mod reconcile_claims_tests;
+#[cfg(test)]
 mod reconcile_tests;
 pub mod status;
 
@@ -316,6 +318,7 @@ async fn run_controller(
         fleet_epoch,
         inventory_grace: config.inventory_grace,
         fleet_changed,
+        scope: config.namespace.clone(),
     });
     clean_stale_labels(&ctx).await?;
     dereference::warm_up(&ctx).await;

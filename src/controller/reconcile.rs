@@ -26,10 +26,10 @@ use crate::backoff::Backoff;
 
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
-use super::claims::{ClaimError, our_claims, release_claims, sync_claims};
+use super::claims::{ClaimError, claimed_in_cache, release_claims, sync_claims};
 use super::context::{Context, State, lock};
 use super::core::build::Outcome;
-use super::core::claims::{self, ClaimsReport, foreign_allocations};
+use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide};
 use super::core::desired::state_name;
 use super::core::fleet_view::FleetView;
@@ -162,14 +162,10 @@ async fn place(
     let mut state = lock(ctx, waited).await;
     let deciding = Instant::now();
     let fleet = fleet_view(ctx, &mut state);
-    if let Some(claims) = &ctx.claims {
-        let ledger = &state.ledger;
-        let ours = our_claims(ctx, |namespace, name| {
-            ledger.get(&PlacementKey::new(namespace, name)).is_some()
-        });
-        let external = foreign_allocations(claims.state().iter().map(|c| &**c), &ours, &fleet);
-        state.ledger.set_external(external);
-    }
+    // Every device an allocated claim holds is taken, whoever holds the claim, unless the
+    // ledger already counts it for the claim's own placement.
+    let external = claimed_in_cache(ctx, &state.ledger, || fleet.clone());
+    state.ledger.set_external(external);
     let waiting = waiting_placements(ctx);
     let older: Vec<Candidate<'_>> = waiting
         .iter()

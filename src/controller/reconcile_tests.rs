@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use http::StatusCode;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, mpsc};
@@ -31,22 +32,65 @@ use super::metrics::ControllerMetrics;
 use super::reconcile::{Error, FINALIZER, reconcile};
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
+use crate::testing::dra::fixture_slices;
 use crate::testing::inventory::fixture_inventory;
 
 const NODE_PATH: &str = "/api/v1/nodes/n1";
 const PLACEMENT_PATH: &str = "/apis/hwaccel.io/v1alpha1/namespaces/ml/modelplacements/p";
 
 /// A controller context over one 8 x H100 node `n1` and the fake apiserver.
-struct Harness {
-    ctx: Arc<Context>,
-    fake: FakeApiserver,
+pub(super) struct Harness {
+    pub(super) ctx: Arc<Context>,
+    pub(super) fake: FakeApiserver,
     nodes: Writer<kube::api::PartialObjectMeta<Node>>,
     placements: Writer<Lenient<ModelPlacement>>,
+    /// The ResourceClaim watch cache (with [`Harness::with_dra`]).
+    pub(super) claims: Writer<ResourceClaim>,
+    /// Where the metrics are registered, to read the gauges back.
+    pub(super) registry: Registry,
     _requeue: mpsc::UnboundedReceiver<()>,
 }
 
 impl Harness {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// The same, on a cluster that serves DRA: `n1`'s GPUs are also published by the NVIDIA
+    /// driver (the vendor-shaped slice of `fixtures/dra/`, moved to `n1` and given `n1`'s
+    /// PCI bus ids in order, so each published GPU is one of the inventory's), and claims are
+    /// watched.
+    pub(super) fn with_dra() -> Self {
+        const BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+        let inventory = fixture_inventory("h100-8x-nvswitch", "n1");
+        let mut ours: Vec<String> = inventory
+            .spec
+            .devices
+            .iter()
+            .filter_map(|d| d.attributes.get(BUS_ID)?.as_str().map(str::to_string))
+            .collect();
+        ours.sort();
+        let mut slices = Writer::default();
+        for mut slice in fixture_slices(&["nvidia-h100-8x.yaml"]) {
+            slice.spec.node_name = Some("n1".into());
+            slice.spec.pool.name = "n1".into();
+            let devices = slice.spec.devices.iter_mut().flatten();
+            let bus_ids = devices.filter_map(|d| d.attributes.as_mut()?.get_mut(BUS_ID));
+            let mut theirs: Vec<&mut String> = bus_ids.filter_map(|a| a.string.as_mut()).collect();
+            let mut distinct: Vec<String> = theirs.iter().map(|id| id.to_string()).collect();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), ours.len(), "one bus id per GPU");
+            for id in &mut theirs {
+                let index = distinct.binary_search(id).unwrap_or_default();
+                **id = ours[index].clone();
+            }
+            slices.apply_watcher_event(&watcher::Event::Apply(slice));
+        }
+        Self::build(Some(slices))
+    }
+
+    fn build(slices: Option<Writer<ResourceSlice>>) -> Self {
         let (client, fake) = FakeApiserver::start();
         let mut inventories = Writer::default();
         let inventory = fixture_inventory("h100-8x-nvswitch", "n1");
@@ -58,7 +102,10 @@ impl Harness {
             json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
         );
         let placements = Writer::default();
+        let claims = Writer::default();
         let (requeue, requeue_rx) = mpsc::unbounded_channel();
+        let mut registry = Registry::default();
+        let dra = slices.is_some();
         let ctx = Context {
             recorder: recorder(&client),
             client,
@@ -66,29 +113,37 @@ impl Harness {
             inventories: inventories.as_reader(),
             nodes: nodes.as_reader(),
             state: Mutex::new(State::default()),
-            metrics: ControllerMetrics::register(&mut Registry::default()),
+            metrics: ControllerMetrics::register(&mut registry),
             requeue,
             failures: std::sync::Mutex::new(HashMap::new()),
             fleet_epoch: Arc::new(AtomicU64::new(0)),
             inventory_grace: Duration::from_secs(300),
             fleet_changed: Arc::default(),
-            claims: None,
-            slices: None,
+            claims: dra.then(|| claims.as_reader()),
+            slices: slices.map(|slices| slices.as_reader()),
+            scope: None,
         };
         Self {
             ctx: Arc::new(ctx),
             fake,
             nodes,
             placements,
+            claims,
+            registry,
             _requeue: requeue_rx,
         }
     }
 
     /// Puts `placement` into the watch cache and the fake's storage, as the apiserver and
     /// the controller's watch would see it.
-    fn store(&mut self, placement: &ModelPlacement) {
+    pub(super) fn store(&mut self, placement: &ModelPlacement) {
         let value = serde_json::to_value(placement).unwrap_or(Value::Null);
-        self.fake.insert(PLACEMENT_PATH, value);
+        let path = format!(
+            "/apis/hwaccel.io/v1alpha1/namespaces/{}/modelplacements/{}",
+            placement.namespace().unwrap_or_default(),
+            placement.name_any()
+        );
+        self.fake.insert(&path, value);
         let event = watcher::Event::Apply(Lenient::Decoded(placement.clone()));
         self.placements.apply_watcher_event(&event);
     }
@@ -104,7 +159,7 @@ impl Harness {
             .apply_watcher_event(&watcher::Event::Apply(node_meta(labels)));
     }
 
-    async fn reconcile(&self, placement: &ModelPlacement) -> Result<Action, Error> {
+    pub(super) async fn reconcile(&self, placement: &ModelPlacement) -> Result<Action, Error> {
         let object = Arc::new(Lenient::Decoded(placement.clone()));
         reconcile(object, self.ctx.clone()).await
     }
@@ -128,7 +183,7 @@ fn node_meta(labels: BTreeMap<String, String>) -> kube::api::PartialObjectMeta<N
 }
 
 /// Placement `ml/p`: 70B at bf16 for 40 requests (half of `n1`), finalizer already added.
-fn placement() -> ModelPlacement {
+pub(super) fn placement() -> ModelPlacement {
     let mut placement = ModelPlacement::new("p", half_node());
     let meta = placement.meta_mut();
     meta.namespace = Some("ml".into());
@@ -148,7 +203,12 @@ fn node_label_writes(fake: &FakeApiserver) -> Vec<Recorded> {
 }
 
 fn status_writes(fake: &FakeApiserver) -> Vec<ModelPlacementStatus> {
-    let status_path = format!("{PLACEMENT_PATH}/status");
+    status_writes_of(fake, PLACEMENT_PATH)
+}
+
+/// The statuses written to the placement at `path`, in order.
+pub(super) fn status_writes_of(fake: &FakeApiserver, path: &str) -> Vec<ModelPlacementStatus> {
+    let status_path = format!("{path}/status");
     let patches = fake.patches();
     patches
         .into_iter()

@@ -110,6 +110,13 @@ impl Reservations {
         }
     }
 
+    /// Every reserved device as `(node, device id)`, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0
+            .iter()
+            .flat_map(|(node, ids)| ids.iter().map(move |id| (node.as_str(), id.as_str())))
+    }
+
     /// Number of reserved devices.
     pub fn len(&self) -> usize {
         self.0.values().map(BTreeSet::len).sum()

@@ -2,20 +2,16 @@
 //!
 //! A planned placement is held by claims when its spec asks for them (`allocation: claims`)
 //! or, with `auto`, when a DRA driver publishes every chosen device; otherwise by Node labels
-//! alone. Devices that other ResourceClaims hold (allocated by the scheduler for pods that
-//! never went through a placement) are taken: [`foreign_allocations`] turns them into
-//! reservations so the planner plans around them.
+//! alone. Devices that other ResourceClaims hold are taken:
+//! [`claim_holdings`](super::claim_holdings) turns them into reservations so the planner
+//! plans around them.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-
-use crate::api::dra::DeviceRef;
-use crate::api::dra::claims::{CLAIM_REQUEST, ClaimPlan, allocated_devices};
+use crate::api::dra::claims::{CLAIM_REQUEST, ClaimPlan};
 use crate::api::placement::{
     AllocationMode, ModelPlacementStatus, PlacementClaim, PodClaimFragment, PodResourceClaimRef,
 };
-use crate::plan::Reservations;
 
 use super::fleet_view::FleetView;
 
@@ -128,50 +124,4 @@ impl ClaimsReport {
         status.claim_names = (!names.is_empty()).then(|| names.join(","));
         status.device_names = (!devices.is_empty()).then(|| devices.join(","));
     }
-}
-
-/// The devices held by allocated ResourceClaims that are not among `ours` (claim names by
-/// namespace), as planner reservations on `fleet`'s node and device ids. Devices the fleet
-/// does not know are left out: nothing could plan on them anyway.
-pub fn foreign_allocations<'a>(
-    claims: impl IntoIterator<Item = &'a ResourceClaim>,
-    ours: &BTreeSet<(String, String)>,
-    fleet: &FleetView,
-) -> Reservations {
-    let mut reserved = Reservations::none();
-    let mut by_ref: Option<HashMap<DeviceRef, (String, String)>> = None;
-    for claim in claims {
-        let key = (
-            claim.metadata.namespace.clone().unwrap_or_default(),
-            claim.metadata.name.clone().unwrap_or_default(),
-        );
-        if ours.contains(&key) {
-            continue;
-        }
-        let devices = allocated_devices(claim);
-        if devices.is_empty() {
-            continue;
-        }
-        // Built on the first foreign allocation only: most fleets have none.
-        let index = by_ref.get_or_insert_with(|| dra_index(fleet));
-        for device in devices {
-            if let Some((node, id)) = index.get(&device) {
-                reserved.insert(node.clone(), id.clone());
-            }
-        }
-    }
-    reserved
-}
-
-/// Every DRA-published device in the fleet, by its DRA name.
-fn dra_index(fleet: &FleetView) -> HashMap<DeviceRef, (String, String)> {
-    let mut index = HashMap::new();
-    for node in fleet.nodes() {
-        for device in &node.devices {
-            if let Some(reference) = fleet.dra_device(&node.name, &device.id) {
-                index.insert(reference.clone(), (node.name.clone(), device.id.clone()));
-            }
-        }
-    }
-    index
 }

@@ -261,6 +261,11 @@ impl Ledger {
         self.holdings.get(key)
     }
 
+    /// The placement holding `device` on `node`, if one does.
+    pub fn holder_of(&self, node: &str, device: &str) -> Option<&PlacementKey> {
+        self.owners.get(&(node.to_string(), device.to_string()))
+    }
+
     /// Every holding, by key.
     pub fn iter(&self) -> impl Iterator<Item = (&PlacementKey, &Holding)> {
         self.holdings.iter()

@@ -5,7 +5,8 @@
 //! | module | job |
 //! |---|---|
 //! | [`build`] | spec → planner request, plan → status |
-//! | [`claims`] | which ResourceClaims hold a plan, and devices other claims hold |
+//! | [`claims`] | which ResourceClaims hold a plan |
+//! | [`claim_holdings`] | devices every allocated claim holds; claims that outlived their placement |
 //! | [`fleet_stats`] | devices, healthy, reserved, free per node and product; unhealthy nodes |
 //! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
 //! | [`health_taints`] | the health-taint mode, our Node taint, DeviceTaintRules |
@@ -20,6 +21,7 @@
 //! `tests/` and a unit test keep this module free of `kube`, `tokio` and `clap`.
 
 pub mod build;
+pub mod claim_holdings;
 pub mod claims;
 pub mod decide;
 pub mod desired;
