@@ -155,9 +155,9 @@ fn fail(err: &PlanError) -> ExitCode {
 }
 
 fn list_models() -> Result<String> {
-    let mut table = output::Table::new(["KEY", "HUGGING FACE", "SOURCE"]);
+    let mut table = output::Table::new(["KEY", "HUGGING FACE", "SOURCE", "CONFIG"]);
     for preset in presets::list()? {
-        table.row([preset.key, preset.hf_id, preset.source]);
+        table.row([preset.key, preset.hf_id, preset.source, preset.config]);
     }
     Ok(table.render())
 }
