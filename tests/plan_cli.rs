@@ -557,7 +557,34 @@ fn presets_can_be_listed() {
         text.contains("llama-3.1-70b")
             && text.contains("deepseek-v3")
             && text.contains("mlc-ai/mlc-llm")
+            && text.contains("huggingface.co/deepseek-ai/DeepSeek-V3 config.json")
     );
+}
+
+/// Issue 23: a preset plans its own maximum context and says so; gpt-oss-20b is MXFP4.
+#[test]
+fn presets_plan_their_own_maximum_context_and_native_format() {
+    let (code, plan) = json(&["--model", "deepseek-v3", "--hardware", "2x8xH200"]);
+    assert!(code == 0 || code == 2, "{plan}");
+    assert_eq!(plan["context"], 163_840, "{plan}");
+    let reasons = plan["reasons"].to_string();
+    assert!(
+        reasons.contains("context: 163840 tokens, deepseek-v3's maximum"),
+        "{reasons}"
+    );
+    let (code, plan) = json(&["--model", "gpt-oss-20b", "--hardware", "1x1xH100-80GB"]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["precision"], "mxfp4", "{plan}");
+    let (code, plan) = json(&[
+        "--model",
+        "gpt-oss-20b",
+        "--hardware",
+        "1x1xH100-80GB",
+        "--precision",
+        "fp4",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["precision"], "mxfp4", "{plan}");
 }
 
 /// Runs `hwaccel plan` but kills it (and fails) after `limit`, so a read that blocks fails the

@@ -145,16 +145,18 @@ fn plan_checked(
             context,
             concurrency,
         } => {
-            let context = resolve_context(model, *context)?;
+            let (context, context_note) = resolve_context(model, *context)?;
             if let Some(disaggregation) = request.disaggregation {
-                return Ok(disaggregated::plan(
+                let mut plan = disaggregated::plan(
                     model,
                     (nodes, reserved),
                     request,
                     (context, *concurrency),
                     disaggregation,
                     verify,
-                ));
+                );
+                plan.reasons.extend(context_note);
+                return Ok(plan);
             }
             let mut plan = serving::plan(
                 model,
@@ -165,6 +167,7 @@ fn plan_checked(
                 (nodes, reserved),
             );
             plan.engine = super::engine::settings(&plan);
+            plan.reasons.extend(context_note);
             Ok(plan)
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
@@ -242,16 +245,33 @@ fn validate(request: &PlanRequest) -> Result<()> {
 }
 
 /// The context to plan for: the request's, else the model's maximum, else a fallback; never
-/// more than the model supports (vLLM refuses a `max_model_len` beyond it).
-fn resolve_context(model: &Model, requested: Option<u64>) -> Result<u64> {
+/// more than the model supports (vLLM refuses a `max_model_len` beyond it). When the request
+/// names none, the second value says which context was taken and why (issue 23: never a silent
+/// default).
+fn resolve_context(model: &Model, requested: Option<u64>) -> Result<(u64, Option<String>)> {
     match (requested, model.max_context) {
         (Some(context), Some(max)) if context > max => Err(PlanError::constraint(format!(
             "--context {context} exceeds {}'s maximum of {max} tokens",
             model.name
         ))),
-        (Some(context), _) => Ok(context),
-        (None, Some(max)) => Ok(max),
-        (None, None) => Ok(FALLBACK_CONTEXT),
+        (Some(context), _) => Ok((context, None)),
+        (None, Some(max)) => Ok((
+            max,
+            Some(format!(
+                "context: {max} tokens, {}'s maximum (max_position_embeddings in its config); \
+                 pass --context to plan a shorter one",
+                model.name
+            )),
+        )),
+        (None, None) => Ok((
+            FALLBACK_CONTEXT,
+            Some(format!(
+                "context: assumed {FALLBACK_CONTEXT} tokens because {}'s config states no \
+                 maximum (none of max_position_embeddings, max_sequence_length, seq_length, \
+                 n_positions); pass --context for the context you serve",
+                model.name
+            )),
+        )),
     }
 }
 
@@ -266,6 +286,27 @@ mod refusal_tests {
             fabric: None,
             labels: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// Issue 23: a plan names the context it took when the request named none.
+    #[test]
+    fn the_context_taken_is_named_with_its_reason() {
+        let preset = crate::plan::model::presets::find("deepseek-v3")
+            .unwrap()
+            .unwrap();
+        let (context, note) = resolve_context(&preset, None).unwrap();
+        assert_eq!(context, 163_840);
+        assert!(
+            note.unwrap()
+                .starts_with("context: 163840 tokens, deepseek-v3's maximum")
+        );
+        let mut bare = preset.clone();
+        bare.max_context = None;
+        let (context, note) = resolve_context(&bare, None).unwrap();
+        assert_eq!(context, FALLBACK_CONTEXT);
+        assert!(note.unwrap().contains("assumed 4096 tokens because"));
+        assert_eq!(resolve_context(&bare, Some(1000)).unwrap(), (1000, None));
+        assert!(resolve_context(&preset, Some(200_000)).is_err());
     }
 
     #[test]
