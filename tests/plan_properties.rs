@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 
 use hwaccel::hardware::Precision;
 use hwaccel::plan::capability::PrecisionChoice;
+use hwaccel::plan::engine::choice::{EngineChoice, EngineKind, EngineVersion};
 use hwaccel::plan::kv::KvDtype;
 use hwaccel::plan::memory::{ServingTarget, serving_fit};
 use hwaccel::plan::model::{QuantScope, presets};
@@ -486,6 +487,61 @@ proptest! {
             }
             // Reserving every device leaves nothing to plan on: bad input, not a panic.
             Err(err) => prop_assert!(err.to_string().contains("no usable accelerators"), "{err}"),
+        }
+    }
+
+    /// Issue 23: any engine settings, in or out of bounds, give a plan that fits its devices
+    /// or a bad-input error naming the setting; never a panic. In-bounds settings always plan.
+    #[test]
+    fn engine_settings_plan_or_name_the_bad_value(
+        hardware in fleet(),
+        model_index in 0usize..64,
+        sglang in any::<bool>(),
+        version in prop::option::of(prop::sample::select(vec!["v0", "v1", "current", "0.7.3", "0.10.2", "0.21", "0.5.4"])),
+        eager in any::<bool>(),
+        max_num_seqs in prop::option::of(prop_oneof![0u64..2, 1u64..2048, 60_000u64..70_000, Just(u64::MAX)]),
+        max_num_batched_tokens in prop::option::of(prop_oneof![0u64..2, 1u64..65_536, 4_000_000u64..5_000_000, Just(u64::MAX)]),
+        mem_fraction in prop::option::of(prop_oneof![-1.0f64..0.0, 0.05f64..1.0, 1.0f64..2.0, Just(f64::NAN)]),
+    ) {
+        let model = model(model_index);
+        let nodes = parse_hardware(&hardware).unwrap();
+        let context = model.max_context.map_or(4096, |max| max.min(4096));
+        let mut request = PlanRequest::serve(Some(context), 1);
+        request.engine = EngineChoice {
+            kind: if sglang { EngineKind::Sglang } else { EngineKind::Vllm },
+            version: version.map(|v| v.parse::<EngineVersion>().unwrap()),
+            stated: true,
+            enforce_eager: eager,
+            max_num_seqs,
+            max_num_batched_tokens,
+            mem_fraction_static: mem_fraction,
+        };
+        if let Some(fraction) = mem_fraction.filter(|f| *f > 0.0 && *f <= 1.0) {
+            request.gpu_util = fraction;
+        }
+        let seqs_ok = max_num_seqs.is_none_or(|n| (1..=65_536).contains(&n));
+        let tokens_ok = max_num_batched_tokens.is_none_or(|n| (1..=4_194_304).contains(&n))
+            && max_num_batched_tokens.zip(max_num_seqs).is_none_or(|(t, n)| t >= n);
+        let fraction_ok = mem_fraction.is_none_or(|f| sglang && f > 0.0 && f <= 1.0);
+        let version_ok = !(sglang && matches!(version, Some("v0" | "v1")));
+        match plan(&model, &nodes, &Reservations::none(), &request) {
+            Ok(result) => {
+                prop_assert!(seqs_ok && tokens_ok && fraction_ok && version_ok, "{:?}", request.engine);
+                check_plan(&result, &model, &nodes, &Reservations::none(), None);
+                if let Some(memory) = result.per_device.filter(|_| result.fits) {
+                    prop_assert!(memory.total.0 <= memory.budget.0, "{memory:?}");
+                }
+            }
+            Err(err) => {
+                let text = err.to_string();
+                prop_assert!(!(seqs_ok && tokens_ok && fraction_ok && version_ok), "{text}");
+                prop_assert!(
+                    ["--max-num-seqs", "--max-num-batched-tokens", "--mem-fraction-static", "--engine-version"]
+                        .iter()
+                        .any(|flag| text.contains(flag)),
+                    "{text}"
+                );
+            }
         }
     }
 

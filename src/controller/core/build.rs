@@ -215,7 +215,19 @@ fn refusal(
 
 /// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
 /// fields, so the flag names are rewritten to the field paths that mean the same.
-const FLAG_TO_FIELD: [(&str, &str); 12] = [
+const FLAG_TO_FIELD: [(&str, &str); 18] = [
+    ("--engine-version", "spec.engine.version"),
+    ("--engine", "spec.engine.name"),
+    ("--enforce-eager", "spec.engine.enforceEager"),
+    ("--max-num-seqs", "spec.engine.maxNumSeqs"),
+    (
+        "--max-num-batched-tokens",
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    (
+        "--mem-fraction-static",
+        "spec.engine.memFractionStaticPercent",
+    ),
     ("--prefill-replicas ", "spec.goal.serve.prefillReplicas="),
     ("--disaggregated", "spec.goal.serve.disaggregated"),
     ("--precision ", "spec.constraints.precision="),

@@ -22,6 +22,7 @@ mod train;
 use crate::hardware::Precision;
 
 use super::capability::PrecisionChoice;
+use super::engine::choice::EngineChoice;
 use super::error::{PlanError, Result};
 use super::fleet::Fleet;
 use super::inventory::{NodeSpec, Reservations};
@@ -72,6 +73,8 @@ pub struct PlanRequest {
     /// Serving only: plan a decode pool and a separate prefill pool
     /// ([`disaggregated`](self::disaggregated)); `None` plans one pool.
     pub disaggregation: Option<Disaggregation>,
+    /// Serving: the engine and the settings of it that shape memory and its arguments.
+    pub engine: EngineChoice,
 }
 
 impl PlanRequest {
@@ -88,6 +91,7 @@ impl PlanRequest {
             gpu_util: DEFAULT_GPU_UTIL,
             replicas: None,
             disaggregation: None,
+            engine: EngineChoice::default(),
         }
     }
 
@@ -156,6 +160,7 @@ fn plan_checked(
                     verify,
                 );
                 plan.reasons.extend(context_note);
+                plan.reasons.push(request.engine.assumption());
                 return Ok(plan);
             }
             let mut plan = serving::plan(
@@ -166,11 +171,32 @@ fn plan_checked(
                 *concurrency,
                 (nodes, reserved),
             );
-            plan.engine = super::engine::settings(&plan);
+            sglang_default_fraction(&mut plan, request);
+            plan.engine = super::engine::settings_for(&plan, &request.engine);
             plan.reasons.extend(context_note);
+            plan.reasons.push(request.engine.assumption());
             Ok(plan)
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
+    }
+}
+
+/// An SGLang plan without a stated `mem_fraction_static` used SGLang's own default for the
+/// device class and layout: report that fraction, not the request's placeholder, and say so.
+fn sglang_default_fraction(plan: &mut Plan, request: &PlanRequest) {
+    let engine = &request.engine;
+    if engine.kind != super::engine::choice::EngineKind::Sglang
+        || engine.mem_fraction_static.is_some()
+    {
+        return;
+    }
+    if let Some(memory) = plan.per_device.filter(|m| m.capacity.0 > 0) {
+        let fraction = memory.budget.as_f64() / memory.capacity.as_f64();
+        plan.gpu_memory_utilization = Some(fraction);
+        plan.reasons.push(format!(
+            "mem-fraction-static: {fraction:.3}, SGLang's default for this device and layout \
+             (server_args.py); pass --mem-fraction-static to set it"
+        ));
     }
 }
 
@@ -200,6 +226,7 @@ fn no_free_accelerator(nodes: &[NodeSpec]) -> String {
 }
 
 fn validate(request: &PlanRequest) -> Result<()> {
+    request.engine.validate()?;
     if !(request.gpu_util > 0.0 && request.gpu_util <= 1.0) {
         return Err(PlanError::constraint(format!(
             "--gpu-util {} must be in (0, 1]",
