@@ -633,7 +633,7 @@ fn engine_settings_feed_the_memory_model_and_the_arguments() {
     assert!(
         v1["reasons"]
             .to_string()
-            .contains("engine: vLLM 0.10 (V1 engine")
+            .contains("engine: vLLM 0.10.1 (V1 engine")
     );
 
     // SGLang: its own accounting and fraction, stated or its default.
@@ -1087,6 +1087,84 @@ fn emit_renders_a_deployment_on_the_planned_nodes() {
         value["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
         "1"
     );
+}
+
+/// Issue 23 item 4: the workload runs on the devices it names. An MI300X plan gets vLLM's ROCm
+/// image, a Gaudi plan the Gaudi image, an SGLang plan SGLang's server, and a device the
+/// engine version does not support is refused with the reason.
+#[test]
+fn emit_picks_the_image_for_the_devices_or_refuses_with_the_reason() {
+    let emit = |extra: &[&str]| -> (Option<i32>, Value, String) {
+        let mut args = vec!["--model", "llama-3.1-8b", "--context", "8192"];
+        args.extend(extra);
+        args.extend(["--emit", "deployment", "-o", "json"]);
+        let out = hwaccel(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), value, stderr)
+    };
+    let container = |value: &Value| value["spec"]["template"]["spec"]["containers"][0].clone();
+
+    let (code, mi300x, stderr) = emit(&["--hardware", "1x1xMI300X"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&mi300x);
+    assert_eq!(c["image"], "docker.io/vllm/vllm-openai-rocm:latest", "{c}");
+    assert_eq!(c["resources"]["limits"]["amd.com/gpu"], "1", "{c}");
+    // Current vLLM gets the plan's KV pool explicitly.
+    assert!(
+        c["args"].to_string().contains("--kv-cache-memory-bytes"),
+        "{c}"
+    );
+
+    let (code, gaudi, stderr) = emit(&["--hardware", "1x8xGaudi3"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&gaudi);
+    assert!(
+        c["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("vault.habana.ai/gaudi-docker/")),
+        "{c}"
+    );
+
+    let (code, pinned, stderr) = emit(&["--hardware", "1x1xH100", "--engine-version", "0.10.2"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&pinned);
+    assert_eq!(c["image"], "docker.io/vllm/vllm-openai:v0.10.2", "{c}");
+    assert!(
+        !c["args"].to_string().contains("--kv-cache-memory-bytes"),
+        "{c}"
+    );
+
+    let (code, sglang, stderr) = emit(&["--hardware", "1x1xH100", "--engine", "sglang"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&sglang);
+    assert_eq!(c["image"], "docker.io/lmsysorg/sglang:latest", "{c}");
+    assert_eq!(
+        c["command"],
+        serde_json::json!(["python3", "-m", "sglang.launch_server"])
+    );
+    let args = c["args"].to_string();
+    assert!(
+        args.contains(r#""--model-path","meta-llama/Llama-3.1-8B-Instruct""#)
+            && args.contains("--mem-fraction-static")
+            && args.contains(r#""--port","8000""#),
+        "{args}"
+    );
+
+    // Compute capability 7.0 on current vLLM (7.5 or higher since 0.21): refused, exit 1.
+    let (code, value, stderr) = emit(&["--hardware", "1x8xV100"]);
+    assert_eq!(code, Some(1), "{value}");
+    assert!(
+        stderr.contains("needs compute capability 7.5 or higher and NVIDIA V100 has 7.0"),
+        "{stderr}"
+    );
+    // An explicit image is the user's choice.
+    let (code, _, stderr) = emit(&["--hardware", "1x8xV100", "--image", "example.com/v:1"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    // No SGLang image for AMD: refused with the reason.
+    let (code, _, stderr) = emit(&["--hardware", "1x1xMI300X", "--engine", "sglang"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no SGLang image"), "{stderr}");
 }
 
 #[test]

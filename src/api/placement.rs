@@ -445,6 +445,22 @@ pub struct PlanStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineStatus {
+    /// The engine the plan's memory was accounted for (`vllm`, `sglang`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub engine: Option<String>,
+    /// Its version (`current` unless `spec.engine.version` named one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub version: Option<String>,
+    /// The container image that runs the engine on the planned devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub image: Option<String>,
+    /// Why no image runs the engine on the planned devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub image_refusal: Option<String>,
     /// The model name to serve (a preset's Hugging Face repository), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]

@@ -38,9 +38,11 @@ use serde::Serialize;
 use crate::hardware::Precision;
 
 use self::choice::{EngineChoice, EngineKind};
-use super::memory::scheduler_defaults;
+use super::memory::{Engine, scheduler_defaults};
 use super::model::presets;
+use super::products;
 use super::report::Plan;
+use crate::hardware::{Family, Vendor};
 
 /// The engines' arguments for one plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,6 +52,13 @@ pub struct EngineSettings {
     pub engine: String,
     /// Its version or generation (`current` when none was given).
     pub version: String,
+    /// The container image that runs this engine on the plan's devices
+    /// ([`images::image_for`]); `None` when none does (`image_refusal` says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Why no image runs the engine on the plan's devices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_refusal: Option<String>,
     /// The name to pass the engine (a preset's Hugging Face repository); `None` when the plan
     /// came from a file or a parameter count, whose repository the planner does not know.
     pub model: Option<String>,
@@ -229,8 +238,38 @@ pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings
         );
     }
 
+    // vLLM 0.21 and later take the KV pool explicitly, so the start-up does not depend on
+    // its own profile run agreeing with the plan's (`--kv-cache-memory-bytes`, vLLM
+    // `vllm/config/cache.py` `CacheConfig.kv_cache_memory_bytes`, which replaces the
+    // utilisation-derived pool when set).
+    if choice.kind == EngineKind::Vllm
+        && choice.memory_engine() == Engine::Vllm
+        && let Some(memory) = plan.per_device
+    {
+        let pool = memory
+            .budget
+            .saturating_sub(memory.weights)
+            .saturating_sub(memory.activations)
+            .saturating_sub(memory.overhead);
+        if pool.0 > 0 {
+            push(&mut vllm, "--kv-cache-memory-bytes", pool.0);
+        }
+    }
+    let (image, image_refusal) = match plan.device.as_deref().map(device_facts) {
+        Some(device) => match images::image_for(choice, device) {
+            Ok(picked) => {
+                notes.extend(picked.notes);
+                (Some(picked.image), None)
+            }
+            Err(reason) => (None, Some(reason)),
+        },
+        None => (None, Some("the plan names no device".to_string())),
+    };
+
     Some(EngineSettings {
         engine: choice.kind.to_string(),
+        image,
+        image_refusal,
         version: choice
             .version
             .map_or_else(|| "current".to_string(), |v| v.to_string()),
@@ -307,6 +346,37 @@ fn hugging_face_id(name: &str) -> Option<String> {
         .map(|(_, id)| id.clone())
 }
 
+/// Vendor and family of a product name: from the product table, else from the name.
+fn device_facts(product: &str) -> images::DeviceFacts<'_> {
+    let (vendor, family) = match products::lookup(product, None) {
+        Some(known) => (known.vendor, known.family),
+        None => {
+            let lower = product.to_ascii_lowercase();
+            if lower.contains("nvidia") || lower.contains("tesla") || lower.contains("geforce") {
+                (Vendor::Nvidia, Family::Gpu)
+            } else if lower.contains("amd")
+                || lower.contains("instinct")
+                || lower.contains("radeon")
+            {
+                (Vendor::Amd, Family::Gpu)
+            } else if lower.contains("gaudi") {
+                (Vendor::Intel, Family::Asic)
+            } else if lower.contains("tpu") {
+                (Vendor::Google, Family::Tpu)
+            } else if lower.contains("trainium") || lower.contains("inferentia") {
+                (Vendor::Aws, Family::Asic)
+            } else {
+                (Vendor::Other, Family::Gpu)
+            }
+        }
+    };
+    images::DeviceFacts {
+        vendor,
+        family,
+        product,
+    }
+}
+
 fn push(args: &mut Vec<String>, flag: &str, value: impl ToString) {
     args.push(flag.to_string());
     args.push(value.to_string());
@@ -324,5 +394,6 @@ fn fraction(value: f64) -> String {
 
 pub mod choice;
 pub mod disaggregation;
+pub mod images;
 #[cfg(test)]
 mod tests;

@@ -181,7 +181,11 @@ mod tests {
         assert_eq!(engine.kind, EngineKind::Sglang);
         assert_eq!(
             engine.version,
-            Some(EngineVersion::Release { major: 0, minor: 5 })
+            Some(EngineVersion::Release {
+                major: 0,
+                minor: 5,
+                patch: 2
+            })
         );
         assert!(engine.stated && engine.enforce_eager);
         assert_eq!(engine.max_num_seqs, Some(64));

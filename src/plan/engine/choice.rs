@@ -68,12 +68,15 @@ impl FromStr for EngineKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum EngineVersion {
-    /// A release, major.minor (the patch level does not change the accounting).
+    /// A release, major.minor.patch (the patch level names an image tag; it does not change
+    /// the accounting).
     Release {
         /// Major version.
         major: u32,
         /// Minor version.
         minor: u32,
+        /// Patch level (its leading digits; 0 when not given).
+        patch: u32,
     },
     /// vLLM's V0 engine (0.7 and earlier).
     V0,
@@ -86,7 +89,11 @@ pub enum EngineVersion {
 impl fmt::Display for EngineVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Release { major, minor } => write!(f, "{major}.{minor}"),
+            Self::Release {
+                major,
+                minor,
+                patch,
+            } => write!(f, "{major}.{minor}.{patch}"),
             Self::V0 => f.write_str("v0"),
             Self::V1 => f.write_str("v1"),
             Self::Current => f.write_str("current"),
@@ -125,18 +132,31 @@ impl FromStr for EngineVersion {
         };
         let major = number(parts.next())?;
         let minor = number(parts.next())?;
-        // An optional patch level (digits, maybe a suffix like `post1` or `rc2`).
-        if let Some(patch) = parts.next()
-            && (patch.is_empty()
-                || patch.len() > 12
-                || !patch.bytes().all(|b| b.is_ascii_alphanumeric()))
-        {
-            return Err(bad());
-        }
+        // An optional patch level: digits, maybe followed by a suffix like `post1` or `rc2`.
+        let patch = match parts.next() {
+            None => 0,
+            Some(text) => {
+                if text.is_empty()
+                    || text.len() > 12
+                    || !text.bytes().all(|b| b.is_ascii_alphanumeric())
+                {
+                    return Err(bad());
+                }
+                let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+                if digits.is_empty() || digits.len() > 4 {
+                    return Err(bad());
+                }
+                digits.parse().map_err(|_| bad())?
+            }
+        };
         if parts.next().is_some() {
             return Err(bad());
         }
-        Ok(Self::Release { major, minor })
+        Ok(Self::Release {
+            major,
+            minor,
+            patch,
+        })
     }
 }
 
@@ -168,7 +188,7 @@ impl EngineChoice {
             (EngineKind::Vllm, None | Some(EngineVersion::Current)) => Engine::Vllm,
             (EngineKind::Vllm, Some(EngineVersion::V0)) => Engine::VllmV0,
             (EngineKind::Vllm, Some(EngineVersion::V1)) => Engine::VllmV1,
-            (EngineKind::Vllm, Some(EngineVersion::Release { major, minor })) => {
+            (EngineKind::Vllm, Some(EngineVersion::Release { major, minor, .. })) => {
                 let release = (major, minor);
                 if release < V1_FROM {
                     Engine::VllmV0
@@ -249,6 +269,18 @@ impl EngineChoice {
         format!("{name} {version}{era}")
     }
 
+    /// The engine and version alone: `vLLM 0.21.0`, `SGLang current`.
+    pub fn describe_short(&self) -> String {
+        let name = match self.kind {
+            EngineKind::Vllm => "vLLM",
+            EngineKind::Sglang => "SGLang",
+        };
+        let version = self
+            .version
+            .map_or_else(|| "current".to_string(), |v| v.to_string());
+        format!("{name} {version}")
+    }
+
     /// The plan's line about the engine: what was assumed when nothing was stated.
     pub fn assumption(&self) -> String {
         let eager = if self.enforce_eager {
@@ -303,6 +335,7 @@ mod tests {
             "99999.1",
             "0.1.~",
             "latestest",
+            "0.1.rc1",
         ] {
             let err = bad.parse::<EngineVersion>().unwrap_err();
             assert!(err.contains("neither a release"), "{bad}: {err}");
@@ -388,6 +421,6 @@ mod tests {
             stated: true,
             ..EngineChoice::default()
         };
-        assert_eq!(stated.assumption(), "engine: SGLang 0.5, as asked");
+        assert_eq!(stated.assumption(), "engine: SGLang 0.5.0, as asked");
     }
 }
