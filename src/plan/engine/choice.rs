@@ -251,13 +251,6 @@ impl EngineChoice {
 
     /// The engine as people name it: `vLLM 0.10 (V1 accounting)`, `SGLang current`.
     pub fn describe(&self) -> String {
-        let name = match self.kind {
-            EngineKind::Vllm => "vLLM",
-            EngineKind::Sglang => "SGLang",
-        };
-        let version = self
-            .version
-            .map_or_else(|| "current".to_string(), |v| v.to_string());
         let era = match self.memory_engine() {
             Engine::VllmV0 => {
                 " (V0 engine: whole prompts profiled, CUDA graphs outside the budget)"
@@ -266,7 +259,7 @@ impl EngineChoice {
             Engine::Vllm => " (0.21 or later: CUDA graphs profiled inside the budget)",
             Engine::Sglang => "",
         };
-        format!("{name} {version}{era}")
+        format!("{}{era}", self.describe_short())
     }
 
     /// The engine and version alone: `vLLM 0.21.0`, `SGLang current`.
