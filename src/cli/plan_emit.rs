@@ -78,7 +78,8 @@ pub enum EmitKind {
 /// Flags of `hwaccel plan --emit`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EmitArgs {
-    /// Print a workload that runs the plan with vLLM instead of the plan itself.
+    /// Print a workload that runs the plan with its engine (vLLM, or SGLang with --engine
+    /// sglang) instead of the plan itself.
     #[arg(long, value_enum)]
     pub emit: Option<EmitKind>,
     /// A ModelPlacement (`kubectl get mp NAME -o yaml`, JSON or YAML; `-` for stdin) whose
