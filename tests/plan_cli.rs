@@ -557,7 +557,182 @@ fn presets_can_be_listed() {
         text.contains("llama-3.1-70b")
             && text.contains("deepseek-v3")
             && text.contains("mlc-ai/mlc-llm")
+            && text.contains("huggingface.co/deepseek-ai/DeepSeek-V3 config.json")
     );
+}
+
+/// Issue 23 item 1: the engine settings are inputs. They change the memory the plan counts,
+/// reach the engine arguments, and an unstated engine is named as assumed.
+#[test]
+fn engine_settings_feed_the_memory_model_and_the_arguments() {
+    let base = [
+        "--model",
+        "llama-3.1-8b",
+        "--hardware",
+        "1x1xH100-80GB",
+        "--context",
+        "8192",
+    ];
+    let with = |extra: &[&str]| -> (i32, Value) {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        json(&args)
+    };
+    let (code, assumed) = with(&[]);
+    assert_eq!(code, 0, "{assumed}");
+    let reasons = assumed["reasons"].to_string();
+    assert!(
+        reasons.contains("engine: assumed vLLM current"),
+        "{reasons}"
+    );
+    assert_eq!(assumed["engine"]["engine"], "vllm");
+    assert_eq!(assumed["engine"]["version"], "current");
+
+    // Eager mode frees the 1 GiB of CUDA graphs current vLLM counts; a smaller scheduler
+    // budget shrinks the profile run: more KV tokens, and the flags are passed on.
+    let (code, eager) = with(&[
+        "--enforce-eager",
+        "--max-num-seqs",
+        "64",
+        "--max-num-batched-tokens",
+        "2048",
+    ]);
+    assert_eq!(code, 0, "{eager}");
+    assert!(
+        eager["kv_tokens"].as_u64() > assumed["kv_tokens"].as_u64(),
+        "{} vs {}",
+        eager["kv_tokens"],
+        assumed["kv_tokens"]
+    );
+    assert!(
+        eager["per_device"]["overhead"].as_u64().unwrap() + (1 << 30)
+            <= assumed["per_device"]["overhead"].as_u64().unwrap()
+    );
+    let vllm = eager["engine"]["vllm"].to_string();
+    for flag in [
+        r#""--enforce-eager""#,
+        r#""--max-num-seqs","64""#,
+        r#""--max-num-batched-tokens","2048""#,
+    ] {
+        assert!(vllm.contains(flag), "{flag} in {vllm}");
+    }
+    let sglang = eager["engine"]["sglang"].to_string();
+    for flag in [
+        r#""--disable-cuda-graph""#,
+        r#""--max-running-requests","64""#,
+        r#""--chunked-prefill-size","2048""#,
+    ] {
+        assert!(sglang.contains(flag), "{flag} in {sglang}");
+    }
+
+    // vLLM 0.10 (V1) keeps CUDA graphs outside the budget: as eager on current vLLM.
+    let (_, v1) = with(&["--engine", "vllm", "--engine-version", "0.10.1"]);
+    assert_eq!(
+        v1["per_device"]["overhead"],
+        with(&["--enforce-eager"]).1["per_device"]["overhead"]
+    );
+    assert!(
+        v1["reasons"]
+            .to_string()
+            .contains("engine: vLLM 0.10.1 (V1 engine")
+    );
+
+    // SGLang: its own accounting and fraction, stated or its default.
+    let (code, sglang) = with(&["--engine", "sglang", "--mem-fraction-static", "0.8"]);
+    assert_eq!(code, 0, "{sglang}");
+    assert_eq!(sglang["engine"]["engine"], "sglang");
+    assert_eq!(sglang["per_device"]["activations"], 0);
+    assert_eq!(sglang["gpu_memory_utilization"], 0.8);
+    assert!(
+        sglang["engine"]["sglang"]
+            .to_string()
+            .contains(r#""--mem-fraction-static","0.80""#),
+        "{}",
+        sglang["engine"]
+    );
+    let (_, default) = with(&["--engine", "sglang"]);
+    assert!(
+        default["reasons"]
+            .to_string()
+            .contains("SGLang's default for this device and layout"),
+        "{}",
+        default["reasons"]
+    );
+}
+
+/// Issue 23 item 5: every engine input has bounds and a clear error.
+#[test]
+fn bad_engine_settings_are_exit_1_naming_the_flag() {
+    let base = ["--model", "llama-3.1-8b", "--hardware", "1xH100"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        base.iter().chain(extra).copied().collect()
+    };
+    bad_input(
+        &with(&["--engine", "tgi"]),
+        r#"--engine: unknown engine "tgi""#,
+    );
+    bad_input(&with(&["--engine-version", "one"]), "--engine-version");
+    bad_input(
+        &with(&["--max-num-seqs", "0"]),
+        "--max-num-seqs 0 must be between 1 and 65536",
+    );
+    bad_input(&with(&["--max-num-seqs", "70000"]), "--max-num-seqs 70000");
+    bad_input(
+        &with(&["--max-num-batched-tokens", "5000000"]),
+        "--max-num-batched-tokens 5000000",
+    );
+    bad_input(
+        &with(&["--max-num-seqs", "256", "--max-num-batched-tokens", "128"]),
+        "at least --max-num-seqs 256",
+    );
+    bad_input(
+        &with(&["--mem-fraction-static", "0.8"]),
+        "add --engine sglang",
+    );
+    bad_input(
+        &with(&["--engine", "sglang", "--mem-fraction-static", "1.2"]),
+        "must be in (0, 1]",
+    );
+    bad_input(
+        &with(&[
+            "--engine",
+            "sglang",
+            "--mem-fraction-static",
+            "0.8",
+            "--gpu-util",
+            "0.9",
+        ]),
+        "not both",
+    );
+    bad_input(
+        &with(&["--engine", "sglang", "--engine-version", "v0"]),
+        "vLLM generations",
+    );
+}
+
+/// Issue 23: a preset plans its own maximum context and says so; gpt-oss-20b is MXFP4.
+#[test]
+fn presets_plan_their_own_maximum_context_and_native_format() {
+    let (code, plan) = json(&["--model", "deepseek-v3", "--hardware", "2x8xH200"]);
+    assert!(code == 0 || code == 2, "{plan}");
+    assert_eq!(plan["context"], 163_840, "{plan}");
+    let reasons = plan["reasons"].to_string();
+    assert!(
+        reasons.contains("context: 163840 tokens, deepseek-v3's maximum"),
+        "{reasons}"
+    );
+    let (code, plan) = json(&["--model", "gpt-oss-20b", "--hardware", "1x1xH100-80GB"]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["precision"], "mxfp4", "{plan}");
+    let (code, plan) = json(&[
+        "--model",
+        "gpt-oss-20b",
+        "--hardware",
+        "1x1xH100-80GB",
+        "--precision",
+        "fp4",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["precision"], "mxfp4", "{plan}");
 }
 
 /// Runs `hwaccel plan` but kills it (and fails) after `limit`, so a read that blocks fails the
@@ -912,6 +1087,84 @@ fn emit_renders_a_deployment_on_the_planned_nodes() {
         value["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
         "1"
     );
+}
+
+/// Issue 23 item 4: the workload runs on the devices it names. An MI300X plan gets vLLM's ROCm
+/// image, a Gaudi plan the Gaudi image, an SGLang plan SGLang's server, and a device the
+/// engine version does not support is refused with the reason.
+#[test]
+fn emit_picks_the_image_for_the_devices_or_refuses_with_the_reason() {
+    let emit = |extra: &[&str]| -> (Option<i32>, Value, String) {
+        let mut args = vec!["--model", "llama-3.1-8b", "--context", "8192"];
+        args.extend(extra);
+        args.extend(["--emit", "deployment", "-o", "json"]);
+        let out = hwaccel(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), value, stderr)
+    };
+    let container = |value: &Value| value["spec"]["template"]["spec"]["containers"][0].clone();
+
+    let (code, mi300x, stderr) = emit(&["--hardware", "1x1xMI300X"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&mi300x);
+    assert_eq!(c["image"], "docker.io/vllm/vllm-openai-rocm:latest", "{c}");
+    assert_eq!(c["resources"]["limits"]["amd.com/gpu"], "1", "{c}");
+    // Current vLLM gets the plan's KV pool explicitly.
+    assert!(
+        c["args"].to_string().contains("--kv-cache-memory-bytes"),
+        "{c}"
+    );
+
+    let (code, gaudi, stderr) = emit(&["--hardware", "1x8xGaudi3"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&gaudi);
+    assert!(
+        c["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("vault.habana.ai/gaudi-docker/")),
+        "{c}"
+    );
+
+    let (code, pinned, stderr) = emit(&["--hardware", "1x1xH100", "--engine-version", "0.10.2"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&pinned);
+    assert_eq!(c["image"], "docker.io/vllm/vllm-openai:v0.10.2", "{c}");
+    assert!(
+        !c["args"].to_string().contains("--kv-cache-memory-bytes"),
+        "{c}"
+    );
+
+    let (code, sglang, stderr) = emit(&["--hardware", "1x1xH100", "--engine", "sglang"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let c = container(&sglang);
+    assert_eq!(c["image"], "docker.io/lmsysorg/sglang:latest", "{c}");
+    assert_eq!(
+        c["command"],
+        serde_json::json!(["python3", "-m", "sglang.launch_server"])
+    );
+    let args = c["args"].to_string();
+    assert!(
+        args.contains(r#""--model-path","meta-llama/Llama-3.1-8B-Instruct""#)
+            && args.contains("--mem-fraction-static")
+            && args.contains(r#""--port","8000""#),
+        "{args}"
+    );
+
+    // Compute capability 7.0 on current vLLM (7.5 or higher since 0.21): refused, exit 1.
+    let (code, value, stderr) = emit(&["--hardware", "1x8xV100"]);
+    assert_eq!(code, Some(1), "{value}");
+    assert!(
+        stderr.contains("needs compute capability 7.5 or higher and NVIDIA V100 has 7.0"),
+        "{stderr}"
+    );
+    // An explicit image is the user's choice.
+    let (code, _, stderr) = emit(&["--hardware", "1x8xV100", "--image", "example.com/v:1"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    // No SGLang image for AMD: refused with the reason.
+    let (code, _, stderr) = emit(&["--hardware", "1x1xMI300X", "--engine", "sglang"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no SGLang image"), "{stderr}");
 }
 
 #[test]

@@ -68,6 +68,55 @@ pub struct ModelPlacementSpec {
     /// alternatives in order; the scheduler picks the devices, nothing is reserved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationMode>,
+    /// The serving engine and the settings of it that change memory (default: today's vLLM
+    /// with its defaults, named in the plan's reasons). Serving only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineSpec>,
+}
+
+/// The serving engine (issue 23): which one, which version, and its memory settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.memFractionStaticPercent) || (has(self.name) && self.name == 'sglang')").message("memFractionStaticPercent is SGLang's setting: set name: sglang"))]
+#[x_kube(validation = Rule::new("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens >= self.maxNumSeqs").message("maxNumBatchedTokens must be at least maxNumSeqs"))]
+pub struct EngineSpec {
+    /// `vllm` (default) or `sglang`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<EngineName>,
+    /// A release (`0.10`, `0.11.2`) or a vLLM generation (`v0`: 0.7 and earlier, `v1`: 0.8 to
+    /// 0.20, `current`: 0.21 and later); default `current`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^(v0|v1|current|latest|v?[0-9]{1,4}[.][0-9]{1,4}([.][a-z0-9]{1,12})?)$')").message("version must be a release such as 0.10 or 0.11.2, or v0, v1 or current"))]
+    pub version: Option<String>,
+    /// Run without CUDA graphs (vLLM `--enforce-eager`, SGLang `--disable-cuda-graph`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enforce_eager: bool,
+    /// Sequences run at once (vLLM `--max-num-seqs`, SGLang `--max-running-requests`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65536").message("maxNumSeqs must be between 1 and 65536"))]
+    pub max_num_seqs: Option<u32>,
+    /// Tokens per scheduler step (vLLM `--max-num-batched-tokens`, SGLang
+    /// `--chunked-prefill-size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 4194304").message("maxNumBatchedTokens must be between 1 and 4194304"))]
+    pub max_num_batched_tokens: Option<u32>,
+    /// SGLang's `--mem-fraction-static` in percent (weights and KV pool per device); replaces
+    /// `constraints.memoryUtilizationPercent`. Default: SGLang's own for the device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 100").message("memFractionStaticPercent must be between 10 and 100"))]
+    pub mem_fraction_static_percent: Option<u32>,
+}
+
+/// The serving engines a placement can name.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineName {
+    /// vLLM.
+    #[default]
+    Vllm,
+    /// SGLang.
+    Sglang,
 }
 
 /// How a placement holds its devices (see `docs/dra.md`).
@@ -396,6 +445,22 @@ pub struct PlanStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineStatus {
+    /// The engine the plan's memory was accounted for (`vllm`, `sglang`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub engine: Option<String>,
+    /// Its version (`current` unless `spec.engine.version` named one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub version: Option<String>,
+    /// The container image that runs the engine on the planned devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub image: Option<String>,
+    /// Why no image runs the engine on the planned devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub image_refusal: Option<String>,
     /// The model name to serve (a preset's Hugging Face repository), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]

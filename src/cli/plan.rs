@@ -15,6 +15,7 @@ use super::plan_emit::{self, EmitArgs};
 
 use crate::output::{self, Format};
 use crate::plan::capability::PrecisionChoice;
+use crate::plan::engine::choice::{EngineChoice, EngineKind, EngineVersion};
 use crate::plan::error::{PlanError, Result};
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::kv::KvDtype;
@@ -73,6 +74,31 @@ pub struct GoalArgs {
     /// Fraction of device memory to use (default 0.90 for serving, like vLLM; 0.95 for training).
     #[arg(long)]
     pub gpu_util: Option<f64>,
+    /// Serving engine whose memory accounting the plan follows and whose arguments --emit
+    /// renders: vllm or sglang (default: vllm, said in the plan's reasons).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Engine release (0.10, 0.11.2) or vLLM generation (v0 = 0.7 and earlier, v1 = 0.8 to
+    /// 0.20, current = 0.21 and later, CUDA graphs inside the budget). Default: current.
+    #[arg(long)]
+    pub engine_version: Option<String>,
+    /// Serving without CUDA graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph): their
+    /// memory is not reserved.
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Sequences the engine runs at once (vLLM --max-num-seqs, SGLang --max-running-requests),
+    /// 1 to 65536; sizes the sampler in the profile run. Default: the engine's for the device.
+    #[arg(long)]
+    pub max_num_seqs: Option<u64>,
+    /// Tokens per scheduler step (vLLM --max-num-batched-tokens, SGLang
+    /// --chunked-prefill-size), 1 to 4194304 and at least --max-num-seqs; sizes the profile
+    /// run's activations. Default: the engine's for the device.
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u64>,
+    /// SGLang's --mem-fraction-static, in (0, 1]: weights and KV pool per device (needs
+    /// --engine sglang; replaces --gpu-util). Default: SGLang's own for the device and TP.
+    #[arg(long)]
+    pub mem_fraction_static: Option<f64>,
 }
 
 /// Flags of `hwaccel plan`.
@@ -155,9 +181,9 @@ fn fail(err: &PlanError) -> ExitCode {
 }
 
 fn list_models() -> Result<String> {
-    let mut table = output::Table::new(["KEY", "HUGGING FACE", "SOURCE"]);
+    let mut table = output::Table::new(["KEY", "HUGGING FACE", "SOURCE", "CONFIG"]);
     for preset in presets::list()? {
-        table.row([preset.key, preset.hf_id, preset.source]);
+        table.row([preset.key, preset.hf_id, preset.source, preset.config]);
     }
     Ok(table.render())
 }
@@ -246,6 +272,33 @@ impl GoalArgs {
             gpu_util: self.gpu_util,
             replicas,
             disaggregation: None,
+            engine: self.engine_choice()?,
+        })
+    }
+
+    /// The engine flags as the planner's [`EngineChoice`]; bounds are checked by the planner.
+    pub fn engine_choice(&self) -> Result<EngineChoice> {
+        let kind = match &self.engine {
+            Some(text) => text
+                .parse::<EngineKind>()
+                .map_err(|err| PlanError::constraint(format!("--engine: {err}")))?,
+            None => EngineKind::default(),
+        };
+        let version = match &self.engine_version {
+            Some(text) => Some(
+                text.parse::<EngineVersion>()
+                    .map_err(|err| PlanError::constraint(format!("--engine-version: {err}")))?,
+            ),
+            None => None,
+        };
+        Ok(EngineChoice {
+            kind,
+            version,
+            stated: self.engine.is_some() || self.engine_version.is_some(),
+            enforce_eager: self.enforce_eager,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            mem_fraction_static: self.mem_fraction_static,
         })
     }
 }

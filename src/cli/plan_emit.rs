@@ -1,5 +1,7 @@
 //! `hwaccel plan --emit deployment|lws`: the plan as a workload to apply, running
-//! `vllm serve <model> <the plan's vLLM arguments>`.
+//! `vllm serve <model> <the plan's vLLM arguments>` (or SGLang's server for a plan made with
+//! `--engine sglang`) in the image that runs that engine on the plan's devices
+//! ([`crate::plan::engine::images`]), or refusing with the reason when none does.
 //!
 //! A replica that fits on one node becomes a Deployment (one pod per replica); a replica that
 //! spans nodes becomes a LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`, one group per
@@ -43,6 +45,7 @@ use serde_json::{Value, json};
 use crate::api::placement::{ModelPlacementStatus, PlacementClaim, PrefillStatus};
 use crate::hardware::{Family, Vendor};
 use crate::output::{self, Format};
+use crate::plan::engine::choice::EngineKind;
 use crate::plan::error::{PlanError, Result};
 use crate::plan::inventory::NodeSpec;
 use crate::plan::load::read_text;
@@ -53,7 +56,8 @@ mod validate;
 /// Largest placement file read (a status with every bound filled stays far below).
 const MAX_PLACEMENT_BYTES: u64 = 16 << 20;
 
-/// The official vLLM image (docs.vllm.ai, "Using Docker").
+/// The official vLLM image (docs.vllm.ai, "Using Docker"): what a placement whose status
+/// names no image runs (a controller older than the image table).
 pub const DEFAULT_IMAGE: &str = "docker.io/vllm/vllm-openai:latest";
 
 /// vLLM's OpenAI-compatible server port (`vllm serve --port`, default 8000).
@@ -74,16 +78,19 @@ pub enum EmitKind {
 /// Flags of `hwaccel plan --emit`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EmitArgs {
-    /// Print a workload that runs the plan with vLLM instead of the plan itself.
+    /// Print a workload that runs the plan with its engine (vLLM, or SGLang with --engine
+    /// sglang) instead of the plan itself.
     #[arg(long, value_enum)]
     pub emit: Option<EmitKind>,
     /// A ModelPlacement (`kubectl get mp NAME -o yaml`, JSON or YAML; `-` for stdin) whose
     /// status is the plan: its nodeSelector or claims place the pods.
     #[arg(long, requires = "emit", conflicts_with_all = ["model", "params", "hardware", "inventory", "resource_slices"])]
     pub placement: Option<PathBuf>,
-    /// Container image.
-    #[arg(long, requires = "emit", default_value = DEFAULT_IMAGE)]
-    pub image: String,
+    /// Container image (default: the plan's engine's image for its devices, from the table
+    /// in docs/planner.md: vLLM's CUDA, ROCm, Gaudi, Neuron or TPU image, or SGLang's; a
+    /// device no image runs on is refused with the reason).
+    #[arg(long, requires = "emit")]
+    pub image: Option<String>,
     /// The model name or path passed to `vllm serve` (default: the preset's Hugging Face
     /// repository).
     #[arg(long, requires = "emit")]
@@ -109,9 +116,11 @@ pub struct Workload {
     pub namespace: Option<String>,
     /// Image.
     pub image: String,
-    /// The model `vllm serve` loads.
+    /// The engine the container runs.
+    pub engine: EngineKind,
+    /// The model the engine loads.
     pub model: String,
-    /// vLLM's arguments.
+    /// The engine's arguments.
     pub args: Vec<String>,
     /// Replicas.
     pub replicas: u32,
@@ -234,12 +243,19 @@ fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String
         None => device_resource(plan, nodes)?,
     };
     let model = served_model(args, engine.model.as_deref())?;
+    let kind = engine_kind(&engine.engine)?;
+    let image = pick_image(
+        args,
+        engine.image.as_deref(),
+        engine.image_refusal.as_deref(),
+    )?;
     Ok(Ok(Workload {
         name,
         namespace: args.namespace.clone(),
-        image: args.image.clone(),
+        image,
+        engine: kind,
         model,
-        args: engine.vllm.clone(),
+        args: engine_args(kind, &engine.vllm, &engine.sglang),
         replicas: shape.replicas,
         nodes_per_replica: shape.nodes_per_replica,
         devices_per_pod: shape.devices_per_pod,
@@ -394,12 +410,23 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
             .unwrap_or("model"),
     );
     let namespace = args.namespace.clone().or(placement.metadata.namespace);
+    let kind = engine_kind(engine.engine.as_deref().unwrap_or("vllm"))?;
+    let image = match (&args.image, &engine.image, &engine.image_refusal) {
+        (Some(image), _, _) => image.clone(),
+        (None, Some(image), _) => image.clone(),
+        (None, None, Some(reason)) => {
+            return Err(bad(format!("no image runs this placement: {reason}")));
+        }
+        // A status from a controller older than the image table.
+        (None, None, None) => DEFAULT_IMAGE.to_string(),
+    };
     let whole = Workload {
         name: name.clone(),
         namespace,
-        image: args.image.clone(),
+        image,
+        engine: kind,
         model: served_model(args, engine.model.as_deref())?,
-        args: engine.vllm.clone(),
+        args: engine_args(kind, &engine.vllm, &engine.sglang),
         replicas: plan.replicas.max(1),
         nodes_per_replica: shape.nodes_per_replica,
         devices_per_pod: shape.devices_per_pod,
@@ -457,8 +484,9 @@ fn prefill_from_status(
         name: format!("{}-prefill", decode.name),
         namespace: decode.namespace.clone(),
         image: decode.image.clone(),
+        engine: decode.engine,
         model: served_model(args, engine.model.as_deref())?,
-        args: engine.vllm.clone(),
+        args: engine_args(decode.engine, &engine.vllm, &engine.sglang),
         replicas: plan.replicas.max(1),
         nodes_per_replica: shape.nodes_per_replica,
         devices_per_pod: shape.devices_per_pod,
@@ -559,6 +587,34 @@ fn device_resource(plan: &Plan, nodes: &[NodeSpec]) -> Result<String> {
     Ok(name.to_string())
 }
 
+/// The engine a plan's settings name.
+fn engine_kind(name: &str) -> Result<EngineKind> {
+    name.parse()
+        .map_err(|err: String| bad(format!("the plan's engine: {err}")))
+}
+
+/// The arguments of the engine that runs.
+fn engine_args(kind: EngineKind, vllm: &[String], sglang: &[String]) -> Vec<String> {
+    match kind {
+        EngineKind::Vllm => vllm.to_vec(),
+        EngineKind::Sglang => sglang.to_vec(),
+    }
+}
+
+/// `--image` when given, else the image the plan's engine runs on its devices, else the
+/// reason none does (exit 1).
+fn pick_image(args: &EmitArgs, planned: Option<&str>, refusal: Option<&str>) -> Result<String> {
+    if let Some(image) = &args.image {
+        return Ok(image.clone());
+    }
+    planned.map(str::to_string).ok_or_else(|| {
+        bad(format!(
+            "no image runs this plan: {}",
+            refusal.unwrap_or("the plan's engine names no image")
+        ))
+    })
+}
+
 /// A DNS-1123 label of at most 50 characters (room for suffixes Kubernetes adds).
 pub fn dns_name(text: &str) -> String {
     let mut out = String::new();
@@ -623,10 +679,24 @@ fn pool_objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
 }
 
 fn deployments(workload: &Workload) -> Result<Vec<Value>> {
-    let command = {
-        let mut args = vec![workload.model.clone()];
-        args.extend(workload.args.iter().cloned());
-        (vec!["vllm".to_string(), "serve".to_string()], args)
+    let (container, command) = match workload.engine {
+        EngineKind::Vllm => {
+            let mut args = vec![workload.model.clone()];
+            args.extend(workload.args.iter().cloned());
+            (
+                "vllm",
+                (vec!["vllm".to_string(), "serve".to_string()], args),
+            )
+        }
+        // SGLang listens on 30000 unless told; the pods serve on vLLM's port like the rest.
+        EngineKind::Sglang => {
+            let mut args = vec!["--model-path".to_string(), workload.model.clone()];
+            args.extend(workload.args.iter().cloned());
+            args.extend(["--host", "0.0.0.0", "--port"].map(str::to_string));
+            args.push(PORT.to_string());
+            let head = ["python3", "-m", "sglang.launch_server"].map(str::to_string);
+            ("sglang", (head.to_vec(), args))
+        }
     };
     match &workload.target {
         // One Deployment per replica: each replica's pod names its own claims.
@@ -635,12 +705,12 @@ fn deployments(workload: &Workload) -> Result<Vec<Value>> {
             .enumerate()
             .map(|(index, claims)| {
                 let name = format!("{}-r{index}", workload.name);
-                let template = pod_template(workload, &name, "vllm", &command, Some(claims))?;
+                let template = pod_template(workload, &name, container, &command, Some(claims))?;
                 deployment(workload, &name, 1, template)
             })
             .collect(),
         _ => {
-            let template = pod_template(workload, &workload.name, "vllm", &command, None)?;
+            let template = pod_template(workload, &workload.name, container, &command, None)?;
             Ok(vec![deployment(
                 workload,
                 &workload.name,
@@ -669,6 +739,12 @@ fn deployment(workload: &Workload, name: &str, replicas: u32, template: Value) -
 }
 
 fn lws(workload: &Workload) -> Result<Value> {
+    if workload.engine == EngineKind::Sglang {
+        return Err(bad(
+            "a multi-node SGLang replica is not rendered (its nodes start with --nnodes, \
+             --node-rank and --dist-init-addr, not Ray); use --engine vllm for a LeaderWorkerSet",
+        ));
+    }
     if matches!(workload.target, Target::Claims(_)) && workload.nodes_per_replica > 1 {
         return Err(bad(
             "allocation claims with a multi-node replica: a LeaderWorkerSet's pod templates \
@@ -754,7 +830,7 @@ fn pod_template(
 ) -> Result<Value> {
     let mut spec = serde_json::Map::new();
     let mut resources = serde_json::Map::new();
-    let leader = container.ends_with("leader") || container == "vllm";
+    let leader = container.ends_with("leader") || container == "vllm" || container == "sglang";
     match (&workload.target, claims) {
         (Target::Claims(_), Some(claims)) => {
             // Each claim's pod-side name is the same constant; several claims in one pod

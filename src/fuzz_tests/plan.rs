@@ -217,29 +217,51 @@ fn spec_json() -> BoxedStrategy<Value> {
             0..3,
         ),
     ));
+    // Issue 23: the engine fields, in and out of the CRD's bounds (the controller must judge
+    // what reaches it without the apiserver's rules: a clear Invalid, never a panic).
+    let engine = prop::option::of((
+        prop::option::of(prop::sample::select(vec!["vllm", "sglang", "tgi"])),
+        prop::option::of(prop::sample::select(vec![
+            "v0", "v1", "current", "0.10.2", "0.21", "1.0.0rc1", "x", "",
+        ])),
+        any::<bool>(),
+        prop::option::of(number()),
+        prop::option::of(number()),
+        prop::option::of(number()),
+    ));
     (
         model,
         prop::option::of(any::<u64>()),
         goal,
         constraints,
         prop::option::of(number()),
+        engine,
     )
-        .prop_map(|(mut model, checkpoint, goal, constraints, replicas)| {
-            if let (Some(bytes), Some(map)) = (checkpoint, model.as_object_mut()) {
-                map.insert("checkpointBytes".into(), json!(bytes));
-            }
-            let mut spec = json!({"model": model, "goal": goal});
-            if let Some((precision, kv, max_nodes, util, families)) = constraints {
-                spec["constraints"] = json!({
-                    "precision": precision, "kvCachePrecision": kv, "maxNodes": max_nodes,
-                    "memoryUtilizationPercent": util, "families": families,
-                });
-            }
-            if let Some(replicas) = replicas {
-                spec["replicas"] = json!(replicas);
-            }
-            spec
-        })
+        .prop_map(
+            |(mut model, checkpoint, goal, constraints, replicas, engine)| {
+                if let (Some(bytes), Some(map)) = (checkpoint, model.as_object_mut()) {
+                    map.insert("checkpointBytes".into(), json!(bytes));
+                }
+                let mut spec = json!({"model": model, "goal": goal});
+                if let Some((precision, kv, max_nodes, util, families)) = constraints {
+                    spec["constraints"] = json!({
+                        "precision": precision, "kvCachePrecision": kv, "maxNodes": max_nodes,
+                        "memoryUtilizationPercent": util, "families": families,
+                    });
+                }
+                if let Some(replicas) = replicas {
+                    spec["replicas"] = json!(replicas);
+                }
+                if let Some((name, version, eager, seqs, tokens, fraction)) = engine {
+                    spec["engine"] = json!({
+                        "name": name, "version": version, "enforceEager": eager,
+                        "maxNumSeqs": seqs, "maxNumBatchedTokens": tokens,
+                        "memFractionStaticPercent": fraction,
+                    });
+                }
+                spec
+            },
+        )
         .boxed()
 }
 

@@ -138,6 +138,12 @@ pub fn serving_candidates(choice: PrecisionChoice, model: &Model) -> Vec<Precisi
                 ladder.push(model.native.precision);
                 ladder.sort();
             }
+            // A checkpoint that ships quantised (gpt-oss's MXFP4, DeepSeek-V3's FP8) has no
+            // official wider copy: `auto` plans it as shipped or narrower, never wider
+            // (issue 23). Asking for a wider precision by name still works.
+            if !matches!(model.native.precision, Precision::Bf16 | Precision::Fp16) {
+                ladder.retain(|&p| p >= model.native.precision);
+            }
             if model.fp16_unsafe {
                 ladder.push(Precision::Fp32);
             }
@@ -217,6 +223,24 @@ mod tests {
         products::lookup(product, None)
             .unwrap()
             .device_spec("d0".to_string(), None)
+    }
+
+    /// Issue 23: `auto` never plans a quantised checkpoint wider than it ships.
+    #[test]
+    fn auto_keeps_quantised_checkpoints_at_or_below_their_format() {
+        let gpt_oss = presets::find("gpt-oss-20b").unwrap().unwrap();
+        let ladder = serving_candidates(PrecisionChoice::Auto, &gpt_oss);
+        assert_eq!(ladder, vec![Precision::Mxfp4, Precision::Int4]);
+        let deepseek = presets::find("deepseek-v3").unwrap().unwrap();
+        let ladder = serving_candidates(PrecisionChoice::Auto, &deepseek);
+        assert_eq!(ladder.first(), Some(&Precision::Fp8));
+        let llama = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let ladder = serving_candidates(PrecisionChoice::Auto, &llama);
+        assert_eq!(ladder.first(), Some(&Precision::Bf16));
+        assert_eq!(
+            serving_candidates(PrecisionChoice::Bf16, &gpt_oss),
+            vec![Precision::Bf16]
+        );
     }
 
     #[test]

@@ -37,13 +37,28 @@ use serde::Serialize;
 
 use crate::hardware::Precision;
 
-use super::memory::scheduler_defaults;
+use self::choice::{EngineChoice, EngineKind};
+use super::memory::{Engine, scheduler_defaults};
 use super::model::presets;
+use super::products;
 use super::report::Plan;
+use crate::hardware::{Family, Vendor};
 
 /// The engines' arguments for one plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EngineSettings {
+    /// The engine the plan's memory was accounted for (`vllm`, `sglang`); the other engine's
+    /// arguments are rendered too, converted to the same weights and KV pool.
+    pub engine: String,
+    /// Its version or generation (`current` when none was given).
+    pub version: String,
+    /// The container image that runs this engine on the plan's devices
+    /// ([`images::image_for`]); `None` when none does (`image_refusal` says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Why no image runs the engine on the plan's devices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_refusal: Option<String>,
     /// The name to pass the engine (a preset's Hugging Face repository); `None` when the plan
     /// came from a file or a parameter count, whose repository the planner does not know.
     pub model: Option<String>,
@@ -93,8 +108,15 @@ fn quoted(word: &str) -> String {
     }
 }
 
-/// The settings for `plan`: `None` unless it is a serving plan that fits.
+/// The settings for `plan` on today's vLLM with its defaults: `None` unless it is a serving
+/// plan that fits.
 pub fn settings(plan: &Plan) -> Option<EngineSettings> {
+    settings_for(plan, &EngineChoice::default())
+}
+
+/// The settings for `plan` on the engine `choice` names, with its stated settings passed on:
+/// `None` unless it is a serving plan that fits.
+pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings> {
     if !plan.fits || plan.goal != "serve" {
         return None;
     }
@@ -147,10 +169,15 @@ pub fn settings(plan: &Plan) -> Option<EngineSettings> {
     vllm.push("--gpu-memory-utilization".to_string());
     vllm.push(fraction(util));
     if let Some(memory) = plan.per_device.filter(|m| m.capacity.0 > 0) {
-        let pool = memory
-            .budget
-            .saturating_sub(memory.activations)
-            .saturating_sub(memory.overhead);
+        // A plan made for SGLang has its budget in SGLang's own terms already.
+        let pool = if choice.kind == EngineKind::Sglang {
+            memory.budget
+        } else {
+            memory
+                .budget
+                .saturating_sub(memory.activations)
+                .saturating_sub(memory.overhead)
+        };
         let share = (pool.as_f64() / memory.capacity.as_f64()).clamp(0.01, 1.0);
         sglang.push("--mem-fraction-static".to_string());
         sglang.push(fraction(share));
@@ -162,10 +189,38 @@ pub fn settings(plan: &Plan) -> Option<EngineSettings> {
             .div_ceil(u64::from(plan.replicas.unwrap_or(1).max(1)));
         let (_, default_sequences) =
             scheduler_defaults(memory.capacity, plan.device.as_deref().unwrap_or(""));
-        if per_replica > default_sequences {
-            push(&mut vllm, "--max-num-seqs", per_replica);
-            push(&mut sglang, "--max-running-requests", per_replica);
+        match choice.max_num_seqs {
+            Some(stated) => {
+                push(&mut vllm, "--max-num-seqs", stated);
+                push(&mut sglang, "--max-running-requests", stated);
+                if per_replica > stated {
+                    notes.push(format!(
+                        "--max-num-seqs {stated} runs fewer sequences at once than the {per_replica} \
+                         each replica holds; the rest wait"
+                    ));
+                }
+            }
+            None if per_replica > default_sequences => {
+                push(&mut vllm, "--max-num-seqs", per_replica);
+                push(&mut sglang, "--max-running-requests", per_replica);
+            }
+            None => {}
         }
+    }
+    if choice.kind == EngineKind::Sglang {
+        notes.push(
+            "planned with SGLang's accounting: the vLLM arguments keep its memory fraction, but \
+             vLLM also counts activations and CUDA graphs in it"
+                .to_string(),
+        );
+    }
+    if let Some(tokens) = choice.max_num_batched_tokens {
+        push(&mut vllm, "--max-num-batched-tokens", tokens);
+        push(&mut sglang, "--chunked-prefill-size", tokens);
+    }
+    if choice.enforce_eager {
+        vllm.push("--enforce-eager".to_string());
+        sglang.push("--disable-cuda-graph".to_string());
     }
 
     // Cache and weight types.
@@ -183,7 +238,41 @@ pub fn settings(plan: &Plan) -> Option<EngineSettings> {
         );
     }
 
+    // vLLM 0.21 and later take the KV pool explicitly, so the start-up does not depend on
+    // its own profile run agreeing with the plan's (`--kv-cache-memory-bytes`, vLLM
+    // `vllm/config/cache.py` `CacheConfig.kv_cache_memory_bytes`, which replaces the
+    // utilisation-derived pool when set).
+    if choice.kind == EngineKind::Vllm
+        && choice.memory_engine() == Engine::Vllm
+        && let Some(memory) = plan.per_device
+    {
+        let pool = memory
+            .budget
+            .saturating_sub(memory.weights)
+            .saturating_sub(memory.activations)
+            .saturating_sub(memory.overhead);
+        if pool.0 > 0 {
+            push(&mut vllm, "--kv-cache-memory-bytes", pool.0);
+        }
+    }
+    let (image, image_refusal) = match plan.device.as_deref().map(device_facts) {
+        Some(device) => match images::image_for(choice, device) {
+            Ok(picked) => {
+                notes.extend(picked.notes);
+                (Some(picked.image), None)
+            }
+            Err(reason) => (None, Some(reason)),
+        },
+        None => (None, Some("the plan names no device".to_string())),
+    };
+
     Some(EngineSettings {
+        engine: choice.kind.to_string(),
+        image,
+        image_refusal,
+        version: choice
+            .version
+            .map_or_else(|| "current".to_string(), |v| v.to_string()),
         model: hugging_face_id(&plan.model.name),
         vllm,
         sglang,
@@ -257,6 +346,37 @@ fn hugging_face_id(name: &str) -> Option<String> {
         .map(|(_, id)| id.clone())
 }
 
+/// Vendor and family of a product name: from the product table, else from the name.
+fn device_facts(product: &str) -> images::DeviceFacts<'_> {
+    let (vendor, family) = match products::lookup(product, None) {
+        Some(known) => (known.vendor, known.family),
+        None => {
+            let lower = product.to_ascii_lowercase();
+            if lower.contains("nvidia") || lower.contains("tesla") || lower.contains("geforce") {
+                (Vendor::Nvidia, Family::Gpu)
+            } else if lower.contains("amd")
+                || lower.contains("instinct")
+                || lower.contains("radeon")
+            {
+                (Vendor::Amd, Family::Gpu)
+            } else if lower.contains("gaudi") {
+                (Vendor::Intel, Family::Asic)
+            } else if lower.contains("tpu") {
+                (Vendor::Google, Family::Tpu)
+            } else if lower.contains("trainium") || lower.contains("inferentia") {
+                (Vendor::Aws, Family::Asic)
+            } else {
+                (Vendor::Other, Family::Gpu)
+            }
+        }
+    };
+    images::DeviceFacts {
+        vendor,
+        family,
+        product,
+    }
+}
+
 fn push(args: &mut Vec<String>, flag: &str, value: impl ToString) {
     args.push(flag.to_string());
     args.push(value.to_string());
@@ -272,6 +392,8 @@ fn fraction(value: f64) -> String {
     text
 }
 
+pub mod choice;
 pub mod disaggregation;
+pub mod images;
 #[cfg(test)]
 mod tests;

@@ -99,6 +99,9 @@ pub struct ServingTarget {
     pub max_num_seqs: Option<u64>,
     /// `--enforce-eager`: no CUDA graphs.
     pub enforce_eager: bool,
+    /// SGLang only: take SGLang's own default `mem_fraction_static` for the device and layout
+    /// ([`default_gpu_util`]) instead of `gpu_util`.
+    pub engine_default_util: bool,
 }
 
 impl Default for ServingTarget {
@@ -112,6 +115,7 @@ impl Default for ServingTarget {
             max_num_batched_tokens: None,
             max_num_seqs: None,
             enforce_eager: false,
+            engine_default_util: false,
         }
     }
 }
@@ -308,7 +312,12 @@ pub fn serving_fit(
 ) -> ServingFit {
     let (capacity, product) = device;
     let (batched_tokens, sequences) = target.scheduler(capacity, product);
-    let budget = capacity.fraction(target.gpu_util);
+    let util = if target.engine_default_util && target.engine == Engine::Sglang {
+        default_gpu_util(Engine::Sglang, capacity, tp, pp)
+    } else {
+        target.gpu_util
+    };
+    let budget = capacity.fraction(util);
     let weights_here = weights.per_device(model, tp, pp);
     let activations = match target.engine {
         // SGLang sizes the pool before any forward pass: activations live in the reserve.

@@ -6,6 +6,7 @@
 //! so the command line and the controller cannot drift apart.
 
 use super::capability::PrecisionChoice;
+use super::engine::choice::{EngineChoice, EngineKind};
 use super::error::{PlanError, Result};
 use super::kv::KvDtype;
 use super::load::load_model;
@@ -55,6 +56,8 @@ pub struct PlanInput {
     pub replicas: Option<u32>,
     /// Serving: plan separate prefill and decode pools.
     pub disaggregation: Option<Disaggregation>,
+    /// Serving: the engine and its settings (default: today's vLLM, said in the plan).
+    pub engine: EngineChoice,
 }
 
 /// A question the planner can answer.
@@ -83,14 +86,28 @@ pub fn prepare(input: PlanInput) -> Result<Prepared> {
             "--replicas applies to serving; training picks its data-parallel degree".to_string(),
         );
     }
+    // SGLang's budget is its `mem_fraction_static`: stated, else `--gpu-util`, else SGLang's
+    // own default for each device (computed per device class by the memory model).
+    let mut engine = input.engine;
+    let mut gpu_util = input.gpu_util;
+    if engine.kind == EngineKind::Sglang && !training {
+        if engine.mem_fraction_static.is_some() && gpu_util.is_some() {
+            return Err(PlanError::constraint(
+                "give --mem-fraction-static or --gpu-util, not both: they are the same budget",
+            ));
+        }
+        engine.mem_fraction_static = engine.mem_fraction_static.or(gpu_util);
+        gpu_util = engine.mem_fraction_static;
+    }
     let request = PlanRequest {
         goal: input.goal,
         precision: input.precision,
         kv_dtype: input.kv_dtype,
         max_nodes: input.max_nodes,
-        gpu_util: input.gpu_util.unwrap_or(default_util),
+        gpu_util: gpu_util.unwrap_or(default_util),
         replicas: input.replicas.filter(|_| !training),
         disaggregation: input.disaggregation.filter(|_| !training),
+        engine,
     };
     Ok(Prepared {
         model,
@@ -146,6 +163,7 @@ mod tests {
             gpu_util: None,
             replicas: Some(2),
             disaggregation: None,
+            engine: EngineChoice::default(),
         }
     }
 

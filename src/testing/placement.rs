@@ -74,6 +74,7 @@ impl PlacementBuilder {
                 constraints: None,
                 replicas: None,
                 allocation: None,
+                engine: None,
             },
             name: DEFAULT_NAME.to_string(),
             namespace: None,

@@ -3,8 +3,11 @@
 //! `train`, the KV-cache type as a precision) become the planner's types here, in one place;
 //! model resolution and defaults are the planner's own ([`crate::plan::request::prepare`]).
 
-use crate::api::placement::{Goal, ModelPlacementSpec, ModelSource, PrecisionChoice};
+use crate::api::placement::{
+    EngineName, EngineSpec, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice,
+};
 use crate::plan::Bytes;
+use crate::plan::engine::choice::{EngineChoice, EngineKind, EngineVersion};
 use crate::plan::kv::KvDtype;
 use crate::plan::request::{ModelInput, PlanInput};
 use crate::plan::search::{Disaggregation, Goal as PlannerGoal};
@@ -38,6 +41,40 @@ impl ModelPlacementSpec {
                 .map(|serve| Disaggregation {
                     prefill_replicas: serve.prefill_replicas.unwrap_or(1),
                 }),
+            engine: self
+                .engine
+                .as_ref()
+                .map(EngineSpec::choice)
+                .transpose()?
+                .unwrap_or_default(),
+        })
+    }
+}
+
+impl EngineSpec {
+    /// The planner's engine choice; bounds beyond the schema's are the planner's to check.
+    fn choice(&self) -> Result<EngineChoice, String> {
+        let kind = match self.name.unwrap_or_default() {
+            EngineName::Vllm => EngineKind::Vllm,
+            EngineName::Sglang => EngineKind::Sglang,
+        };
+        let version = match &self.version {
+            Some(text) => Some(
+                text.parse::<EngineVersion>()
+                    .map_err(|err| format!("engine.version: {err}"))?,
+            ),
+            None => None,
+        };
+        Ok(EngineChoice {
+            kind,
+            version,
+            stated: self.name.is_some() || self.version.is_some(),
+            enforce_eager: self.enforce_eager,
+            max_num_seqs: self.max_num_seqs.map(u64::from),
+            max_num_batched_tokens: self.max_num_batched_tokens.map(u64::from),
+            mem_fraction_static: self
+                .mem_fraction_static_percent
+                .map(|percent| f64::from(percent) / 100.0),
         })
     }
 }
@@ -121,7 +158,46 @@ mod tests {
             }),
             replicas: Some(2),
             allocation: None,
+            engine: None,
         }
+    }
+
+    /// Issue 23: the spec's engine fields become the planner's engine choice; a spec without
+    /// them leaves the engine to be assumed (and said).
+    #[test]
+    fn engine_fields_become_the_engine_choice() {
+        let input = spec().plan_input().unwrap();
+        assert_eq!(input.engine, EngineChoice::default());
+        let mut sglang = spec();
+        sglang.engine = Some(EngineSpec {
+            name: Some(EngineName::Sglang),
+            version: Some("0.5.2".into()),
+            enforce_eager: true,
+            max_num_seqs: Some(64),
+            max_num_batched_tokens: Some(4096),
+            mem_fraction_static_percent: Some(85),
+        });
+        let engine = sglang.plan_input().unwrap().engine;
+        assert_eq!(engine.kind, EngineKind::Sglang);
+        assert_eq!(
+            engine.version,
+            Some(EngineVersion::Release {
+                major: 0,
+                minor: 5,
+                patch: 2
+            })
+        );
+        assert!(engine.stated && engine.enforce_eager);
+        assert_eq!(engine.max_num_seqs, Some(64));
+        assert_eq!(engine.max_num_batched_tokens, Some(4096));
+        assert_eq!(engine.mem_fraction_static, Some(0.85));
+        let mut bad = spec();
+        bad.engine = Some(EngineSpec {
+            version: Some("x".into()),
+            ..EngineSpec::default()
+        });
+        let err = bad.plan_input().unwrap_err();
+        assert!(err.starts_with("engine.version: "), "{err}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ fn args() -> EmitArgs {
     EmitArgs {
         emit: Some(EmitKind::Deployment),
         placement: None,
-        image: DEFAULT_IMAGE.to_string(),
+        image: None,
         served_model: None,
         name: None,
         namespace: None,
@@ -178,6 +178,7 @@ fn status(allocation: &str, replicas: u32) -> ModelPlacementStatus {
             vllm: vec!["--tensor-parallel-size".into(), "2".into()],
             sglang: vec![],
             notes: vec![],
+            ..EngineStatus::default()
         }),
         ..ModelPlacementStatus::default()
     }
@@ -419,6 +420,7 @@ fn a_disaggregated_placement_selects_each_pool_by_its_role_label() {
             vllm: vec!["--tensor-parallel-size".into(), "1".into()],
             sglang: vec![],
             notes: vec![],
+            ..EngineStatus::default()
         }),
     });
     let work = from_placement(&args(), placement(st.clone()))

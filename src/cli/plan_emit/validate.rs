@@ -134,6 +134,7 @@ mod tests {
             name: "llama".to_string(),
             namespace: Some("serving".to_string()),
             image: super::super::DEFAULT_IMAGE.to_string(),
+            engine: crate::plan::engine::choice::EngineKind::Vllm,
             model: "meta-llama/Llama-3.1-8B-Instruct".to_string(),
             args: vec!["--tensor-parallel-size".to_string(), "1".to_string()],
             replicas: 2,

@@ -215,7 +215,19 @@ fn refusal(
 
 /// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
 /// fields, so the flag names are rewritten to the field paths that mean the same.
-const FLAG_TO_FIELD: [(&str, &str); 12] = [
+const FLAG_TO_FIELD: [(&str, &str); 18] = [
+    ("--engine-version", "spec.engine.version"),
+    ("--engine", "spec.engine.name"),
+    ("--enforce-eager", "spec.engine.enforceEager"),
+    ("--max-num-seqs", "spec.engine.maxNumSeqs"),
+    (
+        "--max-num-batched-tokens",
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    (
+        "--mem-fraction-static",
+        "spec.engine.memFractionStaticPercent",
+    ),
     ("--prefill-replicas ", "spec.goal.serve.prefillReplicas="),
     ("--disaggregated", "spec.goal.serve.disaggregated"),
     ("--precision ", "spec.constraints.precision="),
@@ -276,6 +288,10 @@ fn pool_status(plan: &Plan) -> (Vec<Assignment>, PlanStatus, Option<EngineStatus
             .map(|t| t.single_stream_tokens_per_s.round().max(0.0) as u64),
     };
     let engine = plan.engine.as_ref().map(|e| EngineStatus {
+        engine: Some(e.engine.clone()),
+        version: Some(e.version.clone()),
+        image: e.image.clone(),
+        image_refusal: e.image_refusal.clone(),
         model: e.model.clone(),
         vllm: e.vllm.clone(),
         sglang: e.sglang.clone(),
@@ -350,6 +366,54 @@ mod tests {
             inventory("mi300x-8x", "mi-1"),
         ];
         FleetView::new(inventories.iter(), &BTreeMap::new())
+    }
+
+    /// Issue 23 item 4: status.engine names the image for the planned devices, and the
+    /// engine the spec asked for.
+    #[test]
+    fn the_status_names_the_image_for_the_planned_devices() {
+        let inventories = [inventory("mi300x-8x", "mi-1")];
+        let amd = FleetView::new(inventories.iter(), &BTreeMap::new());
+        let spec = serve("llama-3.1-8b", 8192);
+        let Outcome::Planned(status) = evaluate(&spec, "ml", "amd", &amd, &Reservations::none())
+        else {
+            panic!("an 8B model fits an MI300X");
+        };
+        let engine = status.engine.expect("engine arguments");
+        assert_eq!(
+            engine.image.as_deref(),
+            Some("docker.io/vllm/vllm-openai-rocm:latest")
+        );
+        assert_eq!(engine.engine.as_deref(), Some("vllm"));
+        assert!(engine.image_refusal.is_none());
+        let mut sglang = serve("llama-3.1-8b", 8192);
+        sglang.engine = Some(crate::api::placement::EngineSpec {
+            name: Some(crate::api::placement::EngineName::Sglang),
+            ..crate::api::placement::EngineSpec::default()
+        });
+        let Outcome::Planned(status) =
+            evaluate(&sglang, "ml", "amd-sglang", &amd, &Reservations::none())
+        else {
+            panic!("an 8B model fits an MI300X under SGLang's accounting too");
+        };
+        let engine = status.engine.expect("engine arguments");
+        assert_eq!(engine.engine.as_deref(), Some("sglang"));
+        assert!(engine.image.is_none());
+        assert!(
+            engine
+                .image_refusal
+                .as_deref()
+                .is_some_and(|r| r.contains("no SGLang image")),
+            "{engine:?}"
+        );
+        assert!(
+            status
+                .reasons
+                .iter()
+                .any(|r| r == "engine: SGLang current, as asked"),
+            "{:?}",
+            status.reasons
+        );
     }
 
     #[test]

@@ -127,6 +127,7 @@ impl CountedModel {
             gpu_util: None,
             replicas: None,
             disaggregation: None,
+            engine: crate::plan::engine::choice::EngineChoice::default(),
         })
         .map_err(|err| refused(err.to_string()))?;
         let context = context

@@ -1,13 +1,16 @@
-//! Built-in models: every entry of `data/model-configs.json` (a copy of
-//! `shared/data/model-configs.json`), addressable by its `key` (`llama-3.1-70b`). Each entry's
-//! `architecture` object is read by the same code as a `config.json`, so presets and files
-//! cannot disagree, and each keeps the file its facts were taken from.
+//! Built-in models: every entry of `data/model-configs.json` (started as a copy of
+//! `shared/data/model-configs.json`, since completed from the models' own `config.json`),
+//! addressable by its `key` (`llama-3.1-70b`). Each entry's `architecture` object is read by the
+//! same code as a `config.json`, so presets and files cannot disagree. Each keeps the file its
+//! shapes were taken from (`source`) and the Hugging Face repository whose `config.json` states
+//! its context, dtype, tied embeddings and quantisation (`config_source`); a unit test below
+//! fails when a preset lacks any field the planner reads.
 
 use serde_json::Value;
 
 use crate::plan::error::{PlanError, Result};
 
-use super::config::{format_from_description, parse_config};
+use super::config::parse_config;
 use super::{Model, ModelSource};
 
 /// The embedded table.
@@ -22,6 +25,8 @@ pub struct PresetInfo {
     pub hf_id: String,
     /// Where its numbers come from.
     pub source: String,
+    /// The `config.json` its context, dtype and quantisation come from (`repo@revision`).
+    pub config: String,
 }
 
 fn entries() -> Result<Vec<Value>> {
@@ -53,6 +58,17 @@ fn source_of(entry: &Value) -> String {
     )
 }
 
+/// "huggingface.co/<repo> config.json @revision" for the entry's `config_source`.
+fn config_of(entry: &Value) -> String {
+    let source = entry.get("config_source").cloned().unwrap_or(Value::Null);
+    format!(
+        "huggingface.co/{} {} @{}",
+        text(&source, "repo"),
+        text(&source, "path"),
+        text(&source, "revision")
+    )
+}
+
 /// Every preset, in file order.
 pub fn list() -> Result<Vec<PresetInfo>> {
     Ok(entries()?
@@ -61,6 +77,7 @@ pub fn list() -> Result<Vec<PresetInfo>> {
             key: text(entry, "key"),
             hf_id: text(entry, "hf_id"),
             source: source_of(entry),
+            config: config_of(entry),
         })
         .collect())
 }
@@ -79,17 +96,11 @@ pub fn find(key: &str) -> Result<Option<Model>> {
         .get("architecture")
         .ok_or_else(|| PlanError::config(&origin, "no architecture"))?;
     let parsed = parse_config(&origin, arch_value)?;
-    // gpt-oss states its MXFP4 experts under `documented`, not in the architecture.
-    let documented_format = entry
-        .pointer("/documented/weights_dtype")
-        .and_then(Value::as_str)
-        .and_then(format_from_description);
-    let native = documented_format.unwrap_or(parsed.native);
     let mut model = Model::new(
         wanted,
-        ModelSource::Preset(source_of(&entry)),
+        ModelSource::Preset(format!("{}; {}", source_of(&entry), config_of(&entry))),
         parsed.arch,
-        native,
+        parsed.native,
     );
     model.max_context = parsed.max_context;
     model.notes = parsed.notes;
@@ -154,6 +165,101 @@ mod tests {
                 );
             }
             assert!(info.source.contains('@'), "{}", info.source);
+        }
+    }
+
+    /// The fields every preset must state itself, as its `config.json` does: the planner reads
+    /// each of them, and a missing one would silently become a default (a 4,096-token context,
+    /// BF16 weights, untied embeddings).
+    const REQUIRED: [&str; 9] = [
+        "model_type",
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "torch_dtype",
+        "tie_word_embeddings",
+    ];
+
+    /// Issue 23: no preset may lack a field the planner reads, nor a cited `config.json`.
+    #[test]
+    fn every_preset_states_every_field_the_planner_reads() {
+        let mut missing = Vec::new();
+        for entry in entries().unwrap() {
+            let key = text(&entry, "key");
+            let arch = &entry["architecture"];
+            for field in REQUIRED {
+                if arch.get(field).is_none() {
+                    missing.push(format!("{key}: {field}"));
+                }
+            }
+            // The per-layer shapes: a head size (or MLA's latent dimensions) and an MLP.
+            let mla = arch.get("kv_lora_rank").is_some();
+            if !mla && arch.get("head_dim").is_none() {
+                missing.push(format!("{key}: head_dim"));
+            }
+            let moe = arch.get("moe").and_then(Value::as_bool) == Some(true);
+            let mlp = if moe {
+                [
+                    "num_experts",
+                    "num_experts_per_tok",
+                    "moe_intermediate_size",
+                ]
+                .as_slice()
+            } else {
+                ["intermediate_size"].as_slice()
+            };
+            for field in mlp {
+                if arch.get(field).is_none() {
+                    missing.push(format!("{key}: {field}"));
+                }
+            }
+            // A quantised checkpoint says how, as its config.json does.
+            let model = find(&key).unwrap().unwrap();
+            let sixteen = matches!(model.native.precision, Precision::Bf16 | Precision::Fp16);
+            if !sixteen && arch.get("quantization_config").is_none() {
+                missing.push(format!("{key}: quantization_config"));
+            }
+            for field in ["repo", "path", "revision", "url"] {
+                if text(&entry["config_source"], field).is_empty() {
+                    missing.push(format!("{key}: config_source.{field}"));
+                }
+            }
+            assert!(
+                model.max_context.is_some_and(|max| max >= 2048),
+                "{key}: {:?}",
+                model.max_context
+            );
+        }
+        assert!(missing.is_empty(), "presets lack: {missing:#?}");
+    }
+
+    /// The values issue 23 found wrong, as the models' config.json files state them.
+    #[test]
+    fn contexts_and_formats_match_the_models_own_configs() {
+        let context = |key: &str| find(key).unwrap().unwrap().max_context;
+        assert_eq!(context("deepseek-v3"), Some(163_840));
+        assert_eq!(context("llama-2-7b"), Some(4096));
+        assert_eq!(context("llama-2-70b"), Some(4096));
+        assert_eq!(context("qwen3-8b"), Some(40_960));
+        assert_eq!(context("qwen3-235b-a22b"), Some(40_960));
+        assert_eq!(context("phi-3-mini"), Some(4096));
+        assert_eq!(context("mixtral-8x22b"), Some(65_536));
+        assert_eq!(context("llama-4-scout"), Some(10_485_760));
+        assert_eq!(context("llama-4-maverick"), Some(1_048_576));
+        let small = find("gpt-oss-20b").unwrap().unwrap();
+        assert_eq!(small.native.precision, Precision::Mxfp4);
+        assert_eq!(small.native.scope, QuantScope::ExpertsOnly);
+        let scout = find("llama-4-scout").unwrap().unwrap();
+        assert_eq!(scout.arch.sliding_window.map(|w| w.window), Some(8192));
+        for info in list().unwrap() {
+            assert!(
+                info.config.starts_with("huggingface.co/"),
+                "{}",
+                info.config
+            );
         }
     }
 

@@ -113,7 +113,7 @@ pub(super) fn plan(
         concurrency,
         (nodes, reserved),
     );
-    decode.engine = crate::plan::engine::settings(&decode);
+    decode.engine = crate::plan::engine::settings_for(&decode, &request.engine);
     let offered = std::mem::take(&mut decode.suggested_changes);
     decode.suggestions.clear();
     if !decode.fits {
@@ -145,7 +145,7 @@ pub(super) fn plan(
     );
     match prefill {
         Ok(mut pool) => {
-            pool.engine = crate::plan::engine::settings(&pool);
+            pool.engine = crate::plan::engine::settings_for(&pool, &request.engine);
             crate::plan::engine::disaggregation::apply(&mut decode, &mut pool);
             decode.reasons.push(format!(
                 "disaggregated: this plan is the decode pool; the prefill pool ({} x {}, TP {} x PP {} x {} replica(s)) is in `prefill`, on other devices",

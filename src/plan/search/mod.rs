@@ -22,6 +22,7 @@ mod train;
 use crate::hardware::Precision;
 
 use super::capability::PrecisionChoice;
+use super::engine::choice::EngineChoice;
 use super::error::{PlanError, Result};
 use super::fleet::Fleet;
 use super::inventory::{NodeSpec, Reservations};
@@ -72,6 +73,8 @@ pub struct PlanRequest {
     /// Serving only: plan a decode pool and a separate prefill pool
     /// ([`disaggregated`](self::disaggregated)); `None` plans one pool.
     pub disaggregation: Option<Disaggregation>,
+    /// Serving: the engine and the settings of it that shape memory and its arguments.
+    pub engine: EngineChoice,
 }
 
 impl PlanRequest {
@@ -88,6 +91,7 @@ impl PlanRequest {
             gpu_util: DEFAULT_GPU_UTIL,
             replicas: None,
             disaggregation: None,
+            engine: EngineChoice::default(),
         }
     }
 
@@ -145,16 +149,19 @@ fn plan_checked(
             context,
             concurrency,
         } => {
-            let context = resolve_context(model, *context)?;
+            let (context, context_note) = resolve_context(model, *context)?;
             if let Some(disaggregation) = request.disaggregation {
-                return Ok(disaggregated::plan(
+                let mut plan = disaggregated::plan(
                     model,
                     (nodes, reserved),
                     request,
                     (context, *concurrency),
                     disaggregation,
                     verify,
-                ));
+                );
+                plan.reasons.extend(context_note);
+                plan.reasons.push(request.engine.assumption());
+                return Ok(plan);
             }
             let mut plan = serving::plan(
                 model,
@@ -164,10 +171,32 @@ fn plan_checked(
                 *concurrency,
                 (nodes, reserved),
             );
-            plan.engine = super::engine::settings(&plan);
+            sglang_default_fraction(&mut plan, request);
+            plan.engine = super::engine::settings_for(&plan, &request.engine);
+            plan.reasons.extend(context_note);
+            plan.reasons.push(request.engine.assumption());
             Ok(plan)
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
+    }
+}
+
+/// An SGLang plan without a stated `mem_fraction_static` used SGLang's own default for the
+/// device class and layout: report that fraction, not the request's placeholder, and say so.
+fn sglang_default_fraction(plan: &mut Plan, request: &PlanRequest) {
+    let engine = &request.engine;
+    if engine.kind != super::engine::choice::EngineKind::Sglang
+        || engine.mem_fraction_static.is_some()
+    {
+        return;
+    }
+    if let Some(memory) = plan.per_device.filter(|m| m.capacity.0 > 0) {
+        let fraction = memory.budget.as_f64() / memory.capacity.as_f64();
+        plan.gpu_memory_utilization = Some(fraction);
+        plan.reasons.push(format!(
+            "mem-fraction-static: {fraction:.3}, SGLang's default for this device and layout \
+             (server_args.py); pass --mem-fraction-static to set it"
+        ));
     }
 }
 
@@ -197,6 +226,7 @@ fn no_free_accelerator(nodes: &[NodeSpec]) -> String {
 }
 
 fn validate(request: &PlanRequest) -> Result<()> {
+    request.engine.validate()?;
     if !(request.gpu_util > 0.0 && request.gpu_util <= 1.0) {
         return Err(PlanError::constraint(format!(
             "--gpu-util {} must be in (0, 1]",
@@ -242,16 +272,33 @@ fn validate(request: &PlanRequest) -> Result<()> {
 }
 
 /// The context to plan for: the request's, else the model's maximum, else a fallback; never
-/// more than the model supports (vLLM refuses a `max_model_len` beyond it).
-fn resolve_context(model: &Model, requested: Option<u64>) -> Result<u64> {
+/// more than the model supports (vLLM refuses a `max_model_len` beyond it). When the request
+/// names none, the second value says which context was taken and why (issue 23: never a silent
+/// default).
+fn resolve_context(model: &Model, requested: Option<u64>) -> Result<(u64, Option<String>)> {
     match (requested, model.max_context) {
         (Some(context), Some(max)) if context > max => Err(PlanError::constraint(format!(
             "--context {context} exceeds {}'s maximum of {max} tokens",
             model.name
         ))),
-        (Some(context), _) => Ok(context),
-        (None, Some(max)) => Ok(max),
-        (None, None) => Ok(FALLBACK_CONTEXT),
+        (Some(context), _) => Ok((context, None)),
+        (None, Some(max)) => Ok((
+            max,
+            Some(format!(
+                "context: {max} tokens, {}'s maximum (max_position_embeddings in its config); \
+                 pass --context to plan a shorter one",
+                model.name
+            )),
+        )),
+        (None, None) => Ok((
+            FALLBACK_CONTEXT,
+            Some(format!(
+                "context: assumed {FALLBACK_CONTEXT} tokens because {}'s config states no \
+                 maximum (none of max_position_embeddings, max_sequence_length, seq_length, \
+                 n_positions); pass --context for the context you serve",
+                model.name
+            )),
+        )),
     }
 }
 
@@ -266,6 +313,27 @@ mod refusal_tests {
             fabric: None,
             labels: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// Issue 23: a plan names the context it took when the request named none.
+    #[test]
+    fn the_context_taken_is_named_with_its_reason() {
+        let preset = crate::plan::model::presets::find("deepseek-v3")
+            .unwrap()
+            .unwrap();
+        let (context, note) = resolve_context(&preset, None).unwrap();
+        assert_eq!(context, 163_840);
+        assert!(
+            note.unwrap()
+                .starts_with("context: 163840 tokens, deepseek-v3's maximum")
+        );
+        let mut bare = preset.clone();
+        bare.max_context = None;
+        let (context, note) = resolve_context(&bare, None).unwrap();
+        assert_eq!(context, FALLBACK_CONTEXT);
+        assert!(note.unwrap().contains("assumed 4096 tokens because"));
+        assert_eq!(resolve_context(&bare, Some(1000)).unwrap(), (1000, None));
+        assert!(resolve_context(&preset, Some(200_000)).is_err());
     }
 
     #[test]

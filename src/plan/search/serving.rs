@@ -385,6 +385,22 @@ fn replicas_needed(fit: &ServingFit, demand: Demand) -> Option<u64> {
     }
 }
 
+/// The memory model's view of a serving request: its context and cache type, and the engine
+/// settings the request states (today's vLLM with its defaults otherwise).
+pub(crate) fn serving_target(request: &PlanRequest, context: u64) -> ServingTarget {
+    let engine = &request.engine;
+    ServingTarget {
+        context,
+        kv_dtype: request.kv_dtype,
+        gpu_util: request.gpu_util,
+        engine: engine.memory_engine(),
+        max_num_batched_tokens: engine.max_num_batched_tokens,
+        max_num_seqs: engine.max_num_seqs,
+        enforce_eager: engine.enforce_eager,
+        engine_default_util: engine.mem_fraction_static.is_none(),
+    }
+}
+
 /// Plans serving and explains the result.
 pub(super) fn plan(
     model: &Model,
@@ -394,12 +410,7 @@ pub(super) fn plan(
     concurrency: u64,
     nodes: (&[NodeSpec], &Reservations),
 ) -> Plan {
-    let target = ServingTarget {
-        context,
-        kv_dtype: request.kv_dtype,
-        gpu_util: request.gpu_util,
-        ..ServingTarget::default()
-    };
+    let target = serving_target(request, context);
     let demand = Demand {
         concurrency,
         replicas: request.replicas,

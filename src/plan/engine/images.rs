@@ -1,0 +1,413 @@
+//! Which container image runs a plan's engine on the plan's devices, or why none does
+//! (issue 23 item 4). `--emit` and a ModelPlacement's `status.engine` take the image from
+//! here instead of always running the CUDA build of vLLM.
+//!
+//! The table, and where each row comes from:
+//!
+//! | engine | devices | image | source |
+//! |---|---|---|---|
+//! | vLLM | NVIDIA GPUs | `docker.io/vllm/vllm-openai:v<version>` (`latest`) | docs.vllm.ai "Using Docker"; vllm-project/vllm `docs/getting_started/installation/gpu.cuda.inc.md` |
+//! | vLLM | AMD Instinct / Radeon | `docker.io/vllm/vllm-openai-rocm:v<version>` (`latest`) | vllm-project/vllm `docs/getting_started/installation/gpu.rocm.inc.md` @06d0369: official ROCm images since 2026-01-20; AMD's `rocm/vllm` is deprecated |
+//! | vLLM | Intel Gaudi 2/3 | `vault.habana.ai/gaudi-docker/1.22.0/ubuntu22.04/habanalabs/vllm-installer-2.7.1:latest` | vLLM Hardware Plugin for Intel Gaudi, docs.vllm.ai/projects/gaudi "Quick Start" (the `vllm-installer` image of a Gaudi software release; 1.22.0 with PyTorch 2.7.1 is the pair its examples name) |
+//! | vLLM | AWS Trainium2 | `public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.29.0.1.2.0-neuronx-py314-sdk2.33.0-ubuntu26.04` | AWS Neuron docs v2.33.0 "Install PyTorch via Deep Learning Container" |
+//! | vLLM | Google TPU v5e, v6e, v7x | `docker.io/vllm/vllm-tpu:latest` | docs.vllm.ai/projects/tpu "Get started with vLLM TPU" (TPU versions v7x, v6e, v5e) |
+//! | SGLang | NVIDIA GPUs | `docker.io/lmsysorg/sglang:v<version>` (`latest`) | sgl-project/sglang `docs/docs/get-started/install.mdx` @7760d52 |
+//!
+//! What each supports:
+//! - vLLM on CUDA: compute capability 7.0 or higher up to the releases documented so (docs.vllm.ai
+//!   v0.14.0 "GPU" requirements), 7.5 or higher from 0.21 (vllm-project/vllm v0.21.0
+//!   `gpu.cuda.inc.md`: "compute capability 7.5 or higher"; vllm PR #39878 moved the default
+//!   build to CUDA 13.0, which has no sm_70). Releases between 0.15 and 0.20 are taken as 7.0,
+//!   the last documented value before the change.
+//! - vLLM on ROCm: gfx90a (MI200), gfx942 (MI300), gfx950 (MI350), gfx1100/1101, gfx1200/1201,
+//!   gfx1150/1151 (docs.vllm.ai v0.14.0 "GPU" requirements); the official image exists from
+//!   0.14 (released after 2026-01-20).
+//! - vLLM on TPU: v5e, v6e and v7x (not v5p or v4).
+//! - vLLM's Neuron DLC for vLLM 0.21 and later runs on Trn2 and Trn3 only (Neuron docs v2.32.0,
+//!   quickstart note); Trn1 and Inferentia2 need the legacy DLC, given with `--image`.
+//! - SGLang's images ship CUDA 13 (install.mdx above: `v0.5.19-cu129` was the last CUDA 12
+//!   tag), so they need compute capability 7.5 or higher (CUDA 13.0 dropped Volta). The planner
+//!   has no SGLang image for AMD, Gaudi, Neuron or TPU: those are refused with the reason.
+//!
+//! Compute capabilities and gfx targets by product: NVIDIA "CUDA GPUs" (developer.nvidia.com/
+//! cuda-gpus) and AMD "GPU hardware specifications" (rocm.docs.amd.com, reference/gpu-arch-specs).
+//! A product not in those lists is not refused: the plan notes that its support was not
+//! checked.
+
+use serde::Serialize;
+
+use super::choice::{EngineChoice, EngineKind, EngineVersion};
+use crate::hardware::{Family, Vendor};
+
+/// The device a plan runs on, as far as the image is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceFacts<'a> {
+    /// Maker.
+    pub vendor: Vendor,
+    /// Kind.
+    pub family: Family,
+    /// Product name (`NVIDIA H100 80GB HBM3`, `AMD Instinct MI300X`).
+    pub product: &'a str,
+}
+
+/// The image chosen for a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineImage {
+    /// The image reference.
+    pub image: String,
+    /// The software platform it is built for (`cuda`, `rocm`, `gaudi`, `neuron`, `tpu`).
+    pub platform: &'static str,
+    /// What the choice could not check (an unknown product's compute capability).
+    pub notes: Vec<String>,
+}
+
+/// First vLLM release documented as needing compute capability 7.5.
+const CUDA_75_FROM: (u32, u32) = (0, 21);
+/// First vLLM release with an official ROCm image.
+const ROCM_IMAGE_FROM: (u32, u32) = (0, 14);
+
+/// NVIDIA compute capabilities by product-name fragment (first match wins; more specific
+/// fragments first).
+const COMPUTE_CAPABILITY: &[(&str, (u32, u32))] = &[
+    ("gb200", (10, 0)),
+    ("b200", (10, 0)),
+    ("gh200", (9, 0)),
+    ("h100", (9, 0)),
+    ("h200", (9, 0)),
+    ("h800", (9, 0)),
+    ("h20", (9, 0)),
+    ("l40", (8, 9)),
+    ("l4", (8, 9)),
+    ("4090", (8, 9)),
+    ("a100", (8, 0)),
+    ("a30", (8, 0)),
+    ("a6000", (8, 6)),
+    ("a40", (8, 6)),
+    ("a10", (8, 6)),
+    ("3090", (8, 6)),
+    ("t4", (7, 5)),
+    ("v100", (7, 0)),
+];
+
+/// AMD gfx targets by product-name fragment.
+const GFX_TARGET: &[(&str, &str)] = &[
+    ("mi355", "gfx950"),
+    ("mi350", "gfx950"),
+    ("mi325", "gfx942"),
+    ("mi300", "gfx942"),
+    ("mi250", "gfx90a"),
+    ("mi210", "gfx90a"),
+    ("mi100", "gfx908"),
+    ("mi50", "gfx906"),
+];
+
+/// gfx targets vLLM's ROCm build supports.
+const VLLM_GFX: &[&str] = &[
+    "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201", "gfx1150", "gfx1151",
+];
+
+/// TPU generations vLLM's TPU backend supports, as product-name fragments.
+const VLLM_TPU: &[&str] = &["v5e", "v5 lite", "v5-lite", "v6e", "v7x"];
+
+/// The compute capability of an NVIDIA product, when known.
+pub fn compute_capability(product: &str) -> Option<(u32, u32)> {
+    let lower = product.to_ascii_lowercase();
+    COMPUTE_CAPABILITY
+        .iter()
+        .find(|(fragment, _)| lower.contains(fragment))
+        .map(|(_, cc)| *cc)
+}
+
+/// The gfx target of an AMD product, when known.
+pub fn gfx_target(product: &str) -> Option<&'static str> {
+    let lower = product.to_ascii_lowercase();
+    GFX_TARGET
+        .iter()
+        .find(|(fragment, _)| lower.contains(fragment))
+        .map(|(_, gfx)| *gfx)
+}
+
+/// The release `choice` names, when it names one.
+fn release(choice: &EngineChoice) -> Option<(u32, u32, u32)> {
+    match choice.version {
+        Some(EngineVersion::Release {
+            major,
+            minor,
+            patch,
+        }) => Some((major, minor, patch)),
+        _ => None,
+    }
+}
+
+/// `v0.10.2`, or `latest` when no release was named (a generation is not a tag either).
+fn tag(choice: &EngineChoice) -> String {
+    release(choice).map_or_else(
+        || "latest".to_string(),
+        |(major, minor, patch)| format!("v{major}.{minor}.{patch}"),
+    )
+}
+
+/// Whether the named release is at least `from` (no release: the newest, so yes; a vLLM
+/// generation: V0 and V1 are older than any threshold here, `current` newer).
+fn at_least(choice: &EngineChoice, from: (u32, u32)) -> bool {
+    match choice.version {
+        None | Some(EngineVersion::Current) => true,
+        Some(EngineVersion::V0 | EngineVersion::V1) => false,
+        Some(EngineVersion::Release { major, minor, .. }) => (major, minor) >= from,
+    }
+}
+
+/// The image for `choice` on `device`, or the reason none runs there.
+pub fn image_for(choice: &EngineChoice, device: DeviceFacts<'_>) -> Result<EngineImage, String> {
+    let name = device.product;
+    let lower = name.to_ascii_lowercase();
+    let engine = choice.describe_short();
+    let mut notes = Vec::new();
+    let image = |image: String, platform: &'static str, notes: Vec<String>| EngineImage {
+        image,
+        platform,
+        notes,
+    };
+    match (choice.kind, device.vendor, device.family) {
+        (kind, Vendor::Nvidia, Family::Gpu) => {
+            let minimum = match kind {
+                EngineKind::Vllm if at_least(choice, CUDA_75_FROM) => (7, 5),
+                EngineKind::Vllm => (7, 0),
+                EngineKind::Sglang => (7, 5),
+            };
+            match compute_capability(name) {
+                Some(cc) if cc < minimum => {
+                    return Err(format!(
+                        "{engine} needs compute capability {}.{} or higher and {name} has {}.{}; \
+                         plan other devices or an older engine version",
+                        minimum.0, minimum.1, cc.0, cc.1
+                    ));
+                }
+                Some(_) => {}
+                None => notes.push(format!(
+                    "{name}: compute capability unknown to the planner; {engine} needs {}.{} or \
+                     higher (not checked)",
+                    minimum.0, minimum.1
+                )),
+            }
+            Ok(match kind {
+                EngineKind::Vllm => image(
+                    format!("docker.io/vllm/vllm-openai:{}", tag(choice)),
+                    "cuda",
+                    notes,
+                ),
+                EngineKind::Sglang => image(
+                    format!("docker.io/lmsysorg/sglang:{}", tag(choice)),
+                    "cuda",
+                    notes,
+                ),
+            })
+        }
+        (EngineKind::Vllm, Vendor::Amd, Family::Gpu) => {
+            if !at_least(choice, ROCM_IMAGE_FROM) {
+                return Err(format!(
+                    "{engine} has no official ROCm image (vllm/vllm-openai-rocm starts with 0.14); \
+                     give AMD's image with --image (rocm/vllm:<tag>)"
+                ));
+            }
+            match gfx_target(name) {
+                Some(gfx) if !VLLM_GFX.contains(&gfx) => {
+                    return Err(format!(
+                        "{engine} on ROCm supports {} and {name} is {gfx}",
+                        VLLM_GFX.join(", ")
+                    ));
+                }
+                Some(_) => {}
+                None => notes.push(format!(
+                    "{name}: gfx target unknown to the planner; vLLM's ROCm build supports {} \
+                     (not checked)",
+                    VLLM_GFX.join(", ")
+                )),
+            }
+            Ok(image(
+                format!("docker.io/vllm/vllm-openai-rocm:{}", tag(choice)),
+                "rocm",
+                notes,
+            ))
+        }
+        (EngineKind::Vllm, Vendor::Intel, _) if lower.contains("gaudi") => {
+            if lower.contains("gaudi 1") || lower.ends_with("gaudi") {
+                return Err(format!(
+                    "{engine} for Intel Gaudi runs on Gaudi 2 and Gaudi 3; {name} is neither"
+                ));
+            }
+            if release(choice).is_some() {
+                notes.push(
+                    "the Gaudi image pins its own vLLM (the plugin's release for Gaudi software \
+                     1.22.0); the version asked for is not a tag of it"
+                        .to_string(),
+                );
+            }
+            Ok(image(
+                "vault.habana.ai/gaudi-docker/1.22.0/ubuntu22.04/habanalabs/vllm-installer-2.7.1:latest"
+                    .to_string(),
+                "gaudi",
+                notes,
+            ))
+        }
+        (EngineKind::Vllm, Vendor::Aws, _) => {
+            if !(lower.contains("trainium2") || lower.contains("trainium3")) {
+                return Err(format!(
+                    "the Neuron vLLM container runs on Trn2 and Trn3; {name} needs the legacy \
+                     vLLM 0.16 container: give it with --image"
+                ));
+            }
+            if release(choice).is_some() {
+                notes.push(
+                    "the Neuron container pins its own vLLM (0.29 with Neuron SDK 2.33); the \
+                     version asked for is not a tag of it"
+                        .to_string(),
+                );
+            }
+            Ok(image(
+                "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.29.0.1.2.0-neuronx-py314-sdk2.33.0-ubuntu26.04"
+                    .to_string(),
+                "neuron",
+                notes,
+            ))
+        }
+        (EngineKind::Vllm, Vendor::Google, Family::Tpu) => {
+            if !VLLM_TPU.iter().any(|fragment| lower.contains(fragment)) {
+                return Err(format!(
+                    "vLLM on TPU supports TPU v5e, v6e and v7x; {name} is none of them"
+                ));
+            }
+            Ok(image(
+                format!("docker.io/vllm/vllm-tpu:{}", tag(choice)),
+                "tpu",
+                notes,
+            ))
+        }
+        (EngineKind::Sglang, vendor, family) => Err(format!(
+            "no SGLang image for {vendor:?} {family} in the planner's table; use --engine vllm \
+             or give an image with --image"
+        )),
+        (EngineKind::Vllm, vendor, family) => Err(format!(
+            "no vLLM image for {name} ({vendor:?} {family}) in the planner's table; give one \
+             with --image"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(vendor: Vendor, family: Family, product: &str) -> DeviceFacts<'_> {
+        DeviceFacts {
+            vendor,
+            family,
+            product,
+        }
+    }
+
+    fn vllm(version: Option<&str>) -> EngineChoice {
+        EngineChoice {
+            version: version.map(|v| v.parse().unwrap()),
+            ..EngineChoice::default()
+        }
+    }
+
+    #[test]
+    fn each_device_family_gets_its_own_image() {
+        let pick = |choice: &EngineChoice, vendor, family, product| {
+            image_for(choice, device(vendor, family, product)).unwrap()
+        };
+        let current = vllm(None);
+        let h100 = pick(
+            &current,
+            Vendor::Nvidia,
+            Family::Gpu,
+            "NVIDIA H100 80GB HBM3",
+        );
+        assert_eq!(h100.image, "docker.io/vllm/vllm-openai:latest");
+        let pinned = pick(
+            &vllm(Some("0.11.2")),
+            Vendor::Nvidia,
+            Family::Gpu,
+            "NVIDIA A100-SXM4-80GB",
+        );
+        assert_eq!(pinned.image, "docker.io/vllm/vllm-openai:v0.11.2");
+        let mi300x = pick(&current, Vendor::Amd, Family::Gpu, "AMD Instinct MI300X");
+        assert_eq!(mi300x.image, "docker.io/vllm/vllm-openai-rocm:latest");
+        assert_eq!(mi300x.platform, "rocm");
+        let gaudi = pick(&current, Vendor::Intel, Family::Asic, "Intel Gaudi 3");
+        assert!(gaudi.image.starts_with("vault.habana.ai/gaudi-docker/"));
+        let trn2 = pick(&current, Vendor::Aws, Family::Asic, "AWS Trainium2");
+        assert!(trn2.image.contains("pytorch-inference-vllm-neuronx"));
+        let tpu = pick(&current, Vendor::Google, Family::Tpu, "Google TPU v6e");
+        assert_eq!(tpu.image, "docker.io/vllm/vllm-tpu:latest");
+        let sglang = EngineChoice {
+            kind: EngineKind::Sglang,
+            ..EngineChoice::default()
+        };
+        let on_h100 = pick(
+            &sglang,
+            Vendor::Nvidia,
+            Family::Gpu,
+            "NVIDIA H100 80GB HBM3",
+        );
+        assert_eq!(on_h100.image, "docker.io/lmsysorg/sglang:latest");
+    }
+
+    #[test]
+    fn unsupported_devices_are_refused_with_the_reason() {
+        let refuse = |choice: &EngineChoice, vendor, family, product| {
+            image_for(choice, device(vendor, family, product)).unwrap_err()
+        };
+        let v100 = refuse(
+            &vllm(None),
+            Vendor::Nvidia,
+            Family::Gpu,
+            "Tesla V100-SXM2-32GB",
+        );
+        assert!(
+            v100.contains("needs compute capability 7.5 or higher") && v100.contains("has 7.0"),
+            "{v100}"
+        );
+        // The releases documented with a 7.0 minimum still take it.
+        assert!(
+            image_for(
+                &vllm(Some("0.10.2")),
+                device(Vendor::Nvidia, Family::Gpu, "Tesla V100-SXM2-32GB")
+            )
+            .is_ok()
+        );
+        let old_rocm = refuse(
+            &vllm(Some("0.9.2")),
+            Vendor::Amd,
+            Family::Gpu,
+            "AMD Instinct MI300X",
+        );
+        assert!(old_rocm.contains("no official ROCm image"), "{old_rocm}");
+        let mi100 = refuse(&vllm(None), Vendor::Amd, Family::Gpu, "AMD Instinct MI100");
+        assert!(mi100.contains("is gfx908"), "{mi100}");
+        let v5p = refuse(&vllm(None), Vendor::Google, Family::Tpu, "Google TPU v5p");
+        assert!(v5p.contains("v5e, v6e and v7x"), "{v5p}");
+        let sglang = EngineChoice {
+            kind: EngineKind::Sglang,
+            ..EngineChoice::default()
+        };
+        let on_amd = refuse(&sglang, Vendor::Amd, Family::Gpu, "AMD Instinct MI300X");
+        assert!(on_amd.contains("no SGLang image"), "{on_amd}");
+    }
+
+    #[test]
+    fn unknown_products_are_noted_not_refused() {
+        let picked = image_for(
+            &vllm(None),
+            device(Vendor::Nvidia, Family::Gpu, "NVIDIA Future GPU"),
+        )
+        .unwrap();
+        assert!(
+            picked.notes[0].contains("not checked"),
+            "{:?}",
+            picked.notes
+        );
+    }
+}
