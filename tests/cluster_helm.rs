@@ -527,7 +527,7 @@ async fn apiserver_stores_the_dashboard_config_map_as_rendered() -> anyhow::Resu
         .ok_or_else(|| anyhow::anyhow!("no hwaccel-fleet.json key"))?;
     let stored_dashboard: Value = serde_json::from_str(&json)?;
     let file: Value = serde_json::from_str(&std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/hwaccel-fleet.json"),
+        helm::chart_dir().join("dashboards/hwaccel-fleet.json"),
     )?)?;
     assert_eq!(stored_dashboard, file);
     Ok(())
