@@ -75,7 +75,8 @@ node-test: image-static
 ## 4 MiB running `detect` on a host without accelerators, and carries the code layout that
 ## gets it there (docs/decisions/0008-detect-code-layout.md)
 detect-rss: image-static
-	TARGET=$(MUSL_TARGET) RSS_TARGET_KIB=4096 scripts/bench-detect.sh --no-build --rss-only
+	BINARY=$(IMAGE_DIR)/hwaccel-static TARGET=$(MUSL_TARGET) RSS_TARGET_KIB=4096 \
+	  scripts/bench-detect.sh --no-build --rss-only
 
 ## image: the static (musl) and glibc images as OCI archives in target/image, assembled from
 ## the cargo-built binaries without a container engine (scripts/oci-image.py; docs/install.md)
@@ -88,9 +89,14 @@ IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' $(C
 MUSL_TARGET := $(shell uname -m)-unknown-linux-musl
 GNU_TARGET := $(shell uname -m)-unknown-linux-gnu
 image: image-static image-glibc
+# The static binary comes from scripts/build-static.sh: cargo's release build, or the same
+# binary from an earlier build of the same inputs (a cache keyed by their content, since a
+# fresh clone's file times make cargo rebuild it); target/image/hwaccel-static is the copy the
+# image and `make detect-rss` use.
 image-static:
-	$(CARGO) build --release --locked --bin hwaccel --target $(MUSL_TARGET)
-	scripts/oci-image.py --stage static --binary $(CARGO_OUT)/$(MUSL_TARGET)/release/hwaccel \
+	@mkdir -p $(IMAGE_DIR)
+	bin=$$(scripts/build-static.sh $(MUSL_TARGET)) && cp "$$bin" $(IMAGE_DIR)/hwaccel-static
+	scripts/oci-image.py --stage static --binary $(IMAGE_DIR)/hwaccel-static \
 	  --name $(IMAGE_REPO):$(IMAGE_TAG) --out $(IMAGE_DIR)/hwaccel-static.oci.tar
 image-glibc:
 	$(CARGO) build --release --locked --bin hwaccel --target $(GNU_TARGET)

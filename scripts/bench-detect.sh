@@ -9,6 +9,7 @@
 # Results: target/bench-detect/<scenario>.json (hyperfine export, or the fallback's own JSON)
 # and a summary on stdout.
 #
+# BINARY measures that file instead of the build (`make detect-rss` passes the image's).
 # TARGET picks the build: by default the static musl build the image ships
 # (x86_64-unknown-linux-musl, needs `rustup target add` and musl-tools) when it is installed,
 # else the host's glibc build. The binary is measured from a copy: a file fresh from the linker
@@ -50,7 +51,7 @@ done
 if ((build)); then
   cargo build --release --locked --bin hwaccel --target "$TARGET"
 fi
-cp "${CARGO_TARGET_DIR:-target}/$TARGET/release/hwaccel" "$OUT/hwaccel"
+cp "${BINARY:-${CARGO_TARGET_DIR:-target}/$TARGET/release/hwaccel}" "$OUT/hwaccel"
 BIN=$PWD/$OUT/hwaccel
 
 # The musl release build is linked with the detect layout (build.rs); a link that silently
