@@ -11,7 +11,8 @@
 # The key is the content of every input of that build (src/, fixtures/ which src/ includes,
 # build.rs, Cargo.toml, Cargo.lock, rust-toolchain.toml, scripts/link/, benches/), the
 # toolchain's `rustc -vV`, the target, and every RUSTFLAGS/CARGO_* setting that changes code
-# generation. Outside a git checkout, or with HWACCEL_BUILD_CACHE= (empty), it always builds.
+# generation. Outside a git checkout, with HWACCEL_BUILD_CACHE= (empty) or a cache directory
+# it cannot write, it always builds.
 # The newest 3 entries are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,8 @@ inputs_key() {
   } | sha256sum | cut -c1-32
 }
 
-if [[ -z $cache_root ]] || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+if [[ -z $cache_root ]] || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1 ||
+  ! mkdir -p "$cache_root" 2>/dev/null || [[ ! -w $cache_root ]]; then
   build
   echo "$built"
   exit 0
@@ -54,7 +56,6 @@ if [[ -x $entry/hwaccel ]]; then
 fi
 
 build
-mkdir -p "$cache_root"
 tmp=$(mktemp -d "$cache_root/.new.XXXXXX")
 cp "$built" "$tmp/hwaccel"
 rm -rf "$entry"
