@@ -1237,6 +1237,26 @@ fn repository_crd(name: &str) -> Result<Option<Value>> {
     Ok(None)
 }
 
+/// Installs the ModelPlacement CRD and creates placement `name` (an 8B serving spec) in the
+/// fixture's namespace, as the administrator: a real owner for the claims a test writes.
+async fn create_placement(fixture: &Fixture, name: &str) -> Result<(ApiResource, DynamicObject)> {
+    let crd = repository_crd(PLACEMENT_CRD)?.context("crds/ has the ModelPlacement CRD")?;
+    let resource = install_crd(&fixture.admin, &crd).await?;
+    let placement =
+        Api::<DynamicObject>::namespaced_with(fixture.admin.clone(), &fixture.prefix, &resource)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": resource.api_version,
+                    "kind": resource.kind,
+                    "metadata": {"name": name},
+                    "spec": PlacementBuilder::serve("llama-3.1-8b").spec(),
+                }))?,
+            )
+            .await?;
+    Ok((resource, placement))
+}
+
 /// Applies a CRD and waits until it is established and served.
 async fn install_crd(admin: &Client, crd: &Value) -> Result<ApiResource> {
     let name = name_of(crd).to_string();
@@ -1360,20 +1380,7 @@ async fn controller_token_may_hold_devices_with_claims_and_nothing_more() -> Res
     let admin_claims: Api<ResourceClaim> = Api::namespaced(fixture.admin.clone(), &fixture.prefix);
     // The owner: a real placement (a claim owned by a uid that does not exist would be
     // collected by kube-controller-manager's garbage collector mid-test).
-    let crd = repository_crd(PLACEMENT_CRD)?.context("crds/ has the ModelPlacement CRD")?;
-    let resource = install_crd(&fixture.admin, &crd).await?;
-    let placement =
-        Api::<DynamicObject>::namespaced_with(fixture.admin.clone(), &fixture.prefix, &resource)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": resource.api_version,
-                    "kind": resource.kind,
-                    "metadata": {"name": "llama"},
-                    "spec": PlacementBuilder::serve("llama-3.1-8b").spec(),
-                }))?,
-            )
-            .await?;
+    let (resource, placement) = create_placement(&fixture, "llama").await?;
     let owner = json!([{
         "apiVersion": resource.api_version, "kind": resource.kind, "name": "llama",
         "uid": placement.metadata.uid, "controller": true,
@@ -1560,20 +1567,7 @@ async fn controller_token_may_write_only_claims_owned_by_the_placement_their_lab
     let controller = fixture.client_as(&fixture.user("controller"), None).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(controller.clone(), &fixture.prefix);
     let admin_claims: Api<ResourceClaim> = Api::namespaced(fixture.admin.clone(), &fixture.prefix);
-    let crd = repository_crd(PLACEMENT_CRD)?.context("crds/ has the ModelPlacement CRD")?;
-    let resource = install_crd(&fixture.admin, &crd).await?;
-    let placement =
-        Api::<DynamicObject>::namespaced_with(fixture.admin.clone(), &fixture.prefix, &resource)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "apiVersion": resource.api_version,
-                    "kind": resource.kind,
-                    "metadata": {"name": "llama"},
-                    "spec": PlacementBuilder::serve("llama-3.1-8b").spec(),
-                }))?,
-            )
-            .await?;
+    let (_, placement) = create_placement(&fixture, "llama").await?;
     let uid = placement.metadata.uid.clone().unwrap_or_default();
     let owner = |name: &str, uid: &str| {
         json!({"apiVersion": "hwaccel.io/v1alpha1", "kind": "ModelPlacement",
