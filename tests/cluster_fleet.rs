@@ -34,14 +34,14 @@ use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
 /// The model the controller counts in units of replicas.
-const COUNTED: &str = "llama-3.1-70b@8192/bf16";
+const COUNTED: &str = "llama-3.1-70b@8192/fp8";
 
 /// The labels of the counted model's series.
 fn counted_labels() -> [(&'static str, &'static str); 3] {
     [
         ("model", "llama-3.1-70b"),
         ("context", "8192"),
-        ("precision", "bf16"),
+        ("precision", "fp8"),
     ]
 }
 
@@ -210,8 +210,8 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
         };
     });
 
-    // Before any placement: every healthy device is free, and 70B in BF16 at 8k tokens (TP 2
-    // on an H100) fits four times.
+    // Before any placement: every healthy device is free, and 70B in FP8 at 8k tokens (TP 2
+    // on an H100: one device leaves no room for a request's KV cache) fits four times.
     wait_for(DEFAULT_TIMEOUT, "4 replicas of the counted model", || {
         let text = scrape(&registry);
         async move {

@@ -38,6 +38,10 @@ pub struct DeviceSpec {
     /// Peak memory bandwidth, TB/s, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_tbps: Option<f64>,
+    /// The kernel driver's version as detection read it (`580.159.04`), when known: the
+    /// engine images' minimum driver is checked against it (`engine::images`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
 }
 
 impl DeviceSpec {
@@ -224,6 +228,7 @@ fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> Device
         precisions,
         domain,
         bandwidth_tbps: product.map(|p| p.bandwidth_tbps),
+        driver_version: device.driver_version.clone(),
     }
 }
 
