@@ -5,8 +5,8 @@
 //! the pure core never imports `kube`, `k8s-openapi`, `tokio` or `clap`, and only the modules
 //! behind the default `kubernetes` feature do. `cargo check --lib --no-default-features`
 //! (part of `make lint`) builds the core alone, so an import that crosses the line fails;
-//! `tests/architecture.rs` names the offending line, and keeps the controller's placement
-//! core (`controller::core`) free of `kube`, `tokio` and `clap` too.
+//! `tests/architecture.rs` names the offending line, and keeps the controller's pure cores
+//! (`controller::core` and each loop's `core`) free of `kube`, `tokio` and `clap` too.
 //!
 //! | module | job | needs `kubernetes` |
 //! |---|---|---|
@@ -19,7 +19,7 @@
 //! | [`backoff`] | the one jittered exponential backoff of every retry loop | no |
 //! | `api` | CRD types and their conversions to and from the core types | yes |
 //! | `agent` | node loop: detect, label, publish the inventory | yes |
-//! | `controller` | ModelPlacement reconciler: a pure placement core (`core/`: decide, ledger, fleet view, build) and a thin driver (`reconcile`, `apply`, `status`) | yes |
+//! | `controller` | three control loops, one folder each (`placement`, `fleet`, `taints`), each a pure `core` beside a thin driver, plus what they share (context, leader election, DRA watches) | yes |
 //! | `cleanup` | uninstall: release our labels | yes |
 //! | `server`, `health`, `telemetry`, `kube_client`, `signals`, `shutdown` | the process around the agent and controller | yes |
 //! | `cli` | every subcommand's flags and output (`main.rs` calls `cli::main`) | yes |

@@ -78,7 +78,7 @@ pub struct ControllerMetrics {
     /// Stored objects the controller skipped, by kind and reason.
     pub skipped: Family<SkipLabel, Counter>,
     /// The fleet's gauges (`hwaccel_fleet_*`, `hwaccel_placement_*`).
-    pub fleet: super::fleet_metrics::FleetMetrics,
+    pub fleet: super::fleet::metrics::FleetMetrics,
     /// Nodes and devices health taints cover (`enforce`) or would cover (`dryRun`): Node
     /// taints plus DeviceTaintRules.
     pub health_taint_targets: Gauge,
@@ -99,7 +99,7 @@ impl ControllerMetrics {
             api_writes: Family::default(),
             api_write_seconds: Family::new_with_constructor(reconcile_histogram),
             skipped: Family::default(),
-            fleet: super::fleet_metrics::FleetMetrics::register(registry),
+            fleet: super::fleet::metrics::FleetMetrics::register(registry),
             health_taint_targets: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("hwaccel_controller");

@@ -21,8 +21,8 @@ use crate::api::dra::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
 use crate::plan::NodeSpec;
 
-use super::build::DeviceFilter;
 use crate::api::placement::Assignment;
+use crate::controller::placement::core::build::DeviceFilter;
 
 /// One inventory as the planner sees it.
 #[derive(Debug, Clone)]

@@ -13,7 +13,7 @@ use crate::api::placement::{
     AllocationMode, ModelPlacementStatus, PlacementClaim, PodClaimFragment, PodResourceClaimRef,
 };
 
-use super::fleet_view::FleetView;
+use crate::controller::core::fleet_view::FleetView;
 
 /// The name containers use for the claim in `resources.claims[].name`.
 pub const POD_CLAIM_NAME: &str = CLAIM_REQUEST;

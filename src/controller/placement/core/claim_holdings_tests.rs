@@ -11,7 +11,7 @@ use crate::api::dra::claims::ClaimPlan;
 use crate::api::dra::slices::published_devices;
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::controller::core::fleet_view::NodePart;
-use crate::controller::core::ledger::Holding;
+use crate::controller::placement::core::ledger::Holding;
 use crate::testing::dra::fixture_slices;
 
 const NODE: &str = "h100-8x-nvswitch";

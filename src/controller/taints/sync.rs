@@ -20,14 +20,14 @@ use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 
-use super::context::{Context, FIELD_MANAGER};
-use super::core::fleet_stats::{NodeStats, Unhealthy};
-use super::core::fleet_view::FleetView;
-use super::core::health_taints::{
+use super::core::{
     HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,
     device_taint_rule, edited_taints, in_scope, scope_of,
 };
-use super::fleet_loop::{cut, publish_node_event};
+use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::fleet_view::FleetView;
+use crate::controller::fleet::core::fleet_stats::{NodeStats, Unhealthy};
+use crate::controller::fleet::pass::{cut, publish_node_event};
 
 /// The API version DeviceTaintRules are written in.
 const RULES_API_VERSION: &str = "resource.k8s.io/v1beta2";
@@ -41,7 +41,7 @@ pub const TAINT_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The health-taint state between fleet passes.
 #[derive(Debug)]
-pub(super) struct Taints {
+pub(crate) struct Taints {
     mode: HealthTaints,
     selector: Option<String>,
     /// The scope label value of this controller's DeviceTaintRules.
@@ -62,7 +62,7 @@ pub(super) struct Taints {
 impl Taints {
     /// Starts in `mode`, discovering whether DeviceTaintRules are served; the Nodes it taints
     /// are read again every `check_every`.
-    pub(super) async fn new(
+    pub(crate) async fn new(
         ctx: &Context,
         mode: HealthTaints,
         selector: Option<String>,
@@ -86,12 +86,12 @@ impl Taints {
     }
 
     /// Whether the mode writes or reports anything (not `none`).
-    pub(super) fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.mode != HealthTaints::None
     }
 
     /// Brings taints, rules and dry-run reports in line with the nodes' health.
-    pub(super) async fn sync(&mut self, ctx: &Context, stats: &[NodeStats], view: &FleetView) {
+    pub(crate) async fn sync(&mut self, ctx: &Context, stats: &[NodeStats], view: &FleetView) {
         if self.mode == HealthTaints::None {
             return;
         }

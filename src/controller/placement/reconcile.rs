@@ -27,12 +27,10 @@ use crate::backoff::Backoff;
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
 use super::claims::{ClaimError, claimed_in_cache, release_claims, sync_claims};
-use super::context::{Context, State, lock};
 use super::core::build::Outcome;
 use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide};
 use super::core::desired::state_name;
-use super::core::fleet_view::FleetView;
 use super::core::ledger::{Holding, PlacementKey};
 use super::core::template;
 use super::dereference::{
@@ -40,6 +38,8 @@ use super::dereference::{
     waiting_placements,
 };
 use super::status::{StatusError, report_undecodable, write_status};
+use crate::controller::context::{Context, State, lock};
+use crate::controller::core::fleet_view::FleetView;
 
 /// The finalizer that lets the controller remove a placement's Node labels.
 pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";

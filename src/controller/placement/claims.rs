@@ -23,11 +23,11 @@ use crate::api::ModelPlacement;
 use crate::api::dra::DeviceRef;
 use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
 
-use super::context::Context;
 use super::core::claim_holdings::{OutlivedClaim, claimed_devices, outlived_claims};
 use super::core::claims::ClaimsReport;
-use super::core::fleet_view::FleetView;
 use super::core::ledger::Ledger;
+use crate::controller::context::Context;
+use crate::controller::core::fleet_view::FleetView;
 use crate::plan::Reservations;
 
 /// A claim write the apiserver refused or never answered.

@@ -23,8 +23,8 @@ use crate::api::dra::DeviceRef;
 use crate::api::dra::claims::{allocated_devices, owning_placement};
 use crate::plan::Reservations;
 
-use super::fleet_view::FleetView;
 use super::ledger::{Ledger, PlacementKey};
+use crate::controller::core::fleet_view::FleetView;
 
 /// A claim labelled for a placement (by us, or made to look so), still allocated, whose
 /// placement is gone: no placement of that name exists in its namespace, or the one that

@@ -23,7 +23,7 @@ use crate::api::placement::{
 use crate::plan::{NodeSpec, Reservations};
 
 use super::build::{Outcome, Request, dra_published, outcome_of, request_from_spec};
-use super::fleet_view::FleetView;
+use crate::controller::core::fleet_view::FleetView;
 
 /// Longest DNS label, the limit on a subrequest name.
 const MAX_LABEL: usize = 63;

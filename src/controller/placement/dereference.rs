@@ -16,11 +16,11 @@ use crate::api::dra::slices::published_devices;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 
-use super::context::{Context, State};
 use super::core::decide::Candidate;
-use super::core::fleet_view::{FleetView, names_its_node};
 use super::core::labels::is_placement_label;
 use super::core::ledger::{Holding, PlacementKey, Precedence};
+use crate::controller::context::{Context, State};
+use crate::controller::core::fleet_view::{FleetView, names_its_node};
 
 /// A placement the controller cannot order among the others.
 #[derive(Debug, thiserror::Error)]

@@ -11,14 +11,14 @@ use kube::Resource;
 use kube::runtime::watcher;
 use prometheus_client::encoding::text::encode;
 
-use super::core::health_taints::HealthTaints;
 use super::dereference::fleet_view;
-use super::fleet_loop::{Memory, pass};
-use super::health_taints::Taints;
 use super::reconcile_tests::{Harness, placement, status_writes_of};
 use crate::api::dra::claims::ClaimPlan;
 use crate::api::placement::AllocationMode;
 use crate::api::{ModelPlacement, attribute};
+use crate::controller::fleet::pass::{Memory, pass};
+use crate::controller::taints::core::HealthTaints;
+use crate::controller::taints::sync::Taints;
 
 const INVENTORY_STATUS: &str = "/apis/hwaccel.io/v1alpha1/acceleratorinventories/n1/status";
 

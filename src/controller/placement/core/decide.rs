@@ -2,7 +2,7 @@
 //! there, otherwise plan it against the fleet minus what the ledger says others hold —
 //! giving older waiting placements their turn first — and record the result in the ledger.
 //!
-//! The driver (`controller/reconcile.rs`) calls [`decide`] under the reconcile lock, so one
+//! The driver (`controller/placement/reconcile.rs`) calls [`decide`] under the reconcile lock, so one
 //! decision sees and changes the ledger alone: no device is handed out twice.
 
 use std::collections::BTreeSet;
@@ -12,8 +12,8 @@ use crate::plan::Reservations;
 
 use super::build::{Outcome, evaluate};
 use super::claims::ClaimsReport;
-use super::fleet_view::FleetView;
 use super::ledger::{Holding, Ledger, PlacementKey, Precedence, Tried};
+use crate::controller::core::fleet_view::FleetView;
 
 /// A placement as [`decide`] sees it.
 #[derive(Debug, Clone)]
@@ -242,7 +242,7 @@ pub(crate) mod tests {
     use crate::api::AcceleratorInventory;
     use crate::api::conditions;
     use crate::api::placement::PrecisionChoice;
-    use crate::controller::core::desired::{DEGRADED, PLANNED, READY, desired_status};
+    use crate::controller::placement::core::desired::{DEGRADED, PLANNED, READY, desired_status};
     use crate::testing::PlacementBuilder;
     use crate::testing::inventory::fixture_inventory;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

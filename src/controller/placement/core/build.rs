@@ -18,9 +18,9 @@ use crate::plan::report::Plan;
 use crate::plan::request::prepare;
 use crate::plan::{Model, NodeSpec, PlanError, PlanRequest, Reservations, plan};
 
-use super::fleet_view::FleetView;
 use super::labels;
 use super::no_match;
+use crate::controller::core::fleet_view::FleetView;
 
 /// A spec the planner can work on.
 #[derive(Debug, Clone)]

@@ -16,8 +16,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::core::fleet_stats::FleetTotals;
-use super::core::ledger::PlacementKey;
 use super::core::model_capacity::ModelCount;
+use crate::controller::placement::core::ledger::PlacementKey;
 
 /// The states `hwaccel_placement_state` has a series for, per placement.
 pub const PLACEMENT_STATES: [&str; 3] = ["Planned", "Pending", "Invalid"];
@@ -281,7 +281,7 @@ fn gauge(value: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::core::fleet_stats::Counts;
+    use crate::controller::fleet::core::fleet_stats::Counts;
 
     fn exposition(registry: &Registry) -> String {
         let mut text = String::new();

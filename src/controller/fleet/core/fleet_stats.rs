@@ -2,7 +2,7 @@
 //! many are healthy, how many a placement holds and how many are free; per product, the same
 //! sums; and which nodes are unhealthy (devices missing, or a device not healthy) and why.
 //!
-//! Pure: the driver (`fleet_loop.rs`) hands in the inventories and the ledger's reserved
+//! Pure: the driver (`fleet/pass.rs`) hands in the inventories and the ledger's reserved
 //! devices and turns the answer into metrics, `status.freeDevices`, Node Events and taints.
 
 use std::collections::{BTreeMap, BTreeSet};

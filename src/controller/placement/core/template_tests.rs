@@ -7,11 +7,11 @@ use std::sync::Arc;
 use super::*;
 use crate::api::dra::slices::published_devices;
 use crate::api::placement::PrecisionChoice;
-use crate::controller::core::build::evaluate;
-use crate::controller::core::decide::decide;
-use crate::controller::core::decide::tests::candidate;
 use crate::controller::core::fleet_view::NodePart;
-use crate::controller::core::ledger::Ledger;
+use crate::controller::placement::core::build::evaluate;
+use crate::controller::placement::core::decide::decide;
+use crate::controller::placement::core::decide::tests::candidate;
+use crate::controller::placement::core::ledger::Ledger;
 use crate::testing::PlacementBuilder;
 use crate::testing::dra::fixture_slices;
 

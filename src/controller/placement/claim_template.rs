@@ -18,7 +18,7 @@ use crate::api::dra::claims::PLACEMENT_LABEL;
 use crate::labels::hash_hex;
 
 use super::claims::delete_exactly;
-use super::context::{Context, FIELD_MANAGER};
+use crate::controller::context::{Context, FIELD_MANAGER};
 
 /// The annotation holding the hash of the spec the controller wrote.
 pub const SPEC_HASH_ANNOTATION: &str = "hwaccel.io/spec-hash";

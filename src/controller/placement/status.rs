@@ -16,9 +16,9 @@ use crate::api::conditions;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 
-use super::context::{Context, FIELD_MANAGER};
 use super::core::decide::Decision;
 use super::core::desired::{PLANNED, desired_status};
+use crate::controller::context::{Context, FIELD_MANAGER};
 
 /// A status write the apiserver refused or never answered.
 #[derive(Debug, thiserror::Error)]

@@ -14,10 +14,10 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::context::{Context, FIELD_MANAGER, State};
 use super::core::decide::Decision;
 use super::core::labels::{HeldNodes, is_placement_label, labels_by_node};
 use super::core::ledger::PlacementKey;
+use crate::controller::context::{Context, FIELD_MANAGER, State};
 
 /// How long the Node watch cache may lag behind a label write of ours before a difference
 /// means someone else changed the labels.

@@ -23,15 +23,15 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, mpsc};
 
-use super::context::{Context, FIELD_MANAGER, State};
 use super::core::decide::tests::half_node;
 use super::core::labels::placement_label_key;
 use super::core::ledger::PlacementKey;
-use super::fake_apiserver::{FakeApiserver, Recorded};
-use super::metrics::ControllerMetrics;
 use super::reconcile::{Error, FINALIZER, reconcile};
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
+use crate::controller::context::{Context, FIELD_MANAGER, State};
+use crate::controller::fake_apiserver::{FakeApiserver, Recorded};
+use crate::controller::metrics::ControllerMetrics;
 use crate::testing::dra::fixture_slices;
 use crate::testing::inventory::fixture_inventory;
 
@@ -39,20 +39,20 @@ const NODE_PATH: &str = "/api/v1/nodes/n1";
 const PLACEMENT_PATH: &str = "/apis/hwaccel.io/v1alpha1/namespaces/ml/modelplacements/p";
 
 /// A controller context over one 8 x H100 node `n1` and the fake apiserver.
-pub(super) struct Harness {
-    pub(super) ctx: Arc<Context>,
-    pub(super) fake: FakeApiserver,
+pub(crate) struct Harness {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) fake: FakeApiserver,
     nodes: Writer<kube::api::PartialObjectMeta<Node>>,
     placements: Writer<Lenient<ModelPlacement>>,
     /// The ResourceClaim watch cache (with [`Harness::with_dra`]).
-    pub(super) claims: Writer<ResourceClaim>,
+    pub(crate) claims: Writer<ResourceClaim>,
     /// Where the metrics are registered, to read the gauges back.
-    pub(super) registry: Registry,
+    pub(crate) registry: Registry,
     _requeue: mpsc::UnboundedReceiver<()>,
 }
 
 impl Harness {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::build(None)
     }
 
@@ -60,7 +60,7 @@ impl Harness {
     /// driver (the vendor-shaped slice of `fixtures/dra/`, moved to `n1` and given `n1`'s
     /// PCI bus ids in order, so each published GPU is one of the inventory's), and claims are
     /// watched.
-    pub(super) fn with_dra() -> Self {
+    pub(crate) fn with_dra() -> Self {
         const BUS_ID: &str = "resource.kubernetes.io/pciBusID";
         let inventory = fixture_inventory("h100-8x-nvswitch", "n1");
         let mut ours: Vec<String> = inventory
@@ -136,7 +136,7 @@ impl Harness {
 
     /// Puts `placement` into the watch cache and the fake's storage, as the apiserver and
     /// the controller's watch would see it.
-    pub(super) fn store(&mut self, placement: &ModelPlacement) {
+    pub(crate) fn store(&mut self, placement: &ModelPlacement) {
         let value = serde_json::to_value(placement).unwrap_or(Value::Null);
         let path = format!(
             "/apis/hwaccel.io/v1alpha1/namespaces/{}/modelplacements/{}",
@@ -159,7 +159,7 @@ impl Harness {
             .apply_watcher_event(&watcher::Event::Apply(node_meta(labels)));
     }
 
-    pub(super) async fn reconcile(&self, placement: &ModelPlacement) -> Result<Action, Error> {
+    pub(crate) async fn reconcile(&self, placement: &ModelPlacement) -> Result<Action, Error> {
         let object = Arc::new(Lenient::Decoded(placement.clone()));
         reconcile(object, self.ctx.clone()).await
     }
@@ -183,7 +183,7 @@ fn node_meta(labels: BTreeMap<String, String>) -> kube::api::PartialObjectMeta<N
 }
 
 /// Placement `ml/p`: 70B at bf16 for 40 requests (half of `n1`), finalizer already added.
-pub(super) fn placement() -> ModelPlacement {
+pub(crate) fn placement() -> ModelPlacement {
     let mut placement = ModelPlacement::new("p", half_node());
     let meta = placement.meta_mut();
     meta.namespace = Some("ml".into());
@@ -207,7 +207,7 @@ fn status_writes(fake: &FakeApiserver) -> Vec<ModelPlacementStatus> {
 }
 
 /// The statuses written to the placement at `path`, in order.
-pub(super) fn status_writes_of(fake: &FakeApiserver, path: &str) -> Vec<ModelPlacementStatus> {
+pub(crate) fn status_writes_of(fake: &FakeApiserver, path: &str) -> Vec<ModelPlacementStatus> {
     let status_path = format!("{path}/status");
     let patches = fake.patches();
     patches

@@ -2,7 +2,7 @@
 //! controller computes the fleet's numbers once ([`fleet_stats`]) and from them publishes the
 //! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
 //! Events on `DevicesMissing` transitions and keeps the health taints
-//! ([`health_taints`](super::health_taints)) in line. At most once per capacity interval it
+//! ([`health_taints`](crate::controller::taints::sync)) in line. At most once per capacity interval it
 //! also counts the replicas of each `--capacity-model` the free devices hold
 //! ([`model_capacity`]): dozens of plans per model, so on a blocking thread and never in a
 //! reconcile's way.
@@ -27,17 +27,17 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::AcceleratorInventory;
 use crate::plan::Reservations;
 
-use super::claims::{any_allocated, claimed_in_cache, outlived_in_cache};
-use super::context::{Context, FIELD_MANAGER};
-use super::core::claim_holdings::OutlivedClaim;
 use super::core::fleet_stats::{FleetTotals, NodeStats};
-use super::core::fleet_view::{FleetView, names_its_node};
-use super::core::health_taints::HealthTaints;
-use super::core::ledger::PlacementKey;
 use super::core::model_capacity::{self, CountedModel};
-use super::dereference::fleet_view;
-use super::fleet_metrics::PlacementFigures;
-use super::health_taints::Taints;
+use super::metrics::PlacementFigures;
+use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::fleet_view::{FleetView, names_its_node};
+use crate::controller::placement::claims::{any_allocated, claimed_in_cache, outlived_in_cache};
+use crate::controller::placement::core::claim_holdings::OutlivedClaim;
+use crate::controller::placement::core::ledger::PlacementKey;
+use crate::controller::placement::dereference::fleet_view;
+use crate::controller::taints::core::HealthTaints;
+use crate::controller::taints::sync::Taints;
 
 /// How long changes are gathered before a pass.
 const GATHER: Duration = Duration::from_secs(1);
@@ -50,7 +50,7 @@ const WRITE_CONCURRENCY: usize = 8;
 
 /// What the passes remember between them.
 #[derive(Debug, Default)]
-pub(super) struct Memory {
+pub(crate) struct Memory {
     /// freeDevices last written per node, and when.
     free_written: HashMap<String, (u32, Instant)>,
     /// `DevicesMissing` as last seen per node, for the Events on its transitions.
@@ -71,7 +71,7 @@ pub struct CapacityCounting {
 }
 
 /// Runs fleet passes until the future is dropped (it lives as long as the controller).
-pub(super) async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     (mode, taint_check): (HealthTaints, Duration),
     selector: Option<String>,
@@ -91,7 +91,7 @@ pub(super) async fn run(
 }
 
 /// One pass: numbers, gauges, freeDevices, Events, taints.
-pub(super) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
+pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
     let (reserved, placements, view) = {
         let mut state = ctx.state.lock().await;
         // Health taints need the planner's view (which devices DRA publishes), and so do
@@ -359,7 +359,7 @@ fn report_outlived(ctx: &Context, memory: &mut Memory, outlived: &[OutlivedClaim
 
 /// The reference of Node `name` (with its uid when the cache knows it, so `kubectl
 /// describe node` shows the Event).
-pub(super) fn node_reference(ctx: &Context, name: &str) -> ObjectReference {
+pub(crate) fn node_reference(ctx: &Context, name: &str) -> ObjectReference {
     let uid = ctx
         .nodes
         .get(&ObjectRef::<kube::api::PartialObjectMeta<Node>>::new(name))
@@ -374,7 +374,7 @@ pub(super) fn node_reference(ctx: &Context, name: &str) -> ObjectReference {
 }
 
 /// Publishes an Event on a Node in the background (Events are informational).
-pub(super) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
+pub(crate) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
     let reference = node_reference(ctx, node);
     let recorder = ctx.recorder.clone();
     let metrics = ctx.metrics.clone();
@@ -387,6 +387,6 @@ pub(super) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
 }
 
 /// An Event note cut to the API's limit.
-pub(super) fn cut(text: &str) -> String {
+pub(crate) fn cut(text: &str) -> String {
     text.chars().take(1000).collect()
 }
