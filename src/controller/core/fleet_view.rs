@@ -22,7 +22,19 @@ use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
 use crate::plan::NodeSpec;
 
 use crate::api::placement::Assignment;
-use crate::controller::placement::core::build::DeviceFilter;
+
+/// Which devices and nodes a placement may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFilter {
+    /// Allowed families (`gpu`...); empty means any.
+    pub families: BTreeSet<String>,
+    /// Allowed product slugs; empty means any.
+    pub products: BTreeSet<String>,
+    /// Labels a node must carry.
+    pub node_selector: BTreeMap<String, String>,
+    /// Only devices a DRA driver publishes (`allocation: claims`).
+    pub dra_only: bool,
+}
 
 /// One inventory as the planner sees it.
 #[derive(Debug, Clone)]

@@ -27,11 +27,11 @@ use crate::backoff::Backoff;
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
 use super::claims::{ClaimError, claimed_in_cache, release_claims, sync_claims};
-use super::core::build::Outcome;
 use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide};
 use super::core::desired::state_name;
 use super::core::ledger::{Holding, PlacementKey};
+use super::core::outcome::Outcome;
 use super::core::template;
 use super::dereference::{
     DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,

@@ -10,9 +10,9 @@ use std::collections::BTreeSet;
 use crate::api::placement::{AllocationMode, ModelPlacementSpec, ModelPlacementStatus};
 use crate::plan::Reservations;
 
-use super::build::{Outcome, evaluate};
 use super::claims::ClaimsReport;
 use super::ledger::{Holding, Ledger, PlacementKey, Precedence, Tried};
+use super::outcome::{Outcome, evaluate};
 use crate::controller::core::fleet_view::FleetView;
 
 /// A placement as [`decide`] sees it.

@@ -10,9 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::conditions;
 use crate::api::placement::{AllocationMode, ModelPlacementStatus};
 
-use super::build::Outcome;
 use super::claims::ClaimsReport;
 use super::decide::Decision;
+use super::outcome::Outcome;
 
 /// The condition saying whether the placement has a plan.
 pub const PLANNED: &str = "Planned";

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
 
-use super::build::Outcome;
 use super::labels::HeldNodes;
+use super::outcome::Outcome;
 
 /// A placement's identity: namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -5,7 +5,8 @@
 //!
 //! | module | job |
 //! |---|---|
-//! | [`build`] | spec → planner request, plan → status |
+//! | [`request`] | spec → planner request, and the nodes it may use |
+//! | [`outcome`] | plan → status: what planning a spec concluded |
 //! | [`claims`] | which ResourceClaims hold a plan |
 //! | [`claim_holdings`] | devices every allocated claim holds; claims that outlived their placement |
 //! | [`ledger`] | which placement holds which devices |
@@ -17,7 +18,6 @@
 //!
 //! `tests/architecture.rs` keeps this module free of `kube`, `tokio` and `clap`.
 
-pub mod build;
 pub mod claim_holdings;
 pub mod claims;
 pub mod decide;
@@ -25,4 +25,6 @@ pub mod desired;
 pub mod labels;
 pub mod ledger;
 pub mod no_match;
+pub mod outcome;
+pub mod request;
 pub mod template;

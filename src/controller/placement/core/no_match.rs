@@ -15,8 +15,7 @@ use crate::labels::{
 };
 use crate::plan::NodeSpec;
 
-use super::build::DeviceFilter;
-use crate::controller::core::fleet_view::FleetView;
+use crate::controller::core::fleet_view::{DeviceFilter, FleetView};
 
 /// Most names one list in a message holds; the rest are counted.
 pub const MAX_NAMED: usize = 5;

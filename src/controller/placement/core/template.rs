@@ -22,7 +22,8 @@ use crate::api::placement::{
 };
 use crate::plan::{NodeSpec, Reservations};
 
-use super::build::{Outcome, Request, dra_published, outcome_of, request_from_spec};
+use super::outcome::{Outcome, outcome_of};
+use super::request::{Request, request_from_spec};
 use crate::controller::core::fleet_view::FleetView;
 
 /// Longest DNS label, the limit on a subrequest name.
@@ -55,8 +56,8 @@ pub fn alternatives(
     let Ok(request) = request_from_spec(spec) else {
         return Vec::new();
     };
-    let nodes = fleet.filtered(&request.filter);
-    let nodes = dra_published(&nodes, fleet);
+    // A template placement's request is dra_only: only what a driver publishes.
+    let nodes = request.nodes(fleet);
     plan_choices(&request, &nodes, fleet, namespace, name).1
 }
 

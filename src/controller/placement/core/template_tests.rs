@@ -8,10 +8,10 @@ use super::*;
 use crate::api::dra::slices::published_devices;
 use crate::api::placement::PrecisionChoice;
 use crate::controller::core::fleet_view::NodePart;
-use crate::controller::placement::core::build::evaluate;
 use crate::controller::placement::core::decide::decide;
 use crate::controller::placement::core::decide::tests::candidate;
 use crate::controller::placement::core::ledger::Ledger;
+use crate::controller::placement::core::outcome::evaluate;
 use crate::testing::PlacementBuilder;
 use crate::testing::dra::fixture_slices;
 
