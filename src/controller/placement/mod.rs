@@ -11,6 +11,7 @@
 //! | [`claims`] | the ResourceClaims of a `spec.allocation: claims` plan |
 //! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
 //! | [`status`] | the status subresource and Events |
+//! | [`step`] | the steps that can fail, named once for metrics, Events and logs |
 
 pub mod apply;
 pub mod claim_template;
@@ -23,3 +24,4 @@ mod reconcile_claims_tests;
 #[cfg(test)]
 pub(crate) mod reconcile_tests;
 pub mod status;
+pub mod step;

@@ -7,7 +7,8 @@
 //! 3. apply ([`apply`](super::apply)): the Node labels of every Node whose placements changed;
 //! 4. status ([`status`](super::status)): the status subresource and Events, only on change.
 //!
-//! Each step has its own error type; [`Error`] says which step failed. Every reconcile holds
+//! Each step has its own error type; [`Error::step`] says which step failed, and that one
+//! [`Step`] names the failure in the metric, the Warning Event and the log. Every reconcile holds
 //! the one state lock ([`Context`]), which is what makes "no device is handed out twice"
 //! simple and certain.
 
@@ -37,7 +38,8 @@ use super::dereference::{
     DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
     waiting_placements,
 };
-use super::status::{StatusError, report_undecodable, write_status};
+use super::status::{StatusError, report_failure, report_undecodable, write_status};
+use super::step::Step;
 use crate::controller::context::{Context, State, lock};
 use crate::controller::core::fleet_view::FleetView;
 
@@ -73,6 +75,30 @@ pub enum Error {
     /// Adding or removing the finalizer, or the work inside it, failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// The step that failed. The work of a reconcile runs inside kube-runtime's finalizer
+    /// helper, so most errors arrive wrapped in it: the step is the one inside, and only a
+    /// failed finalizer write is the finalizer's own.
+    pub fn step(&self) -> Step {
+        match self {
+            Self::Dereference(_) => Step::Dereference,
+            Self::Apply(_) => Step::Apply,
+            Self::Status(_) => Step::Status,
+            Self::Claims(_) => Step::Claims,
+            Self::Template(_) => Step::Template,
+            Self::Finalizer(err) => match &**err {
+                finalizer::Error::ApplyFailed(inner) | finalizer::Error::CleanupFailed(inner) => {
+                    inner.step()
+                }
+                finalizer::Error::AddFinalizer(_)
+                | finalizer::Error::RemoveFinalizer(_)
+                | finalizer::Error::UnnamedObject
+                | finalizer::Error::InvalidFinalizer => Step::Finalizer,
+            },
+        }
+    }
 }
 
 /// The controller's entry point for one placement.
@@ -131,12 +157,8 @@ pub fn error_policy(
     error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
-    let reason = match error {
-        Error::Apply(_) | Error::Status(_) | Error::Claims(_) | Error::Template(_) => "api",
-        Error::Finalizer(_) => "finalizer",
-        Error::Dereference(_) => "metadata",
-    };
-    ctx.metrics.failed(reason);
+    let step = error.step();
+    ctx.metrics.reconcile_failed(step);
     let key = PlacementKey::new(
         placement.namespace().unwrap_or_default(),
         placement.name_any(),
@@ -147,7 +169,8 @@ pub fn error_policy(
         *count
     });
     let wait = ERROR_BACKOFF.wait(attempts);
-    tracing::warn!(placement = %key, %error, retry_in = ?wait, "reconcile failed");
+    tracing::warn!(placement = %key, %step, %error, retry_in = ?wait, "reconcile failed");
+    report_failure(&ctx, &placement, step, error, wait);
     Action::requeue(wait)
 }
 

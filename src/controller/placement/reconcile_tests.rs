@@ -26,7 +26,8 @@ use tokio::sync::{Mutex, mpsc};
 use super::core::decide::tests::half_node;
 use super::core::labels::placement_label_key;
 use super::core::ledger::PlacementKey;
-use super::reconcile::{Error, FINALIZER, reconcile};
+use super::reconcile::{Error, FINALIZER, error_policy, reconcile};
+use super::step::Step;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 use crate::controller::context::{Context, FIELD_MANAGER, State};
@@ -300,7 +301,8 @@ async fn a_refused_label_write_fails_the_reconcile_and_takes_ready_back() {
         .refuse("PATCH", "/nodes/n1", StatusCode::FORBIDDEN);
 
     let error = harness.reconcile(&placement).await.expect_err("must fail");
-    assert!(matches!(error, Error::Finalizer(_)), "{error}");
+    // Inside kube-runtime's finalizer helper, but the label write is what failed.
+    assert_eq!(error.step(), Step::Apply, "{error}");
     assert!(
         error.to_string().contains("refused by the fake apiserver"),
         "{error}"
@@ -361,9 +363,49 @@ async fn a_refused_status_write_fails_the_reconcile_after_labelling() {
         error.to_string().contains("refused by the fake apiserver"),
         "{error}"
     );
+    assert_eq!(error.step(), Step::Status, "{error}");
     assert_eq!(node_label_writes(&harness.fake).len(), 1);
     let state = harness.ctx.state.lock().await;
     assert!(state.ledger.get(&PlacementKey::new("ml", "p")).is_some());
+}
+
+#[tokio::test]
+async fn a_failed_reconcile_is_counted_and_reported_under_the_step_that_failed() {
+    use prometheus_client::encoding::text::encode;
+    let mut harness = Harness::new();
+    let placement = placement();
+    harness.store(&placement);
+    harness.fake.refuse(
+        "PATCH",
+        "/modelplacements/p/status",
+        StatusCode::INTERNAL_SERVER_ERROR,
+    );
+    let error = harness.reconcile(&placement).await.expect_err("must fail");
+    harness.fake.clear();
+
+    let object = Arc::new(Lenient::Decoded(placement));
+    let action = error_policy(object, &error, harness.ctx.clone());
+    assert_ne!(action, Action::await_change(), "a failure is retried");
+
+    let mut text = String::new();
+    encode(&mut text, &harness.registry).expect("encode");
+    let series = |step: &str| {
+        let prefix = format!("hwaccel_controller_reconcile_failures_total{{step=\"{step}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix).map(str::to_string))
+    };
+    assert_eq!(series("status").as_deref(), Some("1"), "{text}");
+    // Every other step's series is there, at zero.
+    for step in Step::ALL.iter().filter(|s| **s != Step::Status) {
+        assert_eq!(series(step.as_label()).as_deref(), Some("0"), "{text}");
+    }
+    let events = harness.fake.events(1).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].body["reason"], json!("StatusFailed"));
+    assert_eq!(events[0].body["type"], json!("Warning"));
+    let note = events[0].body["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with("the status step failed: "), "{note}");
+    assert!(note.contains("refused by the fake apiserver"), "{note}");
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ use crate::api::{Lenient, ModelPlacement};
 
 use super::core::decide::Decision;
 use super::core::desired::{PLANNED, desired_status};
+use super::step::Step;
 use crate::controller::context::{Context, FIELD_MANAGER};
 
 /// A status write the apiserver refused or never answered.
@@ -106,6 +107,34 @@ fn publish_in_background(
             tracing::warn!(error = %err, "publishing an event failed");
         }
     });
+}
+
+/// Reports a failed reconcile in a Warning Event named after the step that failed
+/// (`ApplyFailed`, `StatusFailed`...), so `kubectl describe` says what went wrong and when it
+/// is tried again.
+pub fn report_failure(
+    ctx: &Context,
+    object: &Lenient<ModelPlacement>,
+    step: Step,
+    error: &dyn std::fmt::Display,
+    retry_in: std::time::Duration,
+) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: step.event_reason(),
+        note: Some(
+            format!(
+                "the {step} step failed: {error}; retrying in {}s",
+                retry_in.as_secs().max(1)
+            )
+            .chars()
+            .take(1000)
+            .collect(),
+        ),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    publish_in_background(ctx, event, object.object_ref(&()));
 }
 
 /// Reports a placement whose stored object does not decode in a Warning Event.
