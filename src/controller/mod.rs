@@ -28,6 +28,8 @@ pub mod leader;
 pub mod metrics;
 pub mod node_changes;
 pub mod placement;
+#[cfg(test)]
+mod spans_tests;
 pub mod taints;
 
 use std::collections::{BTreeSet, HashMap};
@@ -45,6 +47,7 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Client, Resource};
 use tokio::sync::{Mutex, mpsc};
+use tracing::Instrument;
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
@@ -354,8 +357,12 @@ async fn restore_placement_labels(
         while let Ok(node) = changed.try_recv() {
             nodes.insert(node);
         }
+        let span = tracing::info_span!("label_repair", nodes = ?nodes);
         let mut state = ctx.state.lock().await;
-        match apply::sync_node_labels(&ctx, &mut state, &nodes).await {
+        match apply::sync_node_labels(&ctx, &mut state, &nodes)
+            .instrument(span.clone())
+            .await
+        {
             // A Node the controller wrote moments ago may show an older label set because
             // the watch lags; look again once the write must have arrived.
             Ok(unconfirmed) => {
@@ -367,9 +374,9 @@ async fn restore_placement_labels(
                     });
                 }
             }
-            Err(err) => {
+            Err(err) => span.in_scope(|| {
                 tracing::warn!(error = %err, "restoring placement labels failed; the periodic reconcile retries");
-            }
+            }),
         }
     }
 }

@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
+use tracing::Instrument;
 
 use crate::api::AcceleratorInventory;
 use crate::plan::Reservations;
@@ -90,7 +91,9 @@ pub(crate) async fn run(
     }
 }
 
-/// One pass: numbers, gauges, freeDevices, Events, taints.
+/// One pass: numbers, gauges, freeDevices, Events, taints. In a `fleet_pass` span; the work
+/// on one node runs in a `node` span inside it.
+#[tracing::instrument(name = "fleet_pass", skip_all)]
 pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
     let (reserved, placements, view) = {
         let mut state = ctx.state.lock().await;
@@ -164,6 +167,7 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
 
 /// Counts the replicas of each model the free devices hold and publishes them, unless the
 /// last count is more recent than the interval.
+#[tracing::instrument(name = "model_capacity", skip_all)]
 async fn count_models(ctx: &Context, memory: &mut Memory, counting: &CapacityCounting) {
     if counting.models.is_empty()
         || memory
@@ -217,32 +221,32 @@ async fn write_free_devices(ctx: &Context, memory: &mut Memory, stats: &[NodeSta
         })
         .collect();
     let api: Api<AcceleratorInventory> = Api::all(ctx.client.clone());
-    let results: Vec<(String, u32, Result<(), kube::Error>)> = futures::stream::iter(due)
+    let written: Vec<(String, u32, bool)> = futures::stream::iter(due)
         .map(|(node, free)| {
             let api = api.clone();
+            let span = node_span(&node);
             async move {
                 let started = Instant::now();
                 let result = apply_free_devices(&api, &node, free).await;
-                if result.is_ok() {
-                    ctx.metrics.wrote("inventory_status", started.elapsed());
+                match &result {
+                    Ok(()) => ctx.metrics.wrote("inventory_status", started.elapsed()),
+                    // Gone since the cache saw it: nothing to write.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(err) => {
+                        ctx.metrics.failed("inventory_status");
+                        tracing::warn!(error = %err, "writing freeDevices failed; the next pass retries");
+                    }
                 }
-                (node, free, result)
+                (node, free, result.is_ok())
             }
+            .instrument(span)
         })
         .buffer_unordered(WRITE_CONCURRENCY)
         .collect()
         .await;
-    for (node, free, result) in results {
-        match result {
-            Ok(()) => {
-                memory.free_written.insert(node, (free, Instant::now()));
-            }
-            // Gone since the cache saw it: nothing to write.
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(err) => {
-                ctx.metrics.failed("inventory_status");
-                tracing::warn!(%node, error = %err, "writing freeDevices failed; the next pass retries");
-            }
+    for (node, free, ok) in written {
+        if ok {
+            memory.free_written.insert(node, (free, Instant::now()));
         }
     }
 }
@@ -378,12 +382,18 @@ pub(crate) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
     let reference = node_reference(ctx, node);
     let recorder = ctx.recorder.clone();
     let metrics = ctx.metrics.clone();
-    tokio::spawn(async move {
+    let publish = async move {
         if let Err(err) = recorder.publish(&event, &reference).await {
             metrics.failed("event");
             tracing::warn!(error = %err, "publishing a Node event failed");
         }
-    });
+    };
+    tokio::spawn(publish.instrument(node_span(node)));
+}
+
+/// The span of work on one node: every line logged in it names the node.
+pub(crate) fn node_span(node: &str) -> tracing::Span {
+    tracing::info_span!("node", node = %node)
 }
 
 /// An Event note cut to the API's limit.

@@ -20,6 +20,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent};
 use kube::{Resource, ResourceExt};
+use tracing::Instrument;
 
 use crate::api::placement::AllocationMode;
 use crate::api::{Lenient, ModelPlacement};
@@ -101,8 +102,19 @@ impl Error {
     }
 }
 
-/// The controller's entry point for one placement.
+/// The controller's entry point for one placement. It runs in a `reconcile` span carrying
+/// the placement (`placement="ml/llama"`), so every line logged on its behalf (and by the
+/// client under it) says which placement it is about.
 pub async fn reconcile(
+    object: Arc<Lenient<ModelPlacement>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let key = PlacementKey::new(object.namespace().unwrap_or_default(), object.name_any());
+    let span = tracing::info_span!("reconcile", placement = %key);
+    reconcile_placement(object, ctx).instrument(span).await
+}
+
+async fn reconcile_placement(
     object: Arc<Lenient<ModelPlacement>>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {

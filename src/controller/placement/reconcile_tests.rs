@@ -150,7 +150,7 @@ impl Harness {
     }
 
     /// Puts the labels the fake's Node carries into the Node watch cache.
-    fn sync_node_cache(&mut self) {
+    pub(crate) fn sync_node_cache(&mut self) {
         let labels = self
             .fake
             .object(NODE_PATH)

@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
+use tracing::Instrument;
 
 use crate::api::conditions;
 use crate::api::placement::ModelPlacementStatus;
@@ -101,12 +102,14 @@ fn publish_in_background(
 ) {
     let recorder = ctx.recorder.clone();
     let metrics = ctx.metrics.clone();
-    tokio::spawn(async move {
+    // In the reconcile's span, so a failure still names the placement.
+    let publish = async move {
         if let Err(err) = recorder.publish(&event, &reference).await {
             metrics.failed("event");
             tracing::warn!(error = %err, "publishing an event failed");
         }
-    });
+    };
+    tokio::spawn(publish.in_current_span());
 }
 
 /// Reports a failed reconcile in a Warning Event named after the step that failed

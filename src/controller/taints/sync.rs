@@ -20,6 +20,8 @@ use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 
+use tracing::Instrument;
+
 use super::core::{
     HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,
     device_taint_rule, edited_taints, in_scope, scope_of,
@@ -27,7 +29,7 @@ use super::core::{
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::fleet_view::FleetView;
 use crate::controller::fleet::core::fleet_stats::{NodeStats, Unhealthy};
-use crate::controller::fleet::pass::{cut, publish_node_event};
+use crate::controller::fleet::pass::{cut, node_span, publish_node_event};
 
 /// The API version DeviceTaintRules are written in.
 const RULES_API_VERSION: &str = "resource.k8s.io/v1beta2";
@@ -90,7 +92,9 @@ impl Taints {
         self.mode != HealthTaints::None
     }
 
-    /// Brings taints, rules and dry-run reports in line with the nodes' health.
+    /// Brings taints, rules and dry-run reports in line with the nodes' health. In a
+    /// `taint_pass` span; the work on one node runs in a `node` span inside it.
+    #[tracing::instrument(name = "taint_pass", skip_all, fields(mode = %self.mode))]
     pub(crate) async fn sync(&mut self, ctx: &Context, stats: &[NodeStats], view: &FleetView) {
         if self.mode == HealthTaints::None {
             return;
@@ -189,7 +193,10 @@ impl Taints {
                 continue;
             }
             let started = std::time::Instant::now();
-            match set_node_taint(ctx, &node, want.map(String::as_str)).await {
+            match set_node_taint(ctx, &node, want.map(String::as_str))
+                .instrument(node_span(&node))
+                .await
+            {
                 Ok((now, wrote)) => {
                     match now {
                         Some(value) => tainted.insert(node.clone(), value),
@@ -220,7 +227,7 @@ impl Taints {
             if self.reported.get(node).map(String::as_str) == Some(why.reason()) {
                 continue;
             }
-            let pods = match pods_on(ctx, node).await {
+            let pods = match pods_on(ctx, node).instrument(node_span(node)).await {
                 Ok(pods) => pods,
                 Err(err) => {
                     tracing::warn!(%node, error = %err, "listing the pods on an unhealthy node failed");
