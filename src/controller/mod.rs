@@ -8,6 +8,7 @@
 //! | [`taints`] | the health-taint loop (`--health-taints`): Node taints, DeviceTaintRules |
 //! | [`core`] | the pure core they share: the planner's view of the fleet |
 //! | [`context`] | what the loops share: client, caches, metrics, the state lock |
+//! | [`crds`] | start-up check: our CRDs are served, or the controller exits saying so |
 //! | [`node_changes`] | which Node watch events matter: fleet labels, placement labels |
 //! | `dra_watch` | the ResourceClaim and ResourceSlice watches, where the apiserver serves them |
 //! | [`leader`] | Lease-based leader election |
@@ -20,6 +21,7 @@
 
 pub mod context;
 pub mod core;
+pub mod crds;
 mod dra_watch;
 #[cfg(test)]
 pub(crate) mod fake_apiserver;
@@ -123,8 +125,20 @@ impl Config {
 /// Placements per page when the controller lists them (each up to ~70 KiB as stored).
 const PLACEMENT_PAGE: u32 = 50;
 
-/// Runs the controller until `shutdown` resolves (or a watch fails for good).
+/// Runs the controller until `shutdown` resolves (or a watch fails for good). Fails at once
+/// when the apiserver does not serve our CRDs ([`crds::ensure_served`]).
 pub async fn run(
+    client: Client,
+    config: Config,
+    metrics: ControllerMetrics,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    crds::ensure_served(&client).await?;
+    run_served(client, config, metrics, shutdown).await
+}
+
+/// [`run`], once the CRDs are known to be served.
+async fn run_served(
     client: Client,
     config: Config,
     metrics: ControllerMetrics,
@@ -479,11 +493,16 @@ pub async fn run_elected(
         let _ = stop_rx_wait.wait_for(|s| *s).await;
     };
     tokio::pin!(shutdown);
+    // Before the Lease: a standby replica without CRDs exits too, rather than wait to lead.
+    tokio::select! {
+        served = crds::ensure_served(&client) => served?,
+        () = &mut shutdown => return Ok(()),
+    }
     let mut leadership = tokio::select! {
         leadership = leader::acquire(client.clone(), lease, on_contact) => leadership?,
         () = &mut shutdown => return Ok(()),
     };
-    let controller = run(client, config, metrics, stopped);
+    let controller = run_served(client, config, metrics, stopped);
     tokio::pin!(controller);
     tokio::select! {
         result = &mut controller => { leadership.release().await; result }
