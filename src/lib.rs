@@ -10,10 +10,11 @@
 //!
 //! | module | job | needs `kubernetes` |
 //! |---|---|---|
-//! | [`hardware`] | accelerator types, precisions, device profile | no |
+//! | [`hardware`] | accelerator types, precisions, device profile, the detection report | no |
 //! | [`detect`] | backends over a host view, merged into a report | no |
 //! | [`plan`] | model memory, precision and parallelism search, placement; [`plan::request`] is the one way in | no |
 //! | [`labels`] | report to node labels | no |
+//! | [`names`] | Kubernetes naming rules: label syntax, sanitising, hashing shortener, slugs | no |
 //! | [`fleet`] | fleet questions: expected and missing devices, health roll-up, capacity in units of models | no |
 //! | [`output`], [`duration`] | tables, JSON/YAML, byte sizes; duration-flag grammar | no |
 //! | [`backoff`] | the one jittered exponential backoff of every retry loop | no |
@@ -50,6 +51,7 @@ pub mod health;
 #[cfg(feature = "kubernetes")]
 pub mod kube_client;
 pub mod labels;
+pub mod names;
 pub mod output;
 pub mod plan;
 #[cfg(feature = "kubernetes")]

@@ -1,5 +1,5 @@
 //! The layering rules of `DESIGN.md`, checked on the source: the pure core (`hardware`,
-//! `detect`, `plan`, `labels`) names no Kubernetes, async-runtime or command-line crate and
+//! `detect`, `plan`, `labels`, `names`, `fleet`) names no Kubernetes, async-runtime or command-line crate and
 //! none of the crate's Kubernetes-facing modules, and the controller's pure cores (the shared
 //! `controller/core` and each loop's own: `controller/placement/core`,
 //! `controller/fleet/core`, `controller/taints/core.rs`) name no client, runtime or
@@ -114,6 +114,7 @@ fn the_pure_core_names_no_kubernetes_runtime_or_cli_code() {
         "src/detect",
         "src/plan",
         "src/labels",
+        "src/names",
         "src/fleet",
     ] {
         found.extend(violations(dir, CLUSTER_CRATES, CLUSTER_MODULES));

@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::ModelPlacement;
 use crate::api::dra::claim_template::{Alternative, TemplateError, claim_template};
 use crate::api::dra::claims::PLACEMENT_LABEL;
-use crate::labels::hash_hex;
+use crate::names::hash_hex;
 
 use super::claims::delete_exactly;
 use crate::controller::context::{Context, FIELD_MANAGER};

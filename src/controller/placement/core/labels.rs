@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::labels::{MAX_LABEL_LENGTH, shorten_with_hash};
+use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash};
 
 /// The prefix of every placement label; the controller writes no other Node label.
 pub const PLACEMENT_LABEL_PREFIX: &str = "placement.hwaccel.io/";
@@ -148,7 +148,7 @@ pub fn labels_by_node<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::labels::{is_valid_label_key, is_valid_label_value};
+    use crate::names::{is_valid_label_key, is_valid_label_value};
 
     #[test]
     fn short_names_stay_readable() {

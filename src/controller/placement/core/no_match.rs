@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::labels::{
+use crate::names::{
     MAX_LABEL_LENGTH, is_valid_label_key, is_valid_label_value, slugify, truncate_at_char_boundary,
 };
 use crate::plan::NodeSpec;

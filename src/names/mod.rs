@@ -1,5 +1,7 @@
-//! Kubernetes label syntax: validity checks, value sanitising, deterministic shortening with a
-//! hash suffix, and the readable slugs that product names become.
+//! Kubernetes naming rules, for every module that makes a name or a label: validity checks,
+//! value sanitising, deterministic shortening with a hash suffix, and the readable slugs that
+//! product names become. Pure: labels, the API's DRA names, placement labels, claim and
+//! template names and metric values all come through here, so they follow one set of rules.
 //!
 //! The rules follow the apiserver's own (`IsQualifiedName`, `IsValidLabelValue`): a key is an
 //! optional DNS-subdomain prefix (≤253) and `/` and a name (≤63); a name or a non-empty value
@@ -72,7 +74,7 @@ pub fn sanitize_value(raw: &str) -> Option<String> {
 }
 
 /// [`sanitize_value`], also saying whether the value had to be shortened.
-pub(crate) fn sanitize_value_noting_shortening(raw: &str) -> Option<(String, bool)> {
+pub fn sanitize_value_noting_shortening(raw: &str) -> Option<(String, bool)> {
     let cleaned = replace_invalid(raw.trim(), '-');
     let trimmed = cleaned.trim_matches(|c: char| !c.is_ascii_alphanumeric());
     if trimmed.is_empty() {
