@@ -2,7 +2,7 @@
 //! `hwaccel.io/devices-unhealthy=<reason>:NoSchedule` edited into a Node's taint list
 //! without touching anyone else's, and one DRA DeviceTaintRule per unhealthy device.
 //!
-//! Pure: the driver (`health_taints.rs` one level up) decides when to call these and writes
+//! Pure: the driver (`sync.rs`, beside it) decides when to call these and writes
 //! what they return.
 
 use std::collections::BTreeMap;
