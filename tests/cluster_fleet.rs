@@ -20,7 +20,7 @@ use hwaccel::api::{AcceleratorInventory, DeviceAttribute, ModelPlacement, attrib
 use std::sync::Arc;
 use std::time::Duration;
 
-use hwaccel::controller::core::model_capacity::CountedModel;
+use hwaccel::controller::fleet::core::model_capacity::CountedModel;
 use hwaccel::controller::{CapacityCounting, HealthTaints};
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod};

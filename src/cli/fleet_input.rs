@@ -18,8 +18,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement, PlannerDeviceIds, attribute};
-use crate::controller::core::ledger::Ledger;
-use crate::controller::dereference::holding_from_status;
+use crate::controller::placement::core::ledger::Ledger;
+use crate::controller::placement::dereference::holding_from_status;
 use crate::fleet::health::{NodeInput, UnusableDevice};
 use crate::hardware::Vendor;
 use crate::plan::Reservations;

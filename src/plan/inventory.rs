@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::detect::Report;
+use crate::hardware::Report;
 use crate::hardware::{Device, Family, HealthStatus, InterconnectKind, NicKind, Precision, Vendor};
 
 use super::products::{self, CONSERVATIVE_PRECISIONS};
