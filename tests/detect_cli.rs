@@ -513,8 +513,29 @@ fn replaying_a_real_gpu_vm_prints_what_hwaccel_printed_on_it() {
         let mut smi = devices_of(&on_the_machine, true);
         assert_eq!(smi[0]["numaNode"], 0, "{host}: nvidia-smi's NUMA affinity");
         assert!(nvml[0].get("numaNode").is_none(), "{host}: {}", nvml[0]);
+        let with_node = smi.clone();
         smi[0].as_object_mut().expect("device").remove("numaNode");
         nvml[0].as_object_mut().expect("device").remove("numaNode");
         assert_eq!(nvml, smi, "{host}: NVML and nvidia-smi disagree");
+
+        // On an H100 (another lent machine, so another GPU: its UUID aside), the glibc build
+        // of the fix ran again: NVML now gives the node too, and the sources agree on the rest.
+        if let Ok(fixed) = fs::read_to_string(real.join("glibc-numa-fix.json")) {
+            let without_uuid = |mut devices: serde_json::Value| {
+                devices[0].as_object_mut().expect("device").remove("uuid");
+                devices
+            };
+            assert_eq!(
+                without_uuid(devices_of(&fixed, true)),
+                without_uuid(with_node.clone()),
+                "{host}: after the fix"
+            );
+        }
     }
+    assert!(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/real/h100-1x-vm/detect/glibc-numa-fix.json")
+            .is_file(),
+        "the H100's run after the fix is kept"
+    );
 }
