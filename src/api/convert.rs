@@ -100,8 +100,25 @@ impl AcceleratorInventory {
     /// controller both count through this, so they count the same.
     pub fn fleet_node(&self) -> (NodeInput, Vec<String>) {
         let (node, notes) = self.planner_node(PlannerDeviceIds::InventoryNames);
-        let devices = self
-            .spec
+        let devices = self.device_facts();
+        let expected = self.status.as_ref().and_then(|s| s.expected_devices);
+        (
+            NodeInput {
+                node,
+                devices,
+                expected,
+            },
+            notes,
+        )
+    }
+}
+
+impl AcceleratorInventory {
+    /// Every accelerator's facts (never the host CPU), named as in the inventory, for the one
+    /// device-state rule; the cheap half of [`AcceleratorInventory::fleet_node`], for a
+    /// caller that counts without planning (the controller's fleet pass).
+    pub fn device_facts(&self) -> Vec<DeviceFacts> {
+        self.spec
             .devices
             .iter()
             .filter(|entry| entry.text(attribute::FAMILY).as_deref() != Some("cpu"))
@@ -114,16 +131,7 @@ impl AcceleratorInventory {
                 }
                 facts
             })
-            .collect();
-        let expected = self.status.as_ref().and_then(|s| s.expected_devices);
-        (
-            NodeInput {
-                node,
-                devices,
-                expected,
-            },
-            notes,
-        )
+            .collect()
     }
 }
 

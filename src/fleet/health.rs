@@ -62,21 +62,7 @@ impl NodeInput {
 
     /// The state of each device present, with `held` saying who holds what.
     pub fn states(&self, held: &Holdings<'_>) -> Vec<DeviceState> {
-        let placements = held.placements.on_node(&self.node.name);
-        let claims = held.claims.and_then(|c| c.on_node(&self.node.name));
-        self.devices
-            .iter()
-            .map(|facts| {
-                let holder = if placements.is_some_and(|ids| ids.contains(&facts.name)) {
-                    Some(Holder::Placement)
-                } else if claims.is_some_and(|ids| ids.contains(&facts.name)) {
-                    Some(Holder::Claim)
-                } else {
-                    None
-                };
-                DeviceState::of(facts, holder)
-            })
-            .collect()
+        states_of(&self.node.name, &self.devices, held)
     }
 
     /// The node's counts with `held`, missing devices included.
@@ -111,6 +97,25 @@ impl<'a> Holdings<'a> {
             claims: None,
         }
     }
+}
+
+/// The state of each of `devices` on `node`, with `held` saying who holds what.
+pub fn states_of(node: &str, devices: &[DeviceFacts], held: &Holdings<'_>) -> Vec<DeviceState> {
+    let placements = held.placements.on_node(node);
+    let claims = held.claims.and_then(|c| c.on_node(node));
+    devices
+        .iter()
+        .map(|facts| {
+            let holder = if placements.is_some_and(|ids| ids.contains(&facts.name)) {
+                Some(Holder::Placement)
+            } else if claims.is_some_and(|ids| ids.contains(&facts.name)) {
+                Some(Holder::Claim)
+            } else {
+                None
+            };
+            DeviceState::of(facts, holder)
+        })
+        .collect()
 }
 
 /// One node's roll-up.
