@@ -279,7 +279,7 @@ fn precision_text(answer: &Capacity) -> String {
 /// The assumptions every answer states, so the table and `--model` can be compared.
 fn assumptions(answer: &Capacity) -> String {
     let policy = if answer.precision_asked == "auto" {
-        "precision auto (the widest the model and the free devices allow; --precision fixes it)"
+        "precision auto (per model, the widest at which the most replicas fit; --precision fixes it)"
             .to_string()
     } else {
         format!("precision {} (asked)", answer.precision_asked)
