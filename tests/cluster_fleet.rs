@@ -606,8 +606,10 @@ async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Res
     let text = wait_for(DEFAULT_TIMEOUT, "gauges after the placement", || {
         let text = scrape(&registry);
         async move {
-            Ok((sum(&text, "hwaccel_fleet_devices_reserved", &[]) == held_count as i64)
-                .then_some(text))
+            Ok(
+                (sum(&text, "hwaccel_fleet_devices_reserved", &[]) == held_count as i64)
+                    .then_some(text),
+            )
         }
     })
     .await?;
@@ -623,12 +625,24 @@ async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Res
     let kubeconfig = cluster.env().kubeconfig.clone();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))
-            .args(["fleet", "--model", "llama-3.1-8b", "--context", "8192", "-o", "json"])
+            .args([
+                "fleet",
+                "--model",
+                "llama-3.1-8b",
+                "--context",
+                "8192",
+                "-o",
+                "json",
+            ])
             .env("KUBECONFIG", kubeconfig)
             .output()
     })
     .await??;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let ours: Vec<&serde_json::Value> = report["health"]["nodes"]
         .as_array()

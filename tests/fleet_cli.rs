@@ -274,11 +274,21 @@ fn the_table_and_model_give_the_same_answer_and_state_their_assumptions() {
     );
     assert!(table.contains("PRECISION"), "{table}");
     let one = String::from_utf8(
-        fleet(&["--model", "llama-3.1-70b", "--context", "8192", "--precision", "bf16"]).stdout,
+        fleet(&[
+            "--model",
+            "llama-3.1-70b",
+            "--context",
+            "8192",
+            "--precision",
+            "bf16",
+        ])
+        .stdout,
     )
     .unwrap();
     assert!(
-        one.contains("assumed: context 8192 tokens, 1 request(s) per replica, precision bf16 (asked)"),
+        one.contains(
+            "assumed: context 8192 tokens, 1 request(s) per replica, precision bf16 (asked)"
+        ),
         "{one}"
     );
 }
@@ -303,8 +313,7 @@ fn bad_input_is_a_clear_error() {
 #[test]
 fn a_degraded_gpu_is_free_and_listed_as_degraded() {
     let dir = tempfile::tempdir().unwrap();
-    let original =
-        std::fs::read_to_string(format!("{INVENTORIES}/gpu-h100-0.yaml")).unwrap();
+    let original = std::fs::read_to_string(format!("{INVENTORIES}/gpu-h100-0.yaml")).unwrap();
     // The first GPU (gpu-0000-18-00-0) turns degraded with one retired page.
     let degraded = original.replacen(
         "      health:\n        string: healthy\n",

@@ -25,6 +25,8 @@ use super::inventory::{
 use super::{bounds, quantity};
 use crate::detect::Report;
 use crate::detect::pci::canonical_bus_id;
+use crate::fleet::device_state::{Counts, DeviceFacts, DeviceState};
+use crate::fleet::health::{NodeInput, UNKNOWN_PRODUCT};
 use crate::hardware::{
     CpuInfo, Device, Family, Health, HealthStatus, InterconnectGroup, NodeFacts, NumaNode,
     Partition, PcieLink, Precision, Vendor,
@@ -33,8 +35,6 @@ use crate::labels::{
     hash_hex, product_label_value, product_slug, shorten_with_hash, slugify,
     truncate_at_char_boundary,
 };
-use crate::fleet::device_state::{Counts, DeviceFacts, DeviceState};
-use crate::fleet::health::{NodeInput, UNKNOWN_PRODUCT};
 use crate::plan::NodeSpec;
 
 /// The longest DNS label, the limit on a device name.

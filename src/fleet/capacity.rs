@@ -255,7 +255,9 @@ pub fn capacity(
 ) -> Result<Capacity> {
     let concurrency = concurrency_of(question.request)?;
     let context = match &question.request.goal {
-        Goal::Serve { context, .. } => crate::plan::search::resolve_context(question.model, *context)?.0,
+        Goal::Serve { context, .. } => {
+            crate::plan::search::resolve_context(question.model, *context)?.0
+        }
         Goal::Train(_) => 0,
     };
     let mut held = reserved.clone();
@@ -506,8 +508,8 @@ pub fn whole_shapes(inputs: &[NodeInput]) -> Vec<NodeSpec> {
                 input.expected,
                 products.iter().copied().collect::<Vec<_>>().as_slice(),
             ) {
-                let present = u32::try_from(input.devices.len().max(node.devices.len()))
-                    .unwrap_or(u32::MAX);
+                let present =
+                    u32::try_from(input.devices.len().max(node.devices.len())).unwrap_or(u32::MAX);
                 *extra.entry(product).or_default() += expected.saturating_sub(present);
             }
             let mut copies = Vec::new();

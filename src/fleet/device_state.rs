@@ -348,7 +348,10 @@ mod tests {
             unplannable_reason(HealthStatus::Unknown, false, false),
             Some("memory size unknown")
         );
-        assert_eq!(unplannable_reason(HealthStatus::Degraded, false, true), None);
+        assert_eq!(
+            unplannable_reason(HealthStatus::Degraded, false, true),
+            None
+        );
     }
 
     #[test]
@@ -391,6 +394,9 @@ mod tests {
             counts.devices,
             counts.healthy + counts.degraded + counts.unhealthy + counts.unknown
         );
-        assert_eq!(counts.devices, counts.reserved + counts.free + counts.unusable);
+        assert_eq!(
+            counts.devices,
+            counts.reserved + counts.free + counts.unusable
+        );
     }
 }

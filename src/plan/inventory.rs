@@ -85,14 +85,11 @@ impl DeviceSpec {
     pub fn is_named(&self, name: &str) -> bool {
         let name = name.trim();
         let canonical = crate::detect::pci::canonical_bus_id(name);
-        std::iter::once(&self.id)
-            .chain(&self.aliases)
-            .any(|known| {
-                known == name
-                    || known.eq_ignore_ascii_case(name)
-                    || canonical.is_some()
-                        && crate::detect::pci::canonical_bus_id(known) == canonical
-            })
+        std::iter::once(&self.id).chain(&self.aliases).any(|known| {
+            known == name
+                || known.eq_ignore_ascii_case(name)
+                || canonical.is_some() && crate::detect::pci::canonical_bus_id(known) == canonical
+        })
     }
 
     /// `id (alias, alias)`, for listings in errors.
