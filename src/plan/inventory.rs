@@ -385,4 +385,33 @@ mod tests {
         assert!(json.contains("memoryBytes"));
         assert_eq!(serde_json::from_str::<NodeSpec>(&json).unwrap(), node);
     }
+
+    #[test]
+    fn a_device_is_found_by_any_of_its_names_and_a_miss_lists_them() {
+        let mut device = gpu("0000:18:00.0", Some(85_520_809_984));
+        device.uuid = Some("GPU-5c2a1e0f".into());
+        let mut report = Report::empty();
+        report.devices = vec![device];
+        let (mut node, _) = NodeSpec::from_report(&report, "n1");
+        node.devices[0].aliases.insert(0, "gpu-0000-18-00-0".into());
+        let nodes = [node];
+        for name in [
+            "0000:18:00.0",
+            "18:00.0",
+            "gpu-0000-18-00-0",
+            "GPU-5c2a1e0f",
+            "gpu-5c2a1e0f",
+        ] {
+            let found = resolve_device(&nodes, "n1", name).unwrap();
+            assert_eq!(found.id, "0000:18:00.0", "{name}");
+        }
+        let miss = resolve_device(&nodes, "n1", "gpu-0000-19-00-0").unwrap_err();
+        assert!(
+            miss.contains("its devices: 0000:18:00.0 (gpu-0000-18-00-0, GPU-5c2a1e0f)"),
+            "{miss}"
+        );
+        let no_node = resolve_device(&nodes, "n2", "0000:18:00.0").unwrap_err();
+        assert!(no_node.contains("its nodes: n1"), "{no_node}");
+    }
+
 }
