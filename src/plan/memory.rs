@@ -6,7 +6,7 @@
 //! ```text
 //! vLLM    kv_free = capacity * gpu_memory_utilization
 //!                   - weights - profile-run peak - non-torch [- CUDA graphs, v0.21 and later]
-//! SGLang  kv_free = capacity * mem_fraction_static - weights - non-torch
+//! SGLang  kv_free = (capacity - non-torch) * mem_fraction_static - weights
 //! fits            = kv_free holds one request of the full context (else the engine refuses)
 //! max_concurrency = kv_free / bytes of one full-context request
 //! kv_tokens       = kv_free / KV bytes per token, in whole 16-token blocks
@@ -27,11 +27,16 @@
 //!   (vllm issue #10517): 2.07 GiB measured at 20,000 tokens, 2.15 GiB from this formula; 2.99
 //!   GiB measured at 29,000 tokens, 3.01 GiB from it.
 //! * Non-torch memory (CUDA context remainder, cuBLAS workspaces): 0.35 GiB as measured in
-//!   #10517 (0.10 to 0.35 GiB in other logs), plus 0.5 GiB of NCCL and custom all-reduce
-//!   buffers when a replica spans devices.
+//!   #10517 (0.07 to 0.35 GiB in other logs), plus the communication buffers when a replica
+//!   spans devices, by the fabric the collectives run on ([`collective_overhead`]).
 //! * CUDA graphs: outside the budget (in the 10 % vLLM leaves free) until vLLM 0.21, which
 //!   profiles them by default (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`; logged estimates of
 //!   0.36 to 2.22 GiB): 1 GiB unless `enforce_eager`.
+//! * SGLang applies its fraction to the memory free once the CUDA context and the
+//!   communicators exist (`total_gpu_memory` is measured after `init_torch_distributed`;
+//!   `profile_max_num_token` keeps `total_gpu_memory * (1 - fraction)` back from what the
+//!   weights leave), so the runtime's own memory shrinks the pool by `fraction` of itself,
+//!   not whole. Its activations and CUDA graphs live in the memory the fraction leaves out.
 //! * SGLang's `mem_fraction_static` default: `(gpu_mem - reserved) / gpu_mem` with `reserved`
 //!   = 512 MiB + 1.5 MiB per chunked-prefill token + 2 MiB per CUDA-graph batch size + 128 MiB
 //!   per TP x PP rank, at least 10 GiB on devices above 60 GiB (SGLang `server_args.py`).
@@ -49,8 +54,19 @@ pub const DEFAULT_GPU_UTIL: f64 = 0.90;
 
 /// Runtime memory outside the tensor allocator on every device (vllm issue #10517: 0.35 GiB).
 const NON_TORCH: Bytes = Bytes(358 * MIB);
-/// NCCL and custom all-reduce buffers when a replica spans more than one device.
-const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
+/// NCCL buffers per device when a replica spans PCIe cards (no custom all-reduce, no NVLS):
+/// the 2 x RTX 3090, 2/4/8 x L40S and 4 x L4 calibration rows land within 6 % with it.
+const COLLECTIVES_PCIE: Bytes = Bytes(512 * MIB);
+/// NCCL (NVLS) and vLLM custom all-reduce buffers per device on NVLink / NVSwitch parts (H100,
+/// H200, H800, H20, A100 SXM, B200, GB200). vLLM 0.10.2 on 2 x H200 logged 1.38 GiB of
+/// non-torch memory per device against 0.07 GiB on one H100 (the public logs quoted in
+/// docs/planner.md, "Calibration"); SGLang on 8 x H200 logged "Init torch distributed ends.
+/// mem usage=1.96 GB" to 2.01 GB per rank (sgl-project/sglang#11716).
+const COLLECTIVES_NVLINK: Bytes = Bytes(1536 * MIB);
+/// RCCL buffers per device on AMD Instinct parts: vLLM 0.6.4 on 8 x MI300X logged 6.78 to 7.00
+/// GiB of non-torch memory per device (AUGMXNT/MI300-testing,
+/// `inference-vllm-vs-vllm-rocm.ipynb`), less the 0.35 GiB every device has.
+const COLLECTIVES_ROCM: Bytes = Bytes(6656 * MIB);
 /// CUDA-graph pool that vLLM 0.21 and later subtract from the budget.
 const CUDA_GRAPHS: Bytes = Bytes(GIB);
 
@@ -319,15 +335,20 @@ pub fn serving_fit(
     };
     let budget = capacity.fraction(util);
     let weights_here = weights.per_device(model, tp, pp);
-    let activations = match target.engine {
-        // SGLang sizes the pool before any forward pass: activations live in the reserve.
-        Engine::Sglang => Bytes::ZERO,
+    let (activations, overhead) = match target.engine {
+        // SGLang sizes the pool before any forward pass: activations live in the reserve. Its
+        // fraction applies to what the runtime left free, so the runtime's memory counts by
+        // that fraction inside the budget.
+        Engine::Sglang => (
+            Bytes::ZERO,
+            runtime_overhead(target, product, tp, pp).fraction(util),
+        ),
         // The V1 dummy sampler takes at most one row per scheduled token.
-        Engine::VllmV0 | Engine::VllmV1 | Engine::Vllm => {
-            activation_peak(model, tp, batched_tokens, sequences.min(batched_tokens))
-        }
+        Engine::VllmV0 | Engine::VllmV1 | Engine::Vllm => (
+            activation_peak(model, tp, batched_tokens, sequences.min(batched_tokens)),
+            runtime_overhead(target, product, tp, pp),
+        ),
     };
-    let overhead = runtime_overhead(target, tp, pp);
     let kv = KvLayout::new(model, target.kv_dtype, tp, pp);
     let per_request = kv.per_request(target.context, batched_tokens);
     let kv_free = budget.saturating_sub(weights_here + activations + overhead);
@@ -356,9 +377,9 @@ pub fn serving_fit(
 
 /// Memory outside the tensor allocator's profile: non-torch memory, communication buffers
 /// when the replica spans devices, and CUDA graphs where the engine counts them.
-fn runtime_overhead(target: &ServingTarget, tp: u32, pp: u32) -> Bytes {
+fn runtime_overhead(target: &ServingTarget, product: &str, tp: u32, pp: u32) -> Bytes {
     let collectives = if tp.saturating_mul(pp) > 1 {
-        COLLECTIVE_OVERHEAD
+        collective_overhead(product)
     } else {
         Bytes::ZERO
     };
@@ -368,6 +389,41 @@ fn runtime_overhead(target: &ServingTarget, tp: u32, pp: u32) -> Bytes {
         Bytes::ZERO
     };
     NON_TORCH + collectives + graphs
+}
+
+/// NVIDIA parts whose usual servers join their GPUs with NVLink / NVSwitch (their PCIe and NVL
+/// variants are caught first by name).
+const NVLINK_PARTS: &[&str] = &[
+    "h100", "h200", "h800", "h20", "a100", "a800", "b200", "b300", "gb200", "gb300",
+];
+
+/// Communication buffers per device of a replica that spans devices of `product`, by the
+/// fabric its collectives run on: RCCL on AMD Instinct parts, NCCL with NVLS and custom
+/// all-reduce on NVIDIA NVLink / NVSwitch parts, plain NCCL on PCIe cards (and on anything
+/// the name does not place). Matched on the name without allocating: this runs in the
+/// search's inner loop.
+pub fn collective_overhead(product: &str) -> Bytes {
+    let has = |needle: &str| contains_ignore_case(product, needle);
+    if has("mi300") || has("mi325") || has("mi355") || has("instinct") {
+        COLLECTIVES_ROCM
+    } else if has("pcie") || (has("nvl") && !has("nvlink")) {
+        // PCIe variants of datacenter parts (and the H100 NVL, whose NVLink bridge pairs two
+        // cards only) take the PCIe figure.
+        COLLECTIVES_PCIE
+    } else if NVLINK_PARTS.iter().any(|part| has(part)) {
+        COLLECTIVES_NVLINK
+    } else {
+        COLLECTIVES_PCIE
+    }
+}
+
+/// `needle` (ASCII lowercase) occurs in `hay`, ignoring ASCII case.
+fn contains_ignore_case(hay: &str, needle: &str) -> bool {
+    let (hay, needle) = (hay.as_bytes(), needle.as_bytes());
+    needle.is_empty()
+        || hay
+            .windows(needle.len())
+            .any(|window| window.eq_ignore_ascii_case(needle))
 }
 
 /// Peak activation bytes on one device during vLLM's profile run: the forward pass over
@@ -500,7 +556,37 @@ mod tests {
         };
         let fit = serving_fit(&model, &weights, (h100, "NVIDIA H100"), 1, 1, &target);
         assert_eq!(fit.memory.activations, Bytes::ZERO);
-        assert_eq!(fit.memory.overhead, NON_TORCH);
+        // SGLang's fraction applies to what the runtime left free: the runtime's memory counts
+        // by that fraction.
+        assert_eq!(fit.memory.overhead, NON_TORCH.fraction(0.85));
+        assert_eq!(fit.memory.budget, h100.fraction(0.85));
+    }
+
+    #[test]
+    fn communication_buffers_follow_the_fabric() {
+        let nvlink = collective_overhead("NVIDIA H100 80GB HBM3");
+        assert_eq!(nvlink, COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead("NVIDIA H200"), COLLECTIVES_NVLINK);
+        assert_eq!(
+            collective_overhead("nvidia a100-sxm4-40gb"),
+            COLLECTIVES_NVLINK
+        );
+        assert_eq!(
+            collective_overhead("NVIDIA A100 80GB PCIe"),
+            COLLECTIVES_PCIE
+        );
+        assert_eq!(collective_overhead("NVIDIA H100 NVL"), COLLECTIVES_PCIE);
+        assert_eq!(collective_overhead("NVIDIA L40S"), COLLECTIVES_PCIE);
+        assert_eq!(collective_overhead("AMD Instinct MI300X"), COLLECTIVES_ROCM);
+        assert_eq!(collective_overhead(""), COLLECTIVES_PCIE);
+        // Only a replica that spans devices pays for them.
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let weights = WeightBytes::of(&model, Precision::Bf16);
+        let target = ServingTarget::new(8192, KvDtype::Auto, 0.9);
+        let h100 = (Bytes::gib(80), "NVIDIA H100 80GB HBM3");
+        let one = serving_fit(&model, &weights, h100, 1, 1, &target);
+        let two = serving_fit(&model, &weights, h100, 2, 1, &target);
+        assert_eq!(two.memory.overhead, one.memory.overhead + nvlink);
     }
 
     #[test]
