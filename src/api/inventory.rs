@@ -395,8 +395,9 @@ pub struct AcceleratorInventoryStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub expected_source: Option<String>,
-    /// Accelerators no placement holds (written by the controller, field manager
-    /// `hwaccel-controller`); absent until the controller has seen the node.
+    /// Plannable accelerators (every health but `unhealthy`) that no placement and no
+    /// allocated claim holds: the planner's free set on this node (written by the controller,
+    /// field manager `hwaccel-controller`); absent until the controller has seen the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_devices: Option<u32>,
 }
