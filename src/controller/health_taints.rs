@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 
 use super::context::{Context, FIELD_MANAGER};
-use super::core::fleet_stats::{NodeStats, Unhealthy};
+use super::core::fleet_figures::{NodeStats, Unhealthy};
 use super::core::fleet_view::FleetView;
 use super::core::health_taints::{
     HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,

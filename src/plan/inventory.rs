@@ -413,5 +413,4 @@ mod tests {
         let no_node = resolve_device(&nodes, "n2", "0000:18:00.0").unwrap_err();
         assert!(no_node.contains("its nodes: n1"), "{no_node}");
     }
-
 }

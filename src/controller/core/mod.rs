@@ -7,7 +7,7 @@
 //! | [`build`] | spec → planner request, plan → status |
 //! | [`claims`] | which ResourceClaims hold a plan |
 //! | [`claim_holdings`] | devices every allocated claim holds; claims that outlived their placement |
-//! | [`fleet_stats`] | devices, healthy, reserved, free per node and product; unhealthy nodes |
+//! | [`fleet_figures`] | the fleet's numbers per node and product label, asked of `src/fleet`; unhealthy nodes |
 //! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
 //! | [`health_taints`] | the health-taint mode, our Node taint, DeviceTaintRules |
 //! | [`ledger`] | which placement holds which devices |
@@ -25,7 +25,7 @@ pub mod claim_holdings;
 pub mod claims;
 pub mod decide;
 pub mod desired;
-pub mod fleet_stats;
+pub mod fleet_figures;
 pub mod fleet_view;
 pub mod health_taints;
 pub mod labels;
