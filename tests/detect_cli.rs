@@ -464,3 +464,57 @@ fn a_backend_stuck_past_the_overall_deadline_is_a_warning_and_the_rest_is_report
         Some("Intel(R) Xeon(R) Platinum 8488C")
     );
 }
+
+/// The `devices` of a report printed as JSON, with each device's `attributes.source` removed
+/// when `drop_source` (NVML and nvidia-smi describe the same GPU, and name themselves).
+fn devices_of(json: &str, drop_source: bool) -> serde_json::Value {
+    let mut report: serde_json::Value = serde_json::from_str(json).expect("a JSON report");
+    let mut devices = report["devices"].take();
+    if drop_source {
+        for device in devices.as_array_mut().expect("devices is a list") {
+            if let Some(attributes) = device["attributes"].as_object_mut() {
+                attributes.remove("source");
+            }
+        }
+    }
+    devices
+}
+
+#[test]
+fn replaying_a_real_gpu_vm_prints_what_hwaccel_printed_on_it() {
+    // fixtures/real/<host>/ holds what scripts/capture-gpu-host.sh recorded on a lent GPU
+    // machine, fixtures/hosts/<host>/ the same machine's files and nvidia-smi answers as a
+    // fixture tree (PROVENANCE.md beside them). Replayed, the tree must describe the devices
+    // exactly as the static binary did on the machine itself.
+    let utilities = utilities_dir();
+    for host in ["h100-1x-vm", "h200-1x-vm"] {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let real = fixtures.join("real").join(host).join("detect");
+        let on_the_machine = fs::read_to_string(real.join("musl.json")).expect("real capture");
+        let output = hwaccel(
+            &fixtures.join("hosts").join(host),
+            utilities.path(),
+            &["-o", "json"],
+        );
+        let replayed = stdout_of(&output, host).unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(
+            devices_of(&replayed, false),
+            devices_of(&on_the_machine, false),
+            "{host}: the replayed fixture differs from the machine's own report"
+        );
+
+        // The glibc build read the same GPU through NVML: every fact but the source agrees.
+        // Its run predates the single-node NUMA rule (`detect::pci::numa_node`: sysfs says -1,
+        // nvidia-smi's matrix says node 0), so NVML's device lacks the node the rule now adds.
+        let mut nvml = devices_of(
+            &fs::read_to_string(real.join("glibc.json")).expect("real NVML capture"),
+            true,
+        );
+        let mut smi = devices_of(&on_the_machine, true);
+        assert_eq!(smi[0]["numaNode"], 0, "{host}: nvidia-smi's NUMA affinity");
+        assert!(nvml[0].get("numaNode").is_none(), "{host}: {}", nvml[0]);
+        smi[0].as_object_mut().expect("device").remove("numaNode");
+        nvml[0].as_object_mut().expect("device").remove("numaNode");
+        assert_eq!(nvml, smi, "{host}: NVML and nvidia-smi disagree");
+    }
+}

@@ -116,10 +116,25 @@ pub fn link(host: &HostRoot, address: &str) -> Option<PcieLink> {
     (link != PcieLink::default()).then_some(link)
 }
 
-/// The NUMA node of a function (`numa_node` is -1 on single-node machines: `None`).
+/// The NUMA node of a function. The kernel writes -1 when the firmware names none, which is
+/// what virtual machines and many single-socket boards do; where the host has one NUMA node
+/// that node is still the answer, and it is the one `nvidia-smi topo -m` prints, so every
+/// source describes the same device the same way (seen on a real H100/H200 VM: sysfs -1,
+/// nvidia-smi `NUMA Affinity 0`; `fixtures/hosts/h200-1x-vm`). With several nodes, -1 stays
+/// unknown.
 pub fn numa_node(host: &HostRoot, address: &str) -> Option<u32> {
     let text = host.read_trimmed(format!("{PCI_DEVICES}/{address}/numa_node"))?;
-    text.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
+    match text.parse::<i64>().ok()? {
+        -1 => only_numa_node(host),
+        node => u32::try_from(node).ok(),
+    }
+}
+
+/// The host's NUMA node when it has exactly one online (`online` reads `0`, not `0-1`).
+fn only_numa_node(host: &HostRoot) -> Option<u32> {
+    host.read_trimmed("/sys/devices/system/node/online")?
+        .parse()
+        .ok()
 }
 
 /// The kernel driver bound to a function (`nvidia`, `amdgpu`, `neuron`).
@@ -208,6 +223,27 @@ mod tests {
         assert!(f(0x030200).is_accelerator_class());
         assert!(f(0x120000).is_accelerator_class());
         assert!(!f(0x020000).is_accelerator_class());
+    }
+
+    #[test]
+    fn unknown_numa_node_is_the_only_node_of_a_single_node_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let fs = |p: &str, text: &str| {
+            let path = root.join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        fs("sys/bus/pci/devices/0000:00:06.0/numa_node", "-1\n");
+        fs("sys/bus/pci/devices/0000:81:00.0/numa_node", "1\n");
+        let host = HostRoot::new(root);
+        // No node list at all: nothing to go on.
+        assert_eq!(numa_node(&host, "0000:00:06.0"), None);
+        fs("sys/devices/system/node/online", "0\n");
+        assert_eq!(numa_node(&host, "0000:00:06.0"), Some(0));
+        fs("sys/devices/system/node/online", "0-1\n");
+        assert_eq!(numa_node(&host, "0000:00:06.0"), None);
+        assert_eq!(numa_node(&host, "0000:81:00.0"), Some(1));
     }
 
     #[test]

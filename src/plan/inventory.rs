@@ -44,6 +44,15 @@ pub struct DeviceSpec {
     pub aliases: Vec<String>,
 }
 
+impl DeviceSpec {
+    /// The memory an engine can allocate on this device: the reported total less what the
+    /// driver keeps ([`super::runtime_memory`]). Every serving and training budget starts
+    /// from this; `memory` stays what the inventory and the vendor tool say.
+    pub fn runtime_memory(&self) -> Bytes {
+        super::runtime_memory::runtime_memory(self.vendor, &self.product, self.memory)
+    }
+}
+
 /// One node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

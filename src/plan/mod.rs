@@ -11,6 +11,7 @@
 //! | [`kv`] | KV-cache bytes per request |
 //! | [`layout`] | a replica's layout: pipeline stage split, expert parallelism, DP attention |
 //! | [`memory`] | serving memory budget per device (vLLM's equation) |
+//! | [`runtime_memory`] | what the runtime lets an engine allocate of a device's memory |
 //! | [`training`] | fine-tuning memory per method and ZeRO stage |
 //! | [`capability`] | which precisions a device and a model allow |
 //! | [`inventory`], [`products`], [`shorthand`] | hardware input |
@@ -35,6 +36,7 @@ pub mod model;
 pub mod products;
 pub mod report;
 pub mod request;
+pub mod runtime_memory;
 pub mod search;
 pub mod shorthand;
 pub mod throughput;

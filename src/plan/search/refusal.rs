@@ -84,7 +84,7 @@ fn largest(
     let fit = serving_fit(
         model,
         &weights,
-        (class.sample.memory, &class.sample.product),
+        (class.sample.runtime_memory(), &class.sample.product),
         tp,
         pp,
         target,

@@ -121,7 +121,7 @@ pub(super) fn plan(
                 if let Some(memory) = cheapest(
                     model,
                     target,
-                    (class.sample.memory, request.gpu_util),
+                    (class.sample.runtime_memory(), request.gpu_util),
                     class.free,
                 ) {
                     candidates.push(Candidate {
@@ -220,7 +220,7 @@ fn refuse(
         if training_precision(model, fleet, index, target.method, request.precision).is_err() {
             continue;
         }
-        let device = (class.sample.memory, request.gpu_util);
+        let device = (class.sample.runtime_memory(), request.gpu_util);
         let all = training_memory(model, target, class.free, 3, device);
         plan.reasons.push(format!(
             "{} x{}: even ZeRO-3 over all {} devices needs {} per device (budget {})",
