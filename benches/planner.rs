@@ -57,6 +57,7 @@ fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
             domain: None,
             bandwidth_tbps: None,
             aliases: Vec::new(),
+            driver_version: None,
         },
     };
     spec.domain = domain.map(str::to_string);

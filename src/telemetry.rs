@@ -3,8 +3,12 @@
 //! `cli` makes [`LogFormat`] a flag value. Every line is bounded in size ([`bounded`]).
 
 pub mod bounded;
+#[cfg(test)]
+pub(crate) mod capture;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,15 +26,32 @@ pub enum LogFormat {
 pub fn init(format: LogFormat, default_level: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(bounded::BoundedStderr);
+    // A second call finds a subscriber installed and leaves it.
     let _ = match format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
+        LogFormat::Json => json_subscriber(filter, bounded::BoundedStderr).try_init(),
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(bounded::BoundedStderr)
+            .with_target(false)
+            .finish()
             .try_init(),
-        LogFormat::Text => builder.with_target(false).try_init(),
     };
+}
+
+/// The JSON-lines subscriber: the event's fields flat, and under `spans` every span the line
+/// was logged in with its fields, outermost first (`{"name":"reconcile","placement":"ml/p"}`),
+/// which is how a line says which object it is about. `writer` is stderr in a pod and a
+/// buffer in tests.
+pub fn json_subscriber<W>(filter: EnvFilter, writer: W) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'writer> MakeWriter<'writer> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(true)
+        .finish()
 }

@@ -480,7 +480,8 @@ async fn a_hand_edited_placement_label_is_taken_back_and_the_node_stays_writable
     )
     .await?;
     let next = wait_state(&cluster, "next", "Planned").await?;
-    let next_key = controller::core::labels::placement_label_key(cluster.namespace(), "next");
+    let next_key =
+        controller::placement::core::labels::placement_label_key(cluster.namespace(), "next");
     wait_for(DEFAULT_TIMEOUT, "next Ready with its label", || {
         let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
         let (cluster, node, next_key) = (&cluster, &node, &next_key);
@@ -603,7 +604,8 @@ async fn competing_placements_never_share_devices_and_a_deletion_lets_the_next_i
     let second_now = wait_state(&cluster, "second", "Planned").await?;
     assert_eq!(devices_of(&second_now), b, "a held plan is stable");
     // The deleted placement's label is gone from the node; the others' are there.
-    let first_key = controller::core::labels::placement_label_key(cluster.namespace(), "first");
+    let first_key =
+        controller::placement::core::labels::placement_label_key(cluster.namespace(), "first");
     wait_for(DEFAULT_TIMEOUT, "first's label removed", || {
         let client = cluster.client();
         let node = node.clone();

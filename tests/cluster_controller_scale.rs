@@ -19,7 +19,7 @@ use anyhow::{Context as _, Result};
 use futures::{StreamExt, TryStreamExt};
 use hwaccel::api::placement::{ModelPlacementSpec, PrecisionChoice};
 use hwaccel::api::{AcceleratorInventory, ModelPlacement};
-use hwaccel::detect::Report;
+use hwaccel::hardware::Report;
 use hwaccel::hardware::{Family, GIB, InterconnectKind, Vendor};
 use hwaccel::testing::report::{ReportBuilder, accelerator, host_cpu};
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};

@@ -949,7 +949,7 @@ async fn set_first_gpu_health(cluster: &TestCluster, node: &str, health: &str) -
 #[ignore = "needs cluster"]
 async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -> Result<()> {
     use hwaccel::controller::HealthTaints;
-    use hwaccel::controller::core::health_taints::{TAINT_KEY, rule_name};
+    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name};
     use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
 
     let _turn = SLICES.lock().await;

@@ -20,7 +20,7 @@ use hwaccel::api::{AcceleratorInventory, DeviceAttribute, ModelPlacement, attrib
 use std::sync::Arc;
 use std::time::Duration;
 
-use hwaccel::controller::core::model_capacity::CountedModel;
+use hwaccel::controller::fleet::core::model_capacity::CountedModel;
 use hwaccel::controller::{CapacityCounting, HealthTaints};
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -34,14 +34,14 @@ use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
 /// The model the controller counts in units of replicas.
-const COUNTED: &str = "llama-3.1-70b@8192/bf16";
+const COUNTED: &str = "llama-3.1-70b@8192/fp8";
 
 /// The labels of the counted model's series.
 fn counted_labels() -> [(&'static str, &'static str); 3] {
     [
         ("model", "llama-3.1-70b"),
         ("context", "8192"),
-        ("precision", "bf16"),
+        ("precision", "fp8"),
     ]
 }
 
@@ -210,13 +210,12 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
         };
     });
 
-    // Before any placement: every healthy device is free, and 70B in BF16 at 8k tokens (four
-    // H100s a replica once NVLink's communication buffers are paid, as the planner counts
-    // since the runtime-memory calibration) fits twice.
-    wait_for(DEFAULT_TIMEOUT, "2 replicas of the counted model", || {
+    // Before any placement: every healthy device is free, and 70B in FP8 at 8k tokens (TP 2
+    // on an H100: one device leaves no room for a request's KV cache) fits four times.
+    wait_for(DEFAULT_TIMEOUT, "4 replicas of the counted model", || {
         let text = scrape(&registry);
         async move {
-            Ok((sum(&text, "hwaccel_fleet_model_replicas", &counted_labels()) == 2).then_some(()))
+            Ok((sum(&text, "hwaccel_fleet_model_replicas", &counted_labels()) == 4).then_some(()))
         }
     })
     .await?;
@@ -286,7 +285,7 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
         "{text}"
     );
     assert_eq!(sum(&text, "hwaccel_fleet_nodes_missing_devices", &[]), 0);
-    // The count follows the placement: fours of the devices left, the rest stranded.
+    // The count follows the placement: pairs of the devices left, an odd one stranded.
     wait_for(
         DEFAULT_TIMEOUT,
         "the counted model after the placement",
@@ -300,7 +299,7 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
                     &counted_labels(),
                 );
                 Ok(
-                    ((replicas, stranded) == (expected_free as i64 / 4, expected_free as i64 % 4))
+                    ((replicas, stranded) == (expected_free as i64 / 2, expected_free as i64 % 2))
                         .then_some(()),
                 )
             }

@@ -25,7 +25,9 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use hwaccel::api::ModelPlacement;
-use hwaccel::api::placement::{ModelPlacementSpec, ModelPlacementStatus, PrecisionChoice};
+use hwaccel::api::placement::{
+    EngineSpec, ModelPlacementSpec, ModelPlacementStatus, PrecisionChoice,
+};
 use hwaccel::controller::HealthTaints;
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
@@ -83,6 +85,17 @@ async fn plan(
         }
     })
     .await
+}
+
+/// The fixture nodes run NVIDIA driver 550.90.07 (a DGX H100 capture): today's vLLM image is a
+/// CUDA 13 build that needs 580, so these placements name vLLM 0.20, the last CUDA 12 image,
+/// as a user of such nodes must (the controller says so otherwise; checked below).
+fn on_cuda_12(mut spec: ModelPlacementSpec) -> ModelPlacementSpec {
+    spec.engine = Some(EngineSpec {
+        version: Some("0.20.0".into()),
+        ..EngineSpec::default()
+    });
+    spec
 }
 
 /// `kubectl get mp NAME -o yaml | hwaccel plan --emit KIND --placement -`; the YAML stream.
@@ -183,7 +196,23 @@ async fn a_rendered_deployment_is_accepted_and_scheduled_onto_the_planned_nodes(
         .replicas(2)
         .precision(PrecisionChoice::Bf16)
         .spec();
-    let status = plan(&cluster, "llama", spec).await?;
+    // Unstated, the engine is today's vLLM, whose image the nodes' driver cannot run: the
+    // status says why instead of naming an image that would crash at start-up.
+    let today = plan(&cluster, "llama-today", spec.clone()).await?;
+    let refusal = today
+        .engine
+        .as_ref()
+        .and_then(|engine| engine.image_refusal.clone())
+        .context("a refusal for today's vLLM on driver 550")?;
+    ensure!(
+        refusal.contains("550.90.07") && refusal.contains("580"),
+        "{refusal}"
+    );
+    // It holds the GPUs it was planned on; give them back before the runnable one.
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("llama-today", &Default::default())
+        .await?;
+    let status = plan(&cluster, "llama", on_cuda_12(spec)).await?;
     assert_eq!(status.allocation.as_deref(), Some("labels"), "{status:?}");
     let planned: BTreeSet<String> = status.assignments.iter().map(|a| a.node.clone()).collect();
     let layout = status.plan.clone().context("a plan")?;
@@ -195,6 +224,7 @@ async fn a_rendered_deployment_is_accepted_and_scheduled_onto_the_planned_nodes(
 
     let yaml = render(&cluster, "llama", "deployment").await?;
     assert!(yaml.contains("kind: Deployment"), "{yaml}");
+    assert!(yaml.contains("vllm/vllm-openai:v0.20.0"), "{yaml}");
     let tp = format!(
         "- --tensor-parallel-size\n        - \"{}\"",
         layout.tensor_parallel
@@ -253,7 +283,7 @@ async fn a_disaggregated_placement_renders_one_deployment_per_pool_onto_its_role
         .precision(PrecisionChoice::Bf16)
         .disaggregated(Some(2))
         .spec();
-    let status = plan(&cluster, "pd", spec).await?;
+    let status = plan(&cluster, "pd", on_cuda_12(spec)).await?;
     let prefill = status
         .prefill
         .clone()
@@ -315,7 +345,7 @@ async fn a_rendered_leader_worker_set_validates_and_its_pods_land_on_the_planned
         .context(8192)
         .precision(PrecisionChoice::Bf16)
         .spec();
-    let status = plan(&cluster, "big", spec).await?;
+    let status = plan(&cluster, "big", on_cuda_12(spec)).await?;
     let replicas = nodes_by_replica(&status);
     let group: Vec<String> = replicas
         .get(&0)

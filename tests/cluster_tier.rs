@@ -18,6 +18,7 @@ mod cluster_agent_phantoms;
 mod cluster_basics;
 mod cluster_controller;
 mod cluster_controller_scale;
+mod cluster_controller_start;
 mod cluster_disaggregated;
 mod cluster_dra;
 mod cluster_dra_classes;

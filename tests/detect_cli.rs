@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use hwaccel::detect::Report;
+use hwaccel::hardware::Report;
 
 /// Utilities the stand-in scripts may call; none of them knows about accelerators.
 const SCRIPT_UTILITIES: &[&str] = &[

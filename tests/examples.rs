@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use hwaccel::api::ModelPlacement;
-use hwaccel::controller::core::build::request_from_spec;
+use hwaccel::controller::placement::core::request::request_from_spec;
 
 #[test]
 fn every_example_placement_is_valid_and_fully_applied() {

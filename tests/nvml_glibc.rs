@@ -25,7 +25,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use hwaccel::detect::Report;
+use hwaccel::hardware::Report;
 use hwaccel::hardware::{Device, HealthStatus, Vendor};
 
 /// The fake's GPUs as sysfs names them: `(address, vendor, device, class)`. 0x20b2 is the

@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::conditions::{self, DEVICES_MISSING};
 use crate::api::{InventoryDevice, attribute};
-use crate::detect::Report;
 use crate::fleet::expected::{EXPECTED_DEVICES_ANNOTATION, Expected, ExpectedSource};
+use crate::hardware::Report;
 
 /// The condition's reason while devices are missing.
 pub const REASON_MISSING: &str = "DevicesMissing";

@@ -16,9 +16,9 @@ use kube::api::{Api, ListParams};
 
 use crate::api::dra::PublishedDevice;
 use crate::api::dra::slices::published_devices;
-use crate::detect::Report;
 use crate::detect::pci::canonical_bus_id;
 use crate::hardware::Device;
+use crate::hardware::Report;
 
 /// Slices asked for per page; a node has a few.
 const PAGE: u32 = 100;

@@ -160,7 +160,7 @@ impl DeviceRow {
 
 /// `value` cut to [`MAX_LABEL_VALUE_LENGTH`] bytes at a character boundary.
 fn bounded(value: &str) -> String {
-    crate::labels::truncate_at_char_boundary(value, MAX_LABEL_VALUE_LENGTH).to_string()
+    crate::names::truncate_at_char_boundary(value, MAX_LABEL_VALUE_LENGTH).to_string()
 }
 
 /// The node's count of expected, present and missing accelerators.

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::detect::Report;
+use crate::hardware::Report;
 use crate::hardware::{Device, InterconnectGroup};
 
 /// Default number of consecutive clean misses before a device is removed.
@@ -199,7 +199,7 @@ impl PresenceTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::Warning;
+    use crate::hardware::Warning;
     use crate::hardware::{Family, InterconnectKind, Vendor};
 
     fn gpu(id: &str) -> Device {

@@ -52,11 +52,12 @@ use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
 use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
 use crate::backoff::{Backoff, Retries};
-use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, ProcessView, Report};
+use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, ProcessView};
 use crate::fleet::expected::{
     EXPECTED_DEVICES_ANNOTATION, Expected, ExpectedInputs, ExpectedSource, INSTANCE_TYPE_LABEL,
 };
 use crate::hardware::HealthStatus;
+use crate::hardware::Report;
 use crate::labels;
 use crate::server::Readiness;
 use std::collections::BTreeSet;
@@ -238,7 +239,7 @@ impl Agent {
             Err(err) => {
                 self.metrics.failed("detect");
                 let mut report = Report::empty();
-                report.warnings.push(crate::detect::Warning {
+                report.warnings.push(crate::hardware::Warning {
                     backend: "agent".into(),
                     message: format!("detection thread failed: {err}"),
                 });

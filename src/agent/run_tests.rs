@@ -15,7 +15,8 @@ use super::metrics::AgentMetrics;
 use super::run::{Agent, AgentConfig, PublishOutcome};
 use crate::api::AcceleratorInventory;
 use crate::controller::fake_apiserver::FakeApiserver;
-use crate::detect::{HostRoot, ProcessView, Report};
+use crate::detect::{HostRoot, ProcessView};
+use crate::hardware::Report;
 use crate::testing::fixture::{fixture_report, host_dir};
 
 const NODE: &str = "n1";

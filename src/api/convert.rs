@@ -23,18 +23,16 @@ use super::inventory::{
     MAX_ATTRIBUTE_STRING_LENGTH, attribute,
 };
 use super::{bounds, quantity};
-use crate::detect::Report;
 use crate::detect::pci::canonical_bus_id;
 use crate::fleet::device_state::{Counts, DeviceFacts, DeviceState};
 use crate::fleet::health::{NodeInput, UNKNOWN_PRODUCT};
+use crate::hardware::Report;
 use crate::hardware::{
     CpuInfo, Device, Family, Health, HealthStatus, InterconnectGroup, NodeFacts, NumaNode,
     Partition, PcieLink, Precision, Vendor,
 };
-use crate::labels::{
-    hash_hex, product_label_value, product_slug, shorten_with_hash, slugify,
-    truncate_at_char_boundary,
-};
+use crate::labels::{product_label_value, product_slug};
+use crate::names::{hash_hex, shorten_with_hash, slugify, truncate_at_char_boundary};
 use crate::plan::NodeSpec;
 
 /// The longest DNS label, the limit on a device name.
@@ -210,7 +208,7 @@ impl AcceleratorInventorySpec {
             fitted
                 .warnings
                 .truncate(bounds::room_for_one_more(schema, "warnings"));
-            fitted.warnings.push(crate::detect::Warning {
+            fitted.warnings.push(crate::hardware::Warning {
                 backend: "inventory".to_string(),
                 message: format!(
                     "cut to fit the AcceleratorInventory size limits: {}",

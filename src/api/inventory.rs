@@ -17,7 +17,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::detect::Warning;
+use crate::hardware::Warning;
 use crate::hardware::{InterconnectGroup, NetworkAdapter, RuntimeEnv};
 
 /// DRA's limit on attributes plus capacities per device.

@@ -2,7 +2,7 @@
 //! and to the core detection types, status-condition helpers, and the generated CRD YAML.
 //!
 //! Only this module and the ones that talk to a cluster import `kube`; the conversions depend
-//! on the pure core (`detect::Report`, `hardware`, `labels` for product slugs), never the
+//! on the pure core (`hardware`, its `Report`, `labels` for product slugs), never the
 //! other way round.
 
 pub mod bounds;

@@ -19,8 +19,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
-use crate::controller::core::ledger::Ledger;
-use crate::controller::dereference::holding_from_status;
+use crate::controller::placement::core::ledger::Ledger;
+use crate::controller::placement::dereference::holding_from_status;
 use crate::fleet::health::NodeInput;
 use crate::plan::Reservations;
 use crate::plan::error::{PlanError, Result};

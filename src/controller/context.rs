@@ -20,8 +20,8 @@ use tokio::sync::{Mutex, MutexGuard, Notify, mpsc};
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use super::core::fleet_view::{FleetView, PartCache};
-use super::core::ledger::{Ledger, PlacementKey};
 use super::metrics::ControllerMetrics;
+use super::placement::core::ledger::{Ledger, PlacementKey};
 
 /// The field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "hwaccel-controller";
@@ -39,11 +39,11 @@ pub struct State {
     /// Last state per placement, for the gauges.
     pub states: BTreeMap<PlacementKey, &'static str>,
     /// The planner's view of the fleet and the fleet epoch it was built at.
-    pub(super) fleet_cache: Option<(u64, Arc<FleetView>)>,
+    pub(crate) fleet_cache: Option<(u64, Arc<FleetView>)>,
     /// Converted inventories, so a rebuild converts only the changed ones.
-    pub(super) parts: PartCache,
+    pub(crate) parts: PartCache,
     /// Nodes whose inventory disappeared while the Node stayed, and since when.
-    pub(super) missing_inventories: BTreeMap<String, Instant>,
+    pub(crate) missing_inventories: BTreeMap<String, Instant>,
 }
 
 /// Everything a reconcile needs.
@@ -78,7 +78,7 @@ pub struct Context {
     ///
     /// [`Config`]: super::Config
     pub inventory_grace: Duration,
-    /// Wakes the fleet pass (`fleet_loop.rs`): inventories, holdings or states changed.
+    /// Wakes the fleet pass (`fleet/pass.rs`): inventories, holdings or states changed.
     pub fleet_changed: Arc<Notify>,
     /// The one namespace whose placements this controller reconciles (`Config::namespace`);
     /// `None` for all. The claim watch is cluster-wide, so this says which claims it may judge.
@@ -86,7 +86,7 @@ pub struct Context {
 }
 
 /// Takes the reconcile lock, recording how long that took.
-pub(super) async fn lock<'a>(
+pub(crate) async fn lock<'a>(
     ctx: &'a Context,
     waited: &std::sync::Mutex<Duration>,
 ) -> MutexGuard<'a, State> {

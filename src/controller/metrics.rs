@@ -1,5 +1,5 @@
-//! The controller's Prometheus metrics: how long reconciles take, why they fail, how many
-//! placements are in each state, and how many devices are reserved.
+//! The controller's Prometheus metrics: how long reconciles take, which step failed, which
+//! writes failed, how many placements are in each state, and how many devices are reserved.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -16,11 +16,26 @@ const RECONCILE_BUCKETS: [f64; 18] = [
 ];
 use prometheus_client::registry::Registry;
 
-/// Label set naming why a reconcile failed.
+use super::placement::step::Step;
+
+fn step_label(step: Step) -> StepLabel {
+    StepLabel {
+        step: step.as_label().to_string(),
+    }
+}
+
+/// Label set naming which write failed.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// `status`, `node_labels`, `finalizer`, `event`...
+    /// The object written: `status`, `node_labels`, `event`, `inventory_status`...
     pub reason: String,
+}
+
+/// Label set naming the step of a reconcile that failed.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabel {
+    /// [`Step::as_label`]: `dereference`, `claims`, `template`, `apply`, `status`, `finalizer`.
+    pub step: String,
 }
 
 /// Label set naming a placement state.
@@ -65,8 +80,10 @@ pub struct ControllerMetrics {
     pub lock_wait_seconds: Histogram,
     /// Reconciles run.
     pub reconciles: Counter,
-    /// Failed reconciles by reason.
+    /// Failed API writes by the object written (reconciles and fleet passes).
     pub errors: Family<ReasonLabel, Counter>,
+    /// Failed reconciles by the step that failed.
+    pub failures: Family<StepLabel, Counter>,
     /// Placements by state, as last reconciled.
     pub placements: Family<StateLabel, Gauge>,
     /// Devices reserved by placements.
@@ -78,7 +95,7 @@ pub struct ControllerMetrics {
     /// Stored objects the controller skipped, by kind and reason.
     pub skipped: Family<SkipLabel, Counter>,
     /// The fleet's gauges (`hwaccel_fleet_*`, `hwaccel_placement_*`).
-    pub fleet: super::fleet_metrics::FleetMetrics,
+    pub fleet: super::fleet::metrics::FleetMetrics,
     /// Nodes and devices health taints cover (`enforce`) or would cover (`dryRun`): Node
     /// taints plus DeviceTaintRules.
     pub health_taint_targets: Gauge,
@@ -94,12 +111,13 @@ impl ControllerMetrics {
             lock_wait_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             reconciles: Counter::default(),
             errors: Family::default(),
+            failures: Family::default(),
             placements: Family::default(),
             devices_reserved: Gauge::default(),
             api_writes: Family::default(),
             api_write_seconds: Family::new_with_constructor(reconcile_histogram),
             skipped: Family::default(),
-            fleet: super::fleet_metrics::FleetMetrics::register(registry),
+            fleet: super::fleet::metrics::FleetMetrics::register(registry),
             health_taint_targets: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("hwaccel_controller");
@@ -130,9 +148,18 @@ impl ControllerMetrics {
         );
         registry.register(
             "reconcile_errors",
-            "Failed reconciles by reason",
+            "Failed API writes of reconciles and fleet passes, by the object written",
             metrics.errors.clone(),
         );
+        registry.register(
+            "reconcile_failures",
+            "Failed ModelPlacement reconciles, by the step that failed",
+            metrics.failures.clone(),
+        );
+        // Every step's series exists from the start, so a rate over it is 0 rather than absent.
+        for step in Step::ALL {
+            metrics.failures.get_or_create(&step_label(step)).inc_by(0);
+        }
         registry.register(
             "placements",
             "ModelPlacements by state",
@@ -190,7 +217,12 @@ impl ControllerMetrics {
             .inc();
     }
 
-    /// Counts a failed reconcile.
+    /// Counts a failed reconcile under the step that failed.
+    pub fn reconcile_failed(&self, step: Step) {
+        self.failures.get_or_create(&step_label(step)).inc();
+    }
+
+    /// Counts a failed API write of `reason` (the object written).
     pub fn failed(&self, reason: &str) {
         self.errors
             .get_or_create(&ReasonLabel {

@@ -1,46 +1,38 @@
-//! The ModelPlacement controller: `hwaccel controller`.
+//! The ModelPlacement controller: `hwaccel controller`. Three control loops, one folder each,
+//! each a pure core beside a thin driver, plus what they share.
 //!
 //! | module | job |
 //! |---|---|
-//! | [`core`] | the pure placement core: decide, ledger, fleet view, build, desired status |
-//! | [`reconcile`] | one reconcile: dereference → decide → apply → status, finalizer |
-//! | [`dereference`] | what a decision reads, from the watch caches |
-//! | [`apply`] | placement labels onto Nodes by server-side apply |
-//! | [`status`] | the status subresource and Events |
-//! | [`context`] | what reconciles share: client, caches, metrics, the state lock |
+//! | [`placement`] | the placement loop: one reconcile per ModelPlacement (dereference → validate → build → apply → status) |
+//! | [`fleet`] | the fleet loop: gauges, `status.freeDevices`, Node Events, model capacity |
+//! | [`taints`] | the health-taint loop (`--health-taints`): Node taints, DeviceTaintRules |
+//! | [`core`] | the pure core they share: the planner's view of the fleet |
+//! | [`context`] | what the loops share: client, caches, metrics, the state lock |
+//! | [`crds`] | start-up check: our CRDs are served, or the controller exits saying so |
 //! | [`node_changes`] | which Node watch events matter: fleet labels, placement labels |
+//! | `dra_watch` | the ResourceClaim and ResourceSlice watches, where the apiserver serves them |
 //! | [`leader`] | Lease-based leader election |
 //! | [`metrics`] | Prometheus metrics |
-//! | [`fleet_metrics`] | the fleet gauges: devices per product, per placement |
-//! | `fleet_loop` | one pass per burst of changes: gauges, `status.freeDevices`, Node Events |
-//! | `health_taints` | `--health-taints`: Node taints, DeviceTaintRules, dry-run reports |
 //!
 //! [`run`] wires it together: watch caches of AcceleratorInventories and Node metadata, the
 //! reservation ledger rebuilt from every placement's status, and a kube-runtime `Controller`
 //! over ModelPlacements that reconciles all of them again (debounced) whenever an inventory
 //! changes. See `docs/controller.md`.
 
-pub mod apply;
-pub mod claim_template;
-pub mod claims;
 pub mod context;
 pub mod core;
-pub mod dereference;
+pub mod crds;
 mod dra_watch;
 #[cfg(test)]
 pub(crate) mod fake_apiserver;
-mod fleet_loop;
-pub mod fleet_metrics;
-mod health_taints;
+pub mod fleet;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
-pub mod reconcile;
+pub mod placement;
 #[cfg(test)]
-mod reconcile_claims_tests;
-#[cfg(test)]
-mod reconcile_tests;
-pub mod status;
+mod spans_tests;
+pub mod taints;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -57,18 +49,20 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Client, Resource};
 use tokio::sync::{Mutex, mpsc};
+use tracing::Instrument;
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::context::{Context, State};
-pub use self::core::health_taints::HealthTaints;
-use self::core::ledger::Ledger;
-use self::dereference::holding_from_status;
 use self::dra_watch::dra_watches;
-pub use self::fleet_loop::CapacityCounting;
+pub use self::fleet::CapacityCounting;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
-use self::reconcile::{error_policy, reconcile};
+use self::placement::core::ledger::Ledger;
+use self::placement::dereference::{self, holding_from_status};
+use self::placement::reconcile::{error_policy, reconcile};
+use self::placement::{apply, core::labels::is_placement_label};
+pub use self::taints::HealthTaints;
 
 /// How long a graceful shutdown may take before the controller is dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -115,7 +109,7 @@ impl Config {
             inventory_grace: Duration::from_secs(300),
             reconciles: crate::health::Work::default(),
             health_taints: HealthTaints::None,
-            taint_check: health_taints::TAINT_CHECK,
+            taint_check: taints::sync::TAINT_CHECK,
             capacity: CapacityCounting::default(),
         }
     }
@@ -131,8 +125,20 @@ impl Config {
 /// Placements per page when the controller lists them (each up to ~70 KiB as stored).
 const PLACEMENT_PAGE: u32 = 50;
 
-/// Runs the controller until `shutdown` resolves (or a watch fails for good).
+/// Runs the controller until `shutdown` resolves (or a watch fails for good). Fails at once
+/// when the apiserver does not serve our CRDs ([`crds::ensure_served`]).
 pub async fn run(
+    client: Client,
+    config: Config,
+    metrics: ControllerMetrics,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    crds::ensure_served(&client).await?;
+    run_served(client, config, metrics, shutdown).await
+}
+
+/// [`run`], once the CRDs are known to be served.
+async fn run_served(
     client: Client,
     config: Config,
     metrics: ControllerMetrics,
@@ -338,7 +344,7 @@ async fn run_controller(
         });
     // The label repair and the fleet pass live exactly as long as the controller (they
     // write, so only while this replica leads).
-    let fleet = fleet_loop::run(
+    let fleet = fleet::pass::run(
         ctx.clone(),
         (config.health_taints, config.taint_check),
         config.selector.clone(),
@@ -365,8 +371,12 @@ async fn restore_placement_labels(
         while let Ok(node) = changed.try_recv() {
             nodes.insert(node);
         }
+        let span = tracing::info_span!("label_repair", nodes = ?nodes);
         let mut state = ctx.state.lock().await;
-        match apply::sync_node_labels(&ctx, &mut state, &nodes).await {
+        match apply::sync_node_labels(&ctx, &mut state, &nodes)
+            .instrument(span.clone())
+            .await
+        {
             // A Node the controller wrote moments ago may show an older label set because
             // the watch lags; look again once the write must have arrived.
             Ok(unconfirmed) => {
@@ -378,9 +388,9 @@ async fn restore_placement_labels(
                     });
                 }
             }
-            Err(err) => {
+            Err(err) => span.in_scope(|| {
                 tracing::warn!(error = %err, "restoring placement labels failed; the periodic reconcile retries");
-            }
+            }),
         }
     }
 }
@@ -426,7 +436,7 @@ async fn clean_stale_labels(ctx: &Context) -> anyhow::Result<()> {
             node.meta()
                 .labels
                 .as_ref()
-                .is_some_and(|l| l.keys().any(|k| core::labels::is_placement_label(k)))
+                .is_some_and(|l| l.keys().any(|k| is_placement_label(k)))
         })
         .filter_map(|node| node.meta().name.clone())
         .collect();
@@ -483,11 +493,16 @@ pub async fn run_elected(
         let _ = stop_rx_wait.wait_for(|s| *s).await;
     };
     tokio::pin!(shutdown);
+    // Before the Lease: a standby replica without CRDs exits too, rather than wait to lead.
+    tokio::select! {
+        served = crds::ensure_served(&client) => served?,
+        () = &mut shutdown => return Ok(()),
+    }
     let mut leadership = tokio::select! {
         leadership = leader::acquire(client.clone(), lease, on_contact) => leadership?,
         () = &mut shutdown => return Ok(()),
     };
-    let controller = run(client, config, metrics, stopped);
+    let controller = run_served(client, config, metrics, stopped);
     tokio::pin!(controller);
     tokio::select! {
         result = &mut controller => { leadership.release().await; result }

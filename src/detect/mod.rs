@@ -35,7 +35,9 @@ pub use command::{
 pub use host::{FileReadError, HostRoot, parse_u64, read_at_most};
 pub use pci::PciFunction;
 pub use process::ProcessView;
-pub use report::{BackendRun, BackendTiming, Findings, Report, SCHEMA_VERSION, Warning, merge};
+pub use report::{BackendRun, Findings, merge};
+// The report is `hardware`'s; detection is what makes one, so its paths stay here too.
+pub use crate::hardware::{BackendTiming, Report, SCHEMA_VERSION, Warning};
 pub use selection::{BackendSelection, SelectionError};
 
 /// What a backend gets to look at.

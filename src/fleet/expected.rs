@@ -90,7 +90,7 @@ pub enum AnnotationError {
 const QUOTED_VALUE_LENGTH: usize = 32;
 
 fn quoted(value: &str) -> String {
-    crate::labels::truncate_at_char_boundary(value, QUOTED_VALUE_LENGTH).to_string()
+    crate::names::truncate_at_char_boundary(value, QUOTED_VALUE_LENGTH).to_string()
 }
 
 /// Reads the annotation: ASCII digits only (surrounding blanks allowed), at most

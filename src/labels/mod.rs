@@ -12,16 +12,13 @@
 //! - **No churn.** Nothing time-dependent or health-dependent is a label; the same report
 //!   gives the same labels, byte for byte, whatever the order devices were found in.
 
-mod validate;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::detect::Report;
+use crate::hardware::Report;
 use crate::hardware::{Device, GIB, Precision};
-
-pub use validate::{
-    HASH_SUFFIX_LENGTH, MAX_LABEL_LENGTH, MAX_PREFIX_LENGTH, hash_hex, is_valid_label_key,
-    is_valid_label_value, sanitize_value, shorten_with_hash, slugify, truncate_at_char_boundary,
+use crate::names::{
+    MAX_LABEL_LENGTH, is_valid_label_key, sanitize_value_noting_shortening, shorten_with_hash,
+    slugify,
 };
 
 /// The prefix of every label this crate owns (and the only one the agent ever writes).
@@ -51,7 +48,7 @@ impl Labels {
             self.shortened
                 .push((key.clone(), format!("{LABEL_PREFIX}{name}")));
         }
-        let Some((value, shortened)) = validate::sanitize_value_noting_shortening(raw_value) else {
+        let Some((value, shortened)) = sanitize_value_noting_shortening(raw_value) else {
             let reason = format!("value {raw_value:?} has no characters a label value allows");
             self.dropped.push((key, reason));
             return;

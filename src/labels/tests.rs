@@ -5,6 +5,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::hardware::{Family, InterconnectGroup, InterconnectKind, Partition, Vendor};
+use crate::names::{hash_hex, is_valid_label_value};
 use crate::testing::arbitrary::arb_report;
 use crate::testing::golden::assert_golden;
 use crate::testing::report::{

@@ -255,7 +255,11 @@ pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings
             push(&mut vllm, "--kv-cache-memory-bytes", pool.0);
         }
     }
-    let (image, image_refusal) = match plan.device.as_deref().map(device_facts) {
+    let facts = plan
+        .device
+        .as_deref()
+        .map(|product| device_facts(product, plan.driver_version.as_deref()));
+    let (image, image_refusal) = match facts {
         Some(device) => match images::image_for(choice, device) {
             Ok(picked) => {
                 notes.extend(picked.notes);
@@ -347,7 +351,7 @@ fn hugging_face_id(name: &str) -> Option<String> {
 }
 
 /// Vendor and family of a product name: from the product table, else from the name.
-fn device_facts(product: &str) -> images::DeviceFacts<'_> {
+fn device_facts<'a>(product: &'a str, driver_version: Option<&'a str>) -> images::DeviceFacts<'a> {
     let (vendor, family) = match products::lookup(product, None) {
         Some(known) => (known.vendor, known.family),
         None => {
@@ -374,6 +378,7 @@ fn device_facts(product: &str) -> images::DeviceFacts<'_> {
         vendor,
         family,
         product,
+        driver_version,
     }
 }
 

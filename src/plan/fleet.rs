@@ -222,6 +222,22 @@ impl<'a> Fleet<'a> {
             .map_or(0, |c| c.bins.iter().map(|b| u64::from(b.free / tp)).sum())
     }
 
+    /// The oldest kernel driver among the devices `assignments` use, when any states one.
+    pub fn oldest_driver(&self, assignments: &[Assignment]) -> Option<String> {
+        let versions = assignments.iter().flat_map(|assignment| {
+            let node = self.nodes.iter().find(|node| node.name == assignment.node);
+            assignment.devices.iter().filter_map(move |id| {
+                node?
+                    .devices
+                    .iter()
+                    .find(|device| device.id == *id)?
+                    .driver_version
+                    .as_deref()
+            })
+        });
+        crate::plan::engine::images::oldest_driver(versions).map(str::to_string)
+    }
+
     /// Places `shape` on devices of `class`, using at most `max_nodes` nodes. TP groups wider
     /// than a node go to multi-node NVLink domains.
     pub fn place(&self, class: usize, shape: Shape, max_nodes: Option<u32>) -> Option<Placement> {

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::detect::Report;
+use crate::hardware::Report;
 use crate::hardware::{Device, Family, InterconnectKind, NicKind, Precision, Vendor};
 
 use super::products::{self, CONSERVATIVE_PRECISIONS};
@@ -42,6 +42,10 @@ pub struct DeviceSpec {
     /// besides `id`; what `--reserved NODE/DEVICE` and placement files are matched against.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
+    /// The kernel driver's version as detection read it (`580.159.04`), when known: the
+    /// engine images' minimum driver is checked against it (`engine::images`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
 }
 
 impl DeviceSpec {
@@ -293,6 +297,7 @@ fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> Device
         domain,
         bandwidth_tbps: product.map(|p| p.bandwidth_tbps),
         aliases: device.uuid.iter().cloned().collect(),
+        driver_version: device.driver_version.clone(),
     }
 }
 

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::detect::{FileReadError, Report, read_at_most};
+use crate::detect::{FileReadError, read_at_most};
+use crate::hardware::Report;
 
 use super::error::{PlanError, Result};
 use super::inventory::NodeSpec;

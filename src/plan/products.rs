@@ -449,6 +449,7 @@ impl Product {
             domain: None,
             bandwidth_tbps: Some(self.bandwidth_tbps),
             aliases: Vec::new(),
+            driver_version: None,
         }
     }
 }

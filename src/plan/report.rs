@@ -98,6 +98,10 @@ pub struct Plan {
     pub concurrency: Option<u64>,
     /// The device product used.
     pub device: Option<String>,
+    /// The oldest kernel driver among the devices used, when the hardware states one (the
+    /// engine image's minimum is checked against it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
     /// Tensor-parallel size.
     pub tp: Option<u32>,
     /// Pipeline-parallel size.
@@ -155,6 +159,7 @@ impl Plan {
             context: None,
             concurrency: None,
             device: None,
+            driver_version: None,
             tp: None,
             pp: None,
             replicas: None,

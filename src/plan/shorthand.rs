@@ -220,6 +220,7 @@ fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<Devi
         domain: None,
         bandwidth_tbps: None,
         aliases: Vec::new(),
+        driver_version: None,
     })
 }
 

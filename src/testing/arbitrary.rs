@@ -7,11 +7,11 @@
 use proptest::prelude::*;
 
 use super::report::report_with;
-use crate::detect::{Report, Warning};
 use crate::hardware::{
     Device, Family, Health, HealthStatus, InterconnectGroup, InterconnectKind, Partition,
     Precision, Vendor,
 };
+use crate::hardware::{Report, Warning};
 
 fn arb_text() -> impl Strategy<Value = String> {
     prop_oneof![

@@ -9,7 +9,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, Report};
+use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot};
+use crate::hardware::Report;
 
 /// The backends a fixture report runs unless told otherwise.
 pub const FIXTURE_BACKENDS: &str = "all,-vulkan";

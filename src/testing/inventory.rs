@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::fixture::fixture_report;
 use crate::api::AcceleratorInventory;
-use crate::detect::Report;
+use crate::hardware::Report;
 
 /// The inventory of `node`, detected from fixture host `scenario`.
 pub fn fixture_inventory(scenario: &str, node: &str) -> AcceleratorInventory {

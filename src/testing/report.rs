@@ -7,11 +7,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::detect::{Report, Warning};
 use crate::hardware::{
     CpuInfo, Device, Family, GIB, HealthStatus, InterconnectGroup, InterconnectKind, MIB,
     NetworkAdapter, NicKind, NumaNode, PcieLink, Precision, RuntimeEnv, Vendor,
 };
+use crate::hardware::{Report, Warning};
 
 /// Hopper's precisions (H100 datasheet: FP64/FP32/TF32/BF16/FP16/FP8/INT8 tensor cores).
 pub fn hopper() -> BTreeSet<Precision> {

@@ -349,7 +349,7 @@ fn an_absurd_report_is_cut_to_the_bounds_and_says_so() {
         })
         .collect();
     report.warnings = (0..5000)
-        .map(|i| crate::detect::Warning {
+        .map(|i| crate::hardware::Warning {
             backend: "nvidia".into(),
             message: format!("warning {i} {}", "x".repeat(10_000)),
         })

@@ -17,7 +17,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
-use crate::labels::{hash_hex, shorten_with_hash};
+use crate::names::{hash_hex, shorten_with_hash};
 
 use super::DeviceRef;
 

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
 use crate::detect::pci::canonical_bus_id;
-use crate::labels::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
+use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
 use crate::plan::products::{self, CONSERVATIVE_PRECISIONS};
 use crate::plan::units::Bytes;
 use crate::plan::{DeviceSpec, NodeSpec};
@@ -154,6 +154,7 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
                 domain: None,
                 bandwidth_tbps: None,
                 aliases: Vec::new(),
+                driver_version: None,
             },
             None => {
                 merged.notes.push(format!(

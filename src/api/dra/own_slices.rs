@@ -26,7 +26,7 @@ use super::drivers::STANDARD_PCI_BUS_ID;
 use super::slices::published_devices;
 use crate::api::inventory::{DeviceAttribute, InventoryDevice, attribute};
 use crate::detect::pci::canonical_bus_id;
-use crate::labels::shorten_with_hash;
+use crate::names::shorten_with_hash;
 
 /// Our driver name in `spec.driver` of the slices the agent writes.
 pub const OWN_DRIVER: &str = "hwaccel.io";

@@ -14,7 +14,7 @@ use super::drivers::{self, KnownDriver, STANDARD_PCI_BUS_ID};
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
-use crate::labels::truncate_at_char_boundary;
+use crate::names::truncate_at_char_boundary;
 
 /// At most this many devices are kept per node; a real node has tens (MIG and partitions
 /// included), so more means a runaway or hostile publisher.

@@ -6,7 +6,7 @@
 //! something else), and a replica count past `i32::MAX` used to surface as an "internal"
 //! error from the typed Deployment. Each refusal names the field and what is wrong with it.
 
-use crate::labels::{is_valid_label_key, is_valid_label_value};
+use crate::names::{is_valid_label_key, is_valid_label_value};
 use crate::plan::error::{PlanError, Result};
 
 use super::{Target, Workload};

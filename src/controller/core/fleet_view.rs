@@ -21,8 +21,20 @@ use crate::api::dra::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
 use crate::plan::NodeSpec;
 
-use super::build::DeviceFilter;
 use crate::api::placement::Assignment;
+
+/// Which devices and nodes a placement may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFilter {
+    /// Allowed families (`gpu`...); empty means any.
+    pub families: BTreeSet<String>,
+    /// Allowed product slugs; empty means any.
+    pub products: BTreeSet<String>,
+    /// Labels a node must carry.
+    pub node_selector: BTreeMap<String, String>,
+    /// Only devices a DRA driver publishes (`allocation: claims`).
+    pub dra_only: bool,
+}
 
 /// One inventory as the planner sees it.
 #[derive(Debug, Clone)]

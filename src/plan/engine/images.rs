@@ -29,6 +29,13 @@
 //!   tag), so they need compute capability 7.5 or higher (CUDA 13.0 dropped Volta). The planner
 //!   has no SGLang image for AMD, Gaudi, Neuron or TPU: those are refused with the reason.
 //!
+//! - Drivers: an image runs on the host's NVIDIA kernel driver, and CUDA's minor version
+//!   compatibility sets the floor per CUDA major (docs.nvidia.com/deploy/cuda-compatibility,
+//!   "Minor Version Compatibility", table 1): CUDA 13.x needs driver 580 or newer, CUDA 12.x
+//!   525 or newer. vLLM's images are CUDA 12 builds before 0.21 and CUDA 13 from 0.21 (the
+//!   same PR as the compute-capability change above); SGLang's are CUDA 13. A driver older
+//!   than the floor is refused with the reason; an unknown driver is a note.
+//!
 //! Compute capabilities and gfx targets by product: NVIDIA "CUDA GPUs" (developer.nvidia.com/
 //! cuda-gpus) and AMD "GPU hardware specifications" (rocm.docs.amd.com, reference/gpu-arch-specs).
 //! A product not in those lists is not refused: the plan notes that its support was not
@@ -48,6 +55,8 @@ pub struct DeviceFacts<'a> {
     pub family: Family,
     /// Product name (`NVIDIA H100 80GB HBM3`, `AMD Instinct MI300X`).
     pub product: &'a str,
+    /// The oldest kernel driver among the devices the plan uses (`580.159.04`), when known.
+    pub driver_version: Option<&'a str>,
 }
 
 /// The image chosen for a plan.
@@ -61,8 +70,13 @@ pub struct EngineImage {
     pub notes: Vec<String>,
 }
 
-/// First vLLM release documented as needing compute capability 7.5.
+/// First vLLM release documented as needing compute capability 7.5 (its images are CUDA 13
+/// builds).
 const CUDA_75_FROM: (u32, u32) = (0, 21);
+/// The oldest NVIDIA driver branch CUDA 13.x runs on (minor version compatibility).
+const CUDA_13_DRIVER: u32 = 580;
+/// The oldest NVIDIA driver branch CUDA 12.x runs on.
+const CUDA_12_DRIVER: u32 = 525;
 /// First vLLM release with an official ROCm image.
 const ROCM_IMAGE_FROM: (u32, u32) = (0, 14);
 
@@ -190,6 +204,7 @@ pub fn image_for(choice: &EngineChoice, device: DeviceFacts<'_>) -> Result<Engin
                     minimum.0, minimum.1
                 )),
             }
+            check_driver(choice, device.driver_version, &mut notes)?;
             Ok(match kind {
                 EngineKind::Vllm => image(
                     format!("docker.io/vllm/vllm-openai:{}", tag(choice)),
@@ -294,6 +309,64 @@ pub fn image_for(choice: &EngineChoice, device: DeviceFacts<'_>) -> Result<Engin
     }
 }
 
+/// Refuses a driver older than the image's CUDA needs; notes one that is not known.
+fn check_driver(
+    choice: &EngineChoice,
+    driver: Option<&str>,
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
+    let engine = choice.describe_short();
+    let (cuda, floor) = match choice.kind {
+        EngineKind::Vllm if !at_least(choice, CUDA_75_FROM) => (12, CUDA_12_DRIVER),
+        EngineKind::Vllm | EngineKind::Sglang => (13, CUDA_13_DRIVER),
+    };
+    match driver.map(|version| (version, driver_branch(version))) {
+        Some((version, Some(branch))) if branch < floor => {
+            let older = if cuda == 13 && choice.kind == EngineKind::Vllm {
+                ", or plan vLLM 0.20 (a CUDA 12 image) with --engine-version 0.20"
+            } else {
+                ""
+            };
+            Err(format!(
+                "{engine}'s image is built on CUDA {cuda}, which needs NVIDIA driver {floor} or \
+                 newer, and the plan's devices run driver {version}; upgrade the driver{older}"
+            ))
+        }
+        Some((_, Some(_))) => Ok(()),
+        Some((version, None)) => {
+            notes.push(format!(
+                "driver version {version:?} not understood; {engine}'s image needs NVIDIA driver \
+                 {floor} or newer (not checked)"
+            ));
+            Ok(())
+        }
+        None => {
+            notes.push(format!(
+                "driver version unknown; {engine}'s image needs NVIDIA driver {floor} or newer \
+                 (not checked)"
+            ));
+            Ok(())
+        }
+    }
+}
+
+/// The branch of an NVIDIA driver version (`580` of `580.159.04`).
+fn driver_branch(version: &str) -> Option<u32> {
+    let branch = version.trim().split('.').next()?;
+    (!branch.is_empty() && branch.len() <= 4)
+        .then(|| branch.parse().ok())
+        .flatten()
+}
+
+/// The oldest of `versions` by driver branch, then by the whole version's numbers; versions
+/// that do not parse sort first, so an odd one is shown rather than hidden.
+pub fn oldest_driver<'a>(versions: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let numbers = |version: &str| -> Vec<Option<u64>> {
+        version.split('.').map(|part| part.parse().ok()).collect()
+    };
+    versions.into_iter().min_by_key(|version| numbers(version))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,7 +376,59 @@ mod tests {
             vendor,
             family,
             product,
+            driver_version: Some("580.159.04"),
         }
+    }
+
+    #[test]
+    fn drivers_older_than_the_images_cuda_are_refused_and_unknown_ones_noted() {
+        let h100 = |driver| DeviceFacts {
+            vendor: Vendor::Nvidia,
+            family: Family::Gpu,
+            product: "NVIDIA H100 80GB HBM3",
+            driver_version: driver,
+        };
+        // Today's vLLM is a CUDA 13 build: 550 is too old, 580 is enough.
+        let refusal = image_for(&vllm(None), h100(Some("550.90.07"))).unwrap_err();
+        assert!(refusal.contains("CUDA 13"), "{refusal}");
+        assert!(refusal.contains("550.90.07"), "{refusal}");
+        assert!(refusal.contains("--engine-version 0.20"), "{refusal}");
+        let fits = image_for(&vllm(None), h100(Some("580.159.04"))).unwrap();
+        assert!(fits.notes.is_empty(), "{:?}", fits.notes);
+        // vLLM 0.20 is a CUDA 12 build: 550 runs it, 470 does not.
+        assert!(image_for(&vllm(Some("0.20.0")), h100(Some("550.90.07"))).is_ok());
+        let old = image_for(&vllm(Some("0.20.0")), h100(Some("470.256.02"))).unwrap_err();
+        assert!(old.contains("CUDA 12") && old.contains("525"), "{old}");
+        // SGLang's images are CUDA 13 builds; no older image to suggest.
+        let sglang = EngineChoice {
+            kind: EngineKind::Sglang,
+            ..EngineChoice::default()
+        };
+        let refusal = image_for(&sglang, h100(Some("570.86.15"))).unwrap_err();
+        assert!(refusal.contains("580") && !refusal.contains("--engine-version"));
+        // Unknown or unreadable: planned, and said.
+        let unknown = image_for(&vllm(None), h100(None)).unwrap();
+        assert!(
+            unknown
+                .notes
+                .iter()
+                .any(|n| n.contains("driver version unknown"))
+        );
+        let odd = image_for(&vllm(None), h100(Some("banana"))).unwrap();
+        assert!(odd.notes.iter().any(|n| n.contains("not understood")));
+    }
+
+    #[test]
+    fn the_oldest_driver_is_by_number_not_by_text() {
+        assert_eq!(
+            oldest_driver(["580.159.04", "550.90.07", "1000.1"]),
+            Some("550.90.07")
+        );
+        assert_eq!(
+            oldest_driver(["580.65.06", "580.159.04"]),
+            Some("580.65.06")
+        );
+        assert_eq!(oldest_driver([]), None);
     }
 
     fn vllm(version: Option<&str>) -> EngineChoice {

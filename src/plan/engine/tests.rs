@@ -172,6 +172,8 @@ fn expert_and_attention_data_parallel_map_to_each_engines_own_flags() {
     plan.pp = Some(1);
     plan.expert_parallel = Some(8);
     plan.attention_data_parallel = Some(8);
+    // A driver new enough for every image, so that no note is about the driver.
+    plan.driver_version = Some("580.159.04".into());
     let engine = settings(&plan).unwrap();
     assert_eq!(value(&engine.vllm, "--tensor-parallel-size"), Some("1"));
     assert_eq!(value(&engine.vllm, "--data-parallel-size"), Some("8"));

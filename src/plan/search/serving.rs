@@ -516,6 +516,7 @@ fn describe(
     );
     plan.kv_tokens = Some(fit.kv_tokens);
     plan.assignments = placement.assignments.clone();
+    plan.driver_version = fleet.oldest_driver(&plan.assignments);
     let weights = WeightBytes::of(model, candidate.precision);
     plan.throughput = class.sample.bandwidth_tbps.and_then(|bandwidth| {
         throughput::estimate(

@@ -153,6 +153,6 @@ fn derived_ids_are_unique_dns_labels() {
     assert_ne!(ids[0], ids[1]);
     assert!(
         ids.iter()
-            .all(|id| id.len() <= 63 && crate::labels::is_valid_label_value(id))
+            .all(|id| id.len() <= 63 && crate::names::is_valid_label_value(id))
     );
 }

@@ -1,0 +1,344 @@
+//! The fleet's numbers as the controller publishes them, asked of `src/fleet/` rather than
+//! counted here: per inventory, the state of each accelerator by the one device-state rule
+//! (`fleet::device_state`, through `AcceleratorInventory::device_facts`), summed into counts
+//! per node and per (product, vendor) label; which nodes are unhealthy and why.
+//!
+//! What is the controller's own is only what it publishes: label values cut and bounded for
+//! dashboards, the `DevicesMissing` condition it turns into Events and taints, and the
+//! `status.freeDevices` it last wrote. Pure: the driver (`fleet/pass.rs`) hands in the inventories
+//! and who holds which device, and turns the answer into metrics, `status.freeDevices`, Node
+//! Events and taints.
+
+use std::collections::BTreeMap;
+
+use crate::api::{AcceleratorInventory, attribute, conditions};
+use crate::fleet::device_state::{Counts, health_name, tainted};
+use crate::fleet::health::{Holdings, states_of};
+
+/// Longest product or vendor label value; longer ones are cut (label values are read by
+/// people on dashboards, and a hostile inventory must not bloat every scrape).
+pub const MAX_LABEL_LENGTH: usize = 63;
+/// Most distinct (product, vendor) series; the rest are summed under `other`, so a fleet
+/// of odd products (or forged inventories) cannot grow the series count without bound.
+pub const MAX_PRODUCTS: usize = 128;
+/// The label value for devices whose inventory names no product or vendor.
+pub const UNKNOWN: &str = "unknown";
+/// The label value the products beyond [`MAX_PRODUCTS`] are summed under.
+pub const OTHER: &str = "other";
+
+/// Why a node is unhealthy, in the words its taint value and Events use.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unhealthy {
+    /// The inventory says `DevicesMissing=True`; the condition's message.
+    DevicesMissing(String),
+    /// Devices the one rule makes unplannable for their health (`unhealthy`), by name, with
+    /// their health.
+    Devices(BTreeMap<String, String>),
+}
+
+impl Unhealthy {
+    /// The reason as a taint value and Event reason: `DevicesMissing` or `DeviceUnhealthy`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::DevicesMissing(_) => "DevicesMissing",
+            Self::Devices(_) => "DeviceUnhealthy",
+        }
+    }
+
+    /// One sentence for an Event.
+    pub fn message(&self) -> String {
+        match self {
+            Self::DevicesMissing(message) if !message.is_empty() => message.clone(),
+            Self::DevicesMissing(_) => "the inventory reports missing devices".to_string(),
+            Self::Devices(devices) => {
+                let listed: Vec<String> = devices
+                    .iter()
+                    .map(|(name, health)| format!("{name} ({health})"))
+                    .collect();
+                format!("devices not healthy: {}", listed.join(", "))
+            }
+        }
+    }
+}
+
+/// One inventory's numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStats {
+    /// The node.
+    pub node: String,
+    /// Its device counts, by the one rule.
+    pub counts: Counts,
+    /// Counts by (product, vendor) label, values already cut.
+    pub by_product: BTreeMap<(String, String), Counts>,
+    /// `DevicesMissing=True`: the condition's message.
+    pub missing: Option<String>,
+    /// Devices health taints name (the rule's `tainted`), with their health.
+    pub sick: BTreeMap<String, String>,
+    /// The inventory's current `status.freeDevices`.
+    pub written_free: Option<u32>,
+}
+
+impl NodeStats {
+    /// The numbers of `inventory`, with `held` saying which devices placements and other
+    /// claims hold.
+    pub fn of(inventory: &AcceleratorInventory, held: &Holdings<'_>) -> Self {
+        let node = inventory.spec.node_name.clone();
+        let facts = inventory.device_facts();
+        let states = states_of(&node, &facts, held);
+        let labels: BTreeMap<&str, (String, String)> = inventory
+            .spec
+            .devices
+            .iter()
+            .map(|entry| {
+                let product = label_value(entry.text(attribute::PRODUCT).as_deref());
+                let vendor = label_value(entry.text(attribute::VENDOR).as_deref());
+                (entry.name.as_str(), (product, vendor))
+            })
+            .collect();
+        let mut counts = Counts::default();
+        let mut by_product: BTreeMap<(String, String), Counts> = BTreeMap::new();
+        let mut sick = BTreeMap::new();
+        for state in &states {
+            counts.count(state);
+            let key = labels
+                .get(state.name.as_str())
+                .cloned()
+                .unwrap_or_else(|| (UNKNOWN.to_string(), UNKNOWN.to_string()));
+            by_product.entry(key).or_default().count(state);
+            if tainted(state.health) {
+                sick.insert(state.name.clone(), health_name(state.health).to_string());
+            }
+        }
+        let missing = inventory
+            .status
+            .as_ref()
+            .and_then(|s| conditions::find(&s.conditions, conditions::DEVICES_MISSING))
+            .filter(|c| c.status == "True")
+            .map(|c| c.message.clone());
+        Self {
+            node,
+            counts,
+            by_product,
+            missing,
+            sick,
+            written_free: inventory.status.as_ref().and_then(|s| s.free_devices),
+        }
+    }
+
+    /// `status.freeDevices` as it should be: the planner's free set on this node.
+    pub fn free_devices(&self) -> u32 {
+        self.counts.free
+    }
+
+    /// Why the node is unhealthy; `None` when it is not. Missing devices come first: they
+    /// are the bigger news, and the taint carries one reason.
+    pub fn unhealthy(&self) -> Option<Unhealthy> {
+        if let Some(message) = &self.missing {
+            return Some(Unhealthy::DevicesMissing(message.clone()));
+        }
+        (!self.sick.is_empty()).then(|| Unhealthy::Devices(self.sick.clone()))
+    }
+}
+
+/// The fleet's sums.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FleetTotals {
+    /// Counts by (product, vendor), at most [`MAX_PRODUCTS`] + 1 entries.
+    pub by_product: BTreeMap<(String, String), Counts>,
+    /// Nodes whose inventory says `DevicesMissing=True`.
+    pub nodes_missing_devices: u64,
+}
+
+impl FleetTotals {
+    /// Sums the nodes' numbers.
+    pub fn of<'a>(nodes: impl IntoIterator<Item = &'a NodeStats>) -> Self {
+        let mut all: BTreeMap<(String, String), Counts> = BTreeMap::new();
+        let mut nodes_missing_devices = 0;
+        for node in nodes {
+            for (key, counts) in &node.by_product {
+                all.entry(key.clone()).or_default().add(counts);
+            }
+            nodes_missing_devices += u64::from(node.missing.is_some());
+        }
+        Self {
+            by_product: bound_products(all),
+            nodes_missing_devices,
+        }
+    }
+}
+
+/// Keeps the [`MAX_PRODUCTS`] largest products and sums the rest under `other`.
+fn bound_products(all: BTreeMap<(String, String), Counts>) -> BTreeMap<(String, String), Counts> {
+    if all.len() <= MAX_PRODUCTS {
+        return all;
+    }
+    let mut ranked: Vec<((String, String), Counts)> = all.into_iter().collect();
+    // Largest first, then by name, so the cut is the same on every pass.
+    ranked.sort_by(|a, b| b.1.devices.cmp(&a.1.devices).then_with(|| a.0.cmp(&b.0)));
+    let rest = ranked.split_off(MAX_PRODUCTS);
+    let mut kept: BTreeMap<(String, String), Counts> = ranked.into_iter().collect();
+    let other = kept
+        .entry((OTHER.to_string(), OTHER.to_string()))
+        .or_default();
+    for (_, counts) in rest {
+        other.add(&counts);
+    }
+    kept
+}
+
+/// A product or vendor as a label value: present, cut to [`MAX_LABEL_LENGTH`] characters.
+fn label_value(text: Option<&str>) -> String {
+    match text.map(str::trim).filter(|t| !t.is_empty()) {
+        Some(text) => text.chars().take(MAX_LABEL_LENGTH).collect(),
+        None => UNKNOWN.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{AcceleratorInventoryStatus, DeviceAttribute};
+    use crate::plan::Reservations;
+    use crate::testing::InventoryBuilder;
+
+    fn inventory(scenario: &str, node: &str) -> AcceleratorInventory {
+        InventoryBuilder::fixture(scenario).node(node).build()
+    }
+
+    fn set_health(inventory: &mut AcceleratorInventory, device: usize, health: &str) {
+        inventory.spec.devices[device].attributes.insert(
+            attribute::HEALTH.to_string(),
+            DeviceAttribute::String(health.to_string()),
+        );
+    }
+
+    fn accelerators(inventory: &AcceleratorInventory) -> Vec<String> {
+        inventory
+            .spec
+            .devices
+            .iter()
+            .filter(|d| d.attributes.get(attribute::FAMILY).and_then(|a| a.as_str()) != Some("cpu"))
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
+    fn position(inventory: &AcceleratorInventory, name: &str) -> usize {
+        inventory
+            .spec
+            .devices
+            .iter()
+            .position(|d| d.name == name)
+            .expect("present")
+    }
+
+    #[test]
+    fn held_devices_are_not_free_unhealthy_ones_are_neither_and_degraded_ones_are_free() {
+        let mut inv = inventory("h100-8x-nvswitch", "n1");
+        let names = accelerators(&inv);
+        assert!(names.len() >= 5, "{names:?}");
+        for index in 0..inv.spec.devices.len() {
+            set_health(&mut inv, index, "healthy");
+        }
+        let sick = position(&inv, &names[0]);
+        set_health(&mut inv, sick, "unhealthy");
+        let degraded = position(&inv, &names[4]);
+        set_health(&mut inv, degraded, "degraded");
+        let mut placements = Reservations::none();
+        placements.insert("n1", names[1].clone());
+        // Another node's device with the same name is not this node's.
+        placements.insert("n2", names[3].clone());
+        let mut claims = Reservations::none();
+        claims.insert("n1", names[2].clone());
+        let held = Holdings {
+            placements: &placements,
+            claims: Some(&claims),
+        };
+        let stats = NodeStats::of(&inv, &held);
+        let total = names.len() as u32;
+        assert_eq!(stats.counts.devices, total);
+        assert_eq!(stats.counts.healthy, total - 2);
+        assert_eq!(stats.counts.degraded, 1);
+        assert_eq!(stats.counts.reserved, 2);
+        assert_eq!(stats.free_devices(), total - 3, "the degraded one is free");
+        let unhealthy = stats.unhealthy().expect("one unhealthy GPU");
+        assert_eq!(unhealthy.reason(), "DeviceUnhealthy");
+        assert_eq!(
+            stats.sick.keys().collect::<Vec<_>>(),
+            [&names[0]],
+            "a degraded GPU is not tainted"
+        );
+        let totals = FleetTotals::of([&stats]);
+        let summed: u32 = totals.by_product.values().map(|c| c.devices).sum();
+        assert_eq!(summed, total);
+        assert_eq!(totals.nodes_missing_devices, 0);
+    }
+
+    #[test]
+    fn devices_missing_comes_from_the_condition_and_wins_over_sick_devices() {
+        let mut inv = inventory("h100-8x-nvswitch", "n1");
+        let first = position(&inv, &accelerators(&inv)[0]);
+        set_health(&mut inv, first, "unhealthy");
+        let mut status = AcceleratorInventoryStatus::default();
+        status.conditions.push(conditions::condition(
+            conditions::DEVICES_MISSING,
+            Some(true),
+            "DevicesMissing",
+            "2 of 8 expected accelerators are missing",
+            None,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        ));
+        inv.status = Some(status);
+        let none = Reservations::none();
+        let stats = NodeStats::of(&inv, &Holdings::placements(&none));
+        let unhealthy = stats.unhealthy().expect("unhealthy");
+        assert_eq!(unhealthy.reason(), "DevicesMissing");
+        assert_eq!(
+            unhealthy.message(),
+            "2 of 8 expected accelerators are missing"
+        );
+        assert_eq!(FleetTotals::of([&stats]).nodes_missing_devices, 1);
+    }
+
+    #[test]
+    fn unknown_health_is_not_sick_and_is_free() {
+        let mut inv = inventory("h100-8x-nvswitch", "n1");
+        for index in 0..inv.spec.devices.len() {
+            set_health(&mut inv, index, "unknown");
+        }
+        let none = Reservations::none();
+        let stats = NodeStats::of(&inv, &Holdings::placements(&none));
+        assert_eq!(stats.unhealthy(), None);
+        assert_eq!(stats.counts.healthy, 0);
+        assert_eq!(stats.counts.unknown, stats.counts.devices);
+        assert_eq!(stats.free_devices(), stats.counts.devices);
+    }
+
+    #[test]
+    fn products_beyond_the_bound_are_summed_under_other() {
+        let mut all = BTreeMap::new();
+        for i in 0..(MAX_PRODUCTS + 5) {
+            all.insert(
+                (format!("p{i:04}"), "v".to_string()),
+                Counts {
+                    devices: i as u32 + 1,
+                    ..Counts::default()
+                },
+            );
+        }
+        let total: u32 = all.values().map(|c| c.devices).sum();
+        let bounded = bound_products(all);
+        assert_eq!(bounded.len(), MAX_PRODUCTS + 1);
+        assert_eq!(bounded.values().map(|c| c.devices).sum::<u32>(), total);
+        // The smallest products went to `other`.
+        assert!(!bounded.contains_key(&("p0000".to_string(), "v".to_string())));
+    }
+
+    #[test]
+    fn label_values_are_cut_and_never_empty() {
+        assert_eq!(label_value(Some(&"x".repeat(200))).len(), MAX_LABEL_LENGTH);
+        assert_eq!(label_value(Some("  ")), UNKNOWN);
+        assert_eq!(label_value(None), UNKNOWN);
+    }
+}

@@ -1,0 +1,16 @@
+//! The fleet loop: one pass per burst of inventory or placement changes publishes the fleet
+//! gauges, each inventory's `status.freeDevices`, Node Events and (through
+//! [`taints`](super::taints)) the health taints; the model capacity is counted at most once
+//! per interval. A thin driver around a pure [`core`].
+//!
+//! | module | job |
+//! |---|---|
+//! | [`core`] | the pure fleet core: fleet stats, model capacity |
+//! | `pass` | the pass: when it runs, what it writes |
+//! | [`metrics`] | the fleet gauges: devices per product, per placement, per model |
+
+pub mod core;
+pub mod metrics;
+pub(crate) mod pass;
+
+pub use self::pass::CapacityCounting;

@@ -1,0 +1,402 @@
+//! The fleet pass: after inventories or placements changed (gathered for a second), the
+//! controller asks `src/fleet` for the fleet's numbers once ([`fleet_figures`]: the one
+//! device-state rule, never re-counted here) and from them publishes the
+//! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
+//! Events on `DevicesMissing` transitions and keeps the health taints
+//! ([`health_taints`](crate::controller::taints::sync)) in line. At most once per capacity interval it
+//! also counts the replicas of each `--capacity-model` the free devices hold
+//! ([`model_capacity`]): dozens of plans per model, so on a blocking thread and never in a
+//! reconcile's way.
+//!
+//! One pass per burst of changes rather than one per reconcile: at 10,000 nodes a pass walks
+//! every inventory (milliseconds), which a reconcile must not pay. A slow resync catches what
+//! a missed trigger would leave behind.
+//!
+//! [`fleet_figures`]: super::core::fleet_figures
+//! [`model_capacity`]: super::core::model_capacity
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use tracing::Instrument;
+
+use crate::api::AcceleratorInventory;
+use crate::fleet::health::Holdings;
+use crate::plan::Reservations;
+
+use super::core::fleet_figures::{FleetTotals, NodeStats};
+use super::core::model_capacity::{self, CountedModel};
+use super::metrics::PlacementFigures;
+use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::fleet_view::{FleetView, names_its_node};
+use crate::controller::placement::claims::{any_allocated, claimed_in_cache, outlived_in_cache};
+use crate::controller::placement::core::claim_holdings::OutlivedClaim;
+use crate::controller::placement::core::ledger::PlacementKey;
+use crate::controller::placement::dereference::fleet_view;
+use crate::controller::taints::core::HealthTaints;
+use crate::controller::taints::sync::Taints;
+
+/// How long changes are gathered before a pass.
+const GATHER: Duration = Duration::from_secs(1);
+/// A pass without any trigger, at least this often.
+const RESYNC: Duration = Duration::from_secs(60);
+/// How long a freeDevices value we wrote is trusted over an older one in the watch cache.
+const CACHE_LAG: Duration = Duration::from_secs(10);
+/// freeDevices writes in flight at once (a first pass over a large fleet writes them all).
+const WRITE_CONCURRENCY: usize = 8;
+
+/// What the passes remember between them.
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    /// freeDevices last written per node, and when.
+    free_written: HashMap<String, (u32, Instant)>,
+    /// `DevicesMissing` as last seen per node, for the Events on its transitions.
+    missing_seen: HashMap<String, bool>,
+    /// When the models were last counted.
+    counted_at: Option<Instant>,
+    /// Claims already reported as outliving their placement, by uid (or namespace/name).
+    outlived_reported: BTreeSet<String>,
+}
+
+/// Which models to count in units of replicas, and how often at most.
+#[derive(Debug, Clone, Default)]
+pub struct CapacityCounting {
+    /// The models (`--capacity-model`); none turns counting off.
+    pub models: Arc<Vec<CountedModel>>,
+    /// Least time between two counts.
+    pub interval: Duration,
+}
+
+/// Runs fleet passes until the future is dropped (it lives as long as the controller).
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    (mode, taint_check): (HealthTaints, Duration),
+    selector: Option<String>,
+    counting: CapacityCounting,
+) {
+    let mut memory = Memory::default();
+    let mut taints = Taints::new(&ctx, mode, selector, taint_check).await;
+    loop {
+        pass(&ctx, &mut memory, &mut taints).await;
+        count_models(&ctx, &mut memory, &counting).await;
+        tokio::select! {
+            () = ctx.fleet_changed.notified() => {}
+            () = tokio::time::sleep(RESYNC) => {}
+        }
+        tokio::time::sleep(GATHER).await;
+    }
+}
+
+/// One pass: numbers, gauges, freeDevices, Events, taints. In a `fleet_pass` span; the work
+/// on one node runs in a `node` span inside it.
+#[tracing::instrument(name = "fleet_pass", skip_all)]
+pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
+    let (ours, claimed, placements, view) = {
+        let mut state = ctx.state.lock().await;
+        // Health taints need the planner's view (which devices DRA publishes), and so do
+        // allocated claims (which of our devices they name); without either the pass never
+        // makes a reconcile pay for rebuilding it.
+        let view: Option<Arc<FleetView>> =
+            (taints.active() || any_allocated(ctx)).then(|| fleet_view(ctx, &mut state));
+        // A device an allocated claim names is taken whoever holds the claim (a tenant may
+        // keep one after its placement is gone). Refreshed here as well as in a reconcile:
+        // with no placement left, nothing reconciles, and model counting reads the ledger.
+        let claimed = view.as_ref().map_or_else(Reservations::none, |view| {
+            claimed_in_cache(ctx, &state.ledger, || view.clone())
+        });
+        state.ledger.set_external(claimed.clone());
+        // Who holds what, for the one device-state rule: our placements, then any other
+        // allocated claim (a device both name counts once, as the placement's).
+        let mut ours = Reservations::none();
+        for (_, holding) in state.ledger.iter() {
+            for (node, device) in holding.devices() {
+                ours.insert(node, device);
+            }
+        }
+        let mut placements: BTreeMap<PlacementKey, PlacementFigures> = state
+            .states
+            .iter()
+            .map(|(key, state)| {
+                (
+                    key.clone(),
+                    PlacementFigures {
+                        devices: 0,
+                        state: Some(*state),
+                    },
+                )
+            })
+            .collect();
+        for (key, holding) in state.ledger.iter() {
+            placements
+                .entry(key.clone())
+                .or_insert(PlacementFigures {
+                    devices: 0,
+                    state: None,
+                })
+                .devices = holding.devices().count() as u64;
+        }
+        (ours, claimed, placements, view.filter(|_| taints.active()))
+    };
+    let held = Holdings {
+        placements: &ours,
+        claims: Some(&claimed),
+    };
+    let stats: Vec<NodeStats> = ctx
+        .inventories
+        .state()
+        .iter()
+        .filter_map(|object| object.decoded())
+        .filter(|inventory| names_its_node(inventory))
+        .map(|inventory| NodeStats::of(inventory, &held))
+        .collect();
+    let totals = FleetTotals::of(&stats);
+    ctx.metrics.fleet.publish(&totals, &placements);
+    write_free_devices(ctx, memory, &stats).await;
+    node_events(ctx, memory, &stats);
+    report_outlived(ctx, memory, &outlived_in_cache(ctx));
+    if let Some(view) = view {
+        taints.sync(ctx, &stats, &view).await;
+    }
+}
+
+/// Counts the replicas of each model the free devices hold and publishes them, unless the
+/// last count is more recent than the interval.
+#[tracing::instrument(name = "model_capacity", skip_all)]
+async fn count_models(ctx: &Context, memory: &mut Memory, counting: &CapacityCounting) {
+    if counting.models.is_empty()
+        || memory
+            .counted_at
+            .is_some_and(|at| at.elapsed() < counting.interval)
+    {
+        return;
+    }
+    let (view, reserved) = {
+        let mut state = ctx.state.lock().await;
+        (fleet_view(ctx, &mut state), state.ledger.reserved_all())
+    };
+    let models = counting.models.clone();
+    let started = Instant::now();
+    let counted = tokio::task::spawn_blocking(move || {
+        model_capacity::count(&models, view.nodes(), &reserved)
+    })
+    .await;
+    memory.counted_at = Some(Instant::now());
+    let Ok((counts, errors)) = counted else {
+        tracing::warn!("counting model capacity panicked; the next interval tries again");
+        return;
+    };
+    for error in &errors {
+        tracing::warn!(%error, "counting a model's capacity failed");
+    }
+    tracing::debug!(
+        models = counts.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "counted model capacity"
+    );
+    ctx.metrics.fleet.publish_models(&counts);
+}
+
+/// Writes `status.freeDevices` on every inventory whose value changed, by server-side apply
+/// on the status subresource: only that field is ours, the agent's fields stay its own.
+async fn write_free_devices(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
+    let now = Instant::now();
+    memory
+        .free_written
+        .retain(|_, (_, when)| now.duration_since(*when) < CACHE_LAG);
+    let due: Vec<(String, u32)> = stats
+        .iter()
+        .filter_map(|node| {
+            let free = node.free_devices();
+            let fresh = memory.free_written.get(&node.node).map(|(value, _)| *value);
+            // The cache may still show the value before our own write: trust that write
+            // for a while rather than writing it again.
+            (node.written_free != Some(free) && fresh != Some(free))
+                .then(|| (node.node.clone(), free))
+        })
+        .collect();
+    let api: Api<AcceleratorInventory> = Api::all(ctx.client.clone());
+    let written: Vec<(String, u32, bool)> = futures::stream::iter(due)
+        .map(|(node, free)| {
+            let api = api.clone();
+            let span = node_span(&node);
+            async move {
+                let started = Instant::now();
+                let result = apply_free_devices(&api, &node, free).await;
+                match &result {
+                    Ok(()) => ctx.metrics.wrote("inventory_status", started.elapsed()),
+                    // Gone since the cache saw it: nothing to write.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(err) => {
+                        ctx.metrics.failed("inventory_status");
+                        tracing::warn!(error = %err, "writing freeDevices failed; the next pass retries");
+                    }
+                }
+                (node, free, result.is_ok())
+            }
+            .instrument(span)
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    for (node, free, ok) in written {
+        if ok {
+            memory.free_written.insert(node, (free, Instant::now()));
+        }
+    }
+}
+
+async fn apply_free_devices(
+    api: &Api<AcceleratorInventory>,
+    node: &str,
+    free: u32,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "apiVersion": crate::api::API_VERSION,
+        "kind": "AcceleratorInventory",
+        "status": {"freeDevices": free},
+    });
+    api.patch_status(
+        node,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// A Warning `DevicesMissing` Event on a Node when its inventory's condition turns True, a
+/// Normal `DevicesRestored` when it turns back; nothing while it stays. After a restart a
+/// node already missing devices gets one Warning, a healthy one nothing.
+fn node_events(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
+    let present: BTreeSet<&str> = stats.iter().map(|s| s.node.as_str()).collect();
+    memory
+        .missing_seen
+        .retain(|node, _| present.contains(node.as_str()));
+    for node in stats {
+        let missing = node.missing.is_some();
+        let before = memory.missing_seen.insert(node.node.clone(), missing);
+        let event = match (before, &node.missing) {
+            (None | Some(false), Some(message)) => Event {
+                type_: EventType::Warning,
+                reason: "DevicesMissing".to_string(),
+                note: Some(cut(&format!(
+                    "{message}; see kubectl describe acceleratorinventory {}",
+                    node.node
+                ))),
+                action: "Detect".to_string(),
+                secondary: None,
+            },
+            (Some(true), None) => Event {
+                type_: EventType::Normal,
+                reason: "DevicesRestored".to_string(),
+                note: Some("every expected accelerator is present again".to_string()),
+                action: "Detect".to_string(),
+                secondary: None,
+            },
+            _ => continue,
+        };
+        publish_node_event(ctx, &node.node, event);
+    }
+}
+
+/// Publishes how many allocated claims outlived their placement, and reports each one once:
+/// a warning log line and a Warning Event on the claim (`kubectl describe resourceclaim`).
+/// The controller does not delete them: it deletes only claims its placement owns, and a
+/// claim a tenant kept (its own finalizer, or the ownerReference taken off) is the tenant's
+/// to let go; until then its devices count as reserved.
+fn report_outlived(ctx: &Context, memory: &mut Memory, outlived: &[OutlivedClaim]) {
+    ctx.metrics.fleet.publish_outlived(outlived.len());
+    let key = |claim: &OutlivedClaim| {
+        if claim.uid.is_empty() {
+            format!("{}/{}", claim.namespace, claim.name)
+        } else {
+            claim.uid.clone()
+        }
+    };
+    let current: BTreeSet<String> = outlived.iter().map(key).collect();
+    memory.outlived_reported.retain(|k| current.contains(k));
+    for claim in outlived {
+        if !memory.outlived_reported.insert(key(claim)) {
+            continue;
+        }
+        tracing::warn!(
+            claim = %format!("{}/{}", claim.namespace, claim.name),
+            placement = %claim.placement,
+            devices = claim.devices,
+            "an allocated ResourceClaim outlived its ModelPlacement; its devices count as reserved until it is deleted"
+        );
+        let reference = ObjectReference {
+            api_version: Some("resource.k8s.io/v1".to_string()),
+            kind: Some("ResourceClaim".to_string()),
+            name: Some(claim.name.clone()),
+            namespace: Some(claim.namespace.clone()),
+            uid: (!claim.uid.is_empty()).then(|| claim.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "PlacementGone".to_string(),
+            note: Some(cut(&format!(
+                "still allocated to {} device(s) for ModelPlacement {}, which no longer exists; \
+                 they count as reserved until this claim is deleted",
+                claim.devices, claim.placement
+            ))),
+            action: "Account".to_string(),
+            secondary: None,
+        };
+        let recorder = ctx.recorder.clone();
+        let metrics = ctx.metrics.clone();
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                metrics.failed("event");
+                tracing::warn!(error = %err, "publishing a ResourceClaim event failed");
+            }
+        });
+    }
+}
+
+/// The reference of Node `name` (with its uid when the cache knows it, so `kubectl
+/// describe node` shows the Event).
+pub(crate) fn node_reference(ctx: &Context, name: &str) -> ObjectReference {
+    let uid = ctx
+        .nodes
+        .get(&ObjectRef::<kube::api::PartialObjectMeta<Node>>::new(name))
+        .and_then(|node| node.metadata.uid.clone());
+    ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Node".to_string()),
+        name: Some(name.to_string()),
+        uid,
+        ..ObjectReference::default()
+    }
+}
+
+/// Publishes an Event on a Node in the background (Events are informational).
+pub(crate) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
+    let reference = node_reference(ctx, node);
+    let recorder = ctx.recorder.clone();
+    let metrics = ctx.metrics.clone();
+    let publish = async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            metrics.failed("event");
+            tracing::warn!(error = %err, "publishing a Node event failed");
+        }
+    };
+    tokio::spawn(publish.instrument(node_span(node)));
+}
+
+/// The span of work on one node: every line logged in it names the node.
+pub(crate) fn node_span(node: &str) -> tracing::Span {
+    tracing::info_span!("node", node = %node)
+}
+
+/// An Event note cut to the API's limit.
+pub(crate) fn cut(text: &str) -> String {
+    text.chars().take(1000).collect()
+}

@@ -1,0 +1,314 @@
+//! Claims, the DRA writing step of a reconcile: make the placement's ResourceClaims exist,
+//! allocate each to exactly its planned devices, and delete the ones a changed plan no
+//! longer needs.
+//!
+//! The double-booking rule: a device is allocated to one of our claims only when no other
+//! ResourceClaim in the watch cache holds it. The scheduler allocates claims for other pods
+//! from its own cache, so the window between its allocation and our watch seeing it cannot be
+//! closed from outside the scheduler; what this step guarantees is that it never writes an
+//! allocation over a device it can see taken, and that a claim it finds allocated (by itself
+//! before a restart, or by anyone) is never re-pointed: an allocation is immutable, so a
+//! changed plan gets new claims and the old ones are deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Resource, ResourceExt};
+
+use crate::api::ModelPlacement;
+use crate::api::dra::DeviceRef;
+use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
+
+use super::core::claim_holdings::{OutlivedClaim, claimed_devices, outlived_claims};
+use super::core::claims::ClaimsReport;
+use super::core::ledger::Ledger;
+use crate::controller::context::Context;
+use crate::controller::core::fleet_view::FleetView;
+use crate::plan::Reservations;
+
+/// A claim write the apiserver refused or never answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The apiserver refused or did not answer.
+    #[error("ResourceClaim {name}: {source}")]
+    Api {
+        /// The claim.
+        name: String,
+        /// What went wrong.
+        #[source]
+        source: kube::Error,
+    },
+    /// The placement has no uid yet (never the case for a stored object).
+    #[error("the placement has no uid")]
+    NoUid,
+}
+
+/// Makes `plans` the placement's claims: creates, allocates, and deletes stale ones. The
+/// report says which are allocated and which devices wait for another claim to let go.
+pub async fn sync_claims(
+    ctx: &Context,
+    placement: &ModelPlacement,
+    plans: &[ClaimPlan],
+) -> Result<ClaimsReport, ClaimError> {
+    let namespace = placement.namespace().unwrap_or_default();
+    let owner = owner_reference(placement)?;
+    let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let cached = claims_in_cache(ctx);
+    let mine: BTreeMap<String, &ResourceClaim> = cached
+        .iter()
+        .filter(|claim| is_owned_by(claim, placement))
+        .filter_map(|claim| Some((claim.metadata.name.clone()?, claim)))
+        .collect();
+    let wanted: BTreeSet<&str> = plans.iter().map(|p| p.name.as_str()).collect();
+    let held_elsewhere = held_by_other_claims(&cached, &namespace, &wanted);
+    let mut allocated = BTreeSet::new();
+    let mut blocked = Vec::new();
+    for plan in plans {
+        let existing = match mine.get(&plan.name) {
+            Some(claim) => (*claim).clone(),
+            None => create(ctx, &api, plan, owner.clone()).await?,
+        };
+        if is_allocated(&existing) {
+            if allocated_devices(&existing) == plan.devices {
+                allocated.insert(plan.name.clone());
+            } else {
+                // Someone else allocated our claim (a pod named it before we did): the
+                // name carries the planned devices, so these are the wrong ones. Delete it;
+                // the next reconcile creates it afresh.
+                delete(ctx, &api, &existing).await?;
+            }
+            continue;
+        }
+        let taken: Vec<String> = plan
+            .devices
+            .iter()
+            .filter_map(|d| {
+                held_elsewhere
+                    .get(d)
+                    .map(|by| format!("{}/{} held by {by}", d.pool, d.device))
+            })
+            .collect();
+        if taken.is_empty() {
+            allocate(ctx, &api, plan, &existing).await?;
+            allocated.insert(plan.name.clone());
+        } else {
+            blocked.extend(taken);
+        }
+    }
+    for (name, claim) in &mine {
+        if !wanted.contains(name.as_str()) {
+            delete(ctx, &api, claim).await?;
+        }
+    }
+    let mut report = ClaimsReport::new(plans, &allocated);
+    report.blocked = blocked;
+    Ok(report)
+}
+
+/// Deletes every claim of a placement that is going away; its devices are free once the
+/// claims are gone (or, while a pod still uses one, once that pod ends).
+pub async fn release_claims(
+    ctx: &Context,
+    placement: &ModelPlacement,
+) -> Result<usize, ClaimError> {
+    let namespace = placement.namespace().unwrap_or_default();
+    let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mine: Vec<ResourceClaim> = claims_in_cache(ctx)
+        .into_iter()
+        .filter(|claim| is_owned_by(claim, placement))
+        .collect();
+    for claim in &mine {
+        delete(ctx, &api, claim).await?;
+    }
+    Ok(mine.len())
+}
+
+/// Every claim in the watch cache (none when the cluster serves no DRA).
+fn claims_in_cache(ctx: &Context) -> Vec<ResourceClaim> {
+    ctx.claims
+        .as_ref()
+        .map(|store| store.state().iter().map(|c| (**c).clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The devices the allocated claims in the cache hold beyond what the ledger counts for their
+/// own placements, whoever holds them ([`claimed_devices`]); none when the cluster serves no
+/// DRA or nothing is allocated, and then the fleet view is never asked for.
+pub fn claimed_in_cache(
+    ctx: &Context,
+    ledger: &Ledger,
+    fleet: impl FnOnce() -> Arc<FleetView>,
+) -> Reservations {
+    let Some(store) = &ctx.claims else {
+        return Reservations::none();
+    };
+    let claims = store.state();
+    if !claims.iter().any(|claim| is_allocated(claim)) {
+        return Reservations::none();
+    }
+    claimed_devices(claims.iter().map(|claim| &**claim), ledger, &fleet())
+}
+
+/// True when some claim in the cache is allocated (and so may hold a device we know).
+pub fn any_allocated(ctx: &Context) -> bool {
+    ctx.claims
+        .as_ref()
+        .is_some_and(|store| store.state().iter().any(|claim| is_allocated(claim)))
+}
+
+/// The allocated claims labelled for a placement that is gone ([`outlived_claims`]), in the
+/// namespaces this controller reconciles.
+pub fn outlived_in_cache(ctx: &Context) -> Vec<OutlivedClaim> {
+    let placements: BTreeMap<(String, String), String> = ctx
+        .placements
+        .state()
+        .iter()
+        .filter_map(|p| {
+            let p = p.decoded()?;
+            Some(((p.namespace()?, p.name_any()), p.uid()?))
+        })
+        .collect();
+    let Some(store) = &ctx.claims else {
+        return Vec::new();
+    };
+    outlived_claims(
+        store.state().iter().map(|claim| &**claim),
+        |namespace, name| {
+            placements
+                .get(&(namespace.to_string(), name.to_string()))
+                .map(String::as_str)
+        },
+        |namespace| ctx.scope.as_deref().is_none_or(|scope| scope == namespace),
+    )
+}
+
+fn is_owned_by(claim: &ResourceClaim, placement: &ModelPlacement) -> bool {
+    let Some(uid) = placement.uid() else {
+        return false;
+    };
+    owning_placement(claim).is_some_and(|(namespace, name)| {
+        Some(namespace) == placement.meta().namespace.as_deref() && name == placement.name_any()
+    }) && claim.owner_references().iter().any(|o| o.uid == uid)
+}
+
+/// Devices allocated to claims other than `wanted` in `namespace`, with the holder's name.
+fn held_by_other_claims(
+    claims: &[ResourceClaim],
+    namespace: &str,
+    wanted: &BTreeSet<&str>,
+) -> BTreeMap<DeviceRef, String> {
+    let mut held = BTreeMap::new();
+    for claim in claims {
+        let claim_namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        if claim_namespace == namespace && wanted.contains(name) {
+            continue;
+        }
+        for device in allocated_devices(claim) {
+            held.insert(device, format!("{claim_namespace}/{name}"));
+        }
+    }
+    held
+}
+
+fn owner_reference(placement: &ModelPlacement) -> Result<OwnerReference, ClaimError> {
+    let mut owner = placement
+        .controller_owner_ref(&())
+        .ok_or(ClaimError::NoUid)?;
+    // The claim must not block the placement's deletion: the finalizer deletes claims itself.
+    owner.block_owner_deletion = None;
+    Ok(owner)
+}
+
+async fn create(
+    ctx: &Context,
+    api: &Api<ResourceClaim>,
+    plan: &ClaimPlan,
+    owner: OwnerReference,
+) -> Result<ResourceClaim, ClaimError> {
+    let writing = Instant::now();
+    let claim = plan.claim(Some(owner));
+    let created = match api.create(&PostParams::default(), &claim).await {
+        Ok(created) => {
+            ctx.metrics.wrote("resource_claim", writing.elapsed());
+            Ok(created)
+        }
+        // Created by an earlier reconcile whose result the cache has not shown yet.
+        Err(kube::Error::Api(status)) if status.code == 409 => api
+            .get(&plan.name)
+            .await
+            .map_err(|source| failed(ctx, &plan.name, source)),
+        Err(source) => Err(failed(ctx, &plan.name, source)),
+    };
+    // One step of a reconcile that may write hundreds of claims: it is moving.
+    crate::health::progress();
+    created
+}
+
+async fn allocate(
+    ctx: &Context,
+    api: &Api<ResourceClaim>,
+    plan: &ClaimPlan,
+    existing: &ResourceClaim,
+) -> Result<(), ClaimError> {
+    let writing = Instant::now();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    // The resourceVersion makes this a compare-and-swap: if the scheduler allocated the claim
+    // meanwhile, the write fails instead of replacing its allocation.
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": existing.metadata.resource_version },
+        "status": { "allocation": plan.allocation(now) },
+    });
+    api.patch_status(&plan.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| failed(ctx, &plan.name, source))?;
+    ctx.metrics
+        .wrote("resource_claim_allocation", writing.elapsed());
+    crate::health::progress();
+    tracing::info!(claim = %plan.name, node = %plan.node, devices = plan.devices.len(), "allocated ResourceClaim");
+    Ok(())
+}
+
+async fn delete(
+    ctx: &Context,
+    api: &Api<ResourceClaim>,
+    claim: &ResourceClaim,
+) -> Result<(), ClaimError> {
+    delete_exactly(api, claim)
+        .await
+        .map_err(|source| failed(ctx, &claim.name_any(), source))?;
+    crate::health::progress();
+    Ok(())
+}
+
+/// Deletes exactly `object`: its uid is a precondition, so a namesake created since survives.
+/// Already gone (404) or already replaced (409) counts as done.
+pub(super) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: object.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&object.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+fn failed(ctx: &Context, name: &str, source: kube::Error) -> ClaimError {
+    ctx.metrics.failed("resource_claim");
+    ClaimError::Api {
+        name: name.to_string(),
+        source,
+    }
+}

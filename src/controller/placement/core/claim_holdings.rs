@@ -1,0 +1,151 @@
+//! Which devices ResourceClaims hold, whoever holds the claim, and which of the claims we
+//! made have outlived their placement. Pure.
+//!
+//! A device that an allocated ResourceClaim names is taken until the claim lets go of it: the
+//! kubelet's driver refuses to prepare it for anyone else. So every allocated claim counts,
+//! in planning and in the fleet's numbers, whoever holds it: the scheduler's claims for pods
+//! that never went through a placement, a claim a tenant kept after deleting its placement
+//! (a finalizer of its own, or an ownerReference taken off so that neither our finalizer nor
+//! the garbage collector deletes it), a stale claim of a live placement that is stuck
+//! terminating. The one exception is a device the ledger already counts for the placement
+//! that owns the claim (label and ownerReference uid): that is the placement's own holding,
+//! and counting it twice would make the placement plan around itself.
+//!
+//! Before, a claim was skipped whole as soon as it was ours by label and owner, whatever
+//! devices it named, and the fleet gauges and `status.freeDevices` counted only the ledger:
+//! a claim kept past its placement showed its device free.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::api::dra::DeviceRef;
+use crate::api::dra::claims::{allocated_devices, owning_placement};
+use crate::plan::Reservations;
+
+use super::ledger::{Ledger, PlacementKey};
+use crate::controller::core::fleet_view::FleetView;
+
+/// A claim labelled for a placement (by us, or made to look so), still allocated, whose
+/// placement is gone: no placement of that name exists in its namespace, or the one that
+/// does is not the claim's owner (deleted and made again).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct OutlivedClaim {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The claim's uid (empty when the cache has none), to report it once.
+    pub uid: String,
+    /// The placement its label names.
+    pub placement: String,
+    /// Devices its allocation names.
+    pub devices: usize,
+}
+
+/// The devices allocated claims hold that the ledger does not already count for the claim's
+/// own placement, as planner reservations on `fleet`'s node and device ids. Devices the fleet
+/// does not know are left out: nothing could plan on them, and no gauge counts them.
+pub fn claimed_devices<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    ledger: &Ledger,
+    fleet: &FleetView,
+) -> Reservations {
+    let mut taken = Reservations::none();
+    let mut index: Option<HashMap<DeviceRef, (String, String)>> = None;
+    for claim in claims {
+        let devices = allocated_devices(claim);
+        if devices.is_empty() {
+            continue;
+        }
+        let owner = own_placement(claim, ledger);
+        // Built on the first allocated claim only: a fleet without DRA claims pays nothing.
+        let index = index.get_or_insert_with(|| dra_index(fleet));
+        for device in devices {
+            let Some((node, id)) = index.get(&device) else {
+                continue;
+            };
+            let counted = owner
+                .as_ref()
+                .is_some_and(|key| ledger.holder_of(node, id) == Some(key));
+            if !counted {
+                taken.insert(node.clone(), id.clone());
+            }
+        }
+    }
+    taken
+}
+
+/// The allocated claims labelled for a placement that is gone. `placement_uid` gives the uid
+/// of the placement `(namespace, name)` when it exists; `in_scope` says whether this
+/// controller reconciles placements of a namespace (a controller scoped to one namespace
+/// cannot tell about the others).
+pub fn outlived_claims<'a, 'p>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    placement_uid: impl Fn(&str, &str) -> Option<&'p str>,
+    in_scope: impl Fn(&str) -> bool,
+) -> Vec<OutlivedClaim> {
+    let mut outlived: Vec<OutlivedClaim> = claims
+        .into_iter()
+        .filter_map(|claim| {
+            let (namespace, placement) = owning_placement(claim)?;
+            if !in_scope(namespace) {
+                return None;
+            }
+            let devices = allocated_devices(claim).len();
+            if devices == 0 {
+                return None;
+            }
+            let alive = placement_uid(namespace, placement).is_some_and(|uid| {
+                claim
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == uid)
+            });
+            (!alive).then(|| OutlivedClaim {
+                namespace: namespace.to_string(),
+                name: claim.metadata.name.clone().unwrap_or_default(),
+                uid: claim.metadata.uid.clone().unwrap_or_default(),
+                placement: placement.to_string(),
+                devices,
+            })
+        })
+        .collect();
+    outlived.sort();
+    outlived
+}
+
+/// The placement that holds `claim` in the ledger: the one its label names, in its
+/// namespace, when the claim's ownerReferences carry that holding's uid (a placement deleted
+/// and made again under the same name is another placement).
+fn own_placement(claim: &ResourceClaim, ledger: &Ledger) -> Option<PlacementKey> {
+    let (namespace, placement) = owning_placement(claim)?;
+    let key = PlacementKey::new(namespace, placement);
+    let uid = &ledger.get(&key)?.uid;
+    claim
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| &o.uid == uid)
+        .then_some(key)
+}
+
+/// Every DRA-published device in the fleet, by its DRA name.
+fn dra_index(fleet: &FleetView) -> HashMap<DeviceRef, (String, String)> {
+    let mut index = HashMap::new();
+    for node in fleet.nodes() {
+        for device in &node.devices {
+            if let Some(reference) = fleet.dra_device(&node.name, &device.id) {
+                index.insert(reference.clone(), (node.name.clone(), device.id.clone()));
+            }
+        }
+    }
+    index
+}
+
+#[cfg(test)]
+#[path = "claim_holdings_tests.rs"]
+mod tests;

@@ -1,0 +1,478 @@
+//! The reservation ledger: which devices each ModelPlacement holds. Pure and in memory.
+//!
+//! The ledger is the controller's single source of truth for "is this device taken". It is
+//! rebuilt at start-up (and by a new leader) from every placement's `.status.assignments`,
+//! and changed only under one lock by the reconciler, so a device is never handed to two
+//! placements: [`Ledger::insert`] refuses a holding that overlaps another one.
+//!
+//! It also remembers which waiting placements were tried and did not fit, and against what:
+//! a placement that did not fit cannot fit later while no device has been released and the
+//! fleet is unchanged (fewer free devices never make a plan fit), so it need not be planned
+//! again on every newer placement's turn. [`Ledger::releases`] counts releases for that.
+//!
+//! Order is deterministic everywhere: placements compare by creation time, then by
+//! `namespace/name` ([`PlacementKey`]), so "older first" means the same thing on every replica
+//! and after every restart.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::api::placement::{Assignment, ModelPlacementStatus};
+use crate::plan::Reservations;
+
+use super::labels::HeldNodes;
+use super::outcome::Outcome;
+
+/// A placement's identity: namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PlacementKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl PlacementKey {
+    /// The key of `namespace/name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for PlacementKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Precedence among placements: older first, then by `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Precedence {
+    /// `metadata.creationTimestamp`, in seconds since the epoch.
+    pub created: i64,
+    /// The placement.
+    pub key: PlacementKey,
+}
+
+/// What one placement holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holding {
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+    /// `metadata.uid`: a placement deleted and re-created under the same name is another one.
+    pub uid: String,
+    /// The `metadata.generation` the plan was made for.
+    pub generation: i64,
+    /// The status that describes the plan (assignments, plan, nodeSelector...), without
+    /// conditions; written to the placement by its reconcile.
+    pub status: ModelPlacementStatus,
+}
+
+impl Holding {
+    /// The assigned devices: for a disaggregated placement, both pools'.
+    pub fn assignments(&self) -> Cow<'_, [Assignment]> {
+        if self.status.prefill.is_none() {
+            Cow::Borrowed(&self.status.assignments)
+        } else {
+            Cow::Owned(self.status.all_assignments().cloned().collect())
+        }
+    }
+
+    /// The nodes it holds, and for a disaggregated placement each pool's, for the labels.
+    pub fn held_nodes(&self) -> HeldNodes {
+        let nodes = |list: &[Assignment]| list.iter().map(|a| a.node.clone()).collect();
+        HeldNodes {
+            all: self.nodes(),
+            roles: self
+                .status
+                .prefill
+                .as_ref()
+                .map(|prefill| (nodes(&prefill.assignments), nodes(&self.status.assignments))),
+        }
+    }
+
+    /// The distinct nodes the placement uses.
+    pub fn nodes(&self) -> BTreeSet<String> {
+        self.assignments().iter().map(|a| a.node.clone()).collect()
+    }
+
+    /// Every (node, device) pair held.
+    pub fn devices(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.status
+            .all_assignments()
+            .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
+    }
+}
+
+/// A holding that would share devices with another placement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{device} on {node} is already held by {holder}")]
+pub struct Conflict {
+    /// The node.
+    pub node: String,
+    /// The device name.
+    pub device: String,
+    /// Who holds it.
+    pub holder: PlacementKey,
+}
+
+/// A placement version and the fleet view it is planned against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tried {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// The id of the fleet view.
+    pub fleet: u64,
+}
+
+/// A try that did not fit: with what, at which release count, and the refusal.
+#[derive(Debug, Clone, PartialEq)]
+struct Unfit {
+    tried: Tried,
+    releases: u64,
+    refusal: Outcome,
+}
+
+/// Every placement's devices.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ledger {
+    holdings: BTreeMap<PlacementKey, Holding>,
+    /// (node, device) -> holder; kept in step with `holdings` for O(log n) conflict checks.
+    owners: BTreeMap<(String, String), PlacementKey>,
+    /// Holdings removed so far.
+    releases: u64,
+    /// Placements that did not fit, by key.
+    unfit: HashMap<PlacementKey, Unfit>,
+    /// Devices held outside the ledger: allocated by ResourceClaims that are not ours.
+    external: Reservations,
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rebuilds the ledger from the placements' own statuses. When two statuses claim the
+    /// same device (a split brain, a hand-edited status), the one with precedence keeps it
+    /// and the other is left out, to be planned again; the keys left out are returned.
+    pub fn rebuild(
+        entries: impl IntoIterator<Item = (PlacementKey, Holding)>,
+    ) -> (Self, Vec<PlacementKey>) {
+        let mut sorted: Vec<(PlacementKey, Holding)> = entries
+            .into_iter()
+            .filter(|(_, holding)| !holding.assignments().is_empty())
+            .collect();
+        sorted.sort_by(|a, b| (a.1.created, &a.0).cmp(&(b.1.created, &b.0)));
+        let mut ledger = Self::new();
+        let mut dropped = Vec::new();
+        for (key, holding) in sorted {
+            if ledger.insert(key.clone(), holding).is_err() {
+                dropped.push(key);
+            }
+        }
+        (ledger, dropped)
+    }
+
+    /// Records `holding` for `key`, replacing what `key` held before. Refuses (and changes
+    /// nothing) when any device is held by another placement or listed twice.
+    pub fn insert(&mut self, key: PlacementKey, holding: Holding) -> Result<(), Conflict> {
+        let mut seen = BTreeSet::new();
+        for (node, device) in holding.devices() {
+            let pair = (node.to_string(), device.to_string());
+            let holder = self.owners.get(&pair).filter(|holder| **holder != key);
+            if let Some(holder) = holder
+                .cloned()
+                .or_else(|| (!seen.insert(pair.clone())).then(|| key.clone()))
+            {
+                return Err(Conflict {
+                    node: pair.0,
+                    device: pair.1,
+                    holder,
+                });
+            }
+        }
+        self.remove(&key);
+        for pair in seen {
+            self.owners.insert(pair, key.clone());
+        }
+        self.unfit.remove(&key);
+        self.holdings.insert(key, holding);
+        Ok(())
+    }
+
+    /// Forgets what `key` holds; returns it.
+    pub fn remove(&mut self, key: &PlacementKey) -> Option<Holding> {
+        let holding = self.holdings.remove(key)?;
+        let mut freed = false;
+        for (node, device) in holding.devices() {
+            self.owners.remove(&(node.to_string(), device.to_string()));
+            freed = true;
+        }
+        // A holding without devices (a claim-template placement) frees nothing, so what did
+        // not fit before still does not.
+        if freed {
+            self.releases += 1;
+        }
+        Some(holding)
+    }
+
+    /// How many holdings have been removed since the ledger was made: while it stays the
+    /// same, no device has become free.
+    pub fn releases(&self) -> u64 {
+        self.releases
+    }
+
+    /// Remembers that `key`, tried as `tried` now, got `refusal`.
+    pub fn mark_unfit(&mut self, key: PlacementKey, tried: Tried, refusal: Outcome) {
+        let releases = self.releases;
+        self.unfit.insert(
+            key,
+            Unfit {
+                tried,
+                releases,
+                refusal,
+            },
+        );
+    }
+
+    /// The refusal `key` got when it was last tried exactly as `tried`, if no device has
+    /// been released since: planning it again would fail again.
+    pub fn known_unfit(&self, key: &PlacementKey, tried: &Tried) -> Option<&Outcome> {
+        self.unfit
+            .get(key)
+            .filter(|unfit| unfit.tried == *tried && unfit.releases == self.releases)
+            .map(|unfit| &unfit.refusal)
+    }
+
+    /// Forgets everything about a deleted placement.
+    pub fn forget(&mut self, key: &PlacementKey) -> Option<Holding> {
+        self.unfit.remove(key);
+        self.remove(key)
+    }
+
+    /// What `key` holds.
+    pub fn get(&self, key: &PlacementKey) -> Option<&Holding> {
+        self.holdings.get(key)
+    }
+
+    /// The placement holding `device` on `node`, if one does.
+    pub fn holder_of(&self, node: &str, device: &str) -> Option<&PlacementKey> {
+        self.owners.get(&(node.to_string(), device.to_string()))
+    }
+
+    /// Every holding, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&PlacementKey, &Holding)> {
+        self.holdings.iter()
+    }
+
+    /// Replaces the devices held outside the ledger (allocated by ResourceClaims that are
+    /// not ours). Returns true when they changed; a release among them counts as a release,
+    /// so placements that did not fit are tried again.
+    pub fn set_external(&mut self, external: Reservations) -> bool {
+        if external == self.external {
+            return false;
+        }
+        if !self.external.is_empty() {
+            self.releases = self.releases.wrapping_add(1);
+        }
+        self.external = external;
+        true
+    }
+
+    /// The devices every placement other than `key` holds, plus those held outside the
+    /// ledger, for the planner.
+    pub fn reserved_by_others(&self, key: &PlacementKey) -> Reservations {
+        let mut reserved = self.external.clone();
+        for ((node, device), holder) in &self.owners {
+            if holder != key {
+                reserved.insert(node.clone(), device.clone());
+            }
+        }
+        reserved
+    }
+
+    /// Every device held, by placements and outside the ledger.
+    pub fn reserved_all(&self) -> Reservations {
+        let mut reserved = self.external.clone();
+        for (node, device) in self.owners.keys() {
+            reserved.insert(node.clone(), device.clone());
+        }
+        reserved
+    }
+
+    /// Devices held in total.
+    pub fn devices_reserved(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Placements holding devices.
+    pub fn len(&self) -> usize {
+        self.holdings.len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.holdings.is_empty()
+    }
+
+    /// The placements holding a device on `node`.
+    pub fn holders_on(&self, node: &str) -> BTreeSet<PlacementKey> {
+        self.owners
+            .range((node.to_string(), String::new())..)
+            .take_while(|((n, _), _)| n == node)
+            .map(|(_, holder)| holder.clone())
+            .collect()
+    }
+}
+
+/// Sorts placements into the order in which they get devices: older first, then by
+/// `namespace/name`.
+pub fn in_precedence_order(mut placements: Vec<Precedence>) -> Vec<Precedence> {
+    placements.sort();
+    placements
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(created: i64, devices: &[(&str, &str)]) -> Holding {
+        let mut by_node: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (node, device) in devices {
+            by_node.entry(node).or_default().push(device.to_string());
+        }
+        let assignments = by_node
+            .into_iter()
+            .map(|(node, devices)| Assignment {
+                node: node.to_string(),
+                devices,
+                replica: 0,
+                stage: 0,
+            })
+            .collect();
+        Holding {
+            created,
+            uid: format!("uid-{created}"),
+            generation: 1,
+            status: ModelPlacementStatus {
+                assignments,
+                ..ModelPlacementStatus::default()
+            },
+        }
+    }
+
+    fn key(name: &str) -> PlacementKey {
+        PlacementKey::new("ml", name)
+    }
+
+    #[test]
+    fn a_device_is_never_held_twice() {
+        let mut ledger = Ledger::new();
+        ledger
+            .insert(key("a"), holding(1, &[("n1", "gpu-0"), ("n1", "gpu-1")]))
+            .unwrap();
+        let conflict = ledger
+            .insert(key("b"), holding(2, &[("n1", "gpu-1"), ("n1", "gpu-2")]))
+            .unwrap_err();
+        assert_eq!(conflict.holder, key("a"));
+        assert_eq!(conflict.device, "gpu-1");
+        assert!(
+            ledger.get(&key("b")).is_none(),
+            "refused holdings change nothing"
+        );
+        let twice = ledger.insert(key("c"), holding(3, &[("n2", "gpu-0"), ("n2", "gpu-0")]));
+        assert!(twice.is_err(), "one device listed twice");
+        assert_eq!(ledger.devices_reserved(), 2);
+    }
+
+    #[test]
+    fn others_reservations_exclude_your_own_and_follow_removal() {
+        let mut ledger = Ledger::new();
+        ledger
+            .insert(key("a"), holding(1, &[("n1", "gpu-0")]))
+            .unwrap();
+        ledger
+            .insert(key("b"), holding(2, &[("n1", "gpu-1"), ("n2", "gpu-0")]))
+            .unwrap();
+        let for_a = ledger.reserved_by_others(&key("a"));
+        assert!(!for_a.contains("n1", "gpu-0"));
+        assert!(for_a.contains("n1", "gpu-1") && for_a.contains("n2", "gpu-0"));
+        assert_eq!(
+            ledger.holders_on("n1"),
+            BTreeSet::from([key("a"), key("b")])
+        );
+        assert!(ledger.remove(&key("b")).is_some());
+        assert!(ledger.reserved_by_others(&key("a")).is_empty());
+        assert!(ledger.holders_on("n2").is_empty());
+    }
+
+    #[test]
+    fn replacing_a_holding_releases_the_old_devices() {
+        let mut ledger = Ledger::new();
+        ledger
+            .insert(key("a"), holding(1, &[("n1", "gpu-0")]))
+            .unwrap();
+        ledger
+            .insert(key("a"), holding(1, &[("n2", "gpu-0")]))
+            .unwrap();
+        ledger
+            .insert(key("b"), holding(2, &[("n1", "gpu-0")]))
+            .unwrap();
+        assert_eq!(ledger.len(), 2);
+        assert_eq!(ledger.devices_reserved(), 2);
+    }
+
+    #[test]
+    fn rebuild_is_deterministic_and_older_wins() {
+        let entries = vec![
+            (key("young"), holding(20, &[("n1", "gpu-0")])),
+            (key("old"), holding(10, &[("n1", "gpu-0"), ("n1", "gpu-1")])),
+            (key("other"), holding(30, &[("n2", "gpu-0")])),
+            (key("empty"), holding(5, &[])),
+        ];
+        let mut reversed = entries.clone();
+        reversed.reverse();
+        let (first, dropped_first) = Ledger::rebuild(entries);
+        let (second, dropped_second) = Ledger::rebuild(reversed);
+        assert_eq!(first, second, "input order does not matter");
+        assert_eq!(dropped_first, vec![key("young")]);
+        assert_eq!(dropped_second, dropped_first);
+        assert!(first.get(&key("old")).is_some());
+        assert!(
+            first.get(&key("empty")).is_none(),
+            "nothing held, nothing recorded"
+        );
+    }
+
+    #[test]
+    fn equal_creation_times_fall_back_to_names() {
+        let (ledger, dropped) = Ledger::rebuild(vec![
+            (key("b"), holding(10, &[("n1", "gpu-0")])),
+            (key("a"), holding(10, &[("n1", "gpu-0")])),
+        ]);
+        assert!(ledger.get(&key("a")).is_some());
+        assert_eq!(dropped, vec![key("b")]);
+        let order = in_precedence_order(vec![
+            Precedence {
+                created: 10,
+                key: key("b"),
+            },
+            Precedence {
+                created: 11,
+                key: PlacementKey::new("aa", "a"),
+            },
+            Precedence {
+                created: 10,
+                key: key("a"),
+            },
+        ]);
+        let names: Vec<String> = order.iter().map(|p| p.key.to_string()).collect();
+        assert_eq!(names, ["ml/a", "ml/b", "aa/a"]);
+    }
+}

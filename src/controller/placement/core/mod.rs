@@ -1,0 +1,30 @@
+//! The placement loop's pure core: every decision a reconcile makes, as pure functions over
+//! plain values — no client, no clock, no async. The driver around it
+//! ([`reconcile`](super::reconcile), [`apply`](super::apply), [`status`](super::status)) only
+//! reads caches, calls in here, and writes what comes out.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`request`] | spec → planner request, and the nodes it may use |
+//! | [`outcome`] | plan → status: what planning a spec concluded |
+//! | [`claims`] | which ResourceClaims hold a plan |
+//! | [`claim_holdings`] | devices every allocated claim holds; claims that outlived their placement |
+//! | [`ledger`] | which placement holds which devices |
+//! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
+//! | [`desired`] | the status and conditions a decision leads to |
+//! | [`labels`] | placement label keys and nodeSelectors |
+//! | [`no_match`] | why no node is left for a placement; constraints that can never match |
+//! | [`template`] | the planner's alternatives for a ResourceClaimTemplate |
+//!
+//! `tests/architecture.rs` keeps this module free of `kube`, `tokio` and `clap`.
+
+pub mod claim_holdings;
+pub mod claims;
+pub mod decide;
+pub mod desired;
+pub mod labels;
+pub mod ledger;
+pub mod no_match;
+pub mod outcome;
+pub mod request;
+pub mod template;

@@ -1,0 +1,265 @@
+//! Plan → status: what planning a spec on the fleet concluded ([`evaluate`]), and the
+//! `ModelPlacementStatus` that says so. Pure; the spec became a planner request in
+//! [`request`](super::request).
+
+use std::collections::BTreeSet;
+
+use crate::api::placement::{
+    AllocationMode, Assignment, EngineStatus, MemoryBreakdown, ModelPlacementSpec,
+    ModelPlacementStatus, PlanStatus, PrefillStatus, RoleNodes,
+};
+use crate::controller::core::fleet_view::FleetView;
+use crate::plan::report::Plan;
+use crate::plan::{NodeSpec, PlanError, Reservations, plan};
+
+use super::request::{Request, request_from_spec};
+use super::{labels, no_match, template};
+
+/// Why a disaggregated placement with DRA allocation is refused.
+pub const DISAGGREGATED_NEEDS_LABELS: &str = "disaggregated serving supports allocation: labels for now (spec.allocation is claims or claimTemplate)";
+
+/// What planning concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// It fits: the status describes the plan and its assignments.
+    Planned(ModelPlacementStatus),
+    /// Valid, but it does not fit on the free devices now.
+    Unschedulable(ModelPlacementStatus),
+    /// The spec cannot be planned whatever the hardware.
+    Invalid(ModelPlacementStatus),
+}
+
+impl Outcome {
+    /// The status part of the outcome (without conditions).
+    pub fn status(&self) -> &ModelPlacementStatus {
+        match self {
+            Self::Planned(s) | Self::Unschedulable(s) | Self::Invalid(s) => s,
+        }
+    }
+}
+
+/// Plans `spec` for `namespace/name` on `fleet` minus `reserved`.
+pub fn evaluate(
+    spec: &ModelPlacementSpec,
+    namespace: &str,
+    name: &str,
+    fleet: &FleetView,
+    reserved: &Reservations,
+) -> Outcome {
+    let request = match request_from_spec(spec) {
+        Ok(request) => request,
+        Err(reasons) => return Outcome::Invalid(refusal(None, reasons, Vec::new())),
+    };
+    if request.request.disaggregation.is_some()
+        && matches!(
+            spec.allocation,
+            Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
+        )
+    {
+        return Outcome::Invalid(refusal(
+            Some(request.model.name.clone()),
+            vec![DISAGGREGATED_NEEDS_LABELS.to_string()],
+            vec!["set spec.allocation: labels, or drop spec.goal.serve.disaggregated".to_string()],
+        ));
+    }
+    let nodes = request.nodes(fleet);
+    // The planner sees only what is left; the whole fleet says why nothing is.
+    if let Some(why) = no_match::why_nothing_left(fleet, &request.filter, &nodes) {
+        return Outcome::Unschedulable(no_devices(&request, &why));
+    }
+    if spec.allocation == Some(AllocationMode::ClaimTemplate) {
+        return template::evaluate_template(&request, &nodes, fleet, namespace, name);
+    }
+    outcome_of(&request, &nodes, reserved, namespace, name)
+}
+
+/// Plans `request` on `nodes` minus `reserved`: the plan's status, or why there is none.
+pub(super) fn outcome_of(
+    request: &Request,
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    namespace: &str,
+    name: &str,
+) -> Outcome {
+    match plan(&request.model, nodes, reserved, &request.request) {
+        Ok(plan) if plan.fits => {
+            let mut status = planned_status(&plan, namespace, name);
+            status.reasons.extend(request.notes.iter().cloned());
+            status.reasons = in_spec_terms(status.reasons);
+            status.suggestions = in_spec_terms(status.suggestions);
+            Outcome::Planned(status)
+        }
+        Ok(plan) => Outcome::Unschedulable(refusal(
+            Some(plan.model.name.clone()),
+            plan.reasons,
+            plan.suggestions,
+        )),
+        Err(PlanError::NoDevices(reason)) => Outcome::Unschedulable(no_devices(request, &reason)),
+        Err(err) => Outcome::Invalid(refusal(
+            Some(request.model.name.clone()),
+            vec![err.to_string()],
+            Vec::new(),
+        )),
+    }
+}
+
+/// The refusal when no accelerator is left to plan on, saying why.
+fn no_devices(request: &Request, reason: &str) -> ModelPlacementStatus {
+    refusal(
+        Some(request.model.name.clone()),
+        vec![format!("no free accelerator matches: {reason}")],
+        vec![
+            "wait for another placement to be deleted, add nodes, or relax constraints".to_string(),
+        ],
+    )
+}
+
+fn refusal(
+    model: Option<String>,
+    reasons: Vec<String>,
+    suggestions: Vec<String>,
+) -> ModelPlacementStatus {
+    ModelPlacementStatus {
+        model,
+        reasons: in_spec_terms(reasons),
+        suggestions: in_spec_terms(suggestions),
+        ..ModelPlacementStatus::default()
+    }
+}
+
+/// The planner explains itself in `hwaccel plan` flags; a ModelPlacement user edits spec
+/// fields, so the flag names are rewritten to the field paths that mean the same.
+const FLAG_TO_FIELD: [(&str, &str); 18] = [
+    ("--engine-version", "spec.engine.version"),
+    ("--engine", "spec.engine.name"),
+    ("--enforce-eager", "spec.engine.enforceEager"),
+    ("--max-num-seqs", "spec.engine.maxNumSeqs"),
+    (
+        "--max-num-batched-tokens",
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    (
+        "--mem-fraction-static",
+        "spec.engine.memFractionStaticPercent",
+    ),
+    ("--prefill-replicas ", "spec.goal.serve.prefillReplicas="),
+    ("--disaggregated", "spec.goal.serve.disaggregated"),
+    ("--precision ", "spec.constraints.precision="),
+    ("--kv-dtype ", "spec.constraints.kvCachePrecision="),
+    ("--max-nodes ", "spec.constraints.maxNodes="),
+    ("--gpu-util", "spec.constraints.memoryUtilizationPercent"),
+    ("--context ", "spec.goal.serve.context="),
+    ("--concurrency ", "spec.goal.serve.concurrency="),
+    ("--seq-len ", "spec.goal.train.seqLen="),
+    ("--micro-batch ", "spec.goal.train.microBatch="),
+    ("--train ", "spec.goal.train.method="),
+    ("--replicas ", "spec.replicas "),
+];
+
+fn in_spec_terms(lines: Vec<String>) -> Vec<String> {
+    lines
+        .into_iter()
+        .map(|line| {
+            FLAG_TO_FIELD
+                .iter()
+                .fold(line, |text, (flag, field)| text.replace(flag, field))
+        })
+        .collect()
+}
+
+/// One pool's assignments, plan numbers and engine arguments.
+fn pool_status(plan: &Plan) -> (Vec<Assignment>, PlanStatus, Option<EngineStatus>) {
+    let assignments: Vec<Assignment> = plan
+        .assignments
+        .iter()
+        .map(|a| Assignment {
+            node: a.node.clone(),
+            devices: a.devices.clone(),
+            replica: a.replica,
+            stage: a.stage,
+        })
+        .collect();
+    let memory = plan.per_device.map(|m| MemoryBreakdown {
+        weights: m.weights.0,
+        kv_cache: m.kv_cache.0,
+        activations: m.activations.0,
+        overhead: m.overhead.0,
+        total: m.total.0,
+        capacity: m.capacity.0,
+    });
+    let plan_status = PlanStatus {
+        precision: plan.precision.map(|p| p.to_string()).unwrap_or_default(),
+        tensor_parallel: plan.tp.unwrap_or(1),
+        pipeline_parallel: plan.pp.unwrap_or(1),
+        replicas: plan.replicas.unwrap_or(1),
+        devices: plan.devices.unwrap_or(0),
+        nodes: plan.nodes.unwrap_or(0),
+        max_concurrency: plan.max_concurrency,
+        memory_per_device: memory.unwrap_or_default(),
+        estimated_tokens_per_second: plan
+            .throughput
+            .as_ref()
+            .map(|t| t.single_stream_tokens_per_s.round().max(0.0) as u64),
+    };
+    let engine = plan.engine.as_ref().map(|e| EngineStatus {
+        engine: Some(e.engine.clone()),
+        version: Some(e.version.clone()),
+        image: e.image.clone(),
+        image_refusal: e.image_refusal.clone(),
+        model: e.model.clone(),
+        vllm: e.vllm.clone(),
+        sglang: e.sglang.clone(),
+        notes: e.notes.clone(),
+    });
+    (assignments, plan_status, engine)
+}
+
+/// The status for a plan that fits: for a disaggregated plan, the decode pool at the top
+/// level and the prefill pool under `prefill`.
+pub fn planned_status(plan: &Plan, namespace: &str, name: &str) -> ModelPlacementStatus {
+    let (assignments, plan_status, engine) = pool_status(plan);
+    let nodes: BTreeSet<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
+    let node_names = nodes.into_iter().collect::<Vec<_>>().join(",");
+    let mut status = ModelPlacementStatus {
+        model: Some(plan.model.name.clone()),
+        plan: Some(plan_status),
+        node_names: Some(node_names.clone()),
+        node_selector: labels::node_selector(namespace, name),
+        assignments,
+        engine,
+        reasons: plan.reasons.clone(),
+        suggestions: plan.suggestions.clone(),
+        prefill: plan
+            .prefill
+            .as_deref()
+            .map(|prefill| prefill_status(prefill, namespace, name)),
+        decode: plan.prefill.as_ref().map(|_| RoleNodes {
+            node_names: Some(node_names),
+            node_selector: labels::role_node_selector(labels::DECODE_LABEL_PREFIX, namespace, name),
+        }),
+        ..ModelPlacementStatus::default()
+    };
+    if status.prefill.is_some() {
+        // The whole placement's nodes, like its nodeSelector; `decode` names the decode pool's.
+        let all: BTreeSet<&str> = status.all_assignments().map(|a| a.node.as_str()).collect();
+        status.node_names = Some(all.into_iter().collect::<Vec<_>>().join(","));
+    }
+    status
+}
+
+/// The prefill pool's part of a disaggregated placement's status.
+fn prefill_status(prefill: &Plan, namespace: &str, name: &str) -> PrefillStatus {
+    let pool = pool_status(prefill);
+    let nodes: BTreeSet<&str> = pool.0.iter().map(|a| a.node.as_str()).collect();
+    PrefillStatus {
+        node_names: Some(nodes.iter().copied().collect::<Vec<_>>().join(",")),
+        node_selector: labels::role_node_selector(labels::PREFILL_LABEL_PREFIX, namespace, name),
+        assignments: pool.0,
+        plan: Some(pool.1),
+        engine: pool.2,
+    }
+}
+
+#[cfg(test)]
+#[path = "outcome_tests.rs"]
+mod tests;

@@ -1,0 +1,27 @@
+//! The placement loop: one reconcile per ModelPlacement, *dereference → validate → build →
+//! apply → status*. A thin driver that reads the watch caches and writes to the apiserver,
+//! around a pure [`core`] that decides.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`core`] | the pure placement core: decide, ledger, build, desired status, claims |
+//! | [`reconcile`] | one reconcile: the steps in order, the finalizer, the backoff |
+//! | [`dereference`] | what a decision reads, from the watch caches |
+//! | [`apply`] | placement labels onto Nodes by server-side apply |
+//! | [`claims`] | the ResourceClaims of a `spec.allocation: claims` plan |
+//! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
+//! | [`status`] | the status subresource and Events |
+//! | [`step`] | the steps that can fail, named once for metrics, Events and logs |
+
+pub mod apply;
+pub mod claim_template;
+pub mod claims;
+pub mod core;
+pub mod dereference;
+pub mod reconcile;
+#[cfg(test)]
+mod reconcile_claims_tests;
+#[cfg(test)]
+pub(crate) mod reconcile_tests;
+pub mod status;
+pub mod step;

@@ -1,0 +1,433 @@
+//! One ModelPlacement reconcile, as a thin driver over the pure placement core:
+//!
+//! 1. dereference ([`dereference`](super::dereference)): the placement, the other waiting
+//!    placements, the fleet view and the Nodes, all from watch caches;
+//! 2. validate and build ([`decide`]): keep a plan while it is still valid, otherwise plan
+//!    against the fleet minus what others hold, older waiting placements first (pure);
+//! 3. apply ([`apply`](super::apply)): the Node labels of every Node whose placements changed;
+//! 4. status ([`status`](super::status)): the status subresource and Events, only on change.
+//!
+//! Each step has its own error type; [`Error::step`] says which step failed, and that one
+//! [`Step`] names the failure in the metric, the Warning Event and the log. Every reconcile holds
+//! the one state lock ([`Context`]), which is what makes "no device is handed out twice"
+//! simple and certain.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{self, Event as FinalizerEvent};
+use kube::{Resource, ResourceExt};
+use tracing::Instrument;
+
+use crate::api::placement::AllocationMode;
+use crate::api::{Lenient, ModelPlacement};
+use crate::backoff::Backoff;
+
+use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
+use super::claim_template::{TemplateWriteError, release_template, sync_template};
+use super::claims::{ClaimError, claimed_in_cache, release_claims, sync_claims};
+use super::core::claims::{self, ClaimsReport};
+use super::core::decide::{Candidate, Decision, decide};
+use super::core::desired::state_name;
+use super::core::ledger::{Holding, PlacementKey};
+use super::core::outcome::Outcome;
+use super::core::template;
+use super::dereference::{
+    DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
+    waiting_placements,
+};
+use super::status::{StatusError, report_failure, report_undecodable, write_status};
+use super::step::Step;
+use crate::controller::context::{Context, State, lock};
+use crate::controller::core::fleet_view::FleetView;
+
+/// The finalizer that lets the controller remove a placement's Node labels.
+pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
+/// How often a plan that holds is re-checked without any trigger.
+const PLANNED_RESYNC: Duration = Duration::from_secs(600);
+/// How often a placement that does not fit tries again without any trigger.
+const PENDING_RETRY: Duration = Duration::from_secs(300);
+/// Waits after a placement's failed reconciles: 1 s, doubling up to 5 minutes, jittered into
+/// the upper half of each step (a failure that hits every placement at once, such as an
+/// apiserver restart, is not retried in one burst).
+pub const ERROR_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+
+/// What can make a reconcile fail (and be retried with backoff), by step.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Dereference: the placement cannot be ordered among the others.
+    #[error(transparent)]
+    Dereference(#[from] DereferenceError),
+    /// Apply: a Node label write failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Status: the status write failed.
+    #[error(transparent)]
+    Status(#[from] StatusError),
+    /// Claims: a ResourceClaim write failed.
+    #[error(transparent)]
+    Claims(#[from] ClaimError),
+    /// Template: a ResourceClaimTemplate write failed.
+    #[error(transparent)]
+    Template(#[from] TemplateWriteError),
+    /// Adding or removing the finalizer, or the work inside it, failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// The step that failed. The work of a reconcile runs inside kube-runtime's finalizer
+    /// helper, so most errors arrive wrapped in it: the step is the one inside, and only a
+    /// failed finalizer write is the finalizer's own.
+    pub fn step(&self) -> Step {
+        match self {
+            Self::Dereference(_) => Step::Dereference,
+            Self::Apply(_) => Step::Apply,
+            Self::Status(_) => Step::Status,
+            Self::Claims(_) => Step::Claims,
+            Self::Template(_) => Step::Template,
+            Self::Finalizer(err) => match &**err {
+                finalizer::Error::ApplyFailed(inner) | finalizer::Error::CleanupFailed(inner) => {
+                    inner.step()
+                }
+                finalizer::Error::AddFinalizer(_)
+                | finalizer::Error::RemoveFinalizer(_)
+                | finalizer::Error::UnnamedObject
+                | finalizer::Error::InvalidFinalizer => Step::Finalizer,
+            },
+        }
+    }
+}
+
+/// The controller's entry point for one placement. It runs in a `reconcile` span carrying
+/// the placement (`placement="ml/llama"`), so every line logged on its behalf (and by the
+/// client under it) says which placement it is about.
+pub async fn reconcile(
+    object: Arc<Lenient<ModelPlacement>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let key = PlacementKey::new(object.namespace().unwrap_or_default(), object.name_any());
+    let span = tracing::info_span!("reconcile", placement = %key);
+    reconcile_placement(object, ctx).instrument(span).await
+}
+
+async fn reconcile_placement(
+    object: Arc<Lenient<ModelPlacement>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let placement = match &*object {
+        Lenient::Decoded(placement) => Arc::new(placement.clone()),
+        Lenient::Undecodable { error, .. } => return Ok(skip_undecodable(&object, error, &ctx)),
+    };
+    let started = Instant::now();
+    let key = precedence_of(&placement)?.key;
+    let api: Api<ModelPlacement> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let waited = std::sync::Mutex::new(Duration::ZERO);
+    // kube-runtime's finalizer helper spends a first reconcile on adding the finalizer alone.
+    let adding_finalizer = placement.meta().deletion_timestamp.is_none()
+        && !placement.finalizers().iter().any(|f| f == FINALIZER);
+    let result = finalizer::finalizer(&api, FINALIZER, placement, |event| async {
+        match event {
+            FinalizerEvent::Apply(placement) => place(&placement, &api, &ctx, &waited).await,
+            FinalizerEvent::Cleanup(placement) => cleanup(&placement, &ctx, &waited).await,
+        }
+    })
+    .await
+    .map_err(|err| Error::Finalizer(Box::new(err)));
+    let waited = waited.into_inner().unwrap_or_default();
+    if adding_finalizer && result.is_ok() {
+        ctx.metrics.wrote("finalizer", started.elapsed());
+    }
+    ctx.metrics.reconciles.inc();
+    ctx.metrics.lock_wait_seconds.observe(waited.as_secs_f64());
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().saturating_sub(waited).as_secs_f64());
+    if result.is_ok()
+        && let Ok(mut failures) = ctx.failures.lock()
+    {
+        failures.remove(&key);
+    }
+    result
+}
+
+/// A placement whose stored object does not decode: counted, reported in a Warning Event, and
+/// left alone until it changes. It holds nothing (the ledger is built from decodable
+/// statuses), so skipping it costs no other placement anything.
+fn skip_undecodable(object: &Lenient<ModelPlacement>, error: &str, ctx: &Context) -> Action {
+    ctx.metrics.observe_decoding("ModelPlacement", object);
+    report_undecodable(ctx, object, error);
+    Action::await_change()
+}
+
+/// Retries a failed reconcile with jittered exponential backoff per placement ([`ERROR_BACKOFF`]).
+pub fn error_policy(
+    placement: Arc<Lenient<ModelPlacement>>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let step = error.step();
+    ctx.metrics.reconcile_failed(step);
+    let key = PlacementKey::new(
+        placement.namespace().unwrap_or_default(),
+        placement.name_any(),
+    );
+    let attempts = ctx.failures.lock().map_or(1, |mut failures| {
+        let count = failures.entry(key.clone()).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    });
+    let wait = ERROR_BACKOFF.wait(attempts);
+    tracing::warn!(placement = %key, %step, %error, retry_in = ?wait, "reconcile failed");
+    report_failure(&ctx, &placement, step, error, wait);
+    Action::requeue(wait)
+}
+
+/// Decides for a live placement, then writes its Node labels and its status.
+async fn place(
+    placement: &ModelPlacement,
+    api: &Api<ModelPlacement>,
+    ctx: &Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> Result<Action, Error> {
+    let me = candidate(placement)?;
+    let mut state = lock(ctx, waited).await;
+    let deciding = Instant::now();
+    let fleet = fleet_view(ctx, &mut state);
+    // Every device an allocated claim holds is taken, whoever holds the claim, unless the
+    // ledger already counts it for the claim's own placement.
+    let external = claimed_in_cache(ctx, &state.ledger, || fleet.clone());
+    state.ledger.set_external(external);
+    let waiting = waiting_placements(ctx);
+    let older: Vec<Candidate<'_>> = waiting
+        .iter()
+        .filter_map(|p| candidate(p.decoded()?).ok())
+        .filter(|c| c.precedence.key != me.precedence.key)
+        .collect();
+    let mut decision = decide(&mut state.ledger, &me, &older, &fleet);
+    ctx.metrics
+        .decide_seconds
+        .observe(deciding.elapsed().as_secs_f64());
+    if decision.deferred {
+        // Older placements go first; those planned on this turn get their labels now and
+        // their statuses on their own reconciles, and this one comes back after them.
+        sync_node_labels(ctx, &mut state, &decision.changed_nodes).await?;
+        drop(state);
+        let _ = ctx.requeue.send(());
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
+    let template_error = write_template(ctx, placement, &fleet, &mut decision).await;
+    let check_nodes = nodes_to_check(&decision);
+    decision.unlabeled = missing_nodes(ctx, decision.outcome.status());
+    state
+        .states
+        .insert(me.precedence.key.clone(), state_name(&decision.outcome));
+    publish_gauges(ctx, &state);
+    if decision.freed {
+        requeue_waiting(ctx, &state, &me.precedence.key);
+    }
+    // The Node labels and the status go out together, so a reconcile costs one apiserver
+    // round trip rather than two. The status says Ready on the assumption that the labels
+    // land; when a label write fails, a second status write takes that back before the
+    // reconcile is retried. Once a Node has refused a write, that assumption is no longer
+    // fair: the labels go first and the status says what happened, so Ready does not flap
+    // on every retry while the refusal lasts.
+    let current = placement.status.as_ref();
+    let refused_before = check_nodes.iter().any(|n| state.refused_labels.contains(n));
+    let (labels, written) = if refused_before {
+        let labels = sync_node_labels(ctx, &mut state, &check_nodes).await;
+        if let Err(err) = &labels {
+            decision.label_error = Some(err.to_string());
+        }
+        let written = write_status(placement, current, api, ctx, &decision).await;
+        (labels, written)
+    } else {
+        tokio::join!(
+            sync_node_labels(ctx, &mut state, &check_nodes),
+            write_status(placement, current, api, ctx, &decision),
+        )
+    };
+    drop(state);
+    if !decision.planned_others.is_empty() {
+        let _ = ctx.requeue.send(());
+    }
+    if let Err(err) = labels {
+        // After a refusal the status already says so; else Ready is taken back now.
+        let taken_back = if refused_before {
+            written.map(drop)
+        } else {
+            decision.label_error = Some(err.to_string());
+            let written = written.ok().flatten();
+            write_status(placement, written.as_ref().or(current), api, ctx, &decision)
+                .await
+                .map(drop)
+        };
+        if let Err(status_err) = taken_back {
+            tracing::warn!(error = %status_err, "could not mark the placement not Ready");
+        }
+        return Err(err.into());
+    }
+    written?;
+    if let Some(err) = claim_error {
+        return Err(err.into());
+    }
+    if let Some(err) = template_error {
+        return Err(err.into());
+    }
+    Ok(match decision.outcome {
+        Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),
+        Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
+        Outcome::Invalid(_) => Action::await_change(),
+    })
+}
+
+/// Frees a deleted placement's devices and removes its Node labels; the finalizer goes only
+/// once the labels are gone.
+async fn cleanup(
+    placement: &ModelPlacement,
+    ctx: &Context,
+    waited: &std::sync::Mutex<Duration>,
+) -> Result<Action, Error> {
+    let key = precedence_of(placement)?.key;
+    let mut state = lock(ctx, waited).await;
+    let nodes = state
+        .ledger
+        .get(&key)
+        .map(Holding::nodes)
+        .unwrap_or_default();
+    release_claims(ctx, placement).await?;
+    if had_template(placement) {
+        release_template(ctx, placement).await?;
+    }
+    let removed = state.ledger.forget(&key);
+    if let Err(err) = sync_node_labels(ctx, &mut state, &nodes).await {
+        // Keep the holding until the labels are gone, so a retry removes them.
+        if let Some(holding) = removed {
+            let _ = state.ledger.insert(key, holding);
+        }
+        return Err(err.into());
+    }
+    state.states.remove(&key);
+    publish_gauges(ctx, &state);
+    if removed.is_some() {
+        tracing::info!(placement = %key, "placement deleted; its devices are free");
+        requeue_waiting(ctx, &state, &key);
+    }
+    Ok(Action::await_change())
+}
+
+/// Makes the placement's ResourceClaims match its decision (none unless it is planned and
+/// held by claims) and records what they are in the decision. A failed write is recorded
+/// too, so the status says so, and returned, so the reconcile is retried.
+async fn hold_by_claims(
+    ctx: &Context,
+    placement: &ModelPlacement,
+    fleet: &FleetView,
+    decision: &mut Decision,
+) -> Option<ClaimError> {
+    ctx.claims.as_ref()?;
+    let namespace = placement.namespace().unwrap_or_default();
+    let mode = placement.spec.allocation.unwrap_or_default();
+    let wanted = match &decision.outcome {
+        Outcome::Planned(status) => {
+            claims::holding(&namespace, &placement.name_any(), mode, status, fleet)
+        }
+        _ => claims::Holding::Labels,
+    };
+    let plans = match &wanted {
+        claims::Holding::Claims(plans) => plans.as_slice(),
+        claims::Holding::Labels => &[],
+        claims::Holding::Unclaimable(why) => {
+            // Keep whatever claims exist: the devices may come back, and a running
+            // workload holds them anyway.
+            decision.claims = Some(ClaimsReport {
+                error: Some(why.clone()),
+                ..ClaimsReport::default()
+            });
+            return None;
+        }
+    };
+    let result = sync_claims(ctx, placement, plans).await;
+    let held_by_claims = matches!(wanted, claims::Holding::Claims(_));
+    match result {
+        Ok(report) => {
+            if held_by_claims {
+                decision.claims = Some(report);
+            }
+            None
+        }
+        Err(err) => {
+            if held_by_claims {
+                let mut report = ClaimsReport::new(plans, &Default::default());
+                report.error = Some(err.to_string());
+                decision.claims = Some(report);
+            }
+            Some(err)
+        }
+    }
+}
+
+/// Writes the placement's ResourceClaimTemplate when it is planned in `claimTemplate` mode,
+/// and deletes one it had when it is not (another mode, or no plan: a template that lists
+/// alternatives nothing can satisfy would leave pods Pending with no reason of ours). A
+/// failed write is recorded, so Ready says so, and returned, so the reconcile is retried.
+async fn write_template(
+    ctx: &Context,
+    placement: &ModelPlacement,
+    fleet: &FleetView,
+    decision: &mut Decision,
+) -> Option<TemplateWriteError> {
+    // Without DRA there is no template API, and the plan (on DRA devices only) is empty.
+    ctx.claims.as_ref()?;
+    let planned = matches!(&decision.outcome, Outcome::Planned(s) if s.claim_template.is_some());
+    let result = if planned {
+        let namespace = placement.namespace().unwrap_or_default();
+        let choices =
+            template::alternatives(&placement.spec, &namespace, &placement.name_any(), fleet);
+        let alternatives: Vec<_> = choices.into_iter().map(|c| c.alternative).collect();
+        sync_template(ctx, placement, &alternatives).await
+    } else if had_template(placement) {
+        release_template(ctx, placement).await
+    } else {
+        return None;
+    };
+    let err = result.err()?;
+    decision.template_error = Some(err.to_string());
+    Some(err)
+}
+
+/// True when the placement may have a template of ours: its spec asks for one or its
+/// status names one (it was in that mode before).
+fn had_template(placement: &ModelPlacement) -> bool {
+    placement.spec.allocation == Some(AllocationMode::ClaimTemplate)
+        || placement
+            .status
+            .as_ref()
+            .is_some_and(|s| s.claim_template.is_some())
+}
+
+/// Reconciles again when some placement other than `except` holds nothing, so freed
+/// devices go to the oldest waiter.
+fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
+    if someone_waits(ctx, state, except) {
+        let _ = ctx.requeue.send(());
+    }
+}
+
+/// Placements per state and devices reserved, as gauges.
+fn publish_gauges(ctx: &Context, state: &State) {
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for name in state.states.values() {
+        *counts.entry(name).or_default() += 1;
+    }
+    ctx.metrics.set_states(counts);
+    ctx.metrics
+        .devices_reserved
+        .set(i64::try_from(state.ledger.devices_reserved()).unwrap_or(i64::MAX));
+    // Holdings or states may have changed: the fleet gauges and freeDevices follow.
+    ctx.fleet_changed.notify_one();
+}
