@@ -177,7 +177,7 @@ YAML
   "$BIN" fleet --context 8192
   say "hwaccel fleet --model deepseek-v3 --context 8192: the table's question for one model, the table's answer"
   "$BIN" fleet --model deepseek-v3 --context 8192 | sed -n '/^What fits now/,/^$/p'
-  say "hwaccel fleet --model deepseek-v3 --precision bf16 --context 131072: what to add for the placement that does not fit"
+  say "hwaccel fleet --model deepseek-v3 --precision bf16 --context 131072: what to add to run it at BF16 with a 128k context"
   "$BIN" fleet --model deepseek-v3 --precision bf16 --context 131072 \
     | sed -n '/^What fits now/,$p'
 else
