@@ -56,6 +56,7 @@ fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
             precisions: [Precision::Fp32].into_iter().collect(),
             domain: None,
             bandwidth_tbps: None,
+            aliases: Vec::new(),
             driver_version: None,
         },
     };

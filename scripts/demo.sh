@@ -10,8 +10,9 @@
 #      fixture host: an 8x H100 NVSwitch node, an 8x MI300X node and a CPU-only node;
 #   4. applies the example ModelPlacements, which the in-cluster controller plans;
 #   5. prints `kubectl get accinv`, `kubectl get mp -o wide`, and a nodeSelector to use;
-#   6. prints `hwaccel fleet` (sick or missing, what fits now) and, for a model that does not
-#      fit, which nodes to add;
+#   6. prints `hwaccel fleet` (sick or missing, the degraded H100 among them, what fits now),
+#      the same question for one model (the same answer, with the same stated assumptions)
+#      and, for the placement that does not fit, which nodes to add;
 #   7. stops everything it started.
 #
 # Where no real node can run (not root, not Linux, DEMO_REAL_NODE=0), it says so and falls
@@ -174,7 +175,9 @@ YAML
   kubectl get mp serve-deepseek-v3 -o jsonpath='{range .status.reasons[*]}  - {@}{"\n"}{end}{range .status.suggestions[*]}  + {@}{"\n"}{end}'
   say "hwaccel fleet: sick or missing, and what fits now on the free devices"
   "$BIN" fleet --context 8192
-  say "hwaccel fleet --model deepseek-v3: what to add for a model that does not fit"
+  say "hwaccel fleet --model deepseek-v3 --context 8192: the table's question for one model, the table's answer"
+  "$BIN" fleet --model deepseek-v3 --context 8192 | sed -n '/^What fits now/,/^$/p'
+  say "hwaccel fleet --model deepseek-v3 --precision bf16 --context 131072: what to add to run it at BF16 with a 128k context"
   "$BIN" fleet --model deepseek-v3 --precision bf16 --context 131072 \
     | sed -n '/^What fits now/,$p'
 else

@@ -132,6 +132,7 @@ async fn labels_and_inventory_appear_and_a_steady_node_writes_nothing() -> Resul
             "PRODUCT",
             "MEMORY",
             "HEALTHY",
+            "DEGRADED",
             "FREE",
             "AGE"
         ],

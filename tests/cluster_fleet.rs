@@ -495,3 +495,175 @@ async fn a_dry_run_taints_nothing_and_names_the_pods_on_the_node() -> Result<()>
         .await?;
     Ok(())
 }
+
+/// Issue 24: on the demo's fleet (an 8x H100 node with one GPU degraded by a retired page, an
+/// 8x MI300X node, a CPU-only node), after a placement, every view counts the same: the
+/// inventories' summary (`kubectl get accinv`), `status.freeDevices`, the controller's gauges,
+/// `hwaccel fleet -o json` over the cluster, and the planner's free set. The degraded GPU is
+/// plannable, so it counts free, and it is counted degraded in every view.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Result<()> {
+    use hwaccel::api::PlannerDeviceIds;
+    use hwaccel::hardware::{Family, HealthStatus};
+    use hwaccel::testing::fixture::fixture_report;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let mut nodes = Vec::new();
+    for scenario in ["h100-8x-nvswitch", "mi300x-8x", "cpu-only-vm"] {
+        let name = cluster.unique_name(scenario);
+        create_kwok_node(&cluster, &name).await?;
+        let mut report = fixture_report(scenario);
+        if scenario == "h100-8x-nvswitch" {
+            let gpu = report
+                .devices
+                .iter_mut()
+                .find(|d| d.family == Family::Gpu)
+                .expect("a GPU");
+            gpu.health.status = HealthStatus::Degraded;
+            gpu.health.retired_pages = Some(1);
+            gpu.health.reasons = vec!["1 retired pages or remapped rows".into()];
+        }
+        let inventory = InventoryBuilder::from_report(report)
+            .node(&name)
+            .label(TEST_LABEL, cluster.prefix())
+            .build();
+        apply_inventory(&cluster.client(), &inventory).await?;
+        nodes.push(name);
+    }
+    let (_controller, registry) = start_controller(&cluster, HealthTaints::None);
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    api.create(
+        &PostParams::default(),
+        &ModelPlacement::new(
+            "llama",
+            PlacementBuilder::serve("llama-3.1-70b")
+                .precision(PrecisionChoice::Bf16)
+                .spec(),
+        ),
+    )
+    .await?;
+    let status = wait_planned(&cluster, "llama").await?;
+    let mut held: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for a in &status.assignments {
+        held.entry(a.node.clone())
+            .or_default()
+            .extend(a.devices.iter().cloned());
+    }
+    let held_count: usize = held.values().map(BTreeSet::len).sum();
+    assert!(held_count > 0, "{status:?}");
+
+    // The planner's free set per node: the devices it plans on that the placement does not
+    // hold.
+    let inventories: Vec<AcceleratorInventory> = {
+        let api = Api::<AcceleratorInventory>::all(cluster.client());
+        let mut read = Vec::new();
+        for node in &nodes {
+            read.push(api.get(node).await?);
+        }
+        read
+    };
+    let planner_free: BTreeMap<String, u32> = inventories
+        .iter()
+        .map(|inventory| {
+            let (node, _) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
+            let free = node
+                .devices
+                .iter()
+                .filter(|d| !held.get(&node.name).is_some_and(|h| h.contains(&d.id)))
+                .count();
+            (node.name, free as u32)
+        })
+        .collect();
+    let free_total: u32 = planner_free.values().sum();
+
+    // `status.freeDevices`, once the controller has written it for every node.
+    for node in &nodes {
+        let want = planner_free[node];
+        wait_for(DEFAULT_TIMEOUT, &format!("freeDevices of {node}"), || {
+            let cluster = &cluster;
+            async move { Ok((free_devices(cluster, node).await? == Some(want)).then_some(())) }
+        })
+        .await?;
+    }
+
+    // The agent's summary (`kubectl get accinv`).
+    let summed = |f: fn(&hwaccel::api::InventorySummary) -> Option<u32>| -> i64 {
+        inventories
+            .iter()
+            .map(|i| i64::from(f(&i.spec.summary).unwrap_or(0)))
+            .sum()
+    };
+    let devices = summed(|s| Some(s.accelerators));
+    let healthy = summed(|s| s.healthy);
+    let degraded = summed(|s| s.degraded);
+    assert!(degraded >= 1, "the demo's degraded H100: {degraded}");
+    assert_eq!(devices, 16);
+
+    // The controller's gauges.
+    let text = wait_for(DEFAULT_TIMEOUT, "gauges after the placement", || {
+        let text = scrape(&registry);
+        async move {
+            Ok(
+                (sum(&text, "hwaccel_fleet_devices_reserved", &[]) == held_count as i64)
+                    .then_some(text),
+            )
+        }
+    })
+    .await?;
+    assert_eq!(sum(&text, "hwaccel_fleet_devices", &[]), devices, "{text}");
+    assert_eq!(sum(&text, "hwaccel_fleet_devices_healthy", &[]), healthy);
+    assert_eq!(sum(&text, "hwaccel_fleet_devices_degraded", &[]), degraded);
+    assert_eq!(
+        sum(&text, "hwaccel_fleet_devices_free", &[]),
+        i64::from(free_total)
+    );
+
+    // `hwaccel fleet -o json` over the cluster (other tests' nodes are left out).
+    let kubeconfig = cluster.env().kubeconfig.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+            .args([
+                "fleet",
+                "--model",
+                "llama-3.1-8b",
+                "--context",
+                "8192",
+                "-o",
+                "json",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .output()
+    })
+    .await??;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let ours: Vec<&serde_json::Value> = report["health"]["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| nodes.iter().any(|name| n["name"] == name.as_str()))
+        .collect();
+    assert_eq!(ours.len(), nodes.len(), "{report}");
+    let field = |key: &str| -> i64 { ours.iter().map(|n| n[key].as_i64().unwrap_or(0)).sum() };
+    assert_eq!(field("devices"), devices);
+    assert_eq!(field("healthy"), healthy);
+    assert_eq!(field("degraded"), degraded);
+    assert_eq!(field("reserved"), held_count as i64);
+    for node in &ours {
+        let name = node["name"].as_str().unwrap_or_default();
+        assert_eq!(node["free"], planner_free[name], "{node}");
+    }
+    let h100 = ours
+        .iter()
+        .find(|n| n["degraded"] == 1)
+        .expect("the degraded H100's node");
+    assert_eq!(h100["attention"][0]["health"], "degraded", "{h100}");
+    Ok(())
+}

@@ -16,6 +16,7 @@ mod detect_layout;
 mod dockerfile;
 mod examples;
 mod fleet_cli;
+mod fleet_views_agree;
 mod nvml_glibc;
 mod observability;
 mod plan_calibration;

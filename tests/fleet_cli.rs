@@ -8,7 +8,7 @@
 
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const INVENTORIES: &str = "fixtures/fleet/inventories";
 const PLACEMENTS: &str = "fixtures/fleet/placements.yaml";
@@ -73,14 +73,18 @@ fn sick_or_missing_counts_the_unhealthy_the_missing_and_the_held() {
     let nodes = report["health"]["nodes"].as_array().unwrap();
     let sick = &nodes[0];
     assert_eq!(sick["name"], "gpu-h100-0");
-    assert_eq!(sick["unusable"][0]["id"], "gpu-0000-5d-00-0");
+    let unhealthy = &sick["attention"][0];
+    assert_eq!(unhealthy["name"], "gpu-0000-5d-00-0");
+    assert_eq!(unhealthy["health"], "unhealthy");
+    assert_eq!(unhealthy["use"]["kind"], "unusable");
     assert!(
-        sick["unusable"][0]["reason"]
+        unhealthy["healthReasons"][0]
             .as_str()
             .unwrap()
             .contains("2 uncorrected ECC"),
         "{sick}"
     );
+    assert_eq!(h["degraded"], 0);
     assert_eq!(nodes[1]["missing"], 1);
     assert_eq!(nodes[1]["expected"], 8);
 
@@ -233,6 +237,62 @@ fn every_preset_view_lists_what_fits_and_parses_as_json_and_yaml() {
     assert!(table.contains("llama-3.1-8b"), "{table}");
 }
 
+/// Issue 24: the "What fits now" table and `--model` ask the same question the same way
+/// (same goal, same precision policy) and say what they assumed, so they give one answer.
+#[test]
+fn the_table_and_model_give_the_same_answer_and_state_their_assumptions() {
+    let every = fleet_json(&["--context", "8192"]);
+    for model in ["llama-3.1-70b", "deepseek-v3", "llama-3.1-8b"] {
+        let from_table = every["capacity"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["model"] == model)
+            .unwrap();
+        let one = fleet_json(&["--model", model, "--context", "8192"]);
+        let asked = &one["capacity"][0];
+        for key in [
+            "moreReplicas",
+            "totalReplicas",
+            "context",
+            "precisionAsked",
+            "concurrencyPerReplica",
+        ] {
+            assert_eq!(from_table[key], asked[key], "{model}: {key}");
+        }
+        assert_eq!(
+            from_table["packing"][0]["precision"], asked["packing"][0]["precision"],
+            "{model}"
+        );
+        assert_eq!(asked["context"], 8192);
+        assert_eq!(asked["precisionAsked"], "auto");
+    }
+    let table = String::from_utf8(fleet(&["--context", "8192"]).stdout).unwrap();
+    assert!(
+        table.contains("assumed: context 8192 tokens, 1 request(s) per replica, precision auto"),
+        "{table}"
+    );
+    assert!(table.contains("PRECISION"), "{table}");
+    let one = String::from_utf8(
+        fleet(&[
+            "--model",
+            "llama-3.1-70b",
+            "--context",
+            "8192",
+            "--precision",
+            "bf16",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(
+        one.contains(
+            "assumed: context 8192 tokens, 1 request(s) per replica, precision bf16 (asked)"
+        ),
+        "{one}"
+    );
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let out = hwaccel(&["fleet", "--inventory", "fixtures/fleet/nope.yaml"]);
@@ -246,4 +306,54 @@ fn bad_input_is_a_clear_error() {
     let out = fleet(&["--model", "llama-3.1-8b", "--train", "lora"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("serving"));
+}
+
+/// Issue 24: a degraded GPU is plannable (it counts free) and shown as degraded: the DEGRADED
+/// column, and under "Sick or missing" with its reason.
+#[test]
+fn a_degraded_gpu_is_free_and_listed_as_degraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read_to_string(format!("{INVENTORIES}/gpu-h100-0.yaml")).unwrap();
+    // The first GPU (gpu-0000-18-00-0) turns degraded with one retired page.
+    let degraded = original.replacen(
+        "      health:\n        string: healthy\n",
+        "      health:\n        string: degraded\n      retiredPages:\n        int: 1\n",
+        1,
+    );
+    assert_ne!(degraded, original);
+    let path = dir.path().join("gpu-h100-0.yaml");
+    std::fs::write(&path, degraded).unwrap();
+    let args = [
+        "fleet",
+        "--inventory",
+        path.to_str().unwrap(),
+        "--model",
+        "llama-3.1-8b",
+        "--context",
+        "8192",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.extend(["-o", "json"]);
+    let out = hwaccel(&json_args);
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let total = &report["health"]["total"];
+    assert_eq!(
+        (
+            &total["devices"],
+            &total["healthy"],
+            &total["degraded"],
+            &total["unhealthy"],
+            &total["free"]
+        ),
+        (&json!(8), &json!(6), &json!(1), &json!(1), &json!(7)),
+        "{total}"
+    );
+    let table = String::from_utf8(hwaccel(&args).stdout).unwrap();
+    assert!(table.contains("DEGRADED"), "{table}");
+    assert!(
+        table.contains("gpu-h100-0: gpu-0000-18-00-0 degraded (1 retired page(s))"),
+        "{table}"
+    );
+    assert!(!table.contains("none: no accelerator"), "{table}");
 }

@@ -715,9 +715,10 @@ fn exported_series_names(registry: &prometheus_client::registry::Registry) -> BT
 #[test]
 fn the_contract_is_exactly_what_the_agent_and_controller_export() {
     use hwaccel::agent::metrics::{AgentMetrics, DeviceRow, NodeCounts, StageLabel, WriteLabel};
-    use hwaccel::controller::fleet::core::fleet_stats::{Counts, FleetTotals};
+    use hwaccel::controller::fleet::core::fleet_figures::FleetTotals;
     use hwaccel::controller::fleet::metrics::{FleetMetrics, PlacementFigures};
     use hwaccel::controller::placement::core::ledger::PlacementKey;
+    use hwaccel::fleet::device_state::Counts;
     use hwaccel::fleet::expected::{Expected, ExpectedSource};
 
     let mut registry = prometheus_client::registry::Registry::default();
@@ -776,6 +777,7 @@ fn the_contract_is_exactly_what_the_agent_and_controller_export() {
                 healthy: 8,
                 reserved: 2,
                 free: 6,
+                ..Counts::default()
             },
         )]),
         nodes_missing_devices: 0,

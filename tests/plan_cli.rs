@@ -531,7 +531,7 @@ fn impossible_constraints_are_exit_1() {
     bad_input(&with(&["--concurrency", "0"]), "--concurrency");
     bad_input(&with(&["--max-nodes", "0"]), "--max-nodes");
     bad_input(&with(&["--precision", "fp5"]), "unknown precision");
-    bad_input(&with(&["--reserved", "no-slash"]), "NODE/DEVICE_ID");
+    bad_input(&with(&["--reserved", "no-slash"]), "NODE/DEVICE");
     bad_input(&with(&["--checkpoint-bytes", "lots"]), "--checkpoint-bytes");
     bad_input(&with(&["--concurrency", "many"]), "invalid value");
     bad_input(
@@ -1358,4 +1358,94 @@ fn disaggregated_plans_show_both_pools_in_the_table_and_the_json() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--disaggregated"));
+}
+
+/// The 8x H100 inventory of the fleet fixtures: one GPU unhealthy, seven plannable.
+const H100_INVENTORY: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/fixtures/fleet/inventories/gpu-h100-0.yaml"
+);
+
+/// `hwaccel plan` of `replicas` one-request replicas of Llama 3.1 8B on the H100 inventory,
+/// with `reserved` (`NODE/DEVICE`) held.
+fn replicas_on_h100(replicas: u32, reserved: &str) -> (i32, Value) {
+    let replicas = replicas.to_string();
+    json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--inventory",
+        H100_INVENTORY,
+        "--context",
+        "8192",
+        "--replicas",
+        &replicas,
+        "--concurrency",
+        &replicas,
+        "--reserved",
+        reserved,
+    ])
+}
+
+/// Issue 24: `--reserved` takes every name an inventory or `hwaccel fleet` prints for a
+/// device (its inventory name, its PCI address in either width, its UUID in any case) and
+/// reserves the same device by each; a name that matches nothing is exit 1 listing the node's
+/// devices, never a reservation that quietly does nothing.
+#[test]
+fn reserved_devices_are_named_by_inventory_name_pci_address_or_uuid() {
+    let names = [
+        "gpu-0000-18-00-0",
+        "0000:18:00.0",
+        "18:00.0",
+        "GPU-5c2a1e0f-0000-0000-0000-000000000000",
+        "gpu-5c2a1e0f-0000-0000-0000-000000000000",
+    ];
+    let mut placed = Vec::new();
+    for name in names {
+        let reserved = format!("gpu-h100-0/{name}");
+        // Seven replicas need every plannable GPU: with one reserved they do not fit.
+        let (code, plan) = replicas_on_h100(7, &reserved);
+        assert_eq!(code, 2, "{name}: the reservation took no effect: {plan}");
+        let (code, plan) = replicas_on_h100(6, &reserved);
+        assert_eq!(code, 0, "{name}: {plan}");
+        let devices: std::collections::BTreeSet<String> = plan["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|a| a["devices"].as_array().unwrap().iter())
+            .map(|d| d.as_str().unwrap().to_string())
+            .collect();
+        assert!(!devices.contains("0000:18:00.0"), "{name}: {devices:?}");
+        placed.push(devices);
+    }
+    assert!(placed.windows(2).all(|w| w[0] == w[1]), "{placed:?}");
+    // Without the reservation, the seven fit: the exit 2 above was the reservation's doing.
+    let (code, _) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--inventory",
+        H100_INVENTORY,
+        "--context",
+        "8192",
+        "--replicas",
+        "7",
+        "--concurrency",
+        "7",
+    ]);
+    assert_eq!(code, 0);
+
+    let with = |reserved: &'static str| {
+        [
+            "--model",
+            "llama-3.1-8b",
+            "--inventory",
+            H100_INVENTORY,
+            "--reserved",
+            reserved,
+        ]
+    };
+    bad_input(
+        &with("gpu-h100-0/gpu-0000-99-00-0"),
+        "its devices: 0000:18:00.0 (gpu-0000-18-00-0, GPU-5c2a1e0f-0000-0000-0000-000000000000)",
+    );
+    bad_input(&with("gpu-h100-9/0000:18:00.0"), "its nodes: gpu-h100-0");
 }

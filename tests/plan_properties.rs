@@ -108,6 +108,54 @@ fn reserve(nodes: &[NodeSpec], stride: usize) -> Reservations {
     reserved
 }
 
+/// Which devices a fleet has reserved: every `n`-th device, a random subset, or whole nodes
+/// (a placement holding a node, another holding part of the next).
+#[derive(Debug, Clone)]
+enum Held {
+    Stride(usize),
+    Devices(Vec<bool>),
+    Nodes(Vec<bool>),
+}
+
+fn held() -> impl Strategy<Value = Held> {
+    prop_oneof![
+        (0usize..4).prop_map(Held::Stride),
+        prop::collection::vec(any::<bool>(), 1..24).prop_map(Held::Devices),
+        prop::collection::vec(any::<bool>(), 1..6).prop_map(Held::Nodes),
+    ]
+}
+
+/// The reservations `held` makes on `nodes`.
+fn reserve_held(nodes: &[NodeSpec], held: &Held) -> Reservations {
+    match held {
+        Held::Stride(stride) => reserve(nodes, *stride),
+        Held::Devices(mask) => {
+            let mut reserved = Reservations::none();
+            for (i, (node, device)) in nodes
+                .iter()
+                .flat_map(|n| n.devices.iter().map(move |d| (n, d)))
+                .enumerate()
+            {
+                if mask[i % mask.len()] {
+                    reserved.insert(&node.name, &device.id);
+                }
+            }
+            reserved
+        }
+        Held::Nodes(mask) => {
+            let mut reserved = Reservations::none();
+            for (i, node) in nodes.iter().enumerate() {
+                if mask[i % mask.len()] {
+                    for device in &node.devices {
+                        reserved.insert(&node.name, &device.id);
+                    }
+                }
+            }
+            reserved
+        }
+    }
+}
+
 fn check_plan(
     plan: &Plan,
     model: &Model,
@@ -594,8 +642,8 @@ proptest! {
     }
 
     /// Refusals name their binding constraint, and every suggestion (of a refusal or of a
-    /// plan) fits when applied: longer contexts and higher concurrency than the property above
-    /// so most cases refuse.
+    /// plan) fits when applied, on fleets with devices reserved in any pattern: longer
+    /// contexts and higher concurrency than the property above so most cases refuse.
     #[test]
     fn suggestions_fit_when_applied(
         hardware in fleet(),
@@ -604,13 +652,15 @@ proptest! {
         concurrency in prop::sample::select(vec![1u64, 4, 16, 64, 256]),
         precision in 0usize..4,
         fp8_kv in any::<bool>(),
-        stride in 0usize..4,
+        held in held(),
         max_nodes in prop::option::of(1u32..3),
         replicas in prop::option::of(1u32..5),
     ) {
         let model = model(model_index);
         let nodes = parse_hardware(&hardware).unwrap();
-        let reserved = reserve(&nodes, stride);
+        // Issue 24: a refusal's suggestions account for reserved devices, however they are
+        // spread (every n-th, a random subset, whole nodes): applied, they fit.
+        let reserved = reserve_held(&nodes, &held);
         let context = model.max_context.map_or(context, |max| context.min(max));
         let mut request = PlanRequest::serve(Some(context), concurrency);
         request.precision = choice(precision);

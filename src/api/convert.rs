@@ -24,6 +24,8 @@ use super::inventory::{
 };
 use super::{bounds, quantity};
 use crate::detect::pci::canonical_bus_id;
+use crate::fleet::device_state::{Counts, DeviceFacts, DeviceState};
+use crate::fleet::health::{NodeInput, UNKNOWN_PRODUCT};
 use crate::hardware::Report;
 use crate::hardware::{
     CpuInfo, Device, Family, Health, HealthStatus, InterconnectGroup, NodeFacts, NumaNode,
@@ -59,25 +61,75 @@ impl AcceleratorInventory {
     /// devices the planner cannot use.
     pub fn planner_node(&self, ids: PlannerDeviceIds) -> (NodeSpec, Vec<String>) {
         let (mut node, notes) = NodeSpec::from_report(&self.to_report(), &self.spec.node_name);
-        if ids == PlannerDeviceIds::InventoryNames {
-            let names: BTreeMap<String, &str> = self
-                .spec
-                .devices
-                .iter()
-                .map(|entry| {
-                    let id = entry
-                        .text(attribute::ID)
-                        .unwrap_or_else(|| entry.name.clone());
-                    (id, entry.name.as_str())
-                })
-                .collect();
-            for device in &mut node.devices {
-                if let Some(name) = names.get(&device.id) {
-                    device.id = (*name).to_string();
-                }
+        let names: BTreeMap<String, &str> = self
+            .spec
+            .devices
+            .iter()
+            .map(|entry| {
+                let id = entry
+                    .text(attribute::ID)
+                    .unwrap_or_else(|| entry.name.clone());
+                (id, entry.name.as_str())
+            })
+            .collect();
+        for device in &mut node.devices {
+            let Some(name) = names.get(&device.id) else {
+                continue;
+            };
+            // Whichever names the planner uses, the other one (and the UUID, set by the
+            // conversion) is an alias: a user may type any name an inventory prints.
+            let other = if ids == PlannerDeviceIds::InventoryNames {
+                std::mem::replace(&mut device.id, (*name).to_string())
+            } else {
+                (*name).to_string()
+            };
+            if other != device.id {
+                device.aliases.insert(0, other);
             }
         }
         (node, notes)
+    }
+}
+
+impl AcceleratorInventory {
+    /// This inventory as the fleet roll-up reads it: the planner's node (devices named as in
+    /// the inventory), every accelerator's facts for the one device-state rule
+    /// (`fleet::device_state`), and the count the node should have. The command line and the
+    /// controller both count through this, so they count the same.
+    pub fn fleet_node(&self) -> (NodeInput, Vec<String>) {
+        let (node, notes) = self.planner_node(PlannerDeviceIds::InventoryNames);
+        let devices = self.device_facts();
+        let expected = self.status.as_ref().and_then(|s| s.expected_devices);
+        (
+            NodeInput {
+                node,
+                devices,
+                expected,
+            },
+            notes,
+        )
+    }
+}
+
+impl AcceleratorInventory {
+    /// Every accelerator's facts (never the host CPU), named as in the inventory, for the one
+    /// device-state rule; the cheap half of [`AcceleratorInventory::fleet_node`], for a
+    /// caller that counts without planning (the controller's fleet pass).
+    pub fn device_facts(&self) -> Vec<DeviceFacts> {
+        self.spec
+            .devices
+            .iter()
+            .filter(|entry| entry.text(attribute::FAMILY).as_deref() != Some("cpu"))
+            .map(|entry| {
+                let mut facts = DeviceFacts::from_device(&device_from(entry), &entry.name);
+                if facts.product.trim().is_empty() {
+                    facts.product = entry
+                        .text(attribute::PRODUCT)
+                        .unwrap_or_else(|| UNKNOWN_PRODUCT.to_string());
+                }
+                facts
+            })
+            .collect()
     }
 }
 
@@ -195,6 +247,13 @@ impl AcceleratorInventorySpec {
 /// The totals for the printer columns.
 fn summary(report: &Report) -> InventorySummary {
     let accelerators: Vec<&Device> = report.accelerators().collect();
+    // Health counted by the one device-state rule, as every view of the fleet counts it.
+    let counts = Counts::of(
+        &accelerators
+            .iter()
+            .map(|d| DeviceState::of(&DeviceFacts::from_device(d, &d.id), None))
+            .collect::<Vec<_>>(),
+    );
     let products: BTreeSet<String> = accelerators
         .iter()
         .map(|d| {
@@ -218,15 +277,8 @@ fn summary(report: &Report) -> InventorySummary {
         product,
         memory,
         memory_layout: memory_layout(&accelerators),
-        healthy: Some(
-            u32::try_from(
-                accelerators
-                    .iter()
-                    .filter(|d| d.health.status == HealthStatus::Healthy)
-                    .count(),
-            )
-            .unwrap_or(u32::MAX),
-        ),
+        healthy: Some(counts.healthy),
+        degraded: Some(counts.degraded),
     }
 }
 

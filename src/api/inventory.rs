@@ -128,6 +128,11 @@ pub mod attribute {
         type_ = "integer",
         json_path = ".spec.summary.healthy"
     ),
+    printcolumn(
+        name = "Degraded",
+        type_ = "integer",
+        json_path = ".spec.summary.degraded"
+    ),
     printcolumn(name = "Free", type_ = "integer", json_path = ".status.freeDevices"),
     printcolumn(
         name = "Missing",
@@ -142,7 +147,7 @@ pub mod attribute {
         priority = 1
     ),
     printcolumn(
-        name = "Degraded",
+        name = "DetectorDegraded",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Degraded\")].status",
         priority = 1
@@ -210,6 +215,10 @@ pub struct InventorySummary {
     /// Accelerators whose health is `healthy` (absent from agents older than the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub healthy: Option<u32>,
+    /// Accelerators whose health is `degraded`: still plannable, worth a person's look
+    /// (absent from agents older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<u32>,
 }
 
 /// One device, shaped like a DRA `ResourceSlice` device.
@@ -386,8 +395,9 @@ pub struct AcceleratorInventoryStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub expected_source: Option<String>,
-    /// Accelerators no placement holds (written by the controller, field manager
-    /// `hwaccel-controller`); absent until the controller has seen the node.
+    /// Plannable accelerators (every health but `unhealthy`) that no placement and no
+    /// allocated claim holds: the planner's free set on this node (written by the controller,
+    /// field manager `hwaccel-controller`); absent until the controller has seen the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_devices: Option<u32>,
 }

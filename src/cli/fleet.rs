@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::fleet_input::{self, FleetInput};
 use super::plan::{GoalArgs, model_input};
 use crate::fleet::capacity::{self, Capacity, Question, Stranded};
-use crate::fleet::health::{self, FleetHealth};
+use crate::fleet::health::{self, FleetHealth, Holdings};
 use crate::output::{self, Format, Table};
 use crate::plan::error::{PlanError, Result};
 use crate::plan::model::presets;
@@ -100,7 +100,7 @@ pub fn answer(args: &FleetArgs, input: FleetInput) -> Result<FleetReport> {
         placements,
         notes,
     } = input;
-    let health = health::roll_up(&inputs, &reserved);
+    let health = health::roll_up(&inputs, &Holdings::placements(&reserved));
     let shapes = capacity::whole_shapes(&inputs);
     let nodes: Vec<NodeSpec> = inputs.into_iter().map(|i| i.node).collect();
     let one = args.model.is_some() || args.params.is_some();
@@ -177,7 +177,9 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
         "NODES",
         "DEVICES",
         "HEALTHY",
+        "DEGRADED",
         "UNHEALTHY",
+        "UNKNOWN",
         "MISSING",
         "RESERVED",
         "FREE",
@@ -189,7 +191,9 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
             p.nodes.to_string(),
             c.devices.to_string(),
             c.healthy.to_string(),
+            c.degraded.to_string(),
             c.unhealthy.to_string(),
+            c.unknown.to_string(),
             c.missing.to_string(),
             c.reserved.to_string(),
             c.free.to_string(),
@@ -210,8 +214,12 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
     for node in report.health.sick_nodes() {
         sick += 1;
         let mut parts = Vec::new();
-        for device in node.unusable.iter().filter(|d| !d.healthy) {
-            parts.push(format!("{} unhealthy ({})", device.id, device.reason));
+        for device in node
+            .attention
+            .iter()
+            .filter(|d| crate::fleet::device_state::needs_attention(d.health))
+        {
+            parts.push(format!("{} {}", device.name, device.describe()));
         }
         if node.counts.missing > 0 {
             parts.push(format!(
@@ -224,7 +232,7 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
         out.push_str(&format!("  {}: {}\n", node.name, parts.join("; ")));
     }
     if sick == 0 {
-        out.push_str("  none: every accelerator is healthy and present\n");
+        out.push_str("  none: no accelerator is degraded, unhealthy or missing\n");
     }
     if one_model {
         for answer in &report.capacity {
@@ -248,9 +256,56 @@ fn packed_text(p: &capacity::Packed) -> String {
     format!("{}, TP {} × PP {}{precision}", p.device, p.tp, p.pp)
 }
 
+/// `1× NVIDIA H100 80GB HBM3, TP 1 × PP 1` (the precision has its own column).
+fn packed_shape(p: &capacity::Packed) -> String {
+    format!("{}, TP {} × PP {}", p.device, p.tp, p.pp)
+}
+
+/// The precision an answer took, and the policy that chose it: `int4 (auto)`, `bf16`.
+fn precision_text(answer: &Capacity) -> String {
+    let chosen = answer
+        .packing
+        .first()
+        .and_then(|p| p.precision)
+        .map(|p| p.to_string());
+    match (chosen, answer.precision_asked.as_str()) {
+        (Some(chosen), "auto") => format!("{chosen} (auto)"),
+        (Some(chosen), asked) if chosen != asked => format!("{chosen} ({asked})"),
+        (Some(chosen), _) => chosen,
+        (None, asked) => asked.to_string(),
+    }
+}
+
+/// The assumptions every answer states, so the table and `--model` can be compared.
+fn assumptions(answer: &Capacity) -> String {
+    let policy = if answer.precision_asked == "auto" {
+        "precision auto (per model, the widest at which the most replicas fit; --precision fixes it)"
+            .to_string()
+    } else {
+        format!("precision {} (asked)", answer.precision_asked)
+    };
+    format!(
+        "context {} tokens, {} request(s) per replica, {policy}",
+        answer.context, answer.concurrency_per_replica
+    )
+}
+
 fn render_presets(out: &mut String, report: &FleetReport) {
     out.push_str("\nWhat fits now (more replicas on the free devices)\n");
-    let mut table = Table::new(["MODEL", "MORE", "EACH ON", "ALL KINDS", "STRANDED"]);
+    if let Some(first) = report.capacity.first() {
+        // Every preset is asked with the same flags; only a context cut to a model's maximum
+        // differs, and the CONTEXT column shows it.
+        out.push_str(&format!("  assumed: {}\n", assumptions(first)));
+    }
+    let mut table = Table::new([
+        "MODEL",
+        "CONTEXT",
+        "PRECISION",
+        "MORE",
+        "EACH ON",
+        "ALL KINDS",
+        "STRANDED",
+    ]);
     let mut none_fit = Vec::new();
     for answer in &report.capacity {
         let Some(first) = answer.packing.first() else {
@@ -259,8 +314,10 @@ fn render_presets(out: &mut String, report: &FleetReport) {
         };
         table.row([
             answer.model.clone(),
+            answer.context.to_string(),
+            precision_text(answer),
             answer.more_replicas.to_string(),
-            packed_text(first),
+            packed_shape(first),
             answer.total_replicas.to_string(),
             answer.stranded_devices.to_string(),
         ]);
@@ -301,10 +358,8 @@ fn render_stranded(out: &mut String, stranded: &[Stranded]) {
 }
 
 fn render_one(out: &mut String, answer: &Capacity) {
-    out.push_str(&format!(
-        "\nWhat fits now: {} ({} request(s) per replica)\n",
-        answer.model, answer.concurrency_per_replica
-    ));
+    out.push_str(&format!("\nWhat fits now: {}\n", answer.model));
+    out.push_str(&format!("  assumed: {}\n", assumptions(answer)));
     if answer.more_replicas == 0 {
         out.push_str(&format!(
             "  no more replica of {} fits on the free devices\n",

@@ -4,7 +4,8 @@
 //! (`AcceleratorInventory::planner_node`, devices named as in the inventory, the names
 //! placements hold them by), read by the planner's own bounded file loader; what the
 //! conversion leaves out (unhealthy or unplannable devices, the expected count) is kept beside
-//! each node for the health roll-up. A placement's held devices are read the way the
+//! each node for the health roll-up (`AcceleratorInventory::fleet_node`, the conversion the
+//! controller counts through too). A placement's held devices are read the way the
 //! controller rebuilds its ledger at start-up (`holding_from_status`, then `Ledger::rebuild`),
 //! so two placements claiming one device count it once.
 
@@ -17,11 +18,10 @@ use kube::api::{Api, ListParams};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::api::{AcceleratorInventory, Lenient, ModelPlacement, PlannerDeviceIds, attribute};
+use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 use crate::controller::placement::core::ledger::Ledger;
 use crate::controller::placement::dereference::holding_from_status;
-use crate::fleet::health::{NodeInput, UnusableDevice};
-use crate::hardware::Vendor;
+use crate::fleet::health::NodeInput;
 use crate::plan::Reservations;
 use crate::plan::error::{PlanError, Result};
 use crate::plan::load::{MAX_FILE_BYTES, load_inventories, read_text};
@@ -46,59 +46,9 @@ pub struct FleetInput {
     pub notes: Vec<String>,
 }
 
-/// One inventory as a roll-up node: the planner's node plus its unplannable devices and the
-/// expected count from its status.
+/// One inventory as a roll-up node: the one conversion, `AcceleratorInventory::fleet_node`.
 pub fn node_input(inventory: &AcceleratorInventory) -> (NodeInput, Vec<String>) {
-    let (node, notes) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
-    let usable: std::collections::BTreeSet<&str> =
-        node.devices.iter().map(|d| d.id.as_str()).collect();
-    let text =
-        |entry: &crate::api::InventoryDevice, name: &str| -> Option<String> { entry.text(name) };
-    let number = |entry: &crate::api::InventoryDevice, name: &str| -> Option<i64> {
-        entry.attributes.get(name).and_then(|a| a.as_int())
-    };
-    let mut unusable = Vec::new();
-    for entry in &inventory.spec.devices {
-        let family = text(entry, attribute::FAMILY).unwrap_or_default();
-        if family == "cpu" || usable.contains(entry.name.as_str()) {
-            continue;
-        }
-        let health = text(entry, attribute::HEALTH).unwrap_or_else(|| "unknown".into());
-        let healthy = health == "healthy";
-        let mut reason = if healthy {
-            "not plannable (split into MIG instances, or memory size unknown)".to_string()
-        } else {
-            format!("health {health}")
-        };
-        if let Some(n) = number(entry, attribute::ECC_UNCORRECTED).filter(|n| *n > 0) {
-            reason.push_str(&format!(", {n} uncorrected ECC error(s)"));
-        }
-        if let Some(n) = number(entry, attribute::RETIRED_PAGES).filter(|n| *n > 0) {
-            reason.push_str(&format!(", {n} retired page(s)"));
-        }
-        let vendor = text(entry, attribute::VENDOR)
-            .and_then(|v| serde_json::from_value::<Vendor>(Value::String(v)).ok())
-            .unwrap_or(Vendor::Other);
-        unusable.push(UnusableDevice {
-            id: entry.name.clone(),
-            // The planner names products by the detected model; so does the roll-up.
-            product: text(entry, attribute::MODEL)
-                .or_else(|| text(entry, attribute::PRODUCT))
-                .unwrap_or_else(|| "unknown".into()),
-            vendor,
-            healthy,
-            reason,
-        });
-    }
-    let expected = inventory.status.as_ref().and_then(|s| s.expected_devices);
-    (
-        NodeInput {
-            node,
-            unusable,
-            expected,
-        },
-        notes,
-    )
+    inventory.fleet_node()
 }
 
 /// Reads `--inventory` paths with the planner's loader; inventory objects keep their
@@ -118,7 +68,7 @@ pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<Fle
     };
     let (nodes, mut notes) = load_inventories(inventories, &reader)?;
     let mut extras = extras.into_inner();
-    let nodes = nodes
+    let nodes: Vec<NodeInput> = nodes
         .into_iter()
         .map(|node| match extras.remove(&node.name) {
             Some(input) => input,
@@ -130,6 +80,7 @@ pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<Fle
         read.extend(placements_in(path, &mut notes)?);
     }
     let (reserved, count) = held(&read);
+    let reserved = resolved(reserved, &nodes, &mut notes);
     Ok(FleetInput {
         nodes,
         reserved,
@@ -197,6 +148,33 @@ fn held(placements: &[ModelPlacement]) -> (Reservations, usize) {
     (reserved, ledger.len())
 }
 
+/// The held devices named as the nodes name them: a placement file may name a device by
+/// its PCI address or UUID as well as by its inventory name. A held device no inventory lists
+/// (gone since, or a typo) is a note, never silently dropped.
+fn resolved(held: Reservations, nodes: &[NodeInput], notes: &mut Vec<String>) -> Reservations {
+    let planner: Vec<crate::plan::NodeSpec> = nodes.iter().map(|n| n.node.clone()).collect();
+    let mut out = Reservations::none();
+    for (node, device) in held.iter() {
+        if let Ok(found) = crate::plan::inventory::resolve_device(&planner, node, device) {
+            out.insert(node, found.id.clone());
+            continue;
+        }
+        // Held although not plannable now (it went unhealthy under its placement).
+        let present = nodes
+            .iter()
+            .find(|n| n.node.name == node)
+            .is_some_and(|n| n.devices.iter().any(|d| d.name == device));
+        if present {
+            out.insert(node, device);
+        } else {
+            notes.push(format!(
+                "a placement holds {node}/{device}, which no inventory lists: not counted"
+            ));
+        }
+    }
+    out
+}
+
 /// Reads every AcceleratorInventory and ModelPlacement from the cluster of the current
 /// kubeconfig (or in-cluster config), page by page, within [`CLUSTER_TIMEOUT`].
 pub fn from_cluster() -> anyhow::Result<FleetInput> {
@@ -228,6 +206,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
     }
     nodes.sort_by(|a, b| a.node.name.cmp(&b.node.name));
     let (reserved, count) = held(&placements);
+    let reserved = resolved(reserved, &nodes, &mut notes);
     Ok(FleetInput {
         nodes,
         reserved,

@@ -25,7 +25,7 @@ mod crds;
 mod detect;
 mod deviceclasses;
 pub mod fleet;
-mod fleet_input;
+pub mod fleet_input;
 pub mod plan;
 pub mod plan_dra;
 pub mod plan_emit;

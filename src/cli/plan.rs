@@ -134,7 +134,8 @@ pub struct PlanArgs {
     /// The goal and its shape (shared with `hwaccel fleet`).
     #[command(flatten)]
     pub goal: GoalArgs,
-    /// A device already in use, as NODE/DEVICE_ID; repeatable.
+    /// A device already in use, as NODE/DEVICE (its inventory name, PCI address or UUID);
+    /// repeatable. A device the node does not have is an error.
     #[arg(long = "reserved")]
     pub reserved: Vec<String>,
     /// Output format.
@@ -207,7 +208,7 @@ pub fn plan_and_nodes(args: &PlanArgs) -> Result<(Plan, Vec<NodeSpec>)> {
 fn planned(args: &PlanArgs) -> Result<(Plan, Vec<NodeSpec>, Option<DraNames>)> {
     let prepared = prepare(input_from_args(args)?)?;
     let (nodes, mut notes, names) = hardware_from_args(args)?;
-    let reserved = reservations(&args.reserved)?;
+    let reserved = reservations(&args.reserved, &nodes)?;
     let mut plan = plan(&prepared.model, &nodes, &reserved, &prepared.request)?;
     notes.extend(prepared.notes);
     plan.reasons.extend(notes);
@@ -326,16 +327,21 @@ fn hardware_from_args(args: &PlanArgs) -> Result<Hardware> {
     Ok((nodes, notes, Some(names)))
 }
 
-fn reservations(entries: &[String]) -> Result<Reservations> {
+/// `--reserved NODE/DEVICE` entries as the planner's reservations: each names a device by
+/// any name an inventory prints (device name, PCI address, UUID), resolved to the id the
+/// planner uses; one that names nothing is an error listing what the node has.
+fn reservations(entries: &[String], nodes: &[NodeSpec]) -> Result<Reservations> {
     let mut reserved = Reservations::none();
     for entry in entries {
         let (node, device) = entry
             .split_once('/')
             .filter(|(n, d)| !n.is_empty() && !d.is_empty())
             .ok_or_else(|| {
-                PlanError::constraint(format!("--reserved {entry:?}: expected NODE/DEVICE_ID"))
+                PlanError::constraint(format!("--reserved {entry:?}: expected NODE/DEVICE"))
             })?;
-        reserved.insert(node, device);
+        let found = crate::plan::inventory::resolve_device(nodes, node, device)
+            .map_err(|why| PlanError::constraint(format!("--reserved {entry:?}: {why}")))?;
+        reserved.insert(node, found.id.clone());
     }
     Ok(reserved)
 }

@@ -110,6 +110,11 @@ pub struct Capacity {
     pub model: String,
     /// Full-context requests each replica holds.
     pub concurrency_per_replica: u64,
+    /// Tokens per request the answer assumed (the asked context, else the model's maximum).
+    pub context: u64,
+    /// The precision policy asked (`auto`: the widest the model and the devices allow; the
+    /// precision each packing chose is in `packing`).
+    pub precision_asked: String,
     /// Replicas one more placement could take now (what `hwaccel plan --replicas N` places).
     pub more_replicas: u32,
     /// The placements that pack the free devices, one after the other.
@@ -249,6 +254,12 @@ pub fn capacity(
     reserved: &Reservations,
 ) -> Result<Capacity> {
     let concurrency = concurrency_of(question.request)?;
+    let context = match &question.request.goal {
+        Goal::Serve { context, .. } => {
+            crate::plan::search::resolve_context(question.model, *context)?.0
+        }
+        Goal::Train(_) => 0,
+    };
     let mut held = reserved.clone();
     let mut packing = Vec::new();
     let mut more_replicas = 0;
@@ -314,6 +325,8 @@ pub fn capacity(
     Ok(Capacity {
         model: question.model.name.clone(),
         concurrency_per_replica: concurrency,
+        context,
+        precision_asked: precision_name(question.request.precision),
         more_replicas,
         packing,
         total_replicas: total,
@@ -323,6 +336,16 @@ pub fn capacity(
         wanted,
         reasons,
     })
+}
+
+/// The name of a precision policy as a user types it (`auto`, `bf16`).
+pub fn precision_name(choice: crate::plan::capability::PrecisionChoice) -> String {
+    use crate::plan::capability::PrecisionChoice;
+    match (choice, choice.exact()) {
+        (PrecisionChoice::Auto, _) => "auto".to_string(),
+        (_, Some(exact)) => exact.to_string(),
+        (_, None) => "fp4".to_string(),
+    }
 }
 
 /// The free devices left once `held`, per node and product, with why.
@@ -467,21 +490,26 @@ pub fn whole_shapes(inputs: &[NodeInput]) -> Vec<NodeSpec> {
         .map(|input| {
             let mut node = input.node.clone();
             let mut extra: BTreeMap<&str, u32> = BTreeMap::new();
-            for device in &input.unusable {
+            let plannable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
+            for device in input
+                .devices
+                .iter()
+                .filter(|d| !plannable.contains(d.name.as_str()))
+            {
                 *extra.entry(device.product.as_str()).or_default() += 1;
             }
             let products: BTreeSet<&str> = node
                 .devices
                 .iter()
                 .map(|d| d.product.as_str())
-                .chain(input.unusable.iter().map(|d| d.product.as_str()))
+                .chain(input.devices.iter().map(|d| d.product.as_str()))
                 .collect();
             if let (Some(expected), [product]) = (
                 input.expected,
                 products.iter().copied().collect::<Vec<_>>().as_slice(),
             ) {
                 let present =
-                    u32::try_from(node.devices.len() + input.unusable.len()).unwrap_or(u32::MAX);
+                    u32::try_from(input.devices.len().max(node.devices.len())).unwrap_or(u32::MAX);
                 *extra.entry(product).or_default() += expected.saturating_sub(present);
             }
             let mut copies = Vec::new();
@@ -492,6 +520,7 @@ pub fn whole_shapes(inputs: &[NodeInput]) -> Vec<NodeSpec> {
                 for i in 0..count.min(MAX_PADDING) {
                     copies.push(crate::plan::DeviceSpec {
                         id: format!("{}+{i}", sample.id),
+                        aliases: Vec::new(),
                         ..sample.clone()
                     });
                 }
@@ -736,21 +765,14 @@ mod tests {
 
     #[test]
     fn whole_shapes_restore_unhealthy_and_missing_devices() {
-        use crate::fleet::health::UnusableDevice;
         let mut nodes = parse_hardware("1x8xH100+nvswitch").unwrap();
-        let product = nodes[0].devices[0].product.clone();
-        nodes[0].devices.truncate(6);
-        let input = NodeInput {
-            node: nodes.remove(0),
-            unusable: vec![UnusableDevice {
-                id: "gpu6".into(),
-                product,
-                vendor: Vendor::Nvidia,
-                healthy: false,
-                reason: "health unhealthy".into(),
-            }],
-            expected: Some(8),
-        };
+        nodes[0].devices.truncate(7);
+        let mut input = NodeInput::plannable(nodes.remove(0));
+        // The seventh went unhealthy: present, not plannable; the eighth is gone.
+        input.node.devices.truncate(6);
+        input.devices[6].health = crate::hardware::HealthStatus::Unhealthy;
+        input.devices[6].unplannable = Some("unhealthy".into());
+        input.expected = Some(8);
         let shapes = whole_shapes(std::slice::from_ref(&input));
         assert_eq!(shapes.len(), 1);
         assert_eq!(

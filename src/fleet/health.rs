@@ -1,100 +1,121 @@
-//! The fleet's health roll-up: per node and per product, devices present, healthy, unhealthy
-//! (with reasons), missing, reserved and free.
+//! The fleet's health roll-up: per node and per product, devices present, healthy, degraded,
+//! unhealthy, of unknown health, missing, reserved and free, and the devices that need a
+//! person, with their reasons.
 //!
-//! The input is the planner's view of each node ([`NodeSpec`], made by the one inventory
-//! conversion, `AcceleratorInventory::planner_node`) plus what that view leaves out: the
-//! accelerators the planner cannot use, with the reason, and the count the node should have.
-//! The command line builds it from inventory objects, the controller from its fleet view
-//! (`NodePart` already keeps the unplannable devices), so both count the same way.
+//! Every figure is a count of [`DeviceState`]s, the one definition of device state
+//! (`device_state`): the command line builds each node from inventory objects and the
+//! controller from the inventories it watches, both through the one conversion
+//! (`AcceleratorInventory::fleet_node`), so both count the same way, and the free count is
+//! the planner's free set (plannable devices nobody holds).
 //!
-//! Counting rules, per node:
-//! * `devices`: accelerators present (plannable + unusable);
-//! * `healthy`: plannable devices plus unusable ones whose health is still healthy (a GPU split
-//!   into MIG instances, a device without a memory size);
-//! * `missing`: `expected − devices`, never below zero, when the node states an expectation;
-//! * `reserved`: plannable devices a placement holds;
-//! * `free`: plannable devices nobody holds, what capacity questions plan on.
-//!
-//! A node's missing devices count under its product when it has one product, else under
-//! `unknown`: a vanished device cannot say what it was.
+//! A node's missing devices (`expected − present`, never below zero, when the node states an
+//! expectation) count under its product when it has one product, else under `unknown`: a
+//! vanished device cannot say what it was.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::hardware::{Family, Vendor};
+pub use super::device_state::Counts;
+use super::device_state::{DeviceFacts, DeviceState, Holder};
+use crate::hardware::{Family, HealthStatus, Vendor};
 use crate::plan::units::Bytes;
 use crate::plan::{NodeSpec, Reservations};
 
 /// The product name missing devices are counted under when a node mixes products.
 pub const UNKNOWN_PRODUCT: &str = "unknown";
 
-/// An accelerator a node has that the planner cannot use now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct UnusableDevice {
-    /// Device id, named as the node's planner devices are.
-    pub id: String,
-    /// Product name.
-    pub product: String,
-    /// Maker.
-    pub vendor: Vendor,
-    /// Whether the device's health is `healthy` (it is unusable for another reason).
-    pub healthy: bool,
-    /// Why it cannot be planned on (`health unhealthy, 3 uncorrected ECC errors`).
-    pub reason: String,
-}
-
 /// One node as the roll-up reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeInput {
     /// The planner's view: the devices placements can use.
     pub node: NodeSpec,
-    /// Accelerators present but not plannable.
-    pub unusable: Vec<UnusableDevice>,
+    /// Every accelerator present, plannable or not, named as the planner's devices are.
+    pub devices: Vec<DeviceFacts>,
     /// Accelerators the node should have (`status.expectedDevices`), when known.
     pub expected: Option<u32>,
 }
 
 impl NodeInput {
-    /// A node whose every accelerator is plannable and whose expected count is unknown
-    /// (node lists and hardware shorthand carry nothing more).
+    /// A node known only by its planner view (node lists, hardware shorthand): every
+    /// accelerator is plannable and, with no health reading, of `unknown` health.
     pub fn plannable(node: NodeSpec) -> Self {
+        let devices = node
+            .devices
+            .iter()
+            .filter(|d| d.family != Family::Cpu && d.memory != Bytes::ZERO)
+            .map(|d| DeviceFacts {
+                name: d.id.clone(),
+                product: d.product.clone(),
+                vendor: d.vendor,
+                health: HealthStatus::Unknown,
+                health_reasons: Vec::new(),
+                unplannable: None,
+            })
+            .collect();
         Self {
             node,
-            unusable: Vec::new(),
+            devices,
             expected: None,
+        }
+    }
+
+    /// The state of each device present, with `held` saying who holds what.
+    pub fn states(&self, held: &Holdings<'_>) -> Vec<DeviceState> {
+        states_of(&self.node.name, &self.devices, held)
+    }
+
+    /// The node's counts with `held`, missing devices included.
+    pub fn counts(&self, held: &Holdings<'_>) -> Counts {
+        let mut counts = Counts::of(&self.states(held));
+        counts.missing = self.missing(counts.devices);
+        counts
+    }
+
+    /// Devices expected but not present.
+    pub fn missing(&self, present: u32) -> u32 {
+        self.expected
+            .map_or(0, |expected| expected.saturating_sub(present))
+    }
+}
+
+/// Who holds which devices: our placements, and everything else that allocated one (another
+/// ResourceClaim, a consumed DRA counter).
+#[derive(Debug, Clone, Copy)]
+pub struct Holdings<'a> {
+    /// Devices our placements hold.
+    pub placements: &'a Reservations,
+    /// Devices held otherwise, when known (the command line reads no claims).
+    pub claims: Option<&'a Reservations>,
+}
+
+impl<'a> Holdings<'a> {
+    /// Only placements hold devices.
+    pub fn placements(placements: &'a Reservations) -> Self {
+        Self {
+            placements,
+            claims: None,
         }
     }
 }
 
-/// Device counts of a node, a product or the fleet.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Counts {
-    /// Accelerators present.
-    pub devices: u32,
-    /// Of which healthy.
-    pub healthy: u32,
-    /// Of which not healthy.
-    pub unhealthy: u32,
-    /// Expected but not present.
-    pub missing: u32,
-    /// Plannable and held by a placement.
-    pub reserved: u32,
-    /// Plannable and held by nobody.
-    pub free: u32,
-}
-
-impl Counts {
-    fn add(&mut self, other: &Counts) {
-        self.devices = self.devices.saturating_add(other.devices);
-        self.healthy = self.healthy.saturating_add(other.healthy);
-        self.unhealthy = self.unhealthy.saturating_add(other.unhealthy);
-        self.missing = self.missing.saturating_add(other.missing);
-        self.reserved = self.reserved.saturating_add(other.reserved);
-        self.free = self.free.saturating_add(other.free);
-    }
+/// The state of each of `devices` on `node`, with `held` saying who holds what.
+pub fn states_of(node: &str, devices: &[DeviceFacts], held: &Holdings<'_>) -> Vec<DeviceState> {
+    let placements = held.placements.on_node(node);
+    let claims = held.claims.and_then(|c| c.on_node(node));
+    devices
+        .iter()
+        .map(|facts| {
+            let holder = if placements.is_some_and(|ids| ids.contains(&facts.name)) {
+                Some(Holder::Placement)
+            } else if claims.is_some_and(|ids| ids.contains(&facts.name)) {
+                Some(Holder::Claim)
+            } else {
+                None
+            };
+            DeviceState::of(facts, holder)
+        })
+        .collect()
 }
 
 /// One node's roll-up.
@@ -111,15 +132,17 @@ pub struct NodeHealth {
     pub expected: Option<u32>,
     /// Products on the node, sorted.
     pub products: Vec<String>,
-    /// Devices present but not plannable, with reasons.
+    /// Devices that need a person (degraded, unhealthy) or that nobody can plan on, by name,
+    /// with their state and reasons.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub unusable: Vec<UnusableDevice>,
+    pub attention: Vec<DeviceState>,
 }
 
 impl NodeHealth {
-    /// True when something on the node needs a person: a device unhealthy or missing.
+    /// True when something on the node needs a person: a device degraded, unhealthy or
+    /// missing.
     pub fn is_sick(&self) -> bool {
-        self.counts.unhealthy > 0 || self.counts.missing > 0
+        self.counts.degraded > 0 || self.counts.unhealthy > 0 || self.counts.missing > 0
     }
 }
 
@@ -152,56 +175,28 @@ pub struct FleetHealth {
 }
 
 impl FleetHealth {
-    /// Nodes with an unhealthy or missing device, by name.
+    /// Nodes with a degraded, unhealthy or missing device, by name.
     pub fn sick_nodes(&self) -> impl Iterator<Item = &NodeHealth> {
         self.nodes.iter().filter(|n| n.is_sick())
     }
 }
 
-/// Whether the planner counts `device` as an accelerator at all (it skips CPUs and devices
-/// without memory when indexing).
-fn is_accelerator(family: Family, memory: Bytes) -> bool {
-    family != Family::Cpu && memory != Bytes::ZERO
-}
-
-/// Rolls up `nodes` with `reserved` devices held. `O(devices + nodes log nodes)`.
-pub fn roll_up(nodes: &[NodeInput], reserved: &Reservations) -> FleetHealth {
+/// Rolls up `nodes` with `held` devices. `O(devices + nodes log nodes)`.
+pub fn roll_up(nodes: &[NodeInput], held: &Holdings<'_>) -> FleetHealth {
     let mut per_node = Vec::with_capacity(nodes.len());
     let mut products: BTreeMap<String, (Option<Vendor>, Counts, u32)> = BTreeMap::new();
     for input in nodes {
-        let taken = reserved.on_node(&input.node.name);
+        let states = input.states(held);
         // Counts per product on this node, then folded into the fleet's.
         let mut mine: BTreeMap<&str, (Option<Vendor>, Counts)> = BTreeMap::new();
-        for device in &input.node.devices {
-            if !is_accelerator(device.family, device.memory) {
-                continue;
-            }
-            let entry = mine
-                .entry(device.product.as_str())
-                .or_insert((Some(device.vendor), Counts::default()));
-            entry.1.devices += 1;
-            entry.1.healthy += 1;
-            if taken.is_some_and(|ids| ids.contains(&device.id)) {
-                entry.1.reserved += 1;
-            } else {
-                entry.1.free += 1;
-            }
-        }
-        for device in &input.unusable {
-            let entry = mine
-                .entry(device.product.as_str())
-                .or_insert((Some(device.vendor), Counts::default()));
-            entry.1.devices += 1;
-            if device.healthy {
-                entry.1.healthy += 1;
-            } else {
-                entry.1.unhealthy += 1;
-            }
+        for (facts, state) in input.devices.iter().zip(&states) {
+            mine.entry(facts.product.as_str())
+                .or_insert((Some(facts.vendor), Counts::default()))
+                .1
+                .count(state);
         }
         let present: u32 = mine.values().map(|(_, c)| c.devices).sum();
-        let missing = input
-            .expected
-            .map_or(0, |expected| expected.saturating_sub(present));
+        let missing = input.missing(present);
         let names: Vec<String> = mine.keys().map(|p| (*p).to_string()).collect();
         if missing > 0 {
             let key = if mine.len() == 1 {
@@ -224,14 +219,17 @@ pub fn roll_up(nodes: &[NodeInput], reserved: &Reservations) -> FleetHealth {
             fleet.1.add(c);
             fleet.2 += 1;
         }
-        let mut unusable = input.unusable.clone();
-        unusable.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut attention: Vec<DeviceState> = states
+            .into_iter()
+            .filter(DeviceState::needs_attention)
+            .collect();
+        attention.sort_by(|a, b| a.name.cmp(&b.name));
         per_node.push(NodeHealth {
             name: input.node.name.clone(),
             counts,
             expected: input.expected,
             products: names,
-            unusable,
+            attention,
         });
     }
     per_node.sort_by(|a, b| a.name.cmp(&b.name));
@@ -258,44 +256,68 @@ pub fn roll_up(nodes: &[NodeInput], reserved: &Reservations) -> FleetHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fleet::device_state::Use;
     use crate::plan::shorthand::parse_hardware;
 
-    fn sick(id: &str, product: &str) -> UnusableDevice {
-        UnusableDevice {
-            id: id.into(),
-            product: product.into(),
-            vendor: Vendor::Nvidia,
-            healthy: false,
-            reason: "health unhealthy".into(),
+    fn nodes(hardware: &str) -> Vec<NodeInput> {
+        parse_hardware(hardware)
+            .unwrap()
+            .into_iter()
+            .map(NodeInput::plannable)
+            .collect()
+    }
+
+    fn set(input: &mut NodeInput, index: usize, health: HealthStatus) {
+        let facts = &mut input.devices[index];
+        facts.health = health;
+        if health == HealthStatus::Unhealthy {
+            facts.unplannable = Some("unhealthy".into());
+            let id = facts.name.clone();
+            input.node.devices.retain(|d| d.id != id);
         }
     }
 
     #[test]
-    fn counts_present_healthy_missing_reserved_and_free() {
-        let mut nodes: Vec<NodeInput> = parse_hardware("2x8xH100,1x4xL4")
-            .unwrap()
-            .into_iter()
-            .map(NodeInput::plannable)
-            .collect();
+    fn counts_every_health_missing_reserved_and_free() {
+        let mut nodes = nodes("2x8xH100,1x4xL4");
         let h100 = nodes[0].node.devices[0].product.clone();
-        // Node 0: one device went unhealthy (gone from the planner's view) and one vanished.
-        nodes[0].node.devices.truncate(6);
-        nodes[0].unusable.push(sick("gpu7", &h100));
+        for node in &mut nodes {
+            for i in 0..node.devices.len() {
+                set(node, i, HealthStatus::Healthy);
+            }
+        }
+        // Node 0: one device went unhealthy, one is degraded, one vanished.
+        nodes[0].node.devices.truncate(7);
+        nodes[0].devices.truncate(7);
+        set(&mut nodes[0], 6, HealthStatus::Unhealthy);
+        set(&mut nodes[0], 5, HealthStatus::Degraded);
+        nodes[0].devices[5].health_reasons = vec!["1 retired page(s)".into()];
         nodes[0].expected = Some(8);
-        let mut reserved = Reservations::none();
-        reserved.insert(nodes[1].node.name.clone(), "gpu0");
-        reserved.insert(nodes[1].node.name.clone(), "gpu1");
-        reserved.insert("elsewhere", "gpu0");
-        let health = roll_up(&nodes, &reserved);
+        // The L4 node has no health reading.
+        set(&mut nodes[2], 0, HealthStatus::Unknown);
+        let mut placements = Reservations::none();
+        placements.insert(nodes[1].node.name.clone(), "gpu0");
+        placements.insert(nodes[1].node.name.clone(), "gpu1");
+        placements.insert("elsewhere", "gpu0");
+        let mut claims = Reservations::none();
+        claims.insert(nodes[1].node.name.clone(), "gpu2");
+        let held = Holdings {
+            placements: &placements,
+            claims: Some(&claims),
+        };
+        let health = roll_up(&nodes, &held);
         assert_eq!(
             health.total,
             Counts {
                 devices: 19,
-                healthy: 18,
+                healthy: 16,
+                degraded: 1,
                 unhealthy: 1,
+                unknown: 1,
                 missing: 1,
-                reserved: 2,
-                free: 16,
+                reserved: 3,
+                free: 15,
+                unusable: 1,
             }
         );
         let h = &health.products.iter().find(|p| p.product == h100).unwrap();
@@ -303,19 +325,37 @@ mod tests {
         assert_eq!(h.vendor, Some(Vendor::Nvidia));
         let sick: Vec<&str> = health.sick_nodes().map(|n| n.name.as_str()).collect();
         assert_eq!(sick, [nodes[0].node.name.as_str()]);
-        assert_eq!(health.nodes[0].unusable[0].id, "gpu7");
+        let attention: Vec<(&str, HealthStatus)> = health.nodes[0]
+            .attention
+            .iter()
+            .map(|d| (d.name.as_str(), d.health))
+            .collect();
+        assert_eq!(
+            attention,
+            [
+                ("gpu5", HealthStatus::Degraded),
+                ("gpu6", HealthStatus::Unhealthy)
+            ]
+        );
+        assert_eq!(health.nodes[0].attention[0].usage, Use::Free);
+        // The free count is the planner's free set: its devices nobody holds.
+        let planner_free: usize = nodes
+            .iter()
+            .flat_map(|n| n.node.devices.iter().map(move |d| (n, d)))
+            .filter(|(n, d)| {
+                !placements.contains(&n.node.name, &d.id) && !claims.contains(&n.node.name, &d.id)
+            })
+            .count();
+        assert_eq!(health.total.free as usize, planner_free);
     }
 
     #[test]
     fn a_node_with_every_device_gone_counts_them_missing_under_unknown() {
-        let mut nodes: Vec<NodeInput> = parse_hardware("1x8xH100")
-            .unwrap()
-            .into_iter()
-            .map(NodeInput::plannable)
-            .collect();
+        let mut nodes = nodes("1x8xH100");
         nodes[0].node.devices.clear();
+        nodes[0].devices.clear();
         nodes[0].expected = Some(8);
-        let health = roll_up(&nodes, &Reservations::none());
+        let health = roll_up(&nodes, &Holdings::placements(&Reservations::none()));
         assert_eq!(health.total.missing, 8);
         assert_eq!(health.total.devices, 0);
         assert_eq!(health.products[0].product, UNKNOWN_PRODUCT);
@@ -324,12 +364,11 @@ mod tests {
 
     #[test]
     fn more_devices_than_expected_is_not_negative_missing() {
-        let mut nodes: Vec<NodeInput> = parse_hardware("1x8xH100")
-            .unwrap()
-            .into_iter()
-            .map(NodeInput::plannable)
-            .collect();
+        let mut nodes = nodes("1x8xH100");
         nodes[0].expected = Some(4);
-        assert_eq!(roll_up(&nodes, &Reservations::none()).total.missing, 0);
+        let none = Reservations::none();
+        let held = Holdings::placements(&none);
+        assert_eq!(roll_up(&nodes, &held).total.missing, 0);
+        assert_eq!(nodes[0].counts(&held).missing, 0);
     }
 }

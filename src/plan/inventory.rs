@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::Report;
-use crate::hardware::{Device, Family, HealthStatus, InterconnectKind, NicKind, Precision, Vendor};
+use crate::hardware::{Device, Family, InterconnectKind, NicKind, Precision, Vendor};
 
 use super::products::{self, CONSERVATIVE_PRECISIONS};
 use super::units::Bytes;
@@ -38,6 +38,10 @@ pub struct DeviceSpec {
     /// Peak memory bandwidth, TB/s, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_tbps: Option<f64>,
+    /// Other names a user may give the device by (its inventory name, PCI address, UUID),
+    /// besides `id`; what `--reserved NODE/DEVICE` and placement files are matched against.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
     /// The kernel driver's version as detection read it (`580.159.04`), when known: the
     /// engine images' minimum driver is checked against it (`engine::images`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +89,79 @@ impl NodeSpec {
             .map(String::as_str)
             .filter(|clique| !clique.is_empty())
     }
+}
+
+impl DeviceSpec {
+    /// True when `name` names this device: its id or an alias, exactly, or as the same PCI
+    /// address written another way (`18:00.0`, `0000:18:00.0`), or the same UUID in another
+    /// case.
+    pub fn is_named(&self, name: &str) -> bool {
+        let name = name.trim();
+        let canonical = crate::detect::pci::canonical_bus_id(name);
+        std::iter::once(&self.id).chain(&self.aliases).any(|known| {
+            known == name
+                || known.eq_ignore_ascii_case(name)
+                || canonical.is_some() && crate::detect::pci::canonical_bus_id(known) == canonical
+        })
+    }
+
+    /// `id (alias, alias)`, for listings in errors.
+    pub fn names(&self) -> String {
+        if self.aliases.is_empty() {
+            self.id.clone()
+        } else {
+            format!("{} ({})", self.id, self.aliases.join(", "))
+        }
+    }
+}
+
+/// The device of `nodes` that `node`/`device` names, by any of its names
+/// ([`DeviceSpec::is_named`]); an error that lists the node's devices (or the nodes) when
+/// nothing matches, so a name that matches nothing is never quietly ignored.
+pub fn resolve_device<'a>(
+    nodes: &'a [NodeSpec],
+    node: &str,
+    device: &str,
+) -> Result<&'a DeviceSpec, String> {
+    let Some(found) = nodes.iter().find(|n| n.name == node) else {
+        let mut known: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        known.sort_unstable();
+        return Err(format!(
+            "no node {node:?} in the fleet; its nodes: {}",
+            list(&known)
+        ));
+    };
+    found
+        .devices
+        .iter()
+        .find(|d| d.is_named(device))
+        .ok_or_else(|| {
+            let names: Vec<String> = found.devices.iter().map(DeviceSpec::names).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            format!(
+                "node {node} has no plannable device named {device:?} (a device name, PCI \
+                 address or UUID); its devices: {}",
+                list(&names)
+            )
+        })
+}
+
+/// Up to 32 names, comma-separated, with a count of the rest.
+fn list(names: &[&str]) -> String {
+    const SHOWN: usize = 32;
+    if names.is_empty() {
+        return "none".to_string();
+    }
+    let mut text = names
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        text.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    text
 }
 
 /// Devices already taken, by node name and device id.
@@ -191,21 +268,12 @@ impl NodeSpec {
     }
 }
 
-/// The device's memory, or why it cannot be planned on.
+/// The device's memory, or why it cannot be planned on: the one rule of
+/// `fleet::device_state`, so the planner's free set is what every view counts free.
 fn usable(device: &Device) -> Result<Bytes, &'static str> {
-    if device.health.status == HealthStatus::Unhealthy {
-        return Err("unhealthy");
-    }
-    if device
-        .partitions
-        .iter()
-        .any(|p| p.kind == "mig" && p.id.is_some())
-    {
-        return Err("split into MIG instances");
-    }
-    match device.memory_bytes {
-        Some(bytes) if bytes > 0 => Ok(Bytes(bytes)),
-        _ => Err("memory size unknown"),
+    match crate::fleet::device_state::unplannable(device) {
+        Some(why) => Err(why),
+        None => Ok(Bytes(device.memory_bytes.unwrap_or(0))),
     }
 }
 
@@ -228,6 +296,7 @@ fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> Device
         precisions,
         domain,
         bandwidth_tbps: product.map(|p| p.bandwidth_tbps),
+        aliases: device.uuid.iter().cloned().collect(),
         driver_version: device.driver_version.clone(),
     }
 }
@@ -245,7 +314,7 @@ fn fabric_of(report: &Report) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::{Health, InterconnectGroup, NetworkAdapter, Partition};
+    use crate::hardware::{Health, HealthStatus, InterconnectGroup, NetworkAdapter, Partition};
 
     fn gpu(id: &str, memory: Option<u64>) -> Device {
         let mut device = Device::new(
@@ -329,5 +398,33 @@ mod tests {
         let json = serde_json::to_string(&node).unwrap();
         assert!(json.contains("memoryBytes"));
         assert_eq!(serde_json::from_str::<NodeSpec>(&json).unwrap(), node);
+    }
+
+    #[test]
+    fn a_device_is_found_by_any_of_its_names_and_a_miss_lists_them() {
+        let mut device = gpu("0000:18:00.0", Some(85_520_809_984));
+        device.uuid = Some("GPU-5c2a1e0f".into());
+        let mut report = Report::empty();
+        report.devices = vec![device];
+        let (mut node, _) = NodeSpec::from_report(&report, "n1");
+        node.devices[0].aliases.insert(0, "gpu-0000-18-00-0".into());
+        let nodes = [node];
+        for name in [
+            "0000:18:00.0",
+            "18:00.0",
+            "gpu-0000-18-00-0",
+            "GPU-5c2a1e0f",
+            "gpu-5c2a1e0f",
+        ] {
+            let found = resolve_device(&nodes, "n1", name).unwrap();
+            assert_eq!(found.id, "0000:18:00.0", "{name}");
+        }
+        let miss = resolve_device(&nodes, "n1", "gpu-0000-19-00-0").unwrap_err();
+        assert!(
+            miss.contains("its devices: 0000:18:00.0 (gpu-0000-18-00-0, GPU-5c2a1e0f)"),
+            "{miss}"
+        );
+        let no_node = resolve_device(&nodes, "n2", "0000:18:00.0").unwrap_err();
+        assert!(no_node.contains("its nodes: n1"), "{no_node}");
     }
 }

@@ -448,6 +448,7 @@ impl Product {
             precisions: self.precisions.iter().copied().collect::<BTreeSet<_>>(),
             domain: None,
             bandwidth_tbps: Some(self.bandwidth_tbps),
+            aliases: Vec::new(),
             driver_version: None,
         }
     }

@@ -219,6 +219,7 @@ fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<Devi
         precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
         domain: None,
         bandwidth_tbps: None,
+        aliases: Vec::new(),
         driver_version: None,
     })
 }

@@ -153,6 +153,7 @@ fn names_scope_columns_and_subresources() {
             ("Product", ".spec.summary.product"),
             ("Memory", ".spec.summary.memoryLayout"),
             ("Healthy", ".spec.summary.healthy"),
+            ("Degraded", ".spec.summary.degraded"),
             ("Free", ".status.freeDevices"),
             ("Age", ".metadata.creationTimestamp"),
         ]

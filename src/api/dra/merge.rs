@@ -153,6 +153,7 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
                 precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
                 domain: None,
                 bandwidth_tbps: None,
+                aliases: Vec::new(),
                 driver_version: None,
             },
             None => {

@@ -15,7 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::core::fleet_stats::FleetTotals;
+use super::core::fleet_figures::FleetTotals;
 use super::core::model_capacity::ModelCount;
 use crate::controller::placement::core::ledger::PlacementKey;
 
@@ -84,6 +84,7 @@ struct Published {
 pub struct FleetMetrics {
     devices: Family<ProductLabel, Gauge>,
     healthy: Family<ProductLabel, Gauge>,
+    degraded: Family<ProductLabel, Gauge>,
     reserved: Family<ProductLabel, Gauge>,
     free: Family<ProductLabel, Gauge>,
     nodes_missing_devices: Gauge,
@@ -101,6 +102,7 @@ impl FleetMetrics {
         let metrics = Self {
             devices: Family::default(),
             healthy: Family::default(),
+            degraded: Family::default(),
             reserved: Family::default(),
             free: Family::default(),
             nodes_missing_devices: Gauge::default(),
@@ -122,13 +124,18 @@ impl FleetMetrics {
             metrics.healthy.clone(),
         );
         registry.register(
+            "hwaccel_fleet_devices_degraded",
+            "Accelerators whose health is degraded: still plannable, worth a person's look, by product",
+            metrics.degraded.clone(),
+        );
+        registry.register(
             "hwaccel_fleet_devices_reserved",
             "Accelerators held by a ModelPlacement (labels or claims) or by any allocated ResourceClaim, by product",
             metrics.reserved.clone(),
         );
         registry.register(
             "hwaccel_fleet_devices_free",
-            "Healthy accelerators neither a ModelPlacement nor an allocated ResourceClaim holds, by product",
+            "Plannable accelerators (every health but unhealthy) neither a ModelPlacement nor an allocated ResourceClaim holds: the planner's free set, by product",
             metrics.free.clone(),
         );
         registry.register(
@@ -223,6 +230,9 @@ impl FleetMetrics {
                 self.healthy
                     .get_or_create(&label)
                     .set(gauge(counts.healthy));
+                self.degraded
+                    .get_or_create(&label)
+                    .set(gauge(counts.degraded));
                 self.reserved
                     .get_or_create(&label)
                     .set(gauge(counts.reserved));
@@ -231,7 +241,13 @@ impl FleetMetrics {
             })
             .collect();
         for gone in published.products.difference(&products) {
-            for family in [&self.devices, &self.healthy, &self.reserved, &self.free] {
+            for family in [
+                &self.devices,
+                &self.healthy,
+                &self.degraded,
+                &self.reserved,
+                &self.free,
+            ] {
                 family.remove(gone);
             }
         }
@@ -274,14 +290,14 @@ fn state_label(placement: &PlacementLabel, state: &str) -> PlacementStateLabel {
     }
 }
 
-fn gauge(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
+fn gauge(value: impl Into<u64>) -> i64 {
+    i64::try_from(value.into()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fleet::core::fleet_stats::Counts;
+    use crate::fleet::device_state::Counts;
 
     fn exposition(registry: &Registry) -> String {
         let mut text = String::new();
@@ -298,9 +314,13 @@ mod tests {
             ("h100".to_string(), "nvidia".to_string()),
             Counts {
                 devices: 8,
-                healthy: 7,
+                healthy: 6,
+                degraded: 1,
+                unhealthy: 1,
                 reserved: 4,
                 free: 3,
+                unusable: 1,
+                ..Counts::default()
             },
         );
         totals.nodes_missing_devices = 1;
@@ -316,7 +336,8 @@ mod tests {
         let text = exposition(&registry);
         for line in [
             "hwaccel_fleet_devices{product=\"h100\",vendor=\"nvidia\"} 8",
-            "hwaccel_fleet_devices_healthy{product=\"h100\",vendor=\"nvidia\"} 7",
+            "hwaccel_fleet_devices_healthy{product=\"h100\",vendor=\"nvidia\"} 6",
+            "hwaccel_fleet_devices_degraded{product=\"h100\",vendor=\"nvidia\"} 1",
             "hwaccel_fleet_devices_reserved{product=\"h100\",vendor=\"nvidia\"} 4",
             "hwaccel_fleet_devices_free{product=\"h100\",vendor=\"nvidia\"} 3",
             "hwaccel_fleet_nodes_missing_devices 1",

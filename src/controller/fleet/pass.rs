@@ -1,5 +1,6 @@
 //! The fleet pass: after inventories or placements changed (gathered for a second), the
-//! controller computes the fleet's numbers once ([`fleet_stats`]) and from them publishes the
+//! controller asks `src/fleet` for the fleet's numbers once ([`fleet_figures`]: the one
+//! device-state rule, never re-counted here) and from them publishes the
 //! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
 //! Events on `DevicesMissing` transitions and keeps the health taints
 //! ([`health_taints`](crate::controller::taints::sync)) in line. At most once per capacity interval it
@@ -11,7 +12,7 @@
 //! every inventory (milliseconds), which a reconcile must not pay. A slow resync catches what
 //! a missed trigger would leave behind.
 //!
-//! [`fleet_stats`]: super::core::fleet_stats
+//! [`fleet_figures`]: super::core::fleet_figures
 //! [`model_capacity`]: super::core::model_capacity
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -26,9 +27,10 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::Instrument;
 
 use crate::api::AcceleratorInventory;
+use crate::fleet::health::Holdings;
 use crate::plan::Reservations;
 
-use super::core::fleet_stats::{FleetTotals, NodeStats};
+use super::core::fleet_figures::{FleetTotals, NodeStats};
 use super::core::model_capacity::{self, CountedModel};
 use super::metrics::PlacementFigures;
 use crate::controller::context::{Context, FIELD_MANAGER};
@@ -95,7 +97,7 @@ pub(crate) async fn run(
 /// on one node runs in a `node` span inside it.
 #[tracing::instrument(name = "fleet_pass", skip_all)]
 pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
-    let (reserved, placements, view) = {
+    let (ours, claimed, placements, view) = {
         let mut state = ctx.state.lock().await;
         // Health taints need the planner's view (which devices DRA publishes), and so do
         // allocated claims (which of our devices they name); without either the pass never
@@ -109,20 +111,14 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
             claimed_in_cache(ctx, &state.ledger, || view.clone())
         });
         state.ledger.set_external(claimed.clone());
-        let mut reserved: BTreeSet<(String, String)> = state
-            .ledger
-            .iter()
-            .flat_map(|(_, holding)| {
-                holding
-                    .devices()
-                    .map(|(node, device)| (node.to_string(), device.to_string()))
-            })
-            .collect();
-        reserved.extend(
-            claimed
-                .iter()
-                .map(|(node, device)| (node.to_string(), device.to_string())),
-        );
+        // Who holds what, for the one device-state rule: our placements, then any other
+        // allocated claim (a device both name counts once, as the placement's).
+        let mut ours = Reservations::none();
+        for (_, holding) in state.ledger.iter() {
+            for (node, device) in holding.devices() {
+                ours.insert(node, device);
+            }
+        }
         let mut placements: BTreeMap<PlacementKey, PlacementFigures> = state
             .states
             .iter()
@@ -145,7 +141,11 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
                 })
                 .devices = holding.devices().count() as u64;
         }
-        (reserved, placements, view.filter(|_| taints.active()))
+        (ours, claimed, placements, view.filter(|_| taints.active()))
+    };
+    let held = Holdings {
+        placements: &ours,
+        claims: Some(&claimed),
     };
     let stats: Vec<NodeStats> = ctx
         .inventories
@@ -153,7 +153,7 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
         .iter()
         .filter_map(|object| object.decoded())
         .filter(|inventory| names_its_node(inventory))
-        .map(|inventory| NodeStats::of(inventory, &reserved))
+        .map(|inventory| NodeStats::of(inventory, &held))
         .collect();
     let totals = FleetTotals::of(&stats);
     ctx.metrics.fleet.publish(&totals, &placements);

@@ -83,7 +83,8 @@ fn gauge(harness: &Harness, series: &str) -> Option<i64> {
 #[tokio::test]
 async fn a_claim_kept_past_its_placement_is_reserved_in_the_gauges_and_reported() {
     let mut harness = Harness::with_dra();
-    // The fixture has a GPU that is not healthy: count what is, and claim one of those.
+    // The fixture has a GPU that is not healthy: count the plannable ones (the one
+    // device-state rule: every health but `unhealthy`), and claim one of those.
     let healthy: Vec<String> = harness
         .ctx
         .inventories
@@ -91,7 +92,11 @@ async fn a_claim_kept_past_its_placement_is_reserved_in_the_gauges_and_reported(
         .iter()
         .filter_map(|i| i.decoded().cloned())
         .flat_map(|i| i.spec.devices)
-        .filter(|d| d.text(attribute::HEALTH).as_deref() == Some("healthy"))
+        .filter(|d| {
+            crate::fleet::device_state::plannable_health(crate::fleet::device_state::parse_health(
+                d.text(attribute::HEALTH).as_deref(),
+            ))
+        })
         .filter(|d| d.text(attribute::FAMILY).as_deref() != Some("cpu"))
         .map(|d| d.name)
         .collect();
@@ -123,7 +128,7 @@ async fn a_claim_kept_past_its_placement_is_reserved_in_the_gauges_and_reported(
     assert_eq!(
         free,
         [serde_json::json!(free_before - 1)],
-        "{free_before} healthy GPUs, one kept by the claim"
+        "{free_before} plannable GPUs, one kept by the claim"
     );
     let product = "{product=\"nvidia-h100-80gb-hbm3\",vendor=\"nvidia\"}";
     assert_eq!(

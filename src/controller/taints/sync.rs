@@ -28,7 +28,7 @@ use super::core::{
 };
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::fleet_view::FleetView;
-use crate::controller::fleet::core::fleet_stats::{NodeStats, Unhealthy};
+use crate::controller::fleet::core::fleet_figures::{NodeStats, Unhealthy};
 use crate::controller::fleet::pass::{cut, node_span, publish_node_event};
 
 /// The API version DeviceTaintRules are written in.

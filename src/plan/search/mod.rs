@@ -275,7 +275,7 @@ fn validate(request: &PlanRequest) -> Result<()> {
 /// more than the model supports (vLLM refuses a `max_model_len` beyond it). When the request
 /// names none, the second value says which context was taken and why (issue 23: never a silent
 /// default).
-fn resolve_context(model: &Model, requested: Option<u64>) -> Result<(u64, Option<String>)> {
+pub fn resolve_context(model: &Model, requested: Option<u64>) -> Result<(u64, Option<String>)> {
     match (requested, model.max_context) {
         (Some(context), Some(max)) if context > max => Err(PlanError::constraint(format!(
             "--context {context} exceeds {}'s maximum of {max} tokens",

@@ -1,13 +1,19 @@
-//! The fleet's numbers as the controller reports them: per inventory, its accelerators, how
-//! many are healthy, how many a placement holds and how many are free; per product, the same
-//! sums; and which nodes are unhealthy (devices missing, or a device not healthy) and why.
+//! The fleet's numbers as the controller publishes them, asked of `src/fleet/` rather than
+//! counted here: per inventory, the state of each accelerator by the one device-state rule
+//! (`fleet::device_state`, through `AcceleratorInventory::device_facts`), summed into counts
+//! per node and per (product, vendor) label; which nodes are unhealthy and why.
 //!
-//! Pure: the driver (`fleet/pass.rs`) hands in the inventories and the ledger's reserved
-//! devices and turns the answer into metrics, `status.freeDevices`, Node Events and taints.
+//! What is the controller's own is only what it publishes: label values cut and bounded for
+//! dashboards, the `DevicesMissing` condition it turns into Events and taints, and the
+//! `status.freeDevices` it last wrote. Pure: the driver (`fleet/pass.rs`) hands in the inventories
+//! and who holds which device, and turns the answer into metrics, `status.freeDevices`, Node
+//! Events and taints.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::api::{AcceleratorInventory, attribute, conditions};
+use crate::fleet::device_state::{Counts, health_name, tainted};
+use crate::fleet::health::{Holdings, states_of};
 
 /// Longest product or vendor label value; longer ones are cut (label values are read by
 /// people on dashboards, and a hostile inventory must not bloat every scrape).
@@ -20,34 +26,13 @@ pub const UNKNOWN: &str = "unknown";
 /// The label value the products beyond [`MAX_PRODUCTS`] are summed under.
 pub const OTHER: &str = "other";
 
-/// Device counts of one node or one product.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// Accelerators.
-    pub devices: u64,
-    /// Of which `health` is `healthy`.
-    pub healthy: u64,
-    /// Held by a placement.
-    pub reserved: u64,
-    /// Healthy and not held.
-    pub free: u64,
-}
-
-impl Counts {
-    fn add(&mut self, other: Counts) {
-        self.devices += other.devices;
-        self.healthy += other.healthy;
-        self.reserved += other.reserved;
-        self.free += other.free;
-    }
-}
-
 /// Why a node is unhealthy, in the words its taint value and Events use.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Unhealthy {
     /// The inventory says `DevicesMissing=True`; the condition's message.
     DevicesMissing(String),
-    /// Devices whose health is `degraded` or `unhealthy`, by name, with their health.
+    /// Devices the one rule makes unplannable for their health (`unhealthy`), by name, with
+    /// their health.
     Devices(BTreeMap<String, String>),
 }
 
@@ -81,54 +66,48 @@ impl Unhealthy {
 pub struct NodeStats {
     /// The node.
     pub node: String,
-    /// Its device counts.
+    /// Its device counts, by the one rule.
     pub counts: Counts,
-    /// Counts by (product, vendor), labels already cut.
+    /// Counts by (product, vendor) label, values already cut.
     pub by_product: BTreeMap<(String, String), Counts>,
     /// `DevicesMissing=True`: the condition's message.
     pub missing: Option<String>,
-    /// Devices whose health is `degraded` or `unhealthy`, with that health.
+    /// Devices health taints name (the rule's `tainted`), with their health.
     pub sick: BTreeMap<String, String>,
     /// The inventory's current `status.freeDevices`.
     pub written_free: Option<u32>,
 }
 
 impl NodeStats {
-    /// The numbers of `inventory`, given the `(node, device)` pairs placements hold.
-    pub fn of(inventory: &AcceleratorInventory, reserved: &BTreeSet<(String, String)>) -> Self {
+    /// The numbers of `inventory`, with `held` saying which devices placements and other
+    /// claims hold.
+    pub fn of(inventory: &AcceleratorInventory, held: &Holdings<'_>) -> Self {
         let node = inventory.spec.node_name.clone();
+        let facts = inventory.device_facts();
+        let states = states_of(&node, &facts, held);
+        let labels: BTreeMap<&str, (String, String)> = inventory
+            .spec
+            .devices
+            .iter()
+            .map(|entry| {
+                let product = label_value(entry.text(attribute::PRODUCT).as_deref());
+                let vendor = label_value(entry.text(attribute::VENDOR).as_deref());
+                (entry.name.as_str(), (product, vendor))
+            })
+            .collect();
         let mut counts = Counts::default();
         let mut by_product: BTreeMap<(String, String), Counts> = BTreeMap::new();
         let mut sick = BTreeMap::new();
-        for device in &inventory.spec.devices {
-            let text = |name: &str| {
-                device
-                    .attributes
-                    .get(name)
-                    .and_then(|a| a.as_str())
-                    .map(str::to_string)
-            };
-            if text(attribute::FAMILY).as_deref() == Some("cpu") {
-                continue;
+        for state in &states {
+            counts.count(state);
+            let key = labels
+                .get(state.name.as_str())
+                .cloned()
+                .unwrap_or_else(|| (UNKNOWN.to_string(), UNKNOWN.to_string()));
+            by_product.entry(key).or_default().count(state);
+            if tainted(state.health) {
+                sick.insert(state.name.clone(), health_name(state.health).to_string());
             }
-            let health = text(attribute::HEALTH).unwrap_or_else(|| UNKNOWN.to_string());
-            let healthy = health == "healthy";
-            // `unknown` is no evidence of sickness: a detector that cannot read health
-            // must not taint a whole fleet.
-            if health == "degraded" || health == "unhealthy" {
-                sick.insert(device.name.clone(), health);
-            }
-            let held = reserved.contains(&(node.clone(), device.name.clone()));
-            let one = Counts {
-                devices: 1,
-                healthy: u64::from(healthy),
-                reserved: u64::from(held),
-                free: u64::from(healthy && !held),
-            };
-            counts.add(one);
-            let product = label_value(device.text(attribute::PRODUCT).as_deref());
-            let vendor = label_value(text(attribute::VENDOR).as_deref());
-            by_product.entry((product, vendor)).or_default().add(one);
         }
         let missing = inventory
             .status
@@ -146,9 +125,9 @@ impl NodeStats {
         }
     }
 
-    /// `status.freeDevices` as it should be.
+    /// `status.freeDevices` as it should be: the planner's free set on this node.
     pub fn free_devices(&self) -> u32 {
-        u32::try_from(self.counts.free).unwrap_or(u32::MAX)
+        self.counts.free
     }
 
     /// Why the node is unhealthy; `None` when it is not. Missing devices come first: they
@@ -177,13 +156,12 @@ impl FleetTotals {
         let mut nodes_missing_devices = 0;
         for node in nodes {
             for (key, counts) in &node.by_product {
-                all.entry(key.clone()).or_default().add(*counts);
+                all.entry(key.clone()).or_default().add(counts);
             }
             nodes_missing_devices += u64::from(node.missing.is_some());
         }
-        let by_product = bound_products(all);
         Self {
-            by_product,
+            by_product: bound_products(all),
             nodes_missing_devices,
         }
     }
@@ -203,7 +181,7 @@ fn bound_products(all: BTreeMap<(String, String), Counts>) -> BTreeMap<(String, 
         .entry((OTHER.to_string(), OTHER.to_string()))
         .or_default();
     for (_, counts) in rest {
-        other.add(counts);
+        other.add(&counts);
     }
     kept
 }
@@ -220,6 +198,7 @@ fn label_value(text: Option<&str>) -> String {
 mod tests {
     use super::*;
     use crate::api::{AcceleratorInventoryStatus, DeviceAttribute};
+    use crate::plan::Reservations;
     use crate::testing::InventoryBuilder;
 
     fn inventory(scenario: &str, node: &str) -> AcceleratorInventory {
@@ -243,40 +222,53 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn reserved_devices_are_not_free_and_sick_ones_are_neither() {
-        let mut inv = inventory("h100-8x-nvswitch", "n1");
-        let names = accelerators(&inv);
-        assert!(names.len() >= 4, "{names:?}");
-        for index in 0..inv.spec.devices.len() {
-            set_health(&mut inv, index, "healthy");
-        }
-        let first = inv
+    fn position(inventory: &AcceleratorInventory, name: &str) -> usize {
+        inventory
             .spec
             .devices
             .iter()
-            .position(|d| d.name == names[0])
-            .expect("present");
-        set_health(&mut inv, first, "unhealthy");
-        let reserved = BTreeSet::from([
-            ("n1".to_string(), names[1].clone()),
-            ("n1".to_string(), names[2].clone()),
-            // Another node's device with the same name is not this node's.
-            ("n2".to_string(), names[3].clone()),
-        ]);
-        let stats = NodeStats::of(&inv, &reserved);
-        let total = names.len() as u64;
+            .position(|d| d.name == name)
+            .expect("present")
+    }
+
+    #[test]
+    fn held_devices_are_not_free_unhealthy_ones_are_neither_and_degraded_ones_are_free() {
+        let mut inv = inventory("h100-8x-nvswitch", "n1");
+        let names = accelerators(&inv);
+        assert!(names.len() >= 5, "{names:?}");
+        for index in 0..inv.spec.devices.len() {
+            set_health(&mut inv, index, "healthy");
+        }
+        let sick = position(&inv, &names[0]);
+        set_health(&mut inv, sick, "unhealthy");
+        let degraded = position(&inv, &names[4]);
+        set_health(&mut inv, degraded, "degraded");
+        let mut placements = Reservations::none();
+        placements.insert("n1", names[1].clone());
+        // Another node's device with the same name is not this node's.
+        placements.insert("n2", names[3].clone());
+        let mut claims = Reservations::none();
+        claims.insert("n1", names[2].clone());
+        let held = Holdings {
+            placements: &placements,
+            claims: Some(&claims),
+        };
+        let stats = NodeStats::of(&inv, &held);
+        let total = names.len() as u32;
         assert_eq!(stats.counts.devices, total);
-        assert_eq!(stats.counts.healthy, total - 1);
+        assert_eq!(stats.counts.healthy, total - 2);
+        assert_eq!(stats.counts.degraded, 1);
         assert_eq!(stats.counts.reserved, 2);
-        assert_eq!(stats.counts.free, total - 3);
-        assert_eq!(stats.free_devices() as u64, total - 3);
+        assert_eq!(stats.free_devices(), total - 3, "the degraded one is free");
+        let unhealthy = stats.unhealthy().expect("one unhealthy GPU");
+        assert_eq!(unhealthy.reason(), "DeviceUnhealthy");
         assert_eq!(
-            stats.unhealthy().map(|u| u.reason()),
-            Some("DeviceUnhealthy")
+            stats.sick.keys().collect::<Vec<_>>(),
+            [&names[0]],
+            "a degraded GPU is not tainted"
         );
         let totals = FleetTotals::of([&stats]);
-        let summed: u64 = totals.by_product.values().map(|c| c.devices).sum();
+        let summed: u32 = totals.by_product.values().map(|c| c.devices).sum();
         assert_eq!(summed, total);
         assert_eq!(totals.nodes_missing_devices, 0);
     }
@@ -284,7 +276,8 @@ mod tests {
     #[test]
     fn devices_missing_comes_from_the_condition_and_wins_over_sick_devices() {
         let mut inv = inventory("h100-8x-nvswitch", "n1");
-        set_health(&mut inv, 0, "degraded");
+        let first = position(&inv, &accelerators(&inv)[0]);
+        set_health(&mut inv, first, "unhealthy");
         let mut status = AcceleratorInventoryStatus::default();
         status.conditions.push(conditions::condition(
             conditions::DEVICES_MISSING,
@@ -297,7 +290,8 @@ mod tests {
             ),
         ));
         inv.status = Some(status);
-        let stats = NodeStats::of(&inv, &BTreeSet::new());
+        let none = Reservations::none();
+        let stats = NodeStats::of(&inv, &Holdings::placements(&none));
         let unhealthy = stats.unhealthy().expect("unhealthy");
         assert_eq!(unhealthy.reason(), "DevicesMissing");
         assert_eq!(
@@ -308,15 +302,17 @@ mod tests {
     }
 
     #[test]
-    fn unknown_health_is_not_sick() {
+    fn unknown_health_is_not_sick_and_is_free() {
         let mut inv = inventory("h100-8x-nvswitch", "n1");
         for index in 0..inv.spec.devices.len() {
             set_health(&mut inv, index, "unknown");
         }
-        let stats = NodeStats::of(&inv, &BTreeSet::new());
+        let none = Reservations::none();
+        let stats = NodeStats::of(&inv, &Holdings::placements(&none));
         assert_eq!(stats.unhealthy(), None);
         assert_eq!(stats.counts.healthy, 0);
-        assert_eq!(stats.counts.free, 0);
+        assert_eq!(stats.counts.unknown, stats.counts.devices);
+        assert_eq!(stats.free_devices(), stats.counts.devices);
     }
 
     #[test]
@@ -326,15 +322,15 @@ mod tests {
             all.insert(
                 (format!("p{i:04}"), "v".to_string()),
                 Counts {
-                    devices: i as u64 + 1,
+                    devices: i as u32 + 1,
                     ..Counts::default()
                 },
             );
         }
-        let total: u64 = all.values().map(|c| c.devices).sum();
+        let total: u32 = all.values().map(|c| c.devices).sum();
         let bounded = bound_products(all);
         assert_eq!(bounded.len(), MAX_PRODUCTS + 1);
-        assert_eq!(bounded.values().map(|c| c.devices).sum::<u64>(), total);
+        assert_eq!(bounded.values().map(|c| c.devices).sum::<u32>(), total);
         // The smallest products went to `other`.
         assert!(!bounded.contains_key(&("p0000".to_string(), "v".to_string())));
     }
