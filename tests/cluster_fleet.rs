@@ -622,28 +622,19 @@ async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Res
     );
 
     // `hwaccel fleet -o json` over the cluster (other tests' nodes are left out).
-    let kubeconfig = cluster.env().kubeconfig.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))
-            .args([
-                "fleet",
-                "--model",
-                "llama-3.1-8b",
-                "--context",
-                "8192",
-                "-o",
-                "json",
-            ])
-            .env("KUBECONFIG", kubeconfig)
-            .output()
-    })
-    .await??;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let report = support::process::hwaccel_json(
+        &cluster,
+        &[
+            "fleet",
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            "8192",
+            "-o",
+            "json",
+        ],
+    )
+    .await?;
     let ours: Vec<&serde_json::Value> = report["health"]["nodes"]
         .as_array()
         .expect("nodes")

@@ -94,28 +94,20 @@ async fn fleet_reads_inventories_and_placements_from_the_cluster() -> Result<()>
     let path = file.path().to_string_lossy().into_owned();
     tc.kubectl_ok(&["create", "-f", &path]).await?;
 
-    let kubeconfig = tc.env().kubeconfig.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))
-            .args([
-                "fleet",
-                "--model",
-                "llama-3.1-8b",
-                "--context",
-                "8192",
-                "-o",
-                "json",
-            ])
-            .env("KUBECONFIG", kubeconfig)
-            .output()
-    })
-    .await??;
-    ensure!(
-        out.status.success(),
-        "hwaccel fleet failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).context("fleet JSON")?;
+    let report = support::process::hwaccel_json(
+        &tc,
+        &[
+            "fleet",
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            "8192",
+            "-o",
+            "json",
+        ],
+    )
+    .await
+    .context("hwaccel fleet")?;
     let node = |wanted: &str| -> Result<Value> {
         report["health"]["nodes"]
             .as_array()

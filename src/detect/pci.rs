@@ -225,15 +225,18 @@ mod tests {
         assert!(!f(0x020000).is_accelerator_class());
     }
 
+    /// Writes `text` at `path` under `root`, making the folders on the way.
+    fn write(root: &std::path::Path, path: &str, text: &str) {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
     #[test]
     fn unknown_numa_node_is_the_only_node_of_a_single_node_host() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let fs = |p: &str, text: &str| {
-            let path = root.join(p);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        };
+        let fs = |p: &str, text: &str| write(root, p, text);
         fs("sys/bus/pci/devices/0000:00:06.0/numa_node", "-1\n");
         fs("sys/bus/pci/devices/0000:81:00.0/numa_node", "1\n");
         let host = HostRoot::new(root);
@@ -250,11 +253,7 @@ mod tests {
     fn bus_ids_and_drivers_from_links_or_uevent() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let fs = |p: &str, text: &str| {
-            let path = root.join(p);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        };
+        let fs = |p: &str, text: &str| write(root, p, text);
         // card0's device is a link; card1's is a plain copy with only its uevent.
         fs("sys/bus/pci/devices/0000:05:00.0/vendor", "0x1002\n");
         std::fs::create_dir_all(root.join("sys/class/drm/card0")).unwrap();

@@ -30,3 +30,27 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
+
+/// `hwaccel ARGS` run against the test cluster (its kubeconfig), off the async runtime;
+/// fails with the command's stderr when it exits non-zero, else returns its stdout as JSON.
+pub async fn hwaccel_json(
+    cluster: &super::TestCluster,
+    args: &[&str],
+) -> Result<serde_json::Value> {
+    let kubeconfig = cluster.env().kubeconfig.clone();
+    let args: Vec<String> = args.iter().map(|arg| (*arg).to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hwaccel"))
+            .args(&args)
+            .env("KUBECONFIG", kubeconfig)
+            .output()
+    })
+    .await??;
+    anyhow::ensure!(
+        out.status.success(),
+        "hwaccel failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
