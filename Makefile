@@ -162,11 +162,12 @@ check-generated:
 fmt:
 	$(CARGO) fmt
 
-## lint: rustfmt, clippy, and the pure core (hardware, detect, plan, labels) built alone:
-## without the default `kubernetes` feature, an import of kube, k8s-openapi, tokio or clap
-## from the core fails to compile
+## lint: rustfmt, clippy, rustdoc with warnings as errors (links that resolve), and the pure
+## core (hardware, detect, plan, labels) built alone: without the default `kubernetes` feature,
+## an import of kube, k8s-openapi, tokio or clap from the core fails to compile
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) check --lib --no-default-features
 	$(CARGO) clippy --lib --no-default-features -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --lib --quiet

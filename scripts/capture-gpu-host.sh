@@ -94,7 +94,8 @@ def copy_link(path):
     os.makedirs(os.path.dirname(dest + path), exist_ok=True)
     if not os.path.lexists(dest + path):
         os.symlink(target, dest + path)
-def copy_dir_files(path, links=("driver", "iommu_group", "subsystem", "physfn", "device")):
+def copy_dir_files(path, links=("driver", "iommu_group", "physfn", "device")):
+    # `subsystem` is left out: it points back up the tree (a loop in a fixture checkout).
     try:
         names = os.listdir(path)
     except OSError:

@@ -3,7 +3,7 @@
 //! - the **health** port: `/healthz` (the process is alive: every loop registered in
 //!   [`Liveness`] is making progress, otherwise 503 naming the loops that are not) and `/readyz`
 //!   (it has done its first useful work and can still reach what it needs; a request that comes
-//!   before that is held, see [`readiness`]). Only the kubelet needs it: the chart puts it
+//!   before that is held, see `readiness`). Only the kubelet needs it: the chart puts it
 //!   behind no Service and its NetworkPolicy admits no peer to it (the node is always admitted);
 //! - the **metrics** port: `/metrics` (Prometheus/OpenMetrics text), behind the Services.
 //!

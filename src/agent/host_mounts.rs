@@ -61,7 +61,7 @@ pub fn check(host_root: &Path) -> Vec<String> {
     }
 }
 
-/// The `HostMountsWritable` condition for `writable` (paths named up to [`MAX_NAMED`]).
+/// The `HostMountsWritable` condition for `writable` (paths named up to `MAX_NAMED`).
 pub fn condition(writable: &[String], generation: Option<i64>, now: &Time) -> Condition {
     if writable.is_empty() {
         return conditions::condition(

@@ -117,7 +117,7 @@ pub struct PlanArgs {
     /// merged with --inventory files, one device per PCI bus id or UUID; repeatable.
     #[arg(long = "resource-slices", conflicts_with = "hardware")]
     pub resource_slices: Vec<PathBuf>,
-    /// Hardware shorthand: NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib].
+    /// Hardware shorthand: `NODESxDEVICESxPRODUCT[-MEMGB][+nvswitch|+nvlink|+xgmi|+pcie|+ib]`.
     #[arg(long, required_unless_present_any = ["inventory", "resource_slices", "list_models", "placement"])]
     pub hardware: Option<String>,
     /// Serving replicas to place, each holding its share of --concurrency (default: as many

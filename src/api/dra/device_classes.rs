@@ -173,7 +173,7 @@ pub fn chart_template() -> Result<String, DeviceClassError> {
 }
 
 /// The smallest threshold in MiB that a device of `step_gb` GB or more meets: the share
-/// [`MEMORY_THRESHOLD_PERCENT`] of the smallest such product's memory, raised above every
+/// `MEMORY_THRESHOLD_PERCENT` of the smallest such product's memory, raised above every
 /// smaller product of the table where that share would let one in (a GB200's 189,471 MiB is
 /// above 95 % of an MI300X's 196,608 MiB but it is a 186 GB part). `None` when no product is
 /// that large.

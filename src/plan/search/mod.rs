@@ -71,7 +71,7 @@ pub struct PlanRequest {
     /// as many as the concurrency needs. Training ignores it.
     pub replicas: Option<u32>,
     /// Serving only: plan a decode pool and a separate prefill pool
-    /// ([`disaggregated`](self::disaggregated)); `None` plans one pool.
+    /// (`disaggregated`); `None` plans one pool.
     pub disaggregation: Option<Disaggregation>,
     /// Serving: the engine and the settings of it that shape memory and its arguments.
     pub engine: EngineChoice,

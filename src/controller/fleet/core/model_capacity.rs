@@ -6,7 +6,7 @@
 //! the planner may answer "eight replicas in FP8" where BF16 holds two, which is the right
 //! answer to "how many can I run" and the wrong one to "how many at the quality I serve".
 //!
-//! The answer is [`fleet::capacity`]'s, the same one `hwaccel fleet` prints, so the gauge and
+//! The answer is [`crate::fleet::capacity`]'s, the same one `hwaccel fleet` prints, so the gauge and
 //! the command cannot disagree: replicas are packed one device class after the other on what
 //! no placement holds, each replica serving one full-context request.
 //!

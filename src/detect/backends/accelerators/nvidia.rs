@@ -1,7 +1,7 @@
 //! NVIDIA GPUs: NVML when `libnvidia-ml` loads, `nvidia-smi` otherwise, and sysfs when neither
 //! answers; MIG partitions, health from ECC and retired memory, and the NVLink/NVSwitch domain.
 //!
-//! Every source fills the same [`GpuRecord`]s, which become [`Device`]s in one place, so a GPU
+//! Every source fills the same `GpuRecord`s, which become [`Device`]s in one place, so a GPU
 //! looks the same whichever source described it. NVML is only tried when the host root is `/`:
 //! in the agent's pod (`/host`) or on a fixture tree, loading a library would put code from
 //! another filesystem (or the build machine's own driver) into our process and describe the

@@ -1,6 +1,6 @@
 //! The NVLink domain: which GPUs are joined by NVLink, and whether through NVSwitch.
 //!
-//! Both sources reduce to a [`LinkGraph`]: per GPU, the links it has up, its NVLink peers and
+//! Both sources reduce to a `LinkGraph`: per GPU, the links it has up, its NVLink peers and
 //! the NVSwitches it reaches. NVML says what is at the far end of each link. `nvidia-smi topo
 //! -m` only prints `NV<n>` (a bonded set of n links) per GPU pair, so switches are inferred: a
 //! GPU whose bonded links to all its peers add up to more links than it has must be reaching
@@ -147,7 +147,7 @@ pub struct TopoRow {
 /// After the matrix cells come the affinity columns the header names: `CPU Affinity` alone on
 /// old drivers, then `NUMA Affinity`, then `GPU NUMA ID` on newer drivers. A cell may be empty
 /// (the CPU affinity of a GPU the driver cannot place), which whitespace splitting cannot see,
-/// so those cells are matched by their shape, not their position ([`affinity_cells`]).
+/// so those cells are matched by their shape, not their position (`affinity_cells`).
 pub fn parse_topo_matrix(text: &str) -> Vec<TopoRow> {
     let clean = strip_ansi(text);
     let mut header: Option<Header> = None;
