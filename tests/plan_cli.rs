@@ -1367,10 +1367,10 @@ const H100_INVENTORY: &str = concat!(
 );
 
 /// `hwaccel plan` of `replicas` one-request replicas of Llama 3.1 8B on the H100 inventory,
-/// with `reserved` (`NODE/DEVICE`) held.
-fn replicas_on_h100(replicas: u32, reserved: &str) -> (i32, Value) {
+/// with `reserved` (`NODE/DEVICE`) held when given.
+fn replicas_on_h100(replicas: u32, reserved: Option<&str>) -> (i32, Value) {
     let replicas = replicas.to_string();
-    json(&[
+    let mut args = vec![
         "--model",
         "llama-3.1-8b",
         "--inventory",
@@ -1381,9 +1381,11 @@ fn replicas_on_h100(replicas: u32, reserved: &str) -> (i32, Value) {
         &replicas,
         "--concurrency",
         &replicas,
-        "--reserved",
-        reserved,
-    ])
+    ];
+    if let Some(reserved) = reserved {
+        args.extend(["--reserved", reserved]);
+    }
+    json(&args)
 }
 
 /// Issue 24: `--reserved` takes every name an inventory or `hwaccel fleet` prints for a
@@ -1403,9 +1405,9 @@ fn reserved_devices_are_named_by_inventory_name_pci_address_or_uuid() {
     for name in names {
         let reserved = format!("gpu-h100-0/{name}");
         // Seven replicas need every plannable GPU: with one reserved they do not fit.
-        let (code, plan) = replicas_on_h100(7, &reserved);
+        let (code, plan) = replicas_on_h100(7, Some(&reserved));
         assert_eq!(code, 2, "{name}: the reservation took no effect: {plan}");
-        let (code, plan) = replicas_on_h100(6, &reserved);
+        let (code, plan) = replicas_on_h100(6, Some(&reserved));
         assert_eq!(code, 0, "{name}: {plan}");
         let devices: std::collections::BTreeSet<String> = plan["assignments"]
             .as_array()
@@ -1419,18 +1421,7 @@ fn reserved_devices_are_named_by_inventory_name_pci_address_or_uuid() {
     }
     assert!(placed.windows(2).all(|w| w[0] == w[1]), "{placed:?}");
     // Without the reservation, the seven fit: the exit 2 above was the reservation's doing.
-    let (code, _) = json(&[
-        "--model",
-        "llama-3.1-8b",
-        "--inventory",
-        H100_INVENTORY,
-        "--context",
-        "8192",
-        "--replicas",
-        "7",
-        "--concurrency",
-        "7",
-    ]);
+    let (code, _) = replicas_on_h100(7, None);
     assert_eq!(code, 0);
 
     let with = |reserved: &'static str| {

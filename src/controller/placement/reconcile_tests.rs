@@ -347,8 +347,9 @@ async fn a_refused_label_write_fails_the_reconcile_and_takes_ready_back() {
     assert_eq!(condition(&statuses[0], "Ready"), ("True", "NodesLabelled"));
 }
 
-#[tokio::test]
-async fn a_refused_status_write_fails_the_reconcile_after_labelling() {
+/// A reconcile of the usual placement whose status write the fake apiserver refuses: the
+/// harness, the placement and the reconcile's error.
+async fn reconcile_with_a_refused_status_write() -> (Harness, ModelPlacement, Error) {
     let mut harness = Harness::new();
     let placement = placement();
     harness.store(&placement);
@@ -357,8 +358,13 @@ async fn a_refused_status_write_fails_the_reconcile_after_labelling() {
         "/modelplacements/p/status",
         StatusCode::INTERNAL_SERVER_ERROR,
     );
-
     let error = harness.reconcile(&placement).await.expect_err("must fail");
+    (harness, placement, error)
+}
+
+#[tokio::test]
+async fn a_refused_status_write_fails_the_reconcile_after_labelling() {
+    let (harness, _, error) = reconcile_with_a_refused_status_write().await;
     assert!(
         error.to_string().contains("refused by the fake apiserver"),
         "{error}"
@@ -372,15 +378,7 @@ async fn a_refused_status_write_fails_the_reconcile_after_labelling() {
 #[tokio::test]
 async fn a_failed_reconcile_is_counted_and_reported_under_the_step_that_failed() {
     use prometheus_client::encoding::text::encode;
-    let mut harness = Harness::new();
-    let placement = placement();
-    harness.store(&placement);
-    harness.fake.refuse(
-        "PATCH",
-        "/modelplacements/p/status",
-        StatusCode::INTERNAL_SERVER_ERROR,
-    );
-    let error = harness.reconcile(&placement).await.expect_err("must fail");
+    let (harness, placement, error) = reconcile_with_a_refused_status_write().await;
     harness.fake.clear();
 
     let object = Arc::new(Lenient::Decoded(placement));
