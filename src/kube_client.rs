@@ -12,6 +12,11 @@
 //!   `timeoutSeconds` (290 s by default), and kube-runtime's watcher already treats a stream
 //!   idle for longer than that plus 5 s as dead and reconnects. One client thus serves both
 //!   kinds of call, with no read timeout on the connection that a quiet watch would trip.
+//!
+//! Every client names its component in the `User-Agent` header (`hwaccel-agent/0.1.0`,
+//! `hwaccel-controller/0.1.0`, ...): kube-rs sends none of its own, and the apiserver's audit
+//! log and priority-and-fairness debugging tell callers apart by it (the scale harness counts
+//! each component's requests that way).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -31,10 +36,29 @@ pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client from the environment (in-cluster service account, else `$KUBECONFIG` or
-/// `~/.kube/config`) whose every call ends within `api_timeout`.
-pub async fn client(api_timeout: Duration) -> anyhow::Result<kube::Client> {
-    let config = kube::Config::infer().await?;
+/// `~/.kube/config`) whose every call ends within `api_timeout`, sent as `component`
+/// ([`user_agent`]).
+pub async fn client(api_timeout: Duration, component: &str) -> anyhow::Result<kube::Client> {
+    let config = named(kube::Config::infer().await?, component)?;
     Ok(client_from(config, api_timeout)?)
+}
+
+/// `config` with every request sent as `component` ([`user_agent`]).
+fn named(
+    mut config: kube::Config,
+    component: &str,
+) -> Result<kube::Config, hyper::header::InvalidHeaderValue> {
+    let value = hyper::header::HeaderValue::from_str(&user_agent(component))?;
+    config
+        .headers
+        .retain(|(name, _)| name != hyper::header::USER_AGENT);
+    config.headers.push((hyper::header::USER_AGENT, value));
+    Ok(config)
+}
+
+/// The `User-Agent` of a component's requests: `hwaccel-<component>/<version>`.
+pub fn user_agent(component: &str) -> String {
+    format!("hwaccel-{component}/{}", env!("CARGO_PKG_VERSION"))
 }
 
 /// A client for `config` whose every call ends within `api_timeout`.
@@ -254,6 +278,39 @@ mod tests {
             .err()
             .expect("a watch without a response head is an error");
         assert!(err.to_string().contains("API timeout"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn every_request_names_its_component() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let request = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 4096];
+            let n = stream.read(&mut buf).await.expect("read");
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                .await;
+            String::from_utf8_lossy(&buf[..n]).to_lowercase()
+        });
+        let url = format!("http://{addr}").parse().expect("url");
+        let config = named(kube::Config::new(url), "controller").expect("a valid header");
+        let client = client_from(config, TIMEOUT).expect("client");
+        let _ = within(TIMEOUT * 6, client.apiserver_version()).await;
+        let head = within(TIMEOUT * 6, request).await.expect("the server task");
+        let agents: Vec<&str> = head
+            .lines()
+            .filter(|l| l.starts_with("user-agent:"))
+            .collect();
+        assert_eq!(
+            agents,
+            [format!(
+                "user-agent: hwaccel-controller/{}",
+                env!("CARGO_PKG_VERSION")
+            )
+            .trim_end()],
+            "{head}"
+        );
     }
 
     #[test]

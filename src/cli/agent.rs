@@ -64,7 +64,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let runtime = process::runtime()?;
     let flags = args.process;
     let outcome = runtime.block_on(async move {
-        let mut start = process::start(flags.api_timeout).await?;
+        let mut start = process::start(flags.api_timeout, "agent").await?;
         let metrics = crate::agent::metrics::AgentMetrics::register(&mut start.registry);
         let config = crate::agent::AgentConfig {
             node_name: args.node_name,

@@ -48,7 +48,8 @@ pub(super) fn run(args: CleanupArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     let summary = runtime.block_on(async {
-        let client = crate::kube_client::client(crate::kube_client::DEFAULT_API_TIMEOUT).await?;
+        let client =
+            crate::kube_client::client(crate::kube_client::DEFAULT_API_TIMEOUT, "cleanup").await?;
         if let Some(namespace) = args.namespace.clone().filter(|_| !args.dry_run) {
             let writers = stop::Writers {
                 namespace,

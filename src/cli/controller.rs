@@ -84,7 +84,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
     let outcome = runtime.block_on(async move {
         // Ready means "alive and talking to the apiserver", never "leader": a standby that is
         // never Ready would block rollouts.
-        let mut start = process::start(flags.api_timeout).await?;
+        let mut start = process::start(flags.api_timeout, "controller").await?;
         let metrics = crate::controller::metrics::ControllerMetrics::register(&mut start.registry);
         let mut config = crate::controller::Config::cluster_wide(&identity);
         config.namespace = args.namespace;

@@ -194,7 +194,8 @@ pub fn from_cluster() -> anyhow::Result<FleetInput> {
 }
 
 async fn read_cluster() -> anyhow::Result<FleetInput> {
-    let client = crate::kube_client::client(crate::kube_client::DEFAULT_API_TIMEOUT).await?;
+    let client =
+        crate::kube_client::client(crate::kube_client::DEFAULT_API_TIMEOUT, "fleet").await?;
     let mut notes = Vec::new();
     let inventories: Vec<AcceleratorInventory> = list_all(client.clone(), &mut notes).await?;
     let placements: Vec<ModelPlacement> = list_all(client, &mut notes).await?;

@@ -43,9 +43,10 @@ pub(super) struct Start {
     pub(super) stopped: watch::Receiver<bool>,
 }
 
-/// Connects to the apiserver (every call bounded by `api_timeout`) and sets up the rest.
-pub(super) async fn start(api_timeout: Duration) -> anyhow::Result<Start> {
-    let client = crate::kube_client::client(api_timeout).await?;
+/// Connects to the apiserver as `component` (its User-Agent; every call bounded by
+/// `api_timeout`) and sets up the rest.
+pub(super) async fn start(api_timeout: Duration, component: &str) -> anyhow::Result<Start> {
+    let client = crate::kube_client::client(api_timeout, component).await?;
     let (stop, stopped) = watch::channel(false);
     Ok(Start {
         client,
