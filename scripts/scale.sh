@@ -6,9 +6,13 @@
 #   SCALE_NODES=200 SCALE_PLACEMENTS=50 scripts/scale.sh
 #   SCALE_PROFILE=debug scripts/scale.sh  # a debug controller (default: release, as shipped)
 #
-# Every run gets a fresh control plane (a cluster still up from tests is stopped first, and
-# the run's own is stopped at the end): 1,000 kwok Nodes left by an earlier run would keep
-# heartbeating and load the apiserver the run measures.
+# Every run gets a fresh control plane of its own: etcd and kube-apiserver only (no
+# controller-manager, scheduler or kwok: the run's Nodes are plain objects that nothing
+# heartbeats, so the apiserver's load is the operator's), with every request in its audit log
+# (TC_AUDIT_READS=1) so the run can count each caller's requests. A cluster still up from
+# tests is stopped first, and the run's own is stopped at the end.
+#
+#   SCALE_NODES=10000 SCALE_PLACEMENTS=3000 scripts/scale.sh   # the 10k size (docs/benchmarks.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=()
@@ -17,7 +21,7 @@ profile=()
 cargo test "${profile[@]}" --test cluster_tier --no-run
 tests/cluster/down.sh >/dev/null 2>&1 || true
 trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
-tests/cluster/up.sh --full
+TC_AUDIT_READS=1 tests/cluster/up.sh
 set -a
 # shellcheck disable=SC1091
 . target/testcluster/env

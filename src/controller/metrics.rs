@@ -54,6 +54,14 @@ pub struct SkipLabel {
     pub reason: String,
 }
 
+/// Label set naming a phase of the controller's start as leader.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// `watches` (every watch cache listed), `ledger` (placements listed, the ledger rebuilt),
+    /// `ready` (stale labels cleaned, references resolved: reconciles may start).
+    pub phase: String,
+}
+
 /// Label set naming what was written.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabel {
@@ -99,6 +107,8 @@ pub struct ControllerMetrics {
     /// Nodes and devices health taints cover (`enforce`) or would cover (`dryRun`): Node
     /// taints plus DeviceTaintRules.
     pub health_taint_targets: Gauge,
+    /// Seconds from taking the lead to the end of each start-up phase ([`PhaseLabel`]).
+    pub startup_seconds: Family<PhaseLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl ControllerMetrics {
@@ -119,6 +129,7 @@ impl ControllerMetrics {
             skipped: Family::default(),
             fleet: super::fleet::metrics::FleetMetrics::register(registry),
             health_taint_targets: Gauge::default(),
+            startup_seconds: Family::default(),
         };
         let registry = registry.sub_registry_with_prefix("hwaccel_controller");
         registry.register(
@@ -186,11 +197,27 @@ impl ControllerMetrics {
             metrics.health_taint_targets.clone(),
         );
         registry.register(
+            "startup_seconds",
+            "Seconds from taking the lead to the end of a start-up phase: watches (caches listed), ledger, ready",
+            metrics.startup_seconds.clone(),
+        );
+        registry.register(
             "skipped_objects",
             "Watch events carrying a stored object the controller skips: one it cannot decode, or an inventory naming another node",
             metrics.skipped.clone(),
         );
         metrics
+    }
+
+    /// Records that start-up `phase` ended `since` the lead was taken, and logs it.
+    pub fn started(&self, phase: &str, since: std::time::Instant) {
+        let seconds = since.elapsed().as_secs_f64();
+        self.startup_seconds
+            .get_or_create(&PhaseLabel {
+                phase: phase.to_string(),
+            })
+            .set(seconds);
+        tracing::info!(phase, seconds, "controller start-up phase done");
     }
 
     /// Counts and logs an object of `kind` that did not decode; decoded ones pass silently.

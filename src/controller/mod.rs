@@ -144,6 +144,7 @@ async fn run_served(
     metrics: ControllerMetrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     let (inventories, inventory_writer) = reflector::store::<Lenient<AcceleratorInventory>>();
     let (nodes, node_writer) = reflector::store();
     // One trigger for "reconcile everything": inventory changes, freed devices, and older
@@ -226,6 +227,7 @@ async fn run_served(
         fleet_epoch,
         relabel: (relabel_tx, relabel_rx),
         fleet_changed,
+        started,
     };
     let controller = run_controller(client, config, metrics, watches, shutdown);
     // The watches live exactly as long as the controller: dropping this future ends them all.
@@ -255,6 +257,8 @@ struct Watches {
     ),
     /// Wakes the fleet pass.
     fleet_changed: Arc<tokio::sync::Notify>,
+    /// When this replica began to start as leader (the start-up phases count from here).
+    started: std::time::Instant,
 }
 
 async fn run_controller(
@@ -274,6 +278,7 @@ async fn run_controller(
         fleet_epoch,
         relabel: (relabel_tx, relabel_rx),
         fleet_changed,
+        started,
     } = watches;
     inventories.wait_until_ready().await?;
     nodes.wait_until_ready().await?;
@@ -283,6 +288,7 @@ async fn run_controller(
     for store in slices.iter() {
         store.wait_until_ready().await?;
     }
+    metrics.started("watches", started);
     let api: Api<Lenient<ModelPlacement>> = match &config.namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
@@ -293,6 +299,7 @@ async fn run_controller(
         devices = state.ledger.devices_reserved(),
         "reservation ledger rebuilt from placement statuses"
     );
+    metrics.started("ledger", started);
     // Small pages: the first list of a large namespace is decoded a page at a time.
     let controller = Controller::new(api, watcher::Config::default().page_size(PLACEMENT_PAGE))
         .with_config(
@@ -328,6 +335,7 @@ async fn run_controller(
     });
     clean_stale_labels(&ctx).await?;
     dereference::warm_up(&ctx).await;
+    ctx.metrics.started("ready", started);
     let reconciles = config.reconciles.clone();
     let controller = controller
         .reconcile_all_on(receiver_stream(inventory_changes))

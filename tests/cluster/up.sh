@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a local Kubernetes control plane for the cluster test tier.
 #
-#   tests/cluster/up.sh [--full] [--node] [WORKDIR]
+#   tests/cluster/up.sh [--full] [--node] [--compat] [WORKDIR]
 #
 #   minimal: etcd + kube-apiserver (127.0.0.1, random ports, client-cert auth,
 #            Node,RBAC authorization, admission incl. ValidatingAdmissionPolicy,
@@ -12,6 +12,9 @@
 #            kubelet, kube-proxy; tests/cluster/node.sh): needs root on Linux. The apiserver
 #            then listens on the node's bridge address (10.89.0.1), not on loopback, so pods
 #            can reach it; nothing listens on the machine's own interfaces.
+#   --compat: --full with the control plane (kube-apiserver, kube-controller-manager,
+#            kube-scheduler) of the oldest supported minor (tests/cluster/build-compat.sh);
+#            not with --node.
 #
 # WORKDIR defaults to ${TESTCLUSTER_WORK:-<repo>/target/testcluster}. Writes
 # WORKDIR/admin.kubeconfig and WORKDIR/env (source it), logs in WORKDIR/logs.
@@ -23,12 +26,13 @@ TC_SCRIPT=up.sh
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-FULL=0; NODE=0; WORK=
+FULL=0; NODE=0; COMPAT=0; WORK=
 for a in "$@"; do
   case $a in
     --full) FULL=1 ;;
     --node) FULL=1; NODE=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
+    --compat) FULL=1; COMPAT=1 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 0 ;;
     -*) tc_die "unknown option '$a'" ;;
     *) [ -z "$WORK" ] || tc_die "only one WORKDIR allowed"; WORK=$a ;;
   esac
@@ -48,8 +52,13 @@ if [ $NODE = 1 ]; then
   mkdir -p "$WORK/logs"
   tc_node_deps
 fi
+[ $COMPAT = 1 ] && [ $NODE = 1 ] && tc_die "--compat and --node do not go together (the real node runs the tested release)"
 BUILD_ARGS=(); [ $FULL = 1 ] && BUILD_ARGS=(--full); [ $NODE = 1 ] && BUILD_ARGS=(--node)
-BIN=$("$TC_HERE/build.sh" "${BUILD_ARGS[@]}")
+if [ $COMPAT = 1 ]; then
+  BIN=$("$TC_HERE/build-compat.sh")
+else
+  BIN=$("$TC_HERE/build.sh" "${BUILD_ARGS[@]}")
+fi
 [ -x "$BIN/kube-apiserver" ] || tc_die "build.sh did not produce binaries in '$BIN'"
 
 # Serialise up/down on one WORKDIR.
@@ -225,7 +234,7 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   # Every write, by user (metadata only, no bodies): tests count who wrote what (a steady
   # agent writes nothing) from this log.
   --audit-policy-file="$WORK/run/audit-policy.yaml" --audit-log-path="$WORK/logs/audit.log"
-  --audit-log-maxsize=200 --audit-log-maxbackup=1
+  --audit-log-maxsize="$( [ "${TC_AUDIT_READS:-0}" = 1 ] && echo 4000 || echo 200 )" --audit-log-maxbackup=1
   # Never resolve node host names; kwok nodes report InternalIP 127.0.0.1.
   --kubelet-preferred-address-types=InternalIP
 )
@@ -244,13 +253,17 @@ fi
 # Without kube-controller-manager nothing creates the 'default' ServiceAccount,
 # so the ServiceAccount admission plugin would reject every Pod.
 [ $FULL = 1 ] || APISERVER_CMD+=(--disable-admission-plugins=ServiceAccount)
-cat >"$WORK/run/audit-policy.yaml" <<'YAML'
+# TC_AUDIT_READS=1 (the scale harness, scripts/scale.sh): reads and watches too, so a run can
+# count every component's requests by verb from the log (the User-Agent says who).
+if [ "${TC_AUDIT_READS:-0}" = 1 ]; then AUDITED_VERBS=""; else
+  AUDITED_VERBS="
+    verbs: [create, update, patch, delete, deletecollection]"; fi
+cat >"$WORK/run/audit-policy.yaml" <<YAML
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
-  - level: Metadata
-    verbs: [create, update, patch, delete, deletecollection]
+  - level: Metadata$AUDITED_VERBS
   - level: None
 YAML
 printf '%q ' "${APISERVER_CMD[@]}" >"$WORK/run/kube-apiserver.cmd"

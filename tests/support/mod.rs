@@ -14,6 +14,7 @@
 #![allow(dead_code)] // each test crate uses a different subset
 
 pub mod agent;
+pub mod apiserver_load;
 pub mod controller;
 pub mod hosts;
 pub mod nodes;
