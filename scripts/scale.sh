@@ -27,4 +27,5 @@ set -a
 . target/testcluster/env
 set +a
 export SCALE_RUN=1 SCALE_NODES="${SCALE_NODES:-1000}" SCALE_PLACEMENTS="${SCALE_PLACEMENTS:-300}"
+cargo test "${profile[@]}" --test cluster_tier -- --ignored --nocapture cluster_agent_cost::
 cargo test "${profile[@]}" --test cluster_tier -- --ignored --nocapture cluster_controller_scale::scale_run

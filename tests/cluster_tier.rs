@@ -11,6 +11,7 @@ mod helm;
 mod support;
 
 mod cluster_agent;
+mod cluster_agent_cost;
 mod cluster_agent_dra;
 mod cluster_agent_health;
 mod cluster_agent_outage;

@@ -1,0 +1,128 @@
+//! What one node agent costs the apiserver at steady state, measured on the real apiserver,
+//! and what that makes at 10,000 nodes: the requests of one cycle by verb (from the audit log,
+//! which `scripts/scale.sh` starts with every verb logged), the stored inventory's size for an
+//! 8-GPU node, and the extrapolation docs/benchmarks.md records.
+//!
+//! Runs with the scale harness (`SCALE_RUN=1`, audit log of reads: `TC_AUDIT_READS=1`);
+//! without `SCALE_RUN` it returns at once.
+
+#![allow(clippy::expect_used)] // test helpers may panic on impossible setup errors
+
+use crate::support;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use hwaccel::agent::{Agent, metrics::AgentMetrics};
+use hwaccel::api::AcceleratorInventory;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use support::agent::fixture_agent_config;
+use support::apiserver_load::AuditCursor;
+use support::hosts::copy_fixture;
+use support::nodes::create_node;
+use support::{TestCluster, install_crds};
+
+/// Cycles measured after the first (which writes everything).
+const STEADY_CYCLES: usize = 10;
+/// The size the issue sets for an 8-GPU node's stored inventory.
+const INVENTORY_BUDGET_BYTES: usize = 16 * 1024;
+/// The fleet the figures are extrapolated to.
+const FLEET_NODES: f64 = 10_000.0;
+
+/// The test cluster's admin client, sending the agent's User-Agent so the audit log tells its
+/// requests apart from the harness's.
+async fn agent_client(cluster: &TestCluster) -> Result<Client> {
+    let kubeconfig = Kubeconfig::read_from(&cluster.env().kubeconfig)?;
+    let mut config =
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&hwaccel::kube_client::user_agent("agent"))?,
+    ));
+    Ok(hwaccel::kube_client::client_from(
+        config,
+        hwaccel::kube_client::DEFAULT_API_TIMEOUT,
+    )?)
+}
+
+#[tokio::test]
+#[ignore = "scale run: scripts/scale.sh"]
+async fn one_agent_at_steady_state() -> Result<()> {
+    if std::env::var_os("SCALE_RUN").is_none() {
+        eprintln!("skipped: set SCALE_RUN=1 (scripts/scale.sh does) to measure the agent");
+        return Ok(());
+    }
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let node = cluster.unique_name("h100");
+    create_node(&cluster.client(), &node, &[]).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let config = fixture_agent_config(&node, host.path(), 3);
+    let interval = Duration::from_secs(60);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let mut agent = Agent::new(
+        config,
+        agent_client(&cluster).await?,
+        AgentMetrics::register(&mut registry),
+    );
+
+    let first = agent.cycle().await?;
+    assert!(first.inventory_written, "the first cycle writes the inventory");
+    let audit = AuditCursor::now(&cluster.env().work)?;
+    for _ in 0..STEADY_CYCLES {
+        let outcome = agent.cycle().await?;
+        assert_eq!(
+            outcome,
+            Default::default(),
+            "a steady node writes nothing"
+        );
+    }
+    // The audit log's writer may lag the responses by a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let requests = audit.requests_since()?;
+    print!(
+        "agent cost: {STEADY_CYCLES} steady cycles of one 8-GPU agent, by caller and verb:\n{}",
+        requests.table()
+    );
+    let mut per_cycle = Vec::new();
+    let mut writes = 0.0;
+    for ((caller, verb), latencies) in &requests.by_caller_verb {
+        if caller != "hwaccel-agent" {
+            continue;
+        }
+        let n = latencies.len() as f64 / STEADY_CYCLES as f64;
+        if !matches!(verb.as_str(), "get" | "list" | "watch") {
+            writes += n;
+        }
+        per_cycle.push(format!("{n:.1} {verb}"));
+    }
+    let total = requests.count("hwaccel-agent") as f64 / STEADY_CYCLES as f64;
+    let cycles_per_hour = 3600.0 / interval.as_secs_f64();
+    println!(
+        "agent cost: per cycle {} ({total:.1} requests); at one cycle a minute: {:.0} requests per node per hour, \
+         {:.0} per hour ({:.1} per second) from {FLEET_NODES} nodes",
+        per_cycle.join(", "),
+        total * cycles_per_hour,
+        total * cycles_per_hour * FLEET_NODES,
+        total * FLEET_NODES / interval.as_secs_f64()
+    );
+    assert_eq!(writes, 0.0, "a steady agent writes nothing");
+
+    let stored = Api::<AcceleratorInventory>::all(cluster.client())
+        .get(&node)
+        .await
+        .context("the inventory")?;
+    let bytes = serde_json::to_vec(&stored)?.len();
+    if let Ok(path) = std::env::var("AGENT_COST_DUMP") {
+        std::fs::write(path, serde_json::to_vec_pretty(&stored)?)?;
+    }
+    println!(
+        "agent cost: the stored inventory of an 8-GPU node is {bytes} bytes as JSON (budget {INVENTORY_BUDGET_BYTES})"
+    );
+    assert!(
+        bytes <= INVENTORY_BUDGET_BYTES,
+        "inventory {bytes} bytes > {INVENTORY_BUDGET_BYTES}"
+    );
+    Ok(())
+}
