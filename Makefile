@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build demo scale test unit cluster-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build demo scale test unit cluster-test compat-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -33,8 +33,9 @@ demo:
 ## test: each test once: the fast tier (unit, fixture, CLI), then the cluster tier against a
 ## real local control plane with kwok nodes, then the real-node tier (the chart's pods on a
 ## real kubelet, from the image `make image-static` builds), then the peak-RSS check of that
-## image's `hwaccel detect`
-test: unit cluster-test node-test detect-rss
+## image's `hwaccel detect`; between them, the DRA/admission/controller areas again on the
+## oldest supported Kubernetes minor (compat-test)
+test: unit cluster-test compat-test node-test detect-rss
 
 unit:
 	$(CARGO) test
@@ -54,6 +55,19 @@ cluster-test:
 	tests/cluster/up.sh --full "$(TESTCLUSTER_WORK)" || exit 1; \
 	set -a; . "$(TESTCLUSTER_WORK)/env"; set +a; \
 	CARGO=$(CARGO) scripts/run-cluster-tier.sh --except cluster_real_node
+
+## compat-test: the areas that depend most on what an apiserver serves (DRA, admission
+## policies, the controller's discovery and start-up) against the control plane of the oldest
+## supported minor (docs/install.md; tests/cluster/build-compat.sh, cached like the other).
+COMPAT_WORK ?= $(CURDIR)/target/testcompat
+COMPAT_AREAS ?= cluster_dra cluster_dra_classes cluster_security cluster_controller cluster_controller_start
+compat-test:
+	@$(NEED_GO); \
+	trap 'tests/cluster/down.sh "$(COMPAT_WORK)"' EXIT; \
+	tests/cluster/up.sh --compat "$(COMPAT_WORK)" || exit 1; \
+	set -a; . "$(COMPAT_WORK)/env"; set +a; \
+	echo "== compat tier on Kubernetes $$TESTCLUSTER_K8S_VERSION"; \
+	CARGO=$(CARGO) scripts/run-cluster-tier.sh $(COMPAT_AREAS)
 
 ## node-test: the same control plane plus this machine as a real node (containerd 2.x, runc,
 ## kubelet, kube-proxy; needs root on Linux: tests/cluster/node.sh), then the real-node tests

@@ -3,12 +3,17 @@
 # The staging-module replace list is derived from k8s.io/kubernetes's own go.mod
 # as served by the Go module proxy, so it never drifts from the release.
 #
-#   usage: tests/cluster/gen-gomod.sh v1.37.2
+#   usage: tests/cluster/gen-gomod.sh v1.37.2            (tests/cluster/k8s: the tested release)
+#          tests/cluster/gen-gomod.sh v1.35.4 compat     (tests/cluster/compat: the oldest
+#                                                         supported minor, tests/cluster/compat.sh)
 set -euo pipefail
-K=${1:?usage: $0 v1.X.Y}
+K=${1:?usage: $0 v1.X.Y [k8s|compat]}
+DIR=${2:-k8s}
+case $DIR in k8s|compat) ;; *) echo "gen-gomod.sh: the module dir is k8s or compat, got '$DIR'" >&2; exit 2;; esac
 case $K in v1.*.*) ;; *) echo "gen-gomod.sh: expected a version like v1.36.3, got '$K'" >&2; exit 2;; esac
 S="v0.${K#v1.}"                                   # v1.36.3 -> v0.36.3
-cd "$(dirname "$0")/k8s"
+mkdir -p "$(dirname "$0")/$DIR"
+cd "$(dirname "$0")/$DIR"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 rm -f go.mod go.sum
 go mod init example.com/hwaccel-operator/testcluster/k8s >&2
