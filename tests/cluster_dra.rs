@@ -1,4 +1,4 @@
-//! Placements Kubernetes enforces, against the real control plane (kube-apiserver 1.36,
+//! Placements Kubernetes enforces, against the real control plane (kube-apiserver 1.37,
 //! kube-scheduler, kube-controller-manager, kwok nodes): the test publishes NVIDIA-shaped
 //! ResourceSlices for a node whose AcceleratorInventory lists the same GPUs (matched by PCI
 //! bus id), and the controller holds a placement's devices as ResourceClaims it allocates.
@@ -13,8 +13,9 @@
 //! - `allocation: labels` makes no claims; `allocation: claims` plans only on published
 //!   devices;
 //! - with `--health-taints enforce`, a sick published GPU gets a DeviceTaintRule naming
-//!   exactly its DRA device (no Node taint), which kube-scheduler honours and a controller of
-//!   another scope leaves alone; the GPU's recovery deletes it.
+//!   exactly its DRA device (no Node taint), in `resource.k8s.io/v1` on an apiserver started
+//!   without DRA feature gates or runtime-config, which kube-scheduler honours and a
+//!   controller of another scope leaves alone; the GPU's recovery deletes it.
 //!
 //! Full tier only (needs the scheduler and kwok): `tests/cluster/up.sh --full && cargo test
 //! --test cluster_tier -- --include-ignored cluster_dra::`.
@@ -949,8 +950,8 @@ async fn set_first_gpu_health(cluster: &TestCluster, node: &str, health: &str) -
 #[ignore = "needs cluster"]
 async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -> Result<()> {
     use hwaccel::controller::HealthTaints;
-    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name};
-    use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
+    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name, rules_resource};
+    use kube::api::DynamicObject;
 
     let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
@@ -963,24 +964,32 @@ async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -
 
     // One GPU turns unhealthy: a NoSchedule rule names exactly its DRA device, and the Node
     // itself stays untainted (its other seven GPUs remain schedulable).
+    // A stock apiserver: nothing turns DeviceTaintRules or an older resource.k8s.io version on.
+    let apiserver = std::fs::read_to_string(cluster.env().work.join("run/kube-apiserver.cmd"))?;
+    for flag in ["DRADeviceTaintRules", "resource.k8s.io/v1beta2"] {
+        assert!(
+            !apiserver.contains(flag),
+            "the test apiserver sets {flag}: {apiserver}"
+        );
+    }
     let sick = set_first_gpu_health(&cluster, &node, "unhealthy").await?;
-    let rules: Api<DeviceTaintRule> = Api::all(cluster.client());
+    // 1.37 serves DeviceTaintRule in v1 (GA) with no flag; the controller must use it.
+    let rules: Api<DynamicObject> = Api::all_with(cluster.client(), &rules_resource("v1"));
     let name = rule_name(&node, &sick);
     let rule = wait_for(DEFAULT_TIMEOUT, "the DeviceTaintRule", || {
         let (rules, name) = (rules.clone(), name.clone());
         async move { Ok(rules.get_opt(&name).await?) }
     })
     .await?;
-    assert_eq!(rule.spec.taint.key, TAINT_KEY);
-    assert_eq!(rule.spec.taint.effect, "NoSchedule");
-    let selector = rule.spec.device_selector.expect("a device selector");
+    let taint = &rule.data["spec"]["taint"];
     assert_eq!(
-        (
-            selector.driver.as_deref(),
-            selector.pool.as_deref(),
-            selector.device.as_deref()
-        ),
-        (Some(DRIVER), Some(node.as_str()), Some("gpu-0"))
+        (&taint["key"], &taint["effect"]),
+        (&json!(TAINT_KEY), &json!("NoSchedule"))
+    );
+    let selector = &rule.data["spec"]["deviceSelector"];
+    assert_eq!(
+        selector,
+        &json!({"driver": DRIVER, "pool": node, "device": "gpu-0"})
     );
     let taints = Api::<Node>::all(cluster.client())
         .get(&node)

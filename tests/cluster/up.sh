@@ -217,10 +217,8 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --service-cluster-ip-range="$SERVICE_CIDR"
   --authorization-mode=Node,RBAC
   --enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy
-  # DeviceTaintRules (beta, off by default in 1.36) so the health-taint tests reach both of
-  # the controller's paths: per-device rules where DRA publishes a device, Node taints else.
-  --feature-gates=DRADeviceTaintRules=true
-  --runtime-config=resource.k8s.io/v1beta2=true
+  # No DRA feature gates or runtime-config: 1.37 serves DeviceTaintRule in resource.k8s.io/v1
+  # (GA, on by default), and the tests prove the controller works on a stock apiserver.
   --allow-privileged=true --profiling=false
   # Every write, by user (metadata only, no bodies): tests count who wrote what (a steady
   # agent writes nothing) from this log.
@@ -283,7 +281,6 @@ if [ $FULL = 1 ]; then
     --kubeconfig="$KC" --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" \
     --cert-dir="$WORK/certs/scheduler" --profiling=false \
-    --feature-gates=DRADeviceTaintRules=true \
     || fail "could not start kube-scheduler"
 
   # kwok's stock stages, read from the kwok module in the Go module cache.
