@@ -1062,3 +1062,131 @@ async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -
     remove_nodes(&cluster, &[&node]).await?;
     Ok(())
 }
+
+/// The Degraded condition of placement `name`, once `done` holds for it.
+async fn degraded_when(
+    cluster: &TestCluster,
+    name: &str,
+    what: &str,
+    done: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, what, || {
+        let (api, done) = (api.clone(), &done);
+        async move {
+            let status = api.get(name).await?.status.unwrap_or_default();
+            Ok(conditions::find(&status.conditions, "Degraded")
+                .filter(|c| done(c))
+                .cloned())
+        }
+    })
+    .await
+}
+
+/// A driver reports a held device unhealthy in its claim's `status.devices` (written as a
+/// driver writes it, through the status subresource): the placement's Degraded condition
+/// names the device and the driver's message and Ready is taken back; once the driver says
+/// the device is Ready again, both clear.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_device_its_driver_reports_unhealthy_degrades_the_placement_until_it_recovers()
+-> Result<()> {
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (node, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "sick",
+        PlacementBuilder::serve("llama-3.1-8b").spec(),
+        AllocationMode::Claims,
+    )
+    .await?;
+    wait_ready(&cluster, "sick").await?;
+    let claims = claims_of(&cluster, "sick").await?;
+    let claim = claims.first().expect("a claim");
+    let claim_name = claim.metadata.name.clone().expect("named");
+    let device = allocated(std::slice::from_ref(claim))
+        .into_iter()
+        .next()
+        .expect("an allocated device");
+    assert_eq!(device.0, node);
+    let api: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    let report = |status: &str, reason: &str, message: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim_name},
+            "status": {"devices": [{
+                "driver": DRIVER, "pool": device.0, "device": device.1,
+                "conditions": [{
+                    "type": "Ready", "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }],
+            }]},
+        })
+    };
+    // The driver's own field manager: our allocation (another manager's) stays as it is.
+    let driver = PatchParams::apply("gpu.nvidia.com-kubelet-plugin").force();
+    api.patch_status(
+        &claim_name,
+        &driver,
+        &Patch::Apply(report(
+            "False",
+            "XidError",
+            "Xid 79: GPU has fallen off the bus",
+        )),
+    )
+    .await?;
+    let degraded = degraded_when(&cluster, "sick", "Degraded names the device", |c| {
+        c.status == "True"
+    })
+    .await?;
+    assert_eq!(degraded.reason, "DeviceUnhealthy", "{degraded:?}");
+    let named = format!("{DRIVER}/{}/{}", device.0, device.1);
+    assert!(degraded.message.contains(&named), "{}", degraded.message);
+    assert!(
+        degraded
+            .message
+            .contains("Xid 79: GPU has fallen off the bus"),
+        "{}",
+        degraded.message
+    );
+    assert!(
+        degraded.message.contains(&claim_name),
+        "{}",
+        degraded.message
+    );
+    let status = Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .get("sick")
+        .await?
+        .status
+        .unwrap_or_default();
+    assert!(
+        !conditions::is_true(&status.conditions, "Ready"),
+        "{status:?}"
+    );
+    assert!(
+        allocated(&[api.get(&claim_name).await?]).contains(&device),
+        "the driver's status write kept the allocation"
+    );
+
+    // Ready again: the condition clears and the placement is Ready.
+    api.patch_status(
+        &claim_name,
+        &driver,
+        &Patch::Apply(report("True", "Prepared", "")),
+    )
+    .await?;
+    degraded_when(&cluster, "sick", "Degraded cleared", |c| {
+        c.status == "False"
+    })
+    .await?;
+    wait_ready(&cluster, "sick").await?;
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("sick", &DeleteParams::default())
+        .await?;
+    Ok(())
+}
