@@ -1,4 +1,4 @@
-//! Placements Kubernetes enforces, against the real control plane (kube-apiserver 1.36,
+//! Placements Kubernetes enforces, against the real control plane (kube-apiserver 1.37,
 //! kube-scheduler, kube-controller-manager, kwok nodes): the test publishes NVIDIA-shaped
 //! ResourceSlices for a node whose AcceleratorInventory lists the same GPUs (matched by PCI
 //! bus id), and the controller holds a placement's devices as ResourceClaims it allocates.
@@ -13,8 +13,9 @@
 //! - `allocation: labels` makes no claims; `allocation: claims` plans only on published
 //!   devices;
 //! - with `--health-taints enforce`, a sick published GPU gets a DeviceTaintRule naming
-//!   exactly its DRA device (no Node taint), which kube-scheduler honours and a controller of
-//!   another scope leaves alone; the GPU's recovery deletes it.
+//!   exactly its DRA device (no Node taint), in `resource.k8s.io/v1` on an apiserver started
+//!   without DRA feature gates or runtime-config, which kube-scheduler honours and a
+//!   controller of another scope leaves alone; the GPU's recovery deletes it.
 //!
 //! Full tier only (needs the scheduler and kwok): `tests/cluster/up.sh --full && cargo test
 //! --test cluster_tier -- --include-ignored cluster_dra::`.
@@ -949,8 +950,8 @@ async fn set_first_gpu_health(cluster: &TestCluster, node: &str, health: &str) -
 #[ignore = "needs cluster"]
 async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -> Result<()> {
     use hwaccel::controller::HealthTaints;
-    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name};
-    use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
+    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name, rules_resource};
+    use kube::api::DynamicObject;
 
     let _turn = SLICES.lock().await;
     let cluster = TestCluster::new().await?;
@@ -963,24 +964,32 @@ async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -
 
     // One GPU turns unhealthy: a NoSchedule rule names exactly its DRA device, and the Node
     // itself stays untainted (its other seven GPUs remain schedulable).
+    // A stock apiserver: nothing turns DeviceTaintRules or an older resource.k8s.io version on.
+    let apiserver = std::fs::read_to_string(cluster.env().work.join("run/kube-apiserver.cmd"))?;
+    for flag in ["DRADeviceTaintRules", "resource.k8s.io/v1beta2"] {
+        assert!(
+            !apiserver.contains(flag),
+            "the test apiserver sets {flag}: {apiserver}"
+        );
+    }
     let sick = set_first_gpu_health(&cluster, &node, "unhealthy").await?;
-    let rules: Api<DeviceTaintRule> = Api::all(cluster.client());
+    // 1.37 serves DeviceTaintRule in v1 (GA) with no flag; the controller must use it.
+    let rules: Api<DynamicObject> = Api::all_with(cluster.client(), &rules_resource("v1"));
     let name = rule_name(&node, &sick);
     let rule = wait_for(DEFAULT_TIMEOUT, "the DeviceTaintRule", || {
         let (rules, name) = (rules.clone(), name.clone());
         async move { Ok(rules.get_opt(&name).await?) }
     })
     .await?;
-    assert_eq!(rule.spec.taint.key, TAINT_KEY);
-    assert_eq!(rule.spec.taint.effect, "NoSchedule");
-    let selector = rule.spec.device_selector.expect("a device selector");
+    let taint = &rule.data["spec"]["taint"];
     assert_eq!(
-        (
-            selector.driver.as_deref(),
-            selector.pool.as_deref(),
-            selector.device.as_deref()
-        ),
-        (Some(DRIVER), Some(node.as_str()), Some("gpu-0"))
+        (&taint["key"], &taint["effect"]),
+        (&json!(TAINT_KEY), &json!("NoSchedule"))
+    );
+    let selector = &rule.data["spec"]["deviceSelector"];
+    assert_eq!(
+        selector,
+        &json!({"driver": DRIVER, "pool": node, "device": "gpu-0"})
     );
     let taints = Api::<Node>::all(cluster.client())
         .get(&node)
@@ -1051,5 +1060,133 @@ async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -
     .await?;
     assert_eq!(placed, node);
     remove_nodes(&cluster, &[&node]).await?;
+    Ok(())
+}
+
+/// The Degraded condition of placement `name`, once `done` holds for it.
+async fn degraded_when(
+    cluster: &TestCluster,
+    name: &str,
+    what: &str,
+    done: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, what, || {
+        let (api, done) = (api.clone(), &done);
+        async move {
+            let status = api.get(name).await?.status.unwrap_or_default();
+            Ok(conditions::find(&status.conditions, "Degraded")
+                .filter(|c| done(c))
+                .cloned())
+        }
+    })
+    .await
+}
+
+/// A driver reports a held device unhealthy in its claim's `status.devices` (written as a
+/// driver writes it, through the status subresource): the placement's Degraded condition
+/// names the device and the driver's message and Ready is taken back; once the driver says
+/// the device is Ready again, both clear.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_device_its_driver_reports_unhealthy_degrades_the_placement_until_it_recovers()
+-> Result<()> {
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (node, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    let _controller = start_controller(&cluster);
+    create_placement(
+        &cluster,
+        "sick",
+        PlacementBuilder::serve("llama-3.1-8b").spec(),
+        AllocationMode::Claims,
+    )
+    .await?;
+    wait_ready(&cluster, "sick").await?;
+    let claims = claims_of(&cluster, "sick").await?;
+    let claim = claims.first().expect("a claim");
+    let claim_name = claim.metadata.name.clone().expect("named");
+    let device = allocated(std::slice::from_ref(claim))
+        .into_iter()
+        .next()
+        .expect("an allocated device");
+    assert_eq!(device.0, node);
+    let api: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    let report = |status: &str, reason: &str, message: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim_name},
+            "status": {"devices": [{
+                "driver": DRIVER, "pool": device.0, "device": device.1,
+                "conditions": [{
+                    "type": "Ready", "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }],
+            }]},
+        })
+    };
+    // The driver's own field manager: our allocation (another manager's) stays as it is.
+    let driver = PatchParams::apply("gpu.nvidia.com-kubelet-plugin").force();
+    api.patch_status(
+        &claim_name,
+        &driver,
+        &Patch::Apply(report(
+            "False",
+            "XidError",
+            "Xid 79: GPU has fallen off the bus",
+        )),
+    )
+    .await?;
+    let degraded = degraded_when(&cluster, "sick", "Degraded names the device", |c| {
+        c.status == "True"
+    })
+    .await?;
+    assert_eq!(degraded.reason, "DeviceUnhealthy", "{degraded:?}");
+    let named = format!("{DRIVER}/{}/{}", device.0, device.1);
+    assert!(degraded.message.contains(&named), "{}", degraded.message);
+    assert!(
+        degraded
+            .message
+            .contains("Xid 79: GPU has fallen off the bus"),
+        "{}",
+        degraded.message
+    );
+    assert!(
+        degraded.message.contains(&claim_name),
+        "{}",
+        degraded.message
+    );
+    let status = Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .get("sick")
+        .await?
+        .status
+        .unwrap_or_default();
+    assert!(
+        !conditions::is_true(&status.conditions, "Ready"),
+        "{status:?}"
+    );
+    assert!(
+        allocated(&[api.get(&claim_name).await?]).contains(&device),
+        "the driver's status write kept the allocation"
+    );
+
+    // Ready again: the condition clears and the placement is Ready.
+    api.patch_status(
+        &claim_name,
+        &driver,
+        &Patch::Apply(report("True", "Prepared", "")),
+    )
+    .await?;
+    degraded_when(&cluster, "sick", "Degraded cleared", |c| {
+        c.status == "False"
+    })
+    .await?;
+    wait_ready(&cluster, "sick").await?;
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("sick", &DeleteParams::default())
+        .await?;
     Ok(())
 }

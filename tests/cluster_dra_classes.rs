@@ -2,7 +2,9 @@
 //! control plane: the apiserver accepts every class (CEL compiled, cost checked), the real
 //! kube-scheduler allocates by them on kwok nodes that publish vendor-shaped ResourceSlices,
 //! and a template from `claim_template` falls back to its second alternative when the first
-//! is taken.
+//! is taken; with the classes' extended resource names, a pod asking for
+//! `resources.limits: {hwaccel.io/hbm-80g-plus: 1}` gets a device of the class from the
+//! scheduler (DRA extended resources, GA in 1.37).
 //!
 //! Needs the full tier: `tests/cluster/up.sh --full && cargo test --test cluster_tier
 //! -- --ignored cluster_dra_classes::`. The classes are cluster-scoped with fixed names, so the tests take turns
@@ -15,7 +17,9 @@ use crate::support;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use hwaccel::api::dra::claim_template::{Alternative, REQUEST_NAME, claim_template};
-use hwaccel::api::dra::device_classes::device_classes;
+use hwaccel::api::dra::device_classes::{
+    device_classes, extended_resource_name, with_extended_resource_names,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
@@ -48,9 +52,15 @@ fn not_found(e: &kube::Error) -> bool {
 
 /// Creates (or takes over) every generated class.
 async fn apply_classes(tc: &TestCluster) -> Result<()> {
+    apply_these_classes(tc, device_classes()).await
+}
+
+/// Server-side applies `classes` (one field manager, so a later apply without a field
+/// removes it).
+async fn apply_these_classes(tc: &TestCluster, classes: Vec<DeviceClass>) -> Result<()> {
     let api: Api<DeviceClass> = Api::all(tc.client());
     let params = PatchParams::apply("hwaccel-test").force();
-    for class in device_classes() {
+    for class in classes {
         let name = class.metadata.name.clone().unwrap_or_default();
         let mut body = serde_json::to_value(&class)?;
         body["apiVersion"] = json!("resource.k8s.io/v1");
@@ -179,9 +189,31 @@ async fn delete_nodes(tc: &TestCluster, nodes: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// A pod in `group` that asks for `count` of the extended resource `resource` in its limits,
+/// and for no claim.
+async fn extended_resource_pod(
+    tc: &TestCluster,
+    name: &str,
+    group: &str,
+    (resource, count): (&str, u32),
+) -> Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name },
+        "spec": {
+            "nodeSelector": { GROUP_LABEL: group },
+            "containers": [{
+                "name": "c",
+                "image": "registry.invalid/never-pulled:0",
+                "resources": { "limits": { resource: count.to_string() } },
+            }],
+        },
+    }))?;
+    create_pod(tc, pod).await
+}
+
 /// A pod in `group` using one claim, by claim name or by template name.
 async fn claim_pod(tc: &TestCluster, name: &str, group: &str, claim: Value) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(tc.client(), tc.namespace());
     let mut source = claim;
     source["name"] = json!("gpus");
     let pod: Pod = serde_json::from_value(json!({
@@ -197,6 +229,12 @@ async fn claim_pod(tc: &TestCluster, name: &str, group: &str, claim: Value) -> R
             }],
         },
     }))?;
+    create_pod(tc, pod).await
+}
+
+/// Creates `pod` in the test's namespace.
+async fn create_pod(tc: &TestCluster, pod: Pod) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(tc.client(), tc.namespace());
     // The namespace's default ServiceAccount appears a moment after the namespace.
     wait_for(DEFAULT_TIMEOUT, "pod created", || {
         let (pods, pod) = (pods.clone(), pod.clone());
@@ -707,8 +745,106 @@ async fn prioritized_list_falls_back_when_the_first_choice_is_taken() -> Result<
     result.and(cleaned)
 }
 
-/// The chart renders no DeviceClass by default, and exactly the generated ones with
-/// `dra.deviceClasses.enabled=true`.
+/// (v) DRA extended resources (GA and on by default in 1.37, no feature gate set): with the
+/// classes' extended resource names, a pod asking for `hwaccel.io/hbm-80g-plus: 1` in its
+/// limits, and for no claim, is scheduled by kube-scheduler onto the H100 node (not the A100
+/// one), in a ResourceClaim the scheduler creates for it that holds one H100 by the class.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_pod_asking_for_a_class_extended_resource_gets_a_device_of_the_class() -> Result<()> {
+    let _turn = CLASSES.lock().await;
+    let tc = TestCluster::new().await?;
+    if skip_unless_full(&tc) {
+        return Ok(());
+    }
+    let group = tc.prefix().to_string();
+    let class = "hbm-80g-plus.hwaccel.io";
+    let resource = extended_resource_name(class);
+    let mut nodes = Vec::new();
+    let result = async {
+        apply_these_classes(&tc, with_extended_resource_names(device_classes())).await?;
+        let stored = Api::<DeviceClass>::all(tc.client()).get(class).await?;
+        ensure!(
+            stored.spec.extended_resource_name.as_deref() == Some(resource.as_str()),
+            "the apiserver kept no extendedResourceName: {:?}",
+            stored.spec
+        );
+        let h100 = gpu_node(
+            &tc,
+            "h100",
+            &group,
+            vec![nvidia_gpu(0, H100, 81_559, "pci0000:00")],
+        )
+        .await?;
+        nodes.push(h100.clone());
+        let a100 = gpu_node(
+            &tc,
+            "a100",
+            &group,
+            vec![nvidia_gpu(0, A100_40, 40_960, "pci0000:00")],
+        )
+        .await?;
+        nodes.push(a100);
+        extended_resource_pod(&tc, "extended", &group, (&resource, 1)).await?;
+        let node = scheduled_node(&tc, "extended").await?;
+        ensure!(
+            node == h100,
+            "the pod went to {node}, not the H100 node {h100}"
+        );
+        // The claim is the scheduler's: named in the pod's status, marked as an
+        // extended-resource claim, asking the class for one device, holding the H100.
+        let pods: Api<Pod> = Api::namespaced(tc.client(), tc.namespace());
+        let claim_name = wait_for(DEFAULT_TIMEOUT, "the pod's extended resource claim", || {
+            let pods = pods.clone();
+            async move {
+                let pod = pods.get("extended").await?;
+                Ok(pod
+                    .status
+                    .and_then(|s| s.extended_resource_claim_status)
+                    .map(|s| s.resource_claim_name))
+            }
+        })
+        .await?;
+        let claims: Api<ResourceClaim> = Api::namespaced(tc.client(), tc.namespace());
+        let claim = claims.get(&claim_name).await?;
+        let annotations = claim.metadata.annotations.clone().unwrap_or_default();
+        ensure!(
+            annotations
+                .get("resource.kubernetes.io/extended-resource-claim")
+                .map(String::as_str)
+                == Some("true"),
+            "{claim_name} is not the scheduler's extended-resource claim: {annotations:?}"
+        );
+        let classes: Vec<String> = claim
+            .spec
+            .devices
+            .as_ref()
+            .and_then(|d| d.requests.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r.exactly.as_ref().map(|e| e.device_class_name.clone()))
+            .collect();
+        ensure!(classes == [class], "{claim_name} asks for {classes:?}");
+        let allocated = results(&claim);
+        ensure!(
+            allocated.len() == 1 && allocated[0].1 == h100 && allocated[0].2 == "gpu-0",
+            "{claim_name}: allocated {allocated:?}"
+        );
+        Ok(())
+    }
+    .await;
+    let cleaned = async {
+        delete_namespace(&tc).await?;
+        delete_nodes(&tc, &nodes).await?;
+        delete_classes(&tc).await
+    }
+    .await;
+    result.and(cleaned)
+}
+
+/// The chart renders no DeviceClass by default, exactly the generated ones with
+/// `dra.deviceClasses.enabled=true`, and each with its extended resource name when
+/// `dra.deviceClasses.extendedResourceNames=true` too.
 #[test]
 fn chart_renders_the_generated_classes_only_when_enabled() {
     let test = "chart_renders_the_generated_classes_only_when_enabled";
@@ -735,6 +871,22 @@ fn chart_renders_the_generated_classes_only_when_enabled() {
         .cloned()
         .collect();
     let generated: Vec<Value> = device_classes()
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("a DeviceClass serialises"))
+        .collect();
+    assert_eq!(rendered, generated);
+    // With extendedResourceNames, the same classes, each with its name.
+    let extended = render(&[
+        "--set",
+        "dra.deviceClasses.enabled=true",
+        "--set",
+        "dra.deviceClasses.extendedResourceNames=true",
+    ]);
+    let rendered: Vec<Value> = helm::of_kind(&extended, "DeviceClass")
+        .into_iter()
+        .cloned()
+        .collect();
+    let generated: Vec<Value> = with_extended_resource_names(device_classes())
         .iter()
         .map(|c| serde_json::to_value(c).expect("a DeviceClass serialises"))
         .collect();

@@ -690,6 +690,26 @@ async fn controller_token_may_set_only_its_own_health_taint() -> Result<()> {
     Ok(())
 }
 
+/// The versions of `resource.k8s.io` the test apiserver serves DeviceTaintRules in, newest
+/// first (a stock 1.37: `v1` only; with `--runtime-config=resource.k8s.io/v1beta2=true`
+/// also `v1beta2`). The policy must hold in each of them.
+async fn served_rule_versions(client: &Client) -> Result<Vec<&'static str>> {
+    let mut served = Vec::new();
+    for version in hwaccel::controller::taints::core::RULES_VERSIONS {
+        let group_version = format!("resource.k8s.io/{version}");
+        if let Ok(list) = client.list_api_group_resources(&group_version).await
+            && list.resources.iter().any(|r| r.name == "devicetaintrules")
+        {
+            served.push(version);
+        }
+    }
+    ensure!(
+        !served.is_empty(),
+        "the apiserver serves no DeviceTaintRule version"
+    );
+    Ok(served)
+}
+
 /// The API resource of DeviceTaintRules in `version` (`v1` or `v1beta2`).
 fn device_taint_rules(version: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -733,7 +753,7 @@ async fn apply_rule_as(client: &Client, manager: &str, doc: &Value) -> kube::Res
     let version = doc["apiVersion"]
         .as_str()
         .and_then(|v| v.strip_prefix("resource.k8s.io/"))
-        .unwrap_or("v1beta2");
+        .unwrap_or("v1");
     Api::<DynamicObject>::all_with(client.clone(), &device_taint_rules(version))
         .patch(
             name_of(doc),
@@ -746,7 +766,7 @@ async fn apply_rule_as(client: &Client, manager: &str, doc: &Value) -> kube::Res
 /// With `health.taints` on, the controller's token may write DeviceTaintRules, but only its
 /// own (labelled `hwaccel.io/managed-by=hwaccel-controller`, before and after the write),
 /// each naming exactly one device, with its own taint key and an effect that evicts nothing.
-/// Refused, in both served versions: a NoExecute rule, a match-all rule, an unlabelled rule,
+/// Refused, in every served version: a NoExecute rule, a match-all rule, an unlabelled rule,
 /// a foreign taint key, deleting, changing or adopting an administrator's rule, dropping the
 /// label from its own. Allowed: its own rule, written, switched between NoSchedule and None,
 /// and deleted.
@@ -760,6 +780,9 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
     };
     let controller = fixture.client_as(&fixture.user("controller"), None).await?;
     let policy = fixture.policy("controller-device-taint-rules");
+    // The version the controller writes in (the newest served) comes first.
+    let versions = served_rule_versions(&fixture.admin).await?;
+    let written = versions[0];
     let prefix = fixture.prefix.clone();
     let name = |what: &str| format!("{prefix}-{what}");
     let one_device = json!({"driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"});
@@ -769,7 +792,7 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
         // wait until a NoExecute rule of its own is refused.
         wait_until_enforced(&policy, |round| {
             let doc = rule_doc(
-                "v1beta2",
+                written,
                 &name(&format!("probe-{round}")),
                 true,
                 &one_device,
@@ -779,7 +802,7 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
             async move { apply_rule(&controller, &doc).await }
         })
         .await?;
-        for version in ["v1beta2", "v1"] {
+        for &version in &versions {
             let refused = [
                 (
                     "a NoExecute rule",
@@ -852,7 +875,7 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
         apply_rule_as(&fixture.admin, TEST_MANAGER, &admin_rule)
             .await
             .context("the administrator writes a rule")?;
-        for version in ["v1beta2", "v1"] {
+        for &version in &versions {
             let rules =
                 Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules(version));
             assert_denied_by(
@@ -895,22 +918,23 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
             kept.data["spec"]
         );
 
-        // Its own rule, as the controller writes it (v1beta2): enforce, dry run, deleted.
+        // Its own rule, as the controller writes it (newest served version): enforce, dry run,
+        // deleted.
         let own = name("own");
         apply_rule(
             &controller,
-            &rule_doc("v1beta2", &own, true, &one_device, (KEY, "NoSchedule")),
+            &rule_doc(written, &own, true, &one_device, (KEY, "NoSchedule")),
         )
         .await
         .context("the controller writes its own NoSchedule rule")?;
         apply_rule(
             &controller,
-            &rule_doc("v1beta2", &own, true, &one_device, (KEY, "None")),
+            &rule_doc(written, &own, true, &one_device, (KEY, "None")),
         )
         .await
         .context("the controller switches its rule to None (dry run)")?;
         let rules =
-            Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules("v1beta2"));
+            Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules(written));
         assert_denied_by(
             rules
                 .patch(
@@ -944,18 +968,22 @@ async fn controller_token_may_write_only_its_own_single_device_rules_that_cannot
             &policy,
             "controller takes the label off its own rule",
         )?;
-        // The same through v1, which the cluster also serves.
-        let own_v1 = name("own-v1");
-        apply_rule(
-            &controller,
-            &rule_doc("v1", &own_v1, true, &one_device, (KEY, "NoSchedule")),
-        )
-        .await
-        .context("the controller writes its own rule through v1")?;
-        Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules("v1"))
-            .delete(&own_v1, &DeleteParams::default())
+        // The same through any other version the cluster also serves.
+        for &version in &versions[1..] {
+            let own_other = name(&format!("own-{version}"));
+            apply_rule(
+                &controller,
+                &rule_doc(version, &own_other, true, &one_device, (KEY, "NoSchedule")),
+            )
             .await
-            .context("the controller deletes its own rule through v1")?;
+            .with_context(|| format!("the controller writes its own rule through {version}"))?;
+            Api::<DynamicObject>::all_with(controller.clone(), &device_taint_rules(version))
+                .delete(&own_other, &DeleteParams::default())
+                .await
+                .with_context(|| {
+                    format!("the controller deletes its own rule through {version}")
+                })?;
+        }
         rules
             .delete(&own, &DeleteParams::default())
             .await

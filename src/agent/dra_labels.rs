@@ -100,7 +100,7 @@ impl SliceReader {
 }
 
 /// `report` with what `published` adds for labels: a matched device (same PCI bus id, else
-/// UUID) gets the product and memory its detection lacks; a usable published device that
+/// UUID) gets the product, memory and NUMA node its detection lacks; a usable published device that
 /// detection did not see is added. Partitions and unusable devices add nothing.
 pub fn fill_from_published(report: &Report, published: &[PublishedDevice]) -> Report {
     let mut filled = report.clone();
@@ -119,6 +119,9 @@ pub fn fill_from_published(report: &Report, published: &[PublishedDevice]) -> Re
                 if seen.memory_bytes.is_none() {
                     seen.memory_bytes = device.memory_bytes;
                 }
+                if seen.numa_node.is_none() {
+                    seen.numa_node = device.numa_node;
+                }
             }
             None => {
                 let Some(product) = &device.product else {
@@ -130,6 +133,7 @@ pub fn fill_from_published(report: &Report, published: &[PublishedDevice]) -> Re
                     .unwrap_or_else(|| format!("dra:{}", device.reference));
                 let mut added = Device::new(id, device.vendor, device.family, product, "dra");
                 added.memory_bytes = device.memory_bytes;
+                added.numa_node = device.numa_node;
                 added.uuid = device.uuid.clone();
                 filled.devices.push(added);
             }

@@ -586,7 +586,10 @@ fn device_from(entry: &InventoryDevice) -> Device {
                 .collect()
         })
         .unwrap_or_default();
-    device.numa_node = int(attribute::NUMA_NODE).and_then(|v| u32::try_from(v).ok());
+    // Inventories written before the standard name carry only the old one.
+    device.numa_node = int(attribute::NUMA_NODE)
+        .or_else(|| int(attribute::LEGACY_NUMA_NODE))
+        .and_then(|v| u32::try_from(v).ok());
     let link = PcieLink {
         generation: small(attribute::PCIE_GENERATION),
         width: small(attribute::PCIE_WIDTH),

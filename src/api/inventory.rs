@@ -56,8 +56,12 @@ pub mod attribute {
     pub const UUID: &str = "uuid";
     /// Native precisions, comma-separated, widest first (`fp32,tf32,bf16,fp16,fp8,int8`).
     pub const PRECISIONS: &str = "precisions";
-    /// NUMA node (int).
-    pub const NUMA_NODE: &str = "numaNode";
+    /// NUMA node (int): DRA's standard attribute, which `matchAttribute` constraints can
+    /// align across drivers (a GPU and a NIC on one NUMA node).
+    pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+    /// NUMA node (int) as agents wrote it before the standard name: still read, no longer
+    /// written.
+    pub const LEGACY_NUMA_NODE: &str = "numaNode";
     /// Negotiated PCIe generation (int).
     pub const PCIE_GENERATION: &str = "pcieGeneration";
     /// Negotiated PCIe lane count (int).
@@ -235,7 +239,8 @@ pub struct InventoryDevice {
     /// Stable DNS label derived from family and id (`gpu-0000-18-00-0`).
     #[schemars(length(max = 63))]
     pub name: String,
-    /// Typed attributes (`vendor`, `model`, `numaNode`...); strings at most 64 bytes.
+    /// Typed attributes (`vendor`, `model`, `resource.kubernetes.io/numaNode`...); strings at
+    /// most 64 bytes.
     #[serde(default)]
     #[schemars(extend("maxProperties" = 32))] // MAX_ATTRIBUTES_AND_CAPACITIES
     pub attributes: BTreeMap<String, DeviceAttribute>,

@@ -11,6 +11,11 @@ pub(super) struct DeviceClassesArgs {
     /// instead of plain YAML.
     #[arg(long)]
     chart: bool,
+    /// Give each class its extended resource name (`hwaccel.io/gpu` for `gpu.hwaccel.io`), so
+    /// pods can ask for `resources.limits: {hwaccel.io/gpu: 1}` (Kubernetes 1.37+). Not with
+    /// --chart, where the value `dra.deviceClasses.extendedResourceNames` decides.
+    #[arg(long, conflicts_with = "chart")]
+    extended_resource_names: bool,
 }
 
 /// Runs `hwaccel deviceclasses`.
@@ -18,7 +23,7 @@ pub(super) fn run(args: DeviceClassesArgs) -> anyhow::Result<ExitCode> {
     let text = if args.chart {
         crate::api::dra::device_classes::chart_template()?
     } else {
-        crate::api::dra::device_classes::all_yaml()?
+        crate::api::dra::device_classes::all_yaml(args.extended_resource_names)?
     };
     write_stdout(&text)?;
     Ok(ExitCode::SUCCESS)

@@ -226,10 +226,8 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --service-cluster-ip-range="$SERVICE_CIDR"
   --authorization-mode=Node,RBAC
   --enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy
-  # DeviceTaintRules (beta, off by default in 1.36) so the health-taint tests reach both of
-  # the controller's paths: per-device rules where DRA publishes a device, Node taints else.
-  --feature-gates=DRADeviceTaintRules=true
-  --runtime-config=resource.k8s.io/v1beta2=true
+  # No DRA feature gates or runtime-config: 1.37 serves DeviceTaintRule in resource.k8s.io/v1
+  # (GA, on by default), and the tests prove the controller works on a stock apiserver.
   --allow-privileged=true --profiling=false
   # Every write, by user (metadata only, no bodies): tests count who wrote what (a steady
   # agent writes nothing) from this log.
@@ -238,17 +236,6 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   # Never resolve node host names; kwok nodes report InternalIP 127.0.0.1.
   --kubelet-preferred-address-types=InternalIP
 )
-SCHED_GATES=(--feature-gates=DRADeviceTaintRules=true)
-if [ $COMPAT = 1 ]; then
-  # The oldest supported minor as it ships, without feature gates: what the controller finds
-  # there is what its discovery must cope with (and 1.35's DRADeviceTaintRules would also need
-  # the alpha DRADeviceTaints).
-  for i in "${!APISERVER_CMD[@]}"; do
-    case ${APISERVER_CMD[$i]} in --feature-gates=*) unset 'APISERVER_CMD[i]' ;; esac
-  done
-  APISERVER_CMD=("${APISERVER_CMD[@]}")
-  SCHED_GATES=()
-fi
 if [ $NODE = 1 ]; then
   # Pods reach the apiserver at the bridge address through the kubernetes Service, whose
   # endpoint the default (lease) reconciler publishes; the apiserver reaches the kubelet
@@ -307,7 +294,6 @@ if [ $FULL = 1 ]; then
     --kubeconfig="$KC" --authentication-kubeconfig="$KC" --authorization-kubeconfig="$KC" \
     --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" \
     --cert-dir="$WORK/certs/scheduler" --profiling=false \
-    "${SCHED_GATES[@]}" \
     || fail "could not start kube-scheduler"
 
   # kwok's stock stages, read from the kwok module in the Go module cache.

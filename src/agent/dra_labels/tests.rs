@@ -133,6 +133,7 @@ fn published(bus: Option<&str>, uuid: Option<&str>, unusable: Option<&str>) -> P
         uuid: uuid.map(str::to_string),
         product: Some("NVIDIA H100 80GB HBM3".into()),
         memory_bytes: Some(81559 << 20),
+        numa_node: Some(1),
         vendor: Vendor::Nvidia,
         family: Family::Gpu,
         unusable: unusable.map(str::to_string),
@@ -165,7 +166,13 @@ fn labels_are_filled_where_detection_lacks_product_or_memory_and_dra_only_device
     );
     assert_eq!(filled.devices[0].model, "NVIDIA H100 80GB HBM3");
     assert_eq!(filled.devices[0].memory_bytes, Some(81559 << 20));
+    assert_eq!(
+        filled.devices[0].numa_node,
+        Some(1),
+        "the driver's NUMA node"
+    );
     assert_eq!(filled.devices[1].backend, "dra");
+    assert_eq!(filled.devices[1].numa_node, Some(1));
     let labels = crate::labels::labels_for(&filled).labels;
     assert!(
         labels.values().any(|v| v == "nvidia-h100-80gb-hbm3"),

@@ -40,6 +40,13 @@ pub const MEMORY_STEPS_GB: &[u64] = &[40, 80, 141, 192];
 /// tool. A test checks that no product of a smaller step reaches the threshold.
 const MEMORY_THRESHOLD_PERCENT: u64 = 95;
 
+/// The domain of the extended resource names the classes get when asked for
+/// ([`with_extended_resource_names`]): `hwaccel.io/gpu` for `gpu.hwaccel.io`.
+pub const EXTENDED_RESOURCE_DOMAIN: &str = "hwaccel.io";
+
+/// The chart value that gives every class its extended resource name.
+pub const EXTENDED_RESOURCE_VALUE: &str = ".Values.dra.deviceClasses.extendedResourceNames";
+
 /// Annotation carrying a class's one-line description (DeviceClass has no such field).
 pub const DESCRIPTION_ANNOTATION: &str = "hwaccel.io/description";
 
@@ -149,6 +156,31 @@ pub fn device_classes() -> Vec<DeviceClass> {
     classes
 }
 
+/// The extended resource name of the class called `class_name`: `hwaccel.io/` and the
+/// class name's first label (`gpu.hwaccel.io` → `hwaccel.io/gpu`,
+/// `hbm-80g-plus.hwaccel.io` → `hwaccel.io/hbm-80g-plus`). Unique among the classes, since
+/// their first labels are; a valid extended resource name, since that label is a DNS label
+/// and the domain is not `kubernetes.io`.
+pub fn extended_resource_name(class_name: &str) -> String {
+    let first = class_name.split('.').next().unwrap_or(class_name);
+    format!("{EXTENDED_RESOURCE_DOMAIN}/{first}")
+}
+
+/// `classes`, each with its [`extended_resource_name`] (DRA extended resources, GA in
+/// Kubernetes 1.37): a pod may then ask for `resources.limits: {hwaccel.io/gpu: 1}` instead
+/// of a ResourceClaim, and kube-scheduler allocates a device of the class for it (in a claim
+/// it creates), on nodes where no device plugin advertises the same name.
+pub fn with_extended_resource_names(classes: Vec<DeviceClass>) -> Vec<DeviceClass> {
+    classes
+        .into_iter()
+        .map(|mut class| {
+            let name = class.metadata.name.clone().unwrap_or_default();
+            class.spec.extended_resource_name = Some(extended_resource_name(&name));
+            class
+        })
+        .collect()
+}
+
 /// One class as a YAML document, starting with `---`.
 pub fn to_yaml(class: &DeviceClass) -> Result<String, DeviceClassError> {
     let body = serde_saphyr::to_string(class).map_err(|err| DeviceClassError::Serialize {
@@ -158,17 +190,40 @@ pub fn to_yaml(class: &DeviceClass) -> Result<String, DeviceClassError> {
     Ok(format!("---\n{body}"))
 }
 
-/// Every class as one multi-document YAML stream (what `hwaccel deviceclasses` prints).
-pub fn all_yaml() -> Result<String, DeviceClassError> {
-    device_classes().iter().map(to_yaml).collect()
+/// Every class as one multi-document YAML stream (what `hwaccel deviceclasses` prints),
+/// with extended resource names when `extended` is true.
+pub fn all_yaml(extended: bool) -> Result<String, DeviceClassError> {
+    let classes = if extended {
+        with_extended_resource_names(device_classes())
+    } else {
+        device_classes()
+    };
+    classes.iter().map(to_yaml).collect()
 }
 
 /// The chart file `templates/dra-deviceclasses.yaml`: the classes behind
-/// `.Values.dra.deviceClasses.enabled`.
+/// `.Values.dra.deviceClasses.enabled`, each with its extended resource name behind
+/// `.Values.dra.deviceClasses.extendedResourceNames`.
 pub fn chart_template() -> Result<String, DeviceClassError> {
+    let mut body = String::new();
+    for class in device_classes() {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let yaml = to_yaml(&class)?;
+        // `spec:` is followed by its fields, indented two spaces; `extendedResourceName`
+        // goes first (serialised order is alphabetical, and `config` is never set).
+        let Some((head, tail)) = yaml.split_once("\nspec:\n") else {
+            return Err(DeviceClassError::Serialize {
+                name,
+                message: "no `spec:` line in the serialised class".to_string(),
+            });
+        };
+        body.push_str(&format!(
+            "{head}\nspec:\n{{{{- if {EXTENDED_RESOURCE_VALUE} }}}}\n  extendedResourceName: {}\n{{{{- end }}}}\n{tail}",
+            extended_resource_name(&name)
+        ));
+    }
     Ok(format!(
-        "{CHART_HEADER}\n{{{{- if .Values.dra.deviceClasses.enabled }}}}\n{}{{{{- end }}}}\n",
-        all_yaml()?
+        "{CHART_HEADER}\n{{{{- if .Values.dra.deviceClasses.enabled }}}}\n{body}{{{{- end }}}}\n"
     ))
 }
 

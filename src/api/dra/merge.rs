@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{DeviceRef, PublishedDevice};
-use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
+use crate::api::{AcceleratorInventory, InventoryDevice, PlannerDeviceIds, attribute};
 use crate::detect::pci::canonical_bus_id;
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
 use crate::plan::products::{self, CONSERVATIVE_PRECISIONS};
@@ -31,6 +31,9 @@ pub struct MergedNode {
     pub unusable: BTreeMap<String, String>,
     /// Every device id on the node, plannable or not.
     pub present: BTreeSet<String>,
+    /// NUMA node by planner device id, where known: the inventory's (detection read sysfs),
+    /// else what the device's driver publishes.
+    pub numa: BTreeMap<String, u32>,
     /// What was merged away or skipped, one line each.
     pub notes: Vec<String>,
 }
@@ -52,6 +55,7 @@ pub fn merge_node(
         products: BTreeMap::new(),
         unusable: BTreeMap::new(),
         present: BTreeSet::new(),
+        numa: BTreeMap::new(),
         notes: Vec::new(),
     };
     let mut by_bus = BTreeMap::new();
@@ -63,6 +67,9 @@ pub fn merge_node(
             merged.present.insert(entry.name.clone());
             if let Some(product) = entry.text(attribute::PRODUCT) {
                 merged.products.insert(entry.name.clone(), product);
+            }
+            if let Some(numa) = inventory_numa_node(entry) {
+                merged.numa.insert(entry.name.clone(), numa);
             }
             let bus = entry
                 .text(attribute::PCI_BUS_ID)
@@ -118,7 +125,19 @@ fn merge_matched(
         ));
         merged.unusable.insert(name.clone(), why.clone());
     }
+    if let Some(numa) = device.numa_node {
+        merged.numa.entry(name.clone()).or_insert(numa);
+    }
     merged.dra.insert(name, device.reference.clone());
+}
+
+/// An inventory device's NUMA node: the standard attribute, else the name agents wrote
+/// before it.
+fn inventory_numa_node(entry: &InventoryDevice) -> Option<u32> {
+    [attribute::NUMA_NODE, attribute::LEGACY_NUMA_NODE]
+        .iter()
+        .find_map(|name| entry.attributes.get(*name)?.as_int())
+        .and_then(|node| u32::try_from(node).ok())
 }
 
 /// A published device the inventory lacks: a planner device of its own, when what it is
@@ -126,6 +145,9 @@ fn merge_matched(
 fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
     let id = unique_id(&merged.present, &device.reference);
     merged.present.insert(id.clone());
+    if let Some(numa) = device.numa_node {
+        merged.numa.insert(id.clone(), numa);
+    }
     if let Some(why) = &device.unusable {
         merged
             .notes

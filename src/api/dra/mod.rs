@@ -69,6 +69,9 @@ pub struct PublishedDevice {
     pub product: Option<String>,
     /// Device memory in bytes (the `memory` capacity), when published.
     pub memory_bytes: Option<u64>,
+    /// NUMA node, when published: DRA's standard `resource.kubernetes.io/numaNode`, else the
+    /// driver's own `numaNode` (AMD's `gpu.amd.com/numaNode`).
+    pub numa_node: Option<u32>,
     /// Maker, from the driver.
     pub vendor: Vendor,
     /// Kind, from the driver.

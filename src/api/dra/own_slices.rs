@@ -4,7 +4,8 @@
 //! Vulkan sees). For the families an operator opts in to, the agent publishes one slice per
 //! node under our driver name [`OWN_DRIVER`], one device per inventory device, so the
 //! scheduler can count and allocate them. Inventory devices are already DRA-shaped (DNS-label
-//! names, typed attributes, ≤32 attributes and capacities), so they are copied as they are.
+//! names, typed attributes, ≤32 attributes and capacities), so they are copied as they are,
+//! the NUMA node under DRA's standard `resource.kubernetes.io/numaNode`.
 //!
 //! The rule that matters: a device is never published twice. A device that another driver's
 //! slice on the node already names (same PCI bus id or UUID), or whose vendor's device plugin
@@ -308,13 +309,21 @@ pub fn same_content(a: &ResourceSlice, b: &ResourceSlice) -> bool {
             == b.spec.devices.as_deref().unwrap_or_default()
 }
 
-/// One inventory device as a DRA device: same name, attributes and capacities.
+/// One inventory device as a DRA device: same name, attributes and capacities, except that
+/// the NUMA node always goes out under DRA's standard name (an inventory written before it
+/// has only `numaNode`), so `matchAttribute: resource.kubernetes.io/numaNode` aligns our
+/// devices with other drivers'.
 fn dra_device(device: &InventoryDevice) -> Device {
-    let attributes: BTreeMap<String, DraAttribute> = device
+    let mut attributes: BTreeMap<String, DraAttribute> = device
         .attributes
         .iter()
         .map(|(name, value)| (name.clone(), dra_attribute(value)))
         .collect();
+    if let Some(numa) = attributes.remove(attribute::LEGACY_NUMA_NODE) {
+        attributes
+            .entry(attribute::NUMA_NODE.to_string())
+            .or_insert(numa);
+    }
     let capacity: BTreeMap<String, DeviceCapacity> = device
         .capacity
         .iter()

@@ -28,6 +28,15 @@ const MAX_TEXT: usize = 253;
 /// but one node's pool never needs thousands).
 const MAX_SLICES_PER_POOL: i64 = 4096;
 
+/// DRA's standard NUMA node attribute (the same name the inventory uses).
+const STANDARD_NUMA_NODE: &str = crate::api::attribute::NUMA_NODE;
+/// The NUMA node attribute in a driver's own domain, for drivers that predate the standard
+/// one or keep it (AMD's `gpu.amd.com/numaNode`).
+const DRIVER_NUMA_NODE: &str = "numaNode";
+/// Highest NUMA node id taken as real (Linux's `CONFIG_NODES_SHIFT` allows at most 1024
+/// nodes); a larger value is a publisher's error.
+const MAX_NUMA_NODE: u32 = 1023;
+
 /// Taint effects that keep the scheduler from allocating a device.
 const BLOCKING_EFFECTS: &[&str] = &["NoSchedule", "NoExecute"];
 
@@ -200,6 +209,7 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         uuid: driver.uuid.and_then(text),
         product: text(driver.product),
         memory_bytes: driver.memory.and_then(|name| memory(driver, device, name)),
+        numa_node: numa_node(driver, device),
         vendor: driver.vendor,
         family: driver.family,
         unusable: partition.or_else(|| blocking_taint(device)).or(unhealthy),
@@ -248,6 +258,17 @@ fn string_attribute(driver: &KnownDriver, device: &Device, name: &str) -> Option
 /// A bool attribute.
 fn bool_attribute(driver: &KnownDriver, device: &Device, name: &str) -> Option<bool> {
     attribute(driver, device, name)?.bool
+}
+
+/// The NUMA node: the standard attribute first, then the driver's own `numaNode` (AMD's
+/// driver publishes `gpu.amd.com/numaNode`). Negative (sysfs's `-1`, "no affinity") or
+/// beyond [`MAX_NUMA_NODE`] is unknown, not a node.
+fn numa_node(driver: &KnownDriver, device: &Device) -> Option<u32> {
+    let int = |name: &str| attribute(driver, device, name).and_then(|value| value.int);
+    int(STANDARD_NUMA_NODE)
+        .or_else(|| int(DRIVER_NUMA_NODE))
+        .and_then(|node| u32::try_from(node).ok())
+        .filter(|&node| node <= MAX_NUMA_NODE)
 }
 
 /// A capacity in whole units (bytes); `None` when absent or not a plain whole quantity.

@@ -25,6 +25,7 @@ use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning
 
 use super::core::claim_holdings::{OutlivedClaim, claimed_devices, outlived_claims};
 use super::core::claims::ClaimsReport;
+use super::core::device_health;
 use super::core::ledger::Ledger;
 use crate::controller::context::Context;
 use crate::controller::core::fleet_view::FleetView;
@@ -158,6 +159,23 @@ pub fn any_allocated(ctx: &Context) -> bool {
     ctx.claims
         .as_ref()
         .is_some_and(|store| store.state().iter().any(|claim| is_allocated(claim)))
+}
+
+/// What the drivers say in `status.devices` of the placement's own claims (labelled for it
+/// in the cache) about the devices they hold: a line per device reported unhealthy. A claim
+/// status write is a claim event, so the condition follows within one reconcile.
+pub fn device_health_in_cache(ctx: &Context, placement: &ModelPlacement) -> Vec<String> {
+    let Some(store) = &ctx.claims else {
+        return Vec::new();
+    };
+    let namespace = placement.namespace().unwrap_or_default();
+    let name = placement.name_any();
+    let claims = store.state();
+    let ours = claims
+        .iter()
+        .map(|claim| &**claim)
+        .filter(|claim| owning_placement(claim) == Some((namespace.as_str(), name.as_str())));
+    device_health::lines(&device_health::from_claims(ours))
 }
 
 /// The allocated claims labelled for a placement that is gone ([`outlived_claims`]), in the

@@ -28,7 +28,9 @@ use crate::backoff::Backoff;
 
 use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
-use super::claims::{ClaimError, claimed_in_cache, release_claims, sync_claims};
+use super::claims::{
+    ClaimError, claimed_in_cache, device_health_in_cache, release_claims, sync_claims,
+};
 use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide};
 use super::core::desired::state_name;
@@ -220,6 +222,9 @@ async fn place(
         return Ok(Action::requeue(Duration::ZERO));
     }
     let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
+    if matches!(decision.outcome, Outcome::Planned(_)) {
+        decision.device_health = device_health_in_cache(ctx, placement);
+    }
     let template_error = write_template(ctx, placement, &fleet, &mut decision).await;
     let check_nodes = nodes_to_check(&decision);
     decision.unlabeled = missing_nodes(ctx, decision.outcome.status());

@@ -1,6 +1,7 @@
 //! What health taints look like: the mode (`none`, `dryRun`, `enforce`), the Node taint
 //! `hwaccel.io/devices-unhealthy=<reason>:NoSchedule` edited into a Node's taint list
-//! without touching anyone else's, and one DRA DeviceTaintRule per unhealthy device.
+//! without touching anyone else's, and one DRA DeviceTaintRule per unhealthy device, in the
+//! newest `resource.k8s.io` version the apiserver serves it in ([`rules_version`]).
 //!
 //! Pure: the driver (`sync.rs`, beside it) decides when to call these and writes
 //! what they return.
@@ -10,10 +11,15 @@ use std::fmt;
 use std::str::FromStr;
 
 use k8s_openapi::api::core::v1::Taint;
+// The rule is built with the `v1beta2` types because the k8s-openapi feature this crate
+// compiles (`v1_36`) has no `resource.k8s.io/v1` DeviceTaintRule (GA in 1.37). Both versions
+// have exactly the same fields (k8s.io/api v0.37 `resource/v1` and `resource/v1beta2`
+// `types.go`), so one body serves either: [`rule_document`] stamps the version that is served.
 use k8s_openapi::api::resource::v1beta2::{
     DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::api::dra::DeviceRef;
 
@@ -32,6 +38,40 @@ pub const SCOPE_LABEL: &str = "hwaccel.io/scope";
 pub const WHOLE_CLUSTER: &str = "all";
 /// Longest object name (DNS subdomain).
 const MAX_NAME: usize = 253;
+/// The API group of DeviceTaintRules.
+pub const RULES_GROUP: &str = "resource.k8s.io";
+/// The versions of `resource.k8s.io` that may serve DeviceTaintRules, in the order they are
+/// preferred: `v1` (GA and on by default since Kubernetes 1.37), then `v1beta2` (1.36, or 1.37
+/// with `--runtime-config=resource.k8s.io/v1beta2=true`, behind the DRADeviceTaintRules gate).
+pub const RULES_VERSIONS: [&str; 2] = ["v1", "v1beta2"];
+
+/// The version DeviceTaintRules are written in: the first of [`RULES_VERSIONS`] that
+/// `serves` says the apiserver serves them in; `None` when neither does (Node taints then).
+pub fn rules_version(serves: impl Fn(&str) -> bool) -> Option<&'static str> {
+    RULES_VERSIONS.into_iter().find(|version| serves(version))
+}
+
+/// The API resource of DeviceTaintRules in `version`, for a dynamic `Api`.
+pub fn rules_resource(version: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(RULES_GROUP, version, "DeviceTaintRule"),
+        "devicetaintrules",
+    )
+}
+
+/// `rule` as the body of a server-side apply in `version` (the fields are the same in every
+/// served version; only `apiVersion` differs).
+pub fn rule_document(rule: &DeviceTaintRule, version: &str) -> serde_json::Value {
+    let mut body = serde_json::to_value(rule).unwrap_or_default();
+    body["apiVersion"] = format!("{RULES_GROUP}/{version}").into();
+    body["kind"] = "DeviceTaintRule".into();
+    body
+}
+
+/// The taint effect of a DeviceTaintRule read back as JSON (any served version), if it has one.
+pub fn rule_effect(rule: &serde_json::Value) -> Option<&str> {
+    rule.pointer("/spec/taint/effect")?.as_str()
+}
 
 /// What the controller does about unhealthy nodes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -243,6 +283,47 @@ mod tests {
             effect: effect.to_string(),
             time_added: None,
         }
+    }
+
+    #[test]
+    fn rules_go_to_v1_first_then_v1beta2_then_nowhere() {
+        assert_eq!(rules_version(|_| true), Some("v1"));
+        assert_eq!(rules_version(|v| v == "v1"), Some("v1"));
+        assert_eq!(rules_version(|v| v == "v1beta2"), Some("v1beta2"));
+        assert_eq!(rules_version(|v| v == "v1alpha3"), None);
+        assert_eq!(rules_version(|_| false), None);
+    }
+
+    #[test]
+    fn one_rule_body_is_written_in_whichever_version_is_served() {
+        let device = DeviceRef {
+            driver: "gpu.nvidia.com".into(),
+            pool: "node-a".into(),
+            device: "gpu-0".into(),
+        };
+        let rule = device_taint_rule(
+            "node-a",
+            "gpu-0",
+            &device,
+            ("DeviceUnhealthy", "NoSchedule"),
+            "all",
+        );
+        for version in RULES_VERSIONS {
+            let body = rule_document(&rule, version);
+            assert_eq!(body["apiVersion"], format!("resource.k8s.io/{version}"));
+            assert_eq!(body["kind"], "DeviceTaintRule");
+            assert_eq!(body["spec"]["deviceSelector"]["device"], "gpu-0");
+            assert_eq!(rule_effect(&body), Some("NoSchedule"));
+            let resource = rules_resource(version);
+            assert_eq!(
+                (resource.api_version.as_str(), resource.plural.as_str()),
+                (
+                    format!("resource.k8s.io/{version}").as_str(),
+                    "devicetaintrules"
+                )
+            );
+        }
+        assert_eq!(rule_effect(&serde_json::json!({"spec": {}})), None);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! of new placements by the scheduler's own means.
 //!
 //! - A sick device that a DRA driver publishes, where the apiserver serves DeviceTaintRule
-//!   (`resource.k8s.io/v1beta2`, discovered at start): one DeviceTaintRule per device, effect
+//!   (discovered at start: `resource.k8s.io/v1`, GA since 1.37, else `v1beta2`): one
+//!   DeviceTaintRule per device, in that version, effect
 //!   `None` in a dry run (reported, scheduling unchanged) and `NoSchedule` when enforced;
 //!   deleted when the device is healthy again.
 //! - Anything else (devices missing, a sick device no slice publishes, no DeviceTaintRule):
@@ -17,22 +18,21 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1beta2::DeviceTaintRule;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 
 use tracing::Instrument;
 
 use super::core::{
-    HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,
-    device_taint_rule, edited_taints, in_scope, scope_of,
+    HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, RULES_GROUP, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,
+    device_taint_rule, edited_taints, in_scope, rule_document, rule_effect, rules_resource,
+    rules_version, scope_of,
 };
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::fleet_view::FleetView;
 use crate::controller::fleet::core::fleet_figures::{NodeStats, Unhealthy};
 use crate::controller::fleet::pass::{cut, node_span, publish_node_event};
 
-/// The API version DeviceTaintRules are written in.
-const RULES_API_VERSION: &str = "resource.k8s.io/v1beta2";
 /// Page size of the start-up Node list.
 const LIST_PAGE: u32 = 500;
 /// Most pods a dry-run Event names.
@@ -48,8 +48,9 @@ pub(crate) struct Taints {
     selector: Option<String>,
     /// The scope label value of this controller's DeviceTaintRules.
     scope: String,
-    /// Whether the apiserver serves DeviceTaintRules.
-    rules_served: bool,
+    /// The `resource.k8s.io` version DeviceTaintRules are written in, when the apiserver
+    /// serves them at all.
+    rules_version: Option<&'static str>,
     /// Nodes carrying our taint, with its value; `None` until listed.
     tainted: Option<BTreeMap<String, String>>,
     /// Our DeviceTaintRules by name, with their effect; `None` until listed.
@@ -70,15 +71,24 @@ impl Taints {
         selector: Option<String>,
         check_every: std::time::Duration,
     ) -> Self {
-        let rules_served = mode != HealthTaints::None && rules_served(ctx).await;
+        let rules_version = if mode == HealthTaints::None {
+            None
+        } else {
+            served_rules_version(ctx).await
+        };
         if mode != HealthTaints::None {
-            tracing::info!(%mode, rules_served, "health taints on");
+            tracing::info!(
+                %mode,
+                rules_served = rules_version.is_some(),
+                rules_version = rules_version.unwrap_or("none"),
+                "health taints on"
+            );
         }
         Self {
             mode,
             scope: scope_of(selector.as_deref()),
             selector,
-            rules_served,
+            rules_version,
             tainted: None,
             rules: None,
             reported: BTreeMap::new(),
@@ -109,7 +119,7 @@ impl Taints {
             let mut unpublished = BTreeMap::new();
             for (device, health) in &node.sick {
                 match view.dra_device(&node.node, device) {
-                    Some(published) if self.rules_served => {
+                    Some(published) if self.rules_version.is_some() => {
                         let rule = device_taint_rule(
                             &node.node,
                             device,
@@ -154,8 +164,8 @@ impl Taints {
         if self.mode == HealthTaints::DryRun {
             self.report_dry_run(ctx, &node_reasons).await;
         }
-        if self.rules_served {
-            self.sync_rules(ctx, &rules).await;
+        if let Some(version) = self.rules_version {
+            self.sync_rules(ctx, version, &rules).await;
         }
     }
 
@@ -259,10 +269,16 @@ impl Taints {
         }
     }
 
-    /// Writes missing or changed DeviceTaintRules and deletes ours that are no longer
-    /// wanted.
-    async fn sync_rules(&mut self, ctx: &Context, wanted: &BTreeMap<String, DeviceTaintRule>) {
-        let api: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
+    /// Writes missing or changed DeviceTaintRules in `version` and deletes ours that are no
+    /// longer wanted. Through a dynamic `Api`, since the typed rule is `v1beta2`'s (see
+    /// [`super::core`]) and `v1` has the same fields.
+    async fn sync_rules(
+        &mut self,
+        ctx: &Context,
+        version: &str,
+        wanted: &BTreeMap<String, DeviceTaintRule>,
+    ) {
+        let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &rules_resource(version));
         if self.rules.is_none() {
             // The whole-cluster controller also lists rules without a scope label (written
             // before scopes existed); a scoped one lists only its own.
@@ -280,7 +296,10 @@ impl Taints {
                         list.items
                             .into_iter()
                             .filter(|r| in_scope(r.metadata.labels.as_ref(), &self.scope))
-                            .filter_map(|r| Some((r.metadata.name?, r.spec.taint.effect)))
+                            .filter_map(|r| {
+                                let effect = rule_effect(&r.data)?.to_string();
+                                Some((r.metadata.name?, effect))
+                            })
                             .collect(),
                     );
                 }
@@ -299,9 +318,7 @@ impl Taints {
                 continue;
             }
             let started = std::time::Instant::now();
-            let mut body = serde_json::to_value(rule).unwrap_or_default();
-            body["apiVersion"] = RULES_API_VERSION.into();
-            body["kind"] = "DeviceTaintRule".into();
+            let body = rule_document(rule, version);
             match api
                 .patch(
                     name,
@@ -344,15 +361,28 @@ impl Taints {
     }
 }
 
-/// Whether `resource.k8s.io/v1beta2` serves `devicetaintrules` (a 404 or any failure: no).
-async fn rules_served(ctx: &Context) -> bool {
-    match ctx.client.list_api_group_resources(RULES_API_VERSION).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == "devicetaintrules"),
-        Err(err) => {
-            tracing::debug!(error = %err, "DeviceTaintRule not served; Node taints instead");
-            false
+/// The newest `resource.k8s.io` version that serves `devicetaintrules` (`v1`, else
+/// `v1beta2`); `None` when neither does (a 404 or any failure counts as not served, and
+/// Node taints are used instead).
+async fn served_rules_version(ctx: &Context) -> Option<&'static str> {
+    let mut served = Vec::new();
+    for version in super::core::RULES_VERSIONS {
+        let group_version = format!("{RULES_GROUP}/{version}");
+        match ctx.client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == "devicetaintrules") => {
+                served.push(version);
+                // The first served version wins; the older ones need not be asked.
+                break;
+            }
+            Ok(_) => {
+                tracing::debug!(%group_version, "DeviceTaintRule not served in this version");
+            }
+            Err(err) => {
+                tracing::debug!(%group_version, error = %err, "DeviceTaintRule not served in this version");
+            }
         }
     }
+    rules_version(|version| served.contains(&version))
 }
 
 /// Nodes in scope that carry our taint, with its value.

@@ -297,3 +297,52 @@ fn committed_chart_file_matches_the_generator() {
         path.display()
     );
 }
+
+#[test]
+fn extended_resource_names_are_valid_unique_and_on_every_class() {
+    let classes = with_extended_resource_names(device_classes());
+    let mut seen = std::collections::BTreeSet::new();
+    for class in &classes {
+        let class_name = class.metadata.name.as_deref().unwrap();
+        let name = class.spec.extended_resource_name.as_deref().unwrap();
+        // An extended resource name: `<domain>/<name>`, the domain not kubernetes.io (that is
+        // a native resource), the name a DNS label (IsExtendedResourceName in k8s.io/api).
+        let (domain, short) = name.split_once('/').unwrap();
+        assert_eq!(domain, EXTENDED_RESOURCE_DOMAIN);
+        assert!(!domain.contains("kubernetes.io"), "{name}");
+        assert!(
+            crate::names::is_valid_label_value(short) && !short.is_empty(),
+            "{name}"
+        );
+        assert!(
+            class_name.starts_with(&format!("{short}.")),
+            "{class_name} -> {name}"
+        );
+        assert!(seen.insert(name.to_string()), "{name} used twice");
+        // Nothing else about the class changes.
+        let plain = device_classes()
+            .into_iter()
+            .find(|c| c.metadata.name == class.metadata.name);
+        let mut stripped = class.clone();
+        stripped.spec.extended_resource_name = None;
+        assert_eq!(Some(stripped), plain);
+    }
+    assert_eq!(seen.len(), device_classes().len());
+    assert_eq!(
+        extended_resource_name("hbm-80g-plus.hwaccel.io"),
+        "hwaccel.io/hbm-80g-plus"
+    );
+}
+
+#[test]
+fn the_chart_puts_each_extended_resource_name_behind_its_value() {
+    let chart = chart_template().unwrap();
+    for class in device_classes() {
+        let name = class.metadata.name.unwrap();
+        let guarded = format!(
+            "\nspec:\n{{{{- if {EXTENDED_RESOURCE_VALUE} }}}}\n  extendedResourceName: {}\n{{{{- end }}}}\n  selectors:",
+            extended_resource_name(&name)
+        );
+        assert!(chart.contains(&guarded), "{name}: {chart}");
+    }
+}

@@ -40,6 +40,7 @@ fn h100(node: &str, minor: usize) -> PublishedDevice {
         uuid: Some(UUIDS[minor].to_string()),
         product: Some("NVIDIA H100 80GB HBM3".into()),
         memory_bytes: Some(81559 << 20),
+        numa_node: None,
         vendor: Vendor::Nvidia,
         family: Family::Gpu,
         unusable: None,
@@ -154,5 +155,53 @@ fn derived_ids_are_unique_dns_labels() {
     assert!(
         ids.iter()
             .all(|id| id.len() <= 63 && crate::names::is_valid_label_value(id))
+    );
+}
+
+#[test]
+fn the_numa_node_comes_from_the_inventory_else_from_the_driver() {
+    let mut inventory = fixture_inventory("h100-8x-nvswitch", "e");
+    // Detection's node wins over what a driver says; an inventory written before the
+    // standard name (`numaNode` only) is still read; a device detection placed nowhere takes
+    // the driver's.
+    fn entry<'a>(inventory: &'a mut AcceleratorInventory, name: &str) -> &'a mut InventoryDevice {
+        inventory
+            .spec
+            .devices
+            .iter_mut()
+            .find(|d| d.name == name)
+            .expect("fixture device")
+    }
+    let legacy = entry(&mut inventory, "gpu-0000-43-00-0");
+    let node = legacy
+        .attributes
+        .remove(attribute::NUMA_NODE)
+        .expect("detection's node");
+    legacy
+        .attributes
+        .insert(attribute::LEGACY_NUMA_NODE.into(), node);
+    entry(&mut inventory, "gpu-0000-52-00-0")
+        .attributes
+        .remove(attribute::NUMA_NODE);
+    let mut published: Vec<PublishedDevice> = (0..3).map(|i| h100("e", i)).collect();
+    for device in &mut published {
+        device.numa_node = Some(7);
+    }
+    let mut extra = h100("e", 0);
+    extra.reference.device = "gpu-9".into();
+    extra.pci_bus_id = Some("0000:ee:00.0".into());
+    extra.uuid = None;
+    extra.numa_node = Some(1);
+    published.push(extra);
+    let merged = merge_node("e", Some(&inventory), &published);
+    assert_eq!(merged.numa["gpu-0000-1b-00-0"], 0, "detection's node");
+    assert_eq!(merged.numa["gpu-0000-43-00-0"], 0, "the old attribute name");
+    assert_eq!(
+        merged.numa["gpu-0000-52-00-0"], 7,
+        "the driver's, detection had none"
+    );
+    assert_eq!(
+        merged.numa["gpu-nvidia-com-gpu-9"], 1,
+        "a slice-only device"
     );
 }

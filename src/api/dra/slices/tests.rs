@@ -280,3 +280,61 @@ fn a_hostile_pool_is_bounded() {
     )]);
     assert!(absurd.notes.iter().any(|n| n.contains("not usable")));
 }
+
+#[test]
+fn the_numa_node_is_read_standard_first_then_the_drivers_own() {
+    // AMD's driver publishes its own `numaNode` (fixtures/dra/amd-mi300x-8x.yaml); a
+    // driver following the 1.37 standard publishes `resource.kubernetes.io/numaNode`, which
+    // wins; `-1` (no affinity) and absurd ids are unknown.
+    let device = |name: &str, attributes: Value| json!({"name": name, "attributes": attributes, "capacity": {"memory": {"value": "192Gi"}}});
+    let devices = json!([
+        device(
+            "gpu-0",
+            json!({"type": {"string": "amdgpu"}, "numaNode": {"int": 1}})
+        ),
+        device(
+            "gpu-1",
+            json!({"type": {"string": "amdgpu"}, "gpu.amd.com/numaNode": {"int": 3}})
+        ),
+        device(
+            "gpu-2",
+            json!({
+                "type": {"string": "amdgpu"},
+                "numaNode": {"int": 0},
+                "resource.kubernetes.io/numaNode": {"int": 2},
+            })
+        ),
+        device(
+            "gpu-3",
+            json!({"type": {"string": "amdgpu"}, "numaNode": {"int": -1}})
+        ),
+        device(
+            "gpu-4",
+            json!({
+                "type": {"string": "amdgpu"},
+                "resource.kubernetes.io/numaNode": {"int": 1_000_000},
+            })
+        ),
+        device(
+            "gpu-5",
+            json!({"type": {"string": "amdgpu"}, "numaNode": {"string": "1"}})
+        ),
+    ]);
+    let fleet = published_devices(&[slice("a", "gpu.amd.com", "n", "n", 1, 1, devices)]);
+    let numa: Vec<Option<u32>> = fleet.node("n").iter().map(|d| d.numa_node).collect();
+    assert_eq!(numa, [Some(1), Some(3), Some(2), None, None, None]);
+
+    let fleet = published_devices(&crate::testing::dra::fixture_slices(&[
+        "amd-mi300x-8x.yaml",
+    ]));
+    let read: Vec<Option<u32>> = fleet
+        .nodes
+        .values()
+        .flatten()
+        .map(|d| d.numa_node)
+        .collect();
+    assert!(
+        !read.is_empty() && read.iter().all(Option::is_some),
+        "{read:?}"
+    );
+}

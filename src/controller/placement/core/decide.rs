@@ -46,6 +46,10 @@ pub struct Decision {
     /// Assigned devices still present but no longer usable (`node/device (why)`): the plan
     /// is kept — moving a running workload is worse — and marked Degraded.
     pub degraded: Vec<String>,
+    /// Held devices that a driver (in a claim's `status.devices`) or a kubelet (in a pod's
+    /// `allocatedResourcesStatus`) reports unhealthy, one line each (filled in after the
+    /// claims are written): the plan is kept and marked Degraded.
+    pub device_health: Vec<String>,
     /// Planned Nodes that could not be labelled because the Node object is gone (filled in
     /// after the labels are written).
     pub unlabeled: Vec<String>,
@@ -84,6 +88,7 @@ pub fn decide(
         planned_others: Vec::new(),
         freed: false,
         degraded: Vec::new(),
+        device_health: Vec::new(),
         unlabeled: Vec::new(),
         label_error: None,
         claims: None,

@@ -1,5 +1,6 @@
 //! The status a decision leads to, without any I/O: the plan or refusal from the planner plus
-//! the `Planned`, `Degraded` and `Ready` conditions, merged into the current status so a
+//! the `Planned`, `Degraded` (a device no longer usable, or reported unhealthy by its driver or
+//! kubelet) and `Ready` conditions, merged into the current status so a
 //! condition that did not change keeps its transition time (and an unchanged status is not
 //! written again).
 
@@ -98,7 +99,7 @@ pub fn desired_status(
     let degraded = if !matches!(decision.outcome, Outcome::Planned(_)) {
         conditions::remove(&mut conds, DEGRADED);
         None
-    } else if decision.degraded.is_empty() {
+    } else if decision.degraded.is_empty() && decision.device_health.is_empty() {
         Some(conditions::condition(
             DEGRADED,
             Some(false),
@@ -108,14 +109,29 @@ pub fn desired_status(
             now,
         ))
     } else {
-        let message = format!(
-            "assigned devices no longer usable: {}",
-            decision.degraded.join(", ")
-        );
+        let unhealthy = (!decision.device_health.is_empty()).then(|| {
+            format!(
+                "allocated devices reported unhealthy: {}",
+                decision.device_health.join("; ")
+            )
+        });
+        let (reason, message) = if decision.degraded.is_empty() {
+            ("DeviceUnhealthy", unhealthy.unwrap_or_default())
+        } else {
+            let unusable = format!(
+                "assigned devices no longer usable: {}",
+                decision.degraded.join(", ")
+            );
+            let message = match unhealthy {
+                Some(unhealthy) => format!("{unusable}; {unhealthy}"),
+                None => unusable,
+            };
+            ("DeviceUnusable", message)
+        };
         Some(conditions::condition(
             DEGRADED,
             Some(true),
-            "DeviceUnusable",
+            reason,
             &message,
             generation,
             now,
@@ -183,7 +199,7 @@ fn readiness(decision: &Decision) -> (bool, &'static str, String) {
     if let Some(report) = decision.claims.as_ref().filter(|r| !r.complete()) {
         return claims_not_ready(report);
     }
-    if !decision.degraded.is_empty() {
+    if !decision.degraded.is_empty() || !decision.device_health.is_empty() {
         return (
             false,
             "DevicesDegraded",
@@ -295,6 +311,47 @@ mod tests {
             ("False", "LabelWriteFailed")
         );
         assert!(ready.message.contains("connection refused"));
+        // A driver reports a held device unhealthy: Degraded names it, Ready is taken back;
+        // once the report clears, both come back.
+        let sick = Decision {
+            device_health: vec![
+                "gpu.nvidia.com/n1/gpu-0 (ResourceClaim ml/me-r0): Ready=False XidError: Xid 79"
+                    .into(),
+            ],
+            ..decision.clone()
+        };
+        let degraded = desired_status(Some(&status), &sick, Some(1), &at(12));
+        let condition = conditions::find(&degraded.conditions, DEGRADED).unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "DeviceUnhealthy")
+        );
+        assert!(
+            condition.message.contains("gpu.nvidia.com/n1/gpu-0"),
+            "{}",
+            condition.message
+        );
+        assert!(
+            condition.message.contains("Xid 79"),
+            "{}",
+            condition.message
+        );
+        let ready = conditions::find(&degraded.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "DevicesDegraded")
+        );
+        let both = Decision {
+            degraded: vec!["n1/gpu-1 (gone)".into()],
+            ..sick.clone()
+        };
+        let condition = desired_status(Some(&status), &both, Some(1), &at(12));
+        let condition = conditions::find(&condition.conditions, DEGRADED).unwrap();
+        assert_eq!(condition.reason, "DeviceUnusable");
+        assert!(condition.message.contains("n1/gpu-1") && condition.message.contains("Xid 79"));
+        let healed = desired_status(Some(&degraded), &decision, Some(1), &at(13));
+        assert!(!conditions::is_true(&healed.conditions, DEGRADED));
+        assert!(conditions::is_true(&healed.conditions, READY));
         // Re-asserting the same decision later changes nothing, so nothing is written.
         let kept = decide(&mut ledger, &candidate("me", 1, &spec), &[], &fleet);
         assert_eq!(

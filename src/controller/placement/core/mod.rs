@@ -12,6 +12,7 @@
 //! | [`ledger`] | which placement holds which devices |
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
 //! | [`desired`] | the status and conditions a decision leads to |
+//! | [`device_health`] | held devices that claims' `status.devices` or pods report unhealthy |
 //! | [`labels`] | placement label keys and nodeSelectors |
 //! | [`no_match`] | why no node is left for a placement; constraints that can never match |
 //! | [`template`] | the planner's alternatives for a ResourceClaimTemplate |
@@ -22,6 +23,7 @@ pub mod claim_holdings;
 pub mod claims;
 pub mod decide;
 pub mod desired;
+pub mod device_health;
 pub mod labels;
 pub mod ledger;
 pub mod no_match;
