@@ -68,15 +68,14 @@ async fn one_agent_at_steady_state() -> Result<()> {
     );
 
     let first = agent.cycle().await?;
-    assert!(first.inventory_written, "the first cycle writes the inventory");
+    assert!(
+        first.inventory_written,
+        "the first cycle writes the inventory"
+    );
     let audit = AuditCursor::now(&cluster.env().work)?;
     for _ in 0..STEADY_CYCLES {
         let outcome = agent.cycle().await?;
-        assert_eq!(
-            outcome,
-            Default::default(),
-            "a steady node writes nothing"
-        );
+        assert_eq!(outcome, Default::default(), "a steady node writes nothing");
     }
     // The audit log's writer may lag the responses by a moment.
     tokio::time::sleep(Duration::from_secs(1)).await;

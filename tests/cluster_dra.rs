@@ -973,6 +973,16 @@ async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -
         );
     }
     let sick = set_first_gpu_health(&cluster, &node, "unhealthy").await?;
+    if support::served_rule_versions(&cluster.client())
+        .await
+        .is_empty()
+    {
+        // The oldest supported minors (the compat tier) serve no DeviceTaintRule without a
+        // gate: the controller must fall back to its Node taint, and take it back.
+        let minor = support::apiserver_minor(&cluster.client()).await?;
+        assert!(minor < 37, "1.{minor} serves no DeviceTaintRule");
+        return node_taint_fallback(&cluster, &node).await;
+    }
     // 1.37 serves DeviceTaintRule in v1 (GA) with no flag; the controller must use it.
     let rules: Api<DynamicObject> = Api::all_with(cluster.client(), &rules_resource("v1"));
     let name = rule_name(&node, &sick);
@@ -1060,6 +1070,34 @@ async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -
     .await?;
     assert_eq!(placed, node);
     remove_nodes(&cluster, &[&node]).await?;
+    Ok(())
+}
+
+/// Where no DeviceTaintRule is served: the node with the sick GPU gets the controller's Node
+/// taint (NoSchedule), which goes once the GPU is healthy again.
+async fn node_taint_fallback(cluster: &TestCluster, node: &str) -> Result<()> {
+    use hwaccel::controller::taints::core::TAINT_KEY;
+    let nodes = Api::<Node>::all(cluster.client());
+    let ours = |node: Node| {
+        node.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|t| t.key == TAINT_KEY)
+    };
+    let taint = wait_for(DEFAULT_TIMEOUT, "the Node taint", || {
+        let nodes = nodes.clone();
+        async move { Ok(ours(nodes.get(node).await?)) }
+    })
+    .await?;
+    assert_eq!(taint.effect, "NoSchedule", "{taint:?}");
+    set_first_gpu_health(cluster, node, "healthy").await?;
+    wait_for(DEFAULT_TIMEOUT, "the Node taint removed", || {
+        let nodes = nodes.clone();
+        async move { Ok(ours(nodes.get(node).await?).is_none().then_some(())) }
+    })
+    .await?;
+    remove_nodes(cluster, &[node]).await?;
     Ok(())
 }
 

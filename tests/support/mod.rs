@@ -405,3 +405,27 @@ pub async fn install_crds(client: &Client) -> Result<()> {
     }
     Ok(())
 }
+
+/// The minor version of the apiserver (37 for 1.37, 35 on the compat tier).
+pub async fn apiserver_minor(client: &Client) -> Result<u32> {
+    let info = client.apiserver_version().await?;
+    info.minor
+        .trim_end_matches('+')
+        .parse()
+        .with_context(|| format!("apiserver minor version {:?}", info.minor))
+}
+
+/// The versions of `resource.k8s.io` the apiserver serves DeviceTaintRules in, in the
+/// controller's order of preference (none on a stock 1.35 or 1.36: gated there).
+pub async fn served_rule_versions(client: &Client) -> Vec<&'static str> {
+    let mut served = Vec::new();
+    for version in hwaccel::controller::taints::core::RULES_VERSIONS {
+        let group_version = format!("resource.k8s.io/{version}");
+        if let Ok(list) = client.list_api_group_resources(&group_version).await
+            && list.resources.iter().any(|r| r.name == "devicetaintrules")
+        {
+            served.push(version);
+        }
+    }
+    served
+}
