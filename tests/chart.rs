@@ -2512,3 +2512,67 @@ fn nvml_node_split_values_are_refused_with_and_without_the_schema() {
         );
     }
 }
+
+/// The arguments of every agent container (both agent DaemonSets).
+fn agent_args(docs: &[Value]) -> Vec<String> {
+    of_kind(docs, "DaemonSet")
+        .into_iter()
+        .flat_map(|d| {
+            containers(&d["spec"]["template"]["spec"])
+                .into_iter()
+                .cloned()
+        })
+        .flat_map(|c| c["args"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn compat_labels_are_opt_in_and_open_exactly_their_keys_to_writes() {
+    for (values, on) in [
+        (&[][..], false),
+        (&["--set", "agent.compatLabels=true"][..], true),
+    ] {
+        let Some(docs) = render(
+            "compat_labels_are_opt_in_and_open_exactly_their_keys_to_writes",
+            values,
+        ) else {
+            return;
+        };
+        assert_eq!(
+            agent_args(&docs).iter().any(|a| a == "--compat-labels"),
+            on,
+            "{values:?}"
+        );
+        let policy = of_kind(&docs, "ValidatingAdmissionPolicy")
+            .into_iter()
+            .find(|p| name_of(p).ends_with("-node-writes"))
+            .expect("the node-writes policy");
+        let variables = policy["spec"]["variables"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let variable = |name: &str| {
+            variables
+                .iter()
+                .find(|v| v["name"] == name)
+                .and_then(|v| v["expression"].as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(variable("exactKeysWritable"), on.to_string(), "{values:?}");
+        let keys = variable("exactKeys");
+        for key in [
+            "nvidia.com/gpu.product",
+            "nvidia.com/gpu.count",
+            "nvidia.com/gpu.memory",
+            "nvidia.com/gpu.family",
+            "amd.com/gpu.product-name",
+        ] {
+            assert!(keys.contains(&format!("'{key}'")), "{key}: {keys}");
+        }
+        // Never the controller's, and no prefix: exact keys only.
+        assert!(keys.contains("!= 'system:serviceaccount:"), "{keys}");
+        assert!(!keys.contains("'nvidia.com/'"), "{keys}");
+    }
+}

@@ -5,8 +5,10 @@
 //! tested alone: [`presence`] (pure debouncing), [`node_labels`] (server-side apply of labels),
 //! [`hotplug`] (device-directory fingerprint), [`own_slice`] (the opt-in `hwaccel.io`
 //! ResourceSlice), [`devices_missing`] (expected versus present devices), [`host_mounts`]
-//! (host mounts left writable by the runtime), [`metrics`].
+//! (host mounts left writable by the runtime), [`compat_labels`] (the opt-in vendor labels
+//! other tools read), [`metrics`].
 
+pub mod compat_labels;
 pub mod devices_missing;
 pub mod dra_labels;
 pub mod host_mounts;

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
@@ -125,8 +126,13 @@ pub struct LabelOwnership {
 impl LabelOwnership {
     /// Reads ownership from the Node's managedFields.
     pub fn of(node: &Node, field_manager: &str) -> Self {
+        Self::of_meta(&node.metadata, field_manager)
+    }
+
+    /// Reads ownership from an object's metadata (a Node read with `get_metadata`).
+    pub fn of_meta(meta: &ObjectMeta, field_manager: &str) -> Self {
         let mut ownership = Self::default();
-        for entry in node.metadata.managed_fields.iter().flatten() {
+        for entry in meta.managed_fields.iter().flatten() {
             let Some(fields) = &entry.fields_v1 else {
                 continue;
             };
@@ -148,6 +154,16 @@ impl LabelOwnership {
             }
         }
         ownership
+    }
+
+    /// True when someone else holds `key` on the object `meta`: another field manager owns it
+    /// (even alongside us), or it is there and nobody's managedFields claim it.
+    pub fn held_by_others(&self, meta: &ObjectMeta, key: &str) -> bool {
+        let present = meta
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.contains_key(key));
+        self.foreign.contains(key) || (present && !self.ours.contains(key))
     }
 
     /// True when the manager owns at least one label.

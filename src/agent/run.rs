@@ -40,6 +40,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use tokio::sync::watch;
 
+use super::compat_labels::CompatLabels;
 use super::devices_missing::DevicesMissing;
 use super::dra_labels::{SliceReader, fill_from_published};
 use super::host_mounts::{self, HOST_MOUNTS_WRITABLE};
@@ -114,6 +115,8 @@ pub struct Agent {
     slices: SliceReader,
     /// The opt-in `hwaccel.io` slice for driverless devices (off unless families are set).
     own_slices: OwnSlicePublisher,
+    /// The opt-in vendor compatibility labels (off unless enabled).
+    compat: CompatLabels,
     tracker: PresenceTracker,
     metrics: AgentMetrics,
     seeded: bool,
@@ -163,9 +166,11 @@ impl Agent {
             FIELD_MANAGER,
         );
         let tracker = PresenceTracker::new(config.misses_to_remove, detector.backend_names());
+        let compat = CompatLabels::new(nodes.clone(), &config.node_name);
         Self {
             slices,
             own_slices,
+            compat,
             tracker,
             detector: Arc::new(detector),
             inventories: Api::all(client),
@@ -210,6 +215,13 @@ impl Agent {
     /// or device plugin exposes (see [`crate::api::dra::own_slices`]); empty keeps it off.
     pub fn with_own_slices(mut self, families: BTreeSet<OwnFamily>) -> Self {
         self.own_slices.set_families(families);
+        self
+    }
+
+    /// Writes the vendor compatibility labels (`nvidia.com/gpu.product`...) on this Node
+    /// where no other labeler holds them (see [`super::compat_labels`]); off releases them.
+    pub fn with_compat_labels(mut self, enabled: bool) -> Self {
+        self.compat.set_enabled(enabled);
         self
     }
 
@@ -295,11 +307,12 @@ impl Agent {
         // Labels also count what DRA drivers publish and detection missed (DRA-only nodes);
         // the inventory stays detection only.
         let from_slices = self.slices.published().await;
-        let mut node_labels = if from_slices.is_empty() {
-            labels::labels_for(&published)
+        let merged = if from_slices.is_empty() {
+            published.clone()
         } else {
-            labels::labels_for(&fill_from_published(&published, &from_slices))
+            fill_from_published(&published, &from_slices)
         };
+        let mut node_labels = labels::labels_for(&merged);
         node_labels.set_devices_missing(missing.missing());
         for (key, reason) in &node_labels.dropped {
             tracing::warn!(key, reason, "label dropped");
@@ -312,6 +325,14 @@ impl Agent {
                 if !skipped.is_empty() {
                     tracing::warn!(?skipped, "labels owned by another field manager left alone");
                 }
+            }
+        }
+        match self.compat.sync(&node, &merged).await {
+            Ok(true) => self.metrics.wrote("compat_labels"),
+            Ok(false) => {}
+            Err(err) => {
+                self.metrics.failed("compat_labels");
+                tracing::warn!(error = %err, "writing the compatibility labels failed");
             }
         }
 

@@ -28,8 +28,13 @@ use serde_json::json;
 use crate::agent::node_labels::LabelOwnership;
 use crate::backoff::{Backoff, Retries};
 
-/// The field managers whose labels cleanup releases.
-pub const FIELD_MANAGERS: [&str; 2] = ["hwaccel-agent", "hwaccel-controller"];
+/// The field managers whose labels cleanup releases: the agent's, the controller's and the
+/// agent's opt-in compatibility labels' (`nvidia.com/gpu.product`...).
+pub const FIELD_MANAGERS: [&str; 3] = [
+    "hwaccel-agent",
+    "hwaccel-controller",
+    crate::agent::compat_labels::FIELD_MANAGER,
+];
 
 /// What cleanup did to one Node.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -44,6 +44,11 @@ pub(super) struct AgentArgs {
     /// of this node is deleted.
     #[arg(long, value_delimiter = ',')]
     own_slice_families: Vec<crate::api::dra::own_slices::OwnFamily>,
+    /// Also write the vendor labels other tools read (`nvidia.com/gpu.product`, `.count`,
+    /// `.memory`, `.family`, `amd.com/gpu.product-name`) on nodes where no other labeler holds
+    /// them, as field manager `hwaccel-compat-labels`. Off releases labels an earlier run wrote.
+    #[arg(long)]
+    compat_labels: bool,
     /// Address for /metrics (what the chart's Service exposes).
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
@@ -89,7 +94,8 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .heartbeat("agent detect-and-publish loop", bound);
         let agent = crate::agent::Agent::new(config, start.client.clone(), metrics)
             .with_heartbeat(heartbeat)
-            .with_own_slices(args.own_slice_families.into_iter().collect());
+            .with_own_slices(args.own_slice_families.into_iter().collect())
+            .with_compat_labels(args.compat_labels);
         let server = start.spawn_server(crate::server::Addresses {
             health: args.health_addr,
             metrics: args.metrics_addr,

@@ -12,6 +12,8 @@
 //! - **No churn.** Nothing time-dependent or health-dependent is a label; the same report
 //!   gives the same labels, byte for byte, whatever the order devices were found in.
 
+pub mod compat;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::hardware::Report;

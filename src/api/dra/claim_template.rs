@@ -105,6 +105,14 @@ pub enum TemplateError {
         /// The driver.
         driver: String,
     },
+    /// A product was asked of a driver that publishes no product-name attribute.
+    #[error("alternative {alternative:?}: driver {driver} publishes no product-name attribute")]
+    NoProductAttribute {
+        /// The alternative.
+        alternative: String,
+        /// The driver.
+        driver: String,
+    },
     /// The product value could never match an attribute.
     #[error("alternative {alternative:?}: product {product:?} is invalid: {reason}")]
     BadProduct {
@@ -202,7 +210,13 @@ fn subrequest(alternative: &Alternative) -> Result<DeviceSubRequest, TemplateErr
     if let Some(product) = &alternative.product {
         check_product(label, product)?;
         let attrs = attributes(driver.name);
-        let key = driver.product;
+        let key = driver
+            .product
+            .attribute()
+            .ok_or_else(|| TemplateError::NoProductAttribute {
+                alternative: label.clone(),
+                driver: driver.name.to_string(),
+            })?;
         parts.push(format!(
             "'{key}' in {attrs} && {attrs}.{key} == '{}'",
             cel_escape(product)

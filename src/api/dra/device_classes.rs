@@ -300,13 +300,19 @@ pub(crate) fn capacity(driver: &str) -> String {
     format!("device.capacity['{driver}']")
 }
 
-/// The test that a device of `driver` is a whole device (not a partition), if the driver
-/// publishes partitions; the attribute's presence is checked first.
+/// The test that a device of `driver` is one whole device: not a partition, if the driver
+/// publishes partitions, and not an entry for several devices (Neuron's whole-node entry), if
+/// it publishes those; each attribute's presence is checked first.
 pub(crate) fn whole_device_test(driver: &KnownDriver) -> Option<String> {
-    driver.whole_device.map(|(key, value)| {
-        let attrs = attributes(driver.name);
-        format!("'{key}' in {attrs} && {attrs}.{key} == '{value}'")
-    })
+    let attrs = attributes(driver.name);
+    let whole = driver
+        .whole_device
+        .map(|(key, value)| format!("'{key}' in {attrs} && {attrs}.{key} == '{value}'"));
+    let single = driver
+        .aggregate
+        .map(|(key, value)| format!("!('{key}' in {attrs} && {attrs}.{key} == '{value}')"));
+    let tests: Vec<String> = whole.into_iter().chain(single).collect();
+    (!tests.is_empty()).then(|| tests.join(" && "))
 }
 
 /// `(device.driver == '<driver>' [&& whole device] [&& extra])`: the driver test always
@@ -345,11 +351,13 @@ fn memory_clause(driver: &KnownDriver, threshold_mib: u64) -> Option<String> {
 /// A CEL test on the product attribute of `driver` that holds for the products of the
 /// driver's maker and kind satisfying `wanted`, and for no other product of the table.
 fn product_test(driver: &KnownDriver, wanted: &dyn Fn(&Product) -> bool) -> Option<String> {
+    // A driver without a product-name attribute (Neuron: an instance type) is left out.
+    let product = driver.product.attribute()?;
     let sets = pattern_sets(driver, wanted);
     if sets.is_empty() {
         return None;
     }
-    let value = format!("{}.{}", attributes(driver.name), driver.product);
+    let value = format!("{}.{product}", attributes(driver.name));
     // Single-pattern products share one regular expression; the rest need every pattern.
     let (singles, multis): (Vec<_>, Vec<_>) = sets.into_iter().partition(|s| s.len() == 1);
     let mut alternatives = Vec::new();
@@ -369,7 +377,7 @@ fn product_test(driver: &KnownDriver, wanted: &dyn Fn(&Product) -> bool) -> Opti
     }
     Some(format!(
         "'{}' in {} && ({})",
-        driver.product,
+        product,
         attributes(driver.name),
         alternatives.join(" || ")
     ))

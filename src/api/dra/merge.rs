@@ -6,6 +6,13 @@
 //! and measured facts) and gains its DRA name; a match the driver marks unusable leaves the
 //! planner node. A published device nobody else saw becomes a planner device of its own,
 //! which is how a DRA-only node (no agent, or an agent without vendor tools) gets planned.
+//!
+//! Every published entry stays one device: a second entry that names an inventory device
+//! already matched (two whole-GPU entries with one PCI address) is kept as a device of its
+//! own that nobody plans on, never folded into the first. A slice-only device is planned only
+//! when the driver says what it is (a product name) and its memory is known (published, or
+//! the product table's); the driver's "unknown" values (`memory: 0`, placeholder names) never
+//! become facts the planner uses.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -96,11 +103,46 @@ pub fn merge_node(
             })
             .cloned();
         match found {
+            Some(name) if matched.contains(&name) => add_shadow(&mut merged, &name, device),
             Some(name) => merge_matched(&mut merged, &mut matched, name, device),
             None => add_published(&mut merged, device),
         }
     }
+    published_only_in_parts(&mut merged, &matched, &by_bus, published);
     merged
+}
+
+/// Inventory devices a driver publishes only as partitions (no whole-device entry, but
+/// partitions or siblings carrying their PCI address): the scheduler cannot allocate them
+/// whole, so neither may the planner plan them whole.
+fn published_only_in_parts(
+    merged: &mut MergedNode,
+    matched: &BTreeSet<String>,
+    by_bus: &BTreeMap<String, String>,
+    published: &[PublishedDevice],
+) {
+    let mut parts: BTreeMap<&str, &PublishedDevice> = BTreeMap::new();
+    for device in published {
+        let Some(name) = device
+            .parent_bus_id
+            .as_ref()
+            .and_then(|bus| by_bus.get(bus))
+        else {
+            continue;
+        };
+        if !matched.contains(name) {
+            parts.entry(name.as_str()).or_insert(device);
+        }
+    }
+    for (name, part) in parts {
+        let why = format!(
+            "published only in parts ({} and its siblings), not as a whole device",
+            part.reference
+        );
+        merged.node.devices.retain(|d| d.id != name);
+        merged.notes.push(format!("{name} not planned: {why}"));
+        merged.unusable.insert(name.to_string(), why);
+    }
 }
 
 /// A published device the inventory also has: one device, the inventory's name.
@@ -110,13 +152,7 @@ fn merge_matched(
     name: String,
     device: &PublishedDevice,
 ) {
-    if !matched.insert(name.clone()) {
-        merged.notes.push(format!(
-            "{} names the same device as another published device ({name}); ignored",
-            device.reference
-        ));
-        return;
-    }
+    matched.insert(name.clone());
     if let Some(why) = &device.unusable {
         merged.node.devices.retain(|d| d.id != name);
         merged.notes.push(format!(
@@ -140,6 +176,18 @@ fn inventory_numa_node(entry: &InventoryDevice) -> Option<u32> {
         .and_then(|node| u32::try_from(node).ok())
 }
 
+/// A published entry whose PCI address or UUID names an inventory device another entry
+/// already matched: present under a name of its own, never planned, so neither the device
+/// is counted twice nor the entry lost.
+fn add_shadow(merged: &mut MergedNode, matched_name: &str, device: &PublishedDevice) {
+    let why = format!("another published entry already stands for {matched_name}");
+    let shadow = PublishedDevice {
+        unusable: Some(device.unusable.clone().unwrap_or(why)),
+        ..device.clone()
+    };
+    add_published(merged, &shadow);
+}
+
 /// A published device the inventory lacks: a planner device of its own, when what it is
 /// can be told.
 fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
@@ -148,50 +196,42 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
     if let Some(numa) = device.numa_node {
         merged.numa.insert(id.clone(), numa);
     }
-    if let Some(why) = &device.unusable {
+    if let Some(why) = not_plannable(device) {
         merged
             .notes
             .push(format!("{} not planned: {why}", device.reference));
-        merged.unusable.insert(id.clone(), why.clone());
+        merged.unusable.insert(id.clone(), why);
         merged.dra.insert(id, device.reference.clone());
         return;
     }
     let memory = device.memory_bytes.map(Bytes);
     let name = device.product.as_deref().unwrap_or("");
     let memory_gb = device.memory_bytes.map(|b| b as f64 / 1e9);
-    let spec = match products::lookup(name, memory_gb) {
-        Some(product) => product.device_spec(id.clone(), memory),
-        None => match memory {
-            Some(memory) => DeviceSpec {
-                id: id.clone(),
-                product: if name.is_empty() {
-                    format!("{} {}", device.vendor.as_str(), device.family.as_str())
-                } else {
-                    name.to_string()
-                },
-                vendor: device.vendor,
-                family: device.family,
-                memory,
-                precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
-                domain: None,
-                bandwidth_tbps: None,
-                aliases: Vec::new(),
-                driver_version: None,
-            },
-            None => {
-                merged.notes.push(format!(
-                    "{} not planned: an unknown product ({}) without a memory capacity",
-                    device.reference,
-                    if name.is_empty() { "no name" } else { name }
-                ));
-                merged
-                    .unusable
-                    .insert(id.clone(), "unknown product without memory".to_string());
-                merged.dra.insert(id, device.reference.clone());
-                return;
-            }
+    let mut spec = match (products::lookup(name, memory_gb), memory) {
+        (Some(product), _) => product.device_spec(id.clone(), memory),
+        (None, Some(memory)) => DeviceSpec {
+            id: id.clone(),
+            product: name.to_string(),
+            vendor: device.vendor,
+            family: device.family,
+            memory,
+            precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
+            domain: None,
+            bandwidth_tbps: None,
+            aliases: Vec::new(),
+            driver_version: None,
         },
+        (None, None) => {
+            let why = format!("an unknown product ({name}) without a memory capacity");
+            merged
+                .notes
+                .push(format!("{} not planned: {why}", device.reference));
+            merged.unusable.insert(id.clone(), why);
+            merged.dra.insert(id, device.reference.clone());
+            return;
+        }
     };
+    spec.domain = device.domain.clone();
     merged.products.insert(
         id.clone(),
         product_slug(
@@ -202,6 +242,21 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
     );
     merged.node.devices.push(spec);
     merged.dra.insert(id, device.reference.clone());
+}
+
+/// Why a device known only from its slice cannot be planned on: what the driver marks
+/// unusable, a device it names no product for, or a memory size it publishes as unknown.
+fn not_plannable(device: &PublishedDevice) -> Option<String> {
+    if let Some(why) = &device.unusable {
+        return Some(why.clone());
+    }
+    if device.product.is_none() {
+        return Some("the driver publishes no product name".to_string());
+    }
+    device
+        .memory_unknown
+        .as_ref()
+        .map(|why| format!("memory size unknown ({why})"))
 }
 
 /// A DNS label for a slice-only device, from its driver and device name, not yet used on

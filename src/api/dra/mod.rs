@@ -20,7 +20,7 @@ use std::fmt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::hardware::{Family, Vendor};
+use crate::hardware::{Family, HealthStatus, Vendor};
 
 pub mod claim_template;
 pub mod claims;
@@ -29,6 +29,8 @@ pub mod drivers;
 pub mod merge;
 pub mod own_slices;
 pub mod slices;
+#[cfg(test)]
+mod vendor_tests;
 
 /// A device as DRA names it: the driver, the pool within the driver and the device within
 /// the pool. Exactly what an allocation result carries.
@@ -63,15 +65,29 @@ pub struct PublishedDevice {
     pub reference: DeviceRef,
     /// PCI bus id, lowercase with domain (`0000:18:00.0`), when the driver publishes one.
     pub pci_bus_id: Option<String>,
+    /// For an entry that is not a whole device (a partition, a VFIO sibling), the PCI bus id
+    /// it publishes: its parent's. Never used to match; it tells merging that an inventory
+    /// device is published only in parts.
+    pub parent_bus_id: Option<String>,
     /// Vendor UUID or serial, when published.
     pub uuid: Option<String>,
     /// Product name as the driver publishes it (`NVIDIA H100 80GB HBM3`).
     pub product: Option<String>,
-    /// Device memory in bytes (the `memory` capacity), when published.
+    /// Device memory in bytes (the `memory` capacity), when published as a usable size.
     pub memory_bytes: Option<u64>,
     /// NUMA node, when published: DRA's standard `resource.kubernetes.io/numaNode`, else the
     /// driver's own `numaNode` (AMD's `gpu.amd.com/numaNode`).
     pub numa_node: Option<u32>,
+    /// Why a published memory capacity was not taken as a size (`0`, the AMD driver's
+    /// "unreadable"; a negative, fractional or implausibly large value): the device's memory
+    /// is then unknown, and a device known only from its slice is not planned on. `None` when
+    /// the size was usable or no capacity was published.
+    pub memory_unknown: Option<String>,
+    /// Health as the driver publishes it; `Unknown` when it publishes none.
+    pub health: HealthStatus,
+    /// The scale-up group the driver puts the device in (`neuronlink:<devicegroup16_id>`),
+    /// in the planner's domain form, when it publishes one.
+    pub domain: Option<String>,
     /// Maker, from the driver.
     pub vendor: Vendor,
     /// Kind, from the driver.

@@ -10,10 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 
-use super::drivers::{self, KnownDriver, STANDARD_PCI_BUS_ID};
+use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID};
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
+use crate::fleet::device_state::plannable_health;
+use crate::hardware::HealthStatus;
 use crate::names::truncate_at_char_boundary;
 
 /// At most this many devices are kept per node; a real node has tens (MIG and partitions
@@ -36,6 +38,28 @@ const DRIVER_NUMA_NODE: &str = "numaNode";
 /// Highest NUMA node id taken as real (Linux's `CONFIG_NODES_SHIFT` allows at most 1024
 /// nodes); a larger value is a publisher's error.
 const MAX_NUMA_NODE: u32 = 1023;
+
+/// The largest device memory taken as a size: 16 TiB, over twenty times the largest single
+/// accelerator sold (2026); a larger published value is a unit or overflow mistake, not a
+/// device to plan on.
+pub const MAX_DEVICE_MEMORY: u64 = 16 << 40;
+
+/// Texts drivers and vendor tools print for "no value", compared case-insensitively after
+/// trimming; such a product name or serial is treated as absent.
+const PLACEHOLDERS: &[&str] = &[
+    "unknown",
+    "n/a",
+    "na",
+    "none",
+    "null",
+    "nil",
+    "undefined",
+    "not available",
+    "not supported",
+    "[not supported]",
+    "default",
+    "0",
+];
 
 /// Taint effects that keep the scheduler from allocating a device.
 const BLOCKING_EFFECTS: &[&str] = &["NoSchedule", "NoExecute"];
@@ -180,24 +204,46 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         let kind = text(name)?;
         (kind != whole).then(|| format!("a partition ({name}={kind}), not a whole device"))
     });
-    // A partition's PCI address is its parent's: matching by it would make the parent
-    // look like the partition, so a partition is matched by its own UUID only.
-    let pci_bus_id = if partition.is_some() {
-        None
+    let aggregate = driver.aggregate.and_then(|(name, value)| {
+        let kind = text(name)?;
+        (kind == value).then(|| format!("an entry for several devices ({name}={kind})"))
+    });
+    // A partition's (and a VFIO sibling's) PCI address is its parent's: matching by it
+    // would make the parent look like the partition, so such an entry is matched by its
+    // own UUID only.
+    let bus_id = text(STANDARD_PCI_BUS_ID)
+        .and_then(|id| canonical_bus_id(&id))
+        .or_else(|| {
+            driver
+                .pci_address
+                .and_then(text)
+                .and_then(|id| canonical_bus_id(&id))
+        });
+    let (pci_bus_id, parent_bus_id) = if partition.is_some() || aggregate.is_some() {
+        (None, bus_id)
     } else {
-        text(STANDARD_PCI_BUS_ID)
-            .and_then(|id| canonical_bus_id(&id))
-            .or_else(|| {
-                driver
-                    .pci_address
-                    .and_then(text)
-                    .and_then(|id| canonical_bus_id(&id))
-            })
+        (bus_id, None)
     };
-    let unhealthy = driver
-        .healthy
-        .and_then(|name| bool_attribute(driver, device, name))
-        .and_then(|healthy| (!healthy).then(|| "the driver reports it unhealthy".to_string()));
+    let health = driver.health.map_or(HealthStatus::Unknown, |source| {
+        health(driver, device, source)
+    });
+    // The one plannability rule of `fleet::device_state`, applied to what the driver says.
+    let unhealthy =
+        (!plannable_health(health)).then(|| "the driver reports it unhealthy".to_string());
+    let product = match driver.product {
+        ProductSource::Attribute(name) => text(name).filter(|p| !is_placeholder(p)),
+        ProductSource::AwsInstanceType(name) => text(name)
+            .and_then(|instance| drivers::aws_accelerator(&instance))
+            .map(str::to_string),
+    };
+    let (memory_bytes, memory_unknown) = match driver.memory {
+        Some(name) => memory(driver, device, name),
+        None => (None, None),
+    };
+    let domain = driver
+        .interconnect_group
+        .and_then(|name| group_attribute(driver, device, name))
+        .map(|group| format!("neuronlink:{group}"));
     PublishedDevice {
         node: node.to_string(),
         reference: DeviceRef {
@@ -206,14 +252,70 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
             device: bounded(&device.name),
         },
         pci_bus_id,
-        uuid: driver.uuid.and_then(text),
-        product: text(driver.product),
-        memory_bytes: driver.memory.and_then(|name| memory(driver, device, name)),
+        parent_bus_id,
+        uuid: driver
+            .uuid
+            .and_then(text)
+            .filter(|uuid| !is_placeholder(uuid)),
+        product,
+        memory_bytes,
+        memory_unknown,
+        health,
+        domain,
         numa_node: numa_node(driver, device),
         vendor: driver.vendor,
         family: driver.family,
-        unusable: partition.or_else(|| blocking_taint(device)).or(unhealthy),
+        unusable: partition
+            .or(aggregate)
+            .or_else(|| blocking_taint(device))
+            .or(unhealthy),
     }
+}
+
+/// The health a driver publishes through `source`; anything it does not state plainly is
+/// `Unknown` (which the one rule plans on: absence of evidence is not sickness).
+fn health(driver: &KnownDriver, device: &Device, source: HealthSource) -> HealthStatus {
+    match source {
+        HealthSource::Bool(name) => match bool_attribute(driver, device, name) {
+            Some(true) => HealthStatus::Healthy,
+            Some(false) => HealthStatus::Unhealthy,
+            None => HealthStatus::Unknown,
+        },
+        HealthSource::Text(name) => {
+            match string_attribute(driver, device, name)
+                .map(|t| t.to_ascii_lowercase())
+                .as_deref()
+            {
+                Some("healthy") => HealthStatus::Healthy,
+                Some("unhealthy") => HealthStatus::Unhealthy,
+                _ => HealthStatus::Unknown,
+            }
+        }
+    }
+}
+
+/// True for a text that says "no value" rather than naming something: a known placeholder,
+/// or a text without a single letter or digit.
+fn is_placeholder(text: &str) -> bool {
+    let trimmed = text.trim();
+    !trimmed.chars().any(char::is_alphanumeric)
+        || PLACEHOLDERS.iter().any(|p| trimmed.eq_ignore_ascii_case(p))
+}
+
+/// A scale-up group id: a string or a non-negative int attribute, as a DNS-label-safe text.
+fn group_attribute(driver: &KnownDriver, device: &Device, name: &str) -> Option<String> {
+    let value = attribute(driver, device, name)?;
+    let text = match (&value.string, value.int) {
+        (Some(text), _) => text.trim().to_string(),
+        (None, Some(n)) if n >= 0 => n.to_string(),
+        _ => return None,
+    };
+    let valid = !text.is_empty()
+        && text.len() <= 63
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    valid.then_some(text)
 }
 
 /// The first NoSchedule/NoExecute taint, as a reason.
@@ -271,13 +373,35 @@ fn numa_node(driver: &KnownDriver, device: &Device) -> Option<u32> {
         .filter(|&node| node <= MAX_NUMA_NODE)
 }
 
-/// A capacity in whole units (bytes); `None` when absent or not a plain whole quantity.
-fn memory(driver: &KnownDriver, device: &Device, name: &str) -> Option<u64> {
-    let capacity = device.capacity.as_ref()?;
-    let entry = capacity
+/// A memory capacity: `(Some(bytes), None)` for a usable size, `(None, Some(why))` for a
+/// published value that is not one (`0` is the AMD driver's "unreadable", and no device has
+/// no memory), `(None, None)` when none is published.
+fn memory(driver: &KnownDriver, device: &Device, name: &str) -> (Option<u64>, Option<String>) {
+    let Some(capacity) = device.capacity.as_ref() else {
+        return (None, None);
+    };
+    let Some(entry) = capacity
         .get(name)
-        .or_else(|| capacity.get(&format!("{}/{name}", driver.name)))?;
-    quantity::parse_whole(&entry.value).filter(|&bytes| bytes > 0)
+        .or_else(|| capacity.get(&format!("{}/{name}", driver.name)))
+    else {
+        return (None, None);
+    };
+    let shown = bounded(&entry.value.0);
+    match quantity::parse_whole(&entry.value) {
+        Some(0) => (
+            None,
+            Some(format!("memory capacity {shown} (the driver's unknown)")),
+        ),
+        Some(bytes) if bytes <= MAX_DEVICE_MEMORY => (Some(bytes), None),
+        Some(_) => (
+            None,
+            Some(format!("memory capacity {shown} is implausibly large")),
+        ),
+        None => (
+            None,
+            Some(format!("memory capacity {shown} is not a whole size")),
+        ),
+    }
 }
 
 fn bounded(text: &str) -> String {

@@ -119,11 +119,15 @@ fn family_class_takes_only_whole_gpus_of_drivers_that_publish_partitions() {
         "(device.driver == 'gpu.nvidia.com' && 'type' in device.attributes['gpu.nvidia.com'] \
          && device.attributes['gpu.nvidia.com'].type == 'gpu') \
          || (device.driver == 'gpu.amd.com' && 'type' in device.attributes['gpu.amd.com'] \
-         && device.attributes['gpu.amd.com'].type == 'amdgpu') || (device.driver == 'gpu.intel.com')"
+         && device.attributes['gpu.amd.com'].type == 'amdgpu') \
+         || (device.driver == 'gpu.intel.com' && 'type' in device.attributes['gpu.intel.com'] \
+         && device.attributes['gpu.intel.com'].type == 'gpu')"
     );
     assert_eq!(
         expression(&class_named("asic.hwaccel.io")),
-        "(device.driver == 'gaudi.intel.com')"
+        "(device.driver == 'gaudi.intel.com') || (device.driver == 'neuron.aws.com' \
+         && !('resourceType' in device.attributes['neuron.aws.com'] \
+         && device.attributes['neuron.aws.com'].resourceType == 'neuron_node'))"
     );
 }
 
