@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 
+use super::counters::PoolCounters;
 use super::drivers::{self, KnownDriver, STANDARD_PCI_BUS_ID};
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
@@ -96,6 +97,10 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
         let Some(current) = complete_generation(driver_name, pool, pool_slices, &mut notes) else {
             continue;
         };
+        // What a device's counters cannot give even with nothing allocated (a set the pool
+        // does not publish, a quantity that is not one) keeps it out for good; what claims
+        // use up is the controller's to add (`counters::blocked_by_counters`).
+        let counters = PoolCounters::new(driver_name, pool, &current).blocked(&BTreeMap::new());
         for slice in current {
             let Some(node) = slice.spec.node_name.as_deref() else {
                 continue;
@@ -106,7 +111,13 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
                     capped.insert(node.to_string());
                     break;
                 }
-                devices.push(published(driver, pool, node, device));
+                let mut found = published(driver, pool, node, device);
+                if found.unusable.is_none()
+                    && let Some(why) = counters.get(&device.name)
+                {
+                    found.unusable = Some(format!("its DRA counters cannot be met: {why}"));
+                }
+                devices.push(found);
             }
         }
     }
@@ -125,7 +136,7 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
 /// The slices of a pool's highest generation when all of them are present, else `None`
 /// with a note. Slices are told apart by object name, so a file listing one twice does not
 /// complete a pool.
-fn complete_generation<'a>(
+pub(super) fn complete_generation<'a>(
     driver: &str,
     pool: &str,
     slices: &[&'a ResourceSlice],
@@ -202,8 +213,20 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         memory_bytes: driver.memory.and_then(|name| memory(driver, device, name)),
         vendor: driver.vendor,
         family: driver.family,
-        unusable: partition.or_else(|| blocking_taint(device)).or(unhealthy),
+        unusable: partition
+            .or_else(|| blocking_taint(device))
+            .or(unhealthy)
+            .or_else(|| shared(device)),
     }
+}
+
+/// Why a device that may be allocated to many claims at once (`allowMultipleAllocations`,
+/// its capacity consumable in shares) is not one to plan on: a placement's claim could not
+/// hold it alone, so it is shared, neither free nor taken.
+pub const SHARED: &str = "shared (allowMultipleAllocations: claims take shares of its capacity), not a device one placement can hold";
+
+fn shared(device: &Device) -> Option<String> {
+    (device.allow_multiple_allocations == Some(true)).then(|| SHARED.to_string())
 }
 
 /// The first NoSchedule/NoExecute taint, as a reason.
