@@ -291,7 +291,7 @@ pub fn blocked_by_counters<'a>(
 /// A count of thousandths as a quantity reads: whole units where exact (`132`,
 /// `85899345920`), else thousandths (`500m`).
 fn shown(millis: u128) -> String {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         (millis / 1000).to_string()
     } else {
         format!("{millis}m")

@@ -3,7 +3,9 @@
 //! Follows DRA's consumer rules: per `(driver, pool)` only the highest `pool.generation`
 //! counts, and only once all `resourceSliceCount` slices of it are seen (a pool being
 //! rewritten is skipped, not half-read). Only node-local slices (`spec.nodeName`) are read,
-//! and only for the drivers in [`super::drivers`]. Slices are written by other parties, so
+//! and only for the drivers in [`super::drivers`]. A shared device (`allowMultipleAllocations`)
+//! and one whose counters its pool can never give ([`super::counters`]) are published but not
+//! plannable. Slices are written by other parties, so
 //! every count and string is bounded and nothing in them can make this panic.
 
 use std::collections::{BTreeMap, BTreeSet};

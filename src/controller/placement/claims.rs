@@ -3,7 +3,8 @@
 //! longer needs.
 //!
 //! The double-booking rule: a device is allocated to one of our claims only when no other
-//! ResourceClaim in the watch cache holds it. The scheduler allocates claims for other pods
+//! ResourceClaim in the watch cache holds it, nor used up the DRA counters it consumes (a
+//! whole GPU one of whose MIG slices a pod has, [`crate::api::dra::counters`]). The scheduler allocates claims for other pods
 //! from its own cache, so the window between its allocation and our watch seeing it cannot be
 //! closed from outside the scheduler; what this step guarantees is that it never writes an
 //! allocation over a device it can see taken, and that a claim it finds allocated (by itself

@@ -62,8 +62,8 @@ pub struct HeldOutside {
 /// What allocated `claims` hold outside `ledger` ([`claimed_devices`]) plus the devices of
 /// `fleet` whose counters the allocated devices of every claim (ours included: a placement's
 /// whole GPU blocks its MIG slices for everyone) used up, as `slices` publish them.
-pub fn held_outside<'a>(
-    claims: &[&'a ResourceClaim],
+pub fn held_outside(
+    claims: &[&ResourceClaim],
     slices: &[&ResourceSlice],
     ledger: &Ledger,
     fleet: &FleetView,
