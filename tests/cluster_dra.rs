@@ -47,7 +47,7 @@ const DRIVER: &str = "gpu.nvidia.com";
 /// a controller selecting its own test's inventories still plans on another test's
 /// slice-only devices (a DRA-only node has no inventory to select by), so tests that
 /// publish slices take turns, and the claim-template test removes its nodes when done.
-static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
 
 /// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and

@@ -96,11 +96,21 @@ pub fn run(args: FleetArgs) -> anyhow::Result<ExitCode> {
 pub fn answer(args: &FleetArgs, input: FleetInput) -> Result<FleetReport> {
     let FleetInput {
         nodes: inputs,
-        reserved,
+        reserved: held_by_placements,
+        claimed,
         placements,
         notes,
     } = input;
-    let health = health::roll_up(&inputs, &Holdings::placements(&reserved));
+    let health = health::roll_up(
+        &inputs,
+        &Holdings {
+            placements: &held_by_placements,
+            claims: Some(&claimed),
+        },
+    );
+    // The planner plans around both: what claims hold is as taken as what placements hold.
+    let mut reserved = held_by_placements.clone();
+    reserved.merge(&claimed);
     let shapes = capacity::whole_shapes(&inputs);
     let nodes: Vec<NodeSpec> = inputs.into_iter().map(|i| i.node).collect();
     let one = args.model.is_some() || args.params.is_some();

@@ -7,18 +7,25 @@
 //! each node for the health roll-up (`AcceleratorInventory::fleet_node`, the conversion the
 //! controller counts through too). A placement's held devices are read the way the
 //! controller rebuilds its ledger at start-up (`holding_from_status`, then `Ledger::rebuild`),
-//! so two placements claiming one device count it once.
+//! so two placements claiming one device count it once. From the cluster, where DRA is
+//! served, allocated ResourceClaims and the devices whose DRA counters they used up are held
+//! too, by the controller's own rule (`claim_holdings::held_outside`), so the counts agree
+//! with the controller's and the scheduler's.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::api::dra::slices::published_devices;
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
+use crate::controller::core::fleet_view::{FleetView, NodePart};
+use crate::controller::placement::core::claim_holdings::held_outside;
 use crate::controller::placement::core::ledger::Ledger;
 use crate::controller::placement::dereference::holding_from_status;
 use crate::fleet::health::NodeInput;
@@ -40,6 +47,9 @@ pub struct FleetInput {
     pub nodes: Vec<NodeInput>,
     /// Devices placements hold.
     pub reserved: Reservations,
+    /// Devices held otherwise: allocated ResourceClaims the placements do not account for,
+    /// and devices whose DRA counters claims used up (none from files).
+    pub claimed: Reservations,
     /// Placements counted.
     pub placements: usize,
     /// What was skipped while reading, one line each.
@@ -84,6 +94,7 @@ pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<Fle
     Ok(FleetInput {
         nodes,
         reserved,
+        claimed: Reservations::none(),
         placements: count,
         notes,
     })
@@ -198,7 +209,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
         crate::kube_client::client(crate::kube_client::DEFAULT_API_TIMEOUT, "fleet").await?;
     let mut notes = Vec::new();
     let inventories: Vec<AcceleratorInventory> = list_all(client.clone(), &mut notes).await?;
-    let placements: Vec<ModelPlacement> = list_all(client, &mut notes).await?;
+    let placements: Vec<ModelPlacement> = list_all(client.clone(), &mut notes).await?;
     let mut nodes = Vec::with_capacity(inventories.len());
     for inventory in &inventories {
         let (input, skipped) = node_input(inventory);
@@ -208,12 +219,90 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
     nodes.sort_by(|a, b| a.node.name.cmp(&b.node.name));
     let (reserved, count) = held(&placements);
     let reserved = resolved(reserved, &nodes, &mut notes);
+    let claimed = match read_dra(&client).await? {
+        Some((slices, claims)) => claimed(&inventories, &placements, &slices, &claims),
+        None => {
+            notes.push(
+                "resource.k8s.io/v1 not served or not readable: ResourceClaims not counted"
+                    .to_string(),
+            );
+            Reservations::none()
+        }
+    };
     Ok(FleetInput {
         nodes,
         reserved,
+        claimed,
         placements: count,
         notes,
     })
+}
+
+/// Every ResourceSlice and ResourceClaim, or `None` where the cluster serves no DRA (404) or
+/// this user may not read it (403).
+async fn read_dra(
+    client: &kube::Client,
+) -> anyhow::Result<Option<(Vec<ResourceSlice>, Vec<ResourceClaim>)>> {
+    let slices = match list_typed::<ResourceSlice>(client.clone()).await {
+        Ok(slices) => slices,
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {
+            return Ok(None);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let claims = match list_typed::<ResourceClaim>(client.clone()).await {
+        Ok(claims) => claims,
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 403 => {
+            return Ok(None);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    Ok(Some((slices, claims)))
+}
+
+/// The devices of the inventories' nodes held outside the placements, by the controller's
+/// rule: the fleet view merges each inventory with its node's published devices, and
+/// `held_outside` adds allocated claims and the devices their counters block.
+fn claimed(
+    inventories: &[AcceleratorInventory],
+    placements: &[ModelPlacement],
+    slices: &[ResourceSlice],
+    claims: &[ResourceClaim],
+) -> Reservations {
+    let published = published_devices(slices);
+    let parts = inventories.iter().map(|inventory| {
+        let node = inventory.spec.node_name.as_str();
+        std::sync::Arc::new(NodePart::with_published(
+            node,
+            Some(inventory),
+            published.node(node),
+        ))
+    });
+    let fleet = FleetView::from_parts(parts, &BTreeMap::new());
+    let (ledger, _dropped) = Ledger::rebuild(placements.iter().filter_map(holding_from_status));
+    let claims: Vec<&ResourceClaim> = claims.iter().collect();
+    let slices: Vec<&ResourceSlice> = slices.iter().collect();
+    held_outside(&claims, &slices, &ledger, &fleet).devices
+}
+
+/// Every object of `K` in all namespaces, page by page (DRA objects: typed, one malformed
+/// object fails the list).
+async fn list_typed<K>(client: kube::Client) -> std::result::Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client);
+    let mut found = Vec::new();
+    let mut params = ListParams::default().limit(PAGE_SIZE);
+    for _ in 0..MAX_PAGES {
+        let page = api.list(&params).await?;
+        found.extend(page.items);
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    Ok(found)
 }
 
 /// Lists every object of `K` in all namespaces. Objects are decoded one by one the way the

@@ -85,7 +85,8 @@ impl NodeInput {
 pub struct Holdings<'a> {
     /// Devices our placements hold.
     pub placements: &'a Reservations,
-    /// Devices held otherwise, when known (the command line reads no claims).
+    /// Devices held otherwise, when known: allocated ResourceClaims and devices whose DRA
+    /// counters they used up (the command line reads them from a cluster, not from files).
     pub claims: Option<&'a Reservations>,
 }
 

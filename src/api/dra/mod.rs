@@ -7,6 +7,7 @@
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`merge`] | an inventory + published devices → one planner node, one device each |
 //! | [`own_slices`] | driverless devices → the agent's own `hwaccel.io` slice, never double-exposed |
+//! | [`counters`] | shared counters (partitionable devices): which devices the allocated ones block |
 //! | [`claims`] | a planned placement → ResourceClaims allocated to exactly its devices |
 //! | [`claim_template`] | ordered alternatives → a ResourceClaimTemplate (`firstAvailable`) |
 //! | [`device_classes`] | the capability table → cross-vendor DeviceClasses for the chart |
@@ -24,6 +25,7 @@ use crate::hardware::{Family, HealthStatus, Vendor};
 
 pub mod claim_template;
 pub mod claims;
+pub mod counters;
 pub mod device_classes;
 pub mod drivers;
 pub mod merge;
@@ -93,6 +95,7 @@ pub struct PublishedDevice {
     /// Kind, from the driver.
     pub family: Family,
     /// Why the device must not be planned on (a NoSchedule/NoExecute taint, a partition
-    /// rather than a whole device), or `None` when it is usable.
+    /// rather than a whole device, a shared device, counters it can never get), or `None`
+    /// when it is usable.
     pub unusable: Option<String>,
 }

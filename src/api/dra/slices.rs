@@ -3,13 +3,16 @@
 //! Follows DRA's consumer rules: per `(driver, pool)` only the highest `pool.generation`
 //! counts, and only once all `resourceSliceCount` slices of it are seen (a pool being
 //! rewritten is skipped, not half-read). Only node-local slices (`spec.nodeName`) are read,
-//! and only for the drivers in [`super::drivers`]. Slices are written by other parties, so
+//! and only for the drivers in [`super::drivers`]. A shared device (`allowMultipleAllocations`)
+//! and one whose counters its pool can never give ([`super::counters`]) are published but not
+//! plannable. Slices are written by other parties, so
 //! every count and string is bounded and nothing in them can make this panic.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 
+use super::counters::PoolCounters;
 use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID};
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
@@ -129,6 +132,10 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
         let Some(current) = complete_generation(driver_name, pool, pool_slices, &mut notes) else {
             continue;
         };
+        // What a device's counters cannot give even with nothing allocated (a set the pool
+        // does not publish, a quantity that is not one) keeps it out for good; what claims
+        // use up is the controller's to add (`counters::blocked_by_counters`).
+        let counters = PoolCounters::new(driver_name, pool, &current).blocked(&BTreeMap::new());
         for slice in current {
             let Some(node) = slice.spec.node_name.as_deref() else {
                 continue;
@@ -139,7 +146,13 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
                     capped.insert(node.to_string());
                     break;
                 }
-                devices.push(published(driver, pool, node, device));
+                let mut found = published(driver, pool, node, device);
+                if found.unusable.is_none()
+                    && let Some(why) = counters.get(&device.name)
+                {
+                    found.unusable = Some(format!("its DRA counters cannot be met: {why}"));
+                }
+                devices.push(found);
             }
         }
     }
@@ -158,7 +171,7 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
 /// The slices of a pool's highest generation when all of them are present, else `None`
 /// with a note. Slices are told apart by object name, so a file listing one twice does not
 /// complete a pool.
-fn complete_generation<'a>(
+pub(super) fn complete_generation<'a>(
     driver: &str,
     pool: &str,
     slices: &[&'a ResourceSlice],
@@ -268,7 +281,8 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         unusable: partition
             .or(aggregate)
             .or_else(|| blocking_taint(device))
-            .or(unhealthy),
+            .or(unhealthy)
+            .or_else(|| shared(device)),
     }
 }
 
@@ -316,6 +330,15 @@ fn group_attribute(driver: &KnownDriver, device: &Device, name: &str) -> Option<
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     valid.then_some(text)
+}
+
+/// Why a device that may be allocated to many claims at once (`allowMultipleAllocations`,
+/// its capacity consumable in shares) is not one to plan on: a placement's claim could not
+/// hold it alone, so it is shared, neither free nor taken.
+pub const SHARED: &str = "shared (allowMultipleAllocations: claims take shares of its capacity), not a device one placement can hold";
+
+fn shared(device: &Device) -> Option<String> {
+    (device.allow_multiple_allocations == Some(true)).then(|| SHARED.to_string())
 }
 
 /// The first NoSchedule/NoExecute taint, as a reason.

@@ -107,10 +107,14 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
         // A device an allocated claim names is taken whoever holds the claim (a tenant may
         // keep one after its placement is gone). Refreshed here as well as in a reconcile:
         // with no placement left, nothing reconciles, and model counting reads the ledger.
-        let claimed = view.as_ref().map_or_else(Reservations::none, |view| {
-            claimed_in_cache(ctx, &state.ledger, || view.clone())
-        });
+        // A device whose DRA counters claims used up (the whole GPU of an allocated MIG
+        // slice) counts as held by a claim as well.
+        let claimed = view
+            .as_ref()
+            .map(|view| claimed_in_cache(ctx, &state.ledger, || view.clone()))
+            .unwrap_or_default();
         state.ledger.set_external(claimed.clone());
+        let claimed = claimed.devices;
         // Who holds what, for the one device-state rule: our placements, then any other
         // allocated claim (a device both name counts once, as the placement's).
         let mut ours = Reservations::none();

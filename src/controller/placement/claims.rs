@@ -3,7 +3,8 @@
 //! longer needs.
 //!
 //! The double-booking rule: a device is allocated to one of our claims only when no other
-//! ResourceClaim in the watch cache holds it. The scheduler allocates claims for other pods
+//! ResourceClaim in the watch cache holds it, nor used up the DRA counters it consumes (a
+//! whole GPU one of whose MIG slices a pod has, [`crate::api::dra::counters`]). The scheduler allocates claims for other pods
 //! from its own cache, so the window between its allocation and our watch seeing it cannot be
 //! closed from outside the scheduler; what this step guarantees is that it never writes an
 //! allocation over a device it can see taken, and that a claim it finds allocated (by itself
@@ -14,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
@@ -22,14 +23,14 @@ use kube::{Resource, ResourceExt};
 use crate::api::ModelPlacement;
 use crate::api::dra::DeviceRef;
 use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
+use crate::api::dra::counters::blocked_by_counters;
 
-use super::core::claim_holdings::{OutlivedClaim, claimed_devices, outlived_claims};
+use super::core::claim_holdings::{HeldOutside, OutlivedClaim, held_outside, outlived_claims};
 use super::core::claims::ClaimsReport;
 use super::core::device_health;
 use super::core::ledger::Ledger;
 use crate::controller::context::Context;
 use crate::controller::core::fleet_view::FleetView;
-use crate::plan::Reservations;
 
 /// A claim write the apiserver refused or never answered.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +67,7 @@ pub async fn sync_claims(
         .collect();
     let wanted: BTreeSet<&str> = plans.iter().map(|p| p.name.as_str()).collect();
     let held_elsewhere = held_by_other_claims(&cached, &namespace, &wanted);
+    let counter_blocked = blocked_by_other_claims(ctx, &cached, &namespace, &wanted);
     let mut allocated = BTreeSet::new();
     let mut blocked = Vec::new();
     for plan in plans {
@@ -88,9 +90,14 @@ pub async fn sync_claims(
             .devices
             .iter()
             .filter_map(|d| {
-                held_elsewhere
+                let held = held_elsewhere
                     .get(d)
-                    .map(|by| format!("{}/{} held by {by}", d.pool, d.device))
+                    .map(|by| format!("{}/{} held by {by}", d.pool, d.device));
+                held.or_else(|| {
+                    counter_blocked
+                        .get(d)
+                        .map(|why| format!("{}/{} blocked: {why}", d.pool, d.device))
+                })
             })
             .collect();
         if taken.is_empty() {
@@ -137,21 +144,33 @@ fn claims_in_cache(ctx: &Context) -> Vec<ResourceClaim> {
 }
 
 /// The devices the allocated claims in the cache hold beyond what the ledger counts for their
-/// own placements, whoever holds them ([`claimed_devices`]); none when the cluster serves no
-/// DRA or nothing is allocated, and then the fleet view is never asked for.
+/// own placements, whoever holds them, and those whose DRA counters they used up
+/// ([`held_outside`]); none when the cluster serves no DRA or nothing is allocated, and then
+/// the fleet view is never asked for.
 pub fn claimed_in_cache(
     ctx: &Context,
     ledger: &Ledger,
     fleet: impl FnOnce() -> Arc<FleetView>,
-) -> Reservations {
+) -> HeldOutside {
     let Some(store) = &ctx.claims else {
-        return Reservations::none();
+        return HeldOutside::default();
     };
     let claims = store.state();
     if !claims.iter().any(|claim| is_allocated(claim)) {
-        return Reservations::none();
+        return HeldOutside::default();
     }
-    claimed_devices(claims.iter().map(|claim| &**claim), ledger, &fleet())
+    let slices = slices_in_cache(ctx);
+    let claims: Vec<&ResourceClaim> = claims.iter().map(|claim| &**claim).collect();
+    let slices: Vec<&ResourceSlice> = slices.iter().map(|slice| &**slice).collect();
+    held_outside(&claims, &slices, ledger, &fleet())
+}
+
+/// Every slice in the watch cache (none when the cluster serves no DRA).
+fn slices_in_cache(ctx: &Context) -> Vec<Arc<ResourceSlice>> {
+    ctx.slices
+        .as_ref()
+        .map(|store| store.state())
+        .unwrap_or_default()
 }
 
 /// True when some claim in the cache is allocated (and so may hold a device we know).
@@ -231,6 +250,34 @@ fn held_by_other_claims(
         }
     }
     held
+}
+
+/// Devices whose DRA counters the claims other than `wanted` in `namespace` used up, with
+/// why: allocating one would over-commit its counter set, which the scheduler never does.
+fn blocked_by_other_claims(
+    ctx: &Context,
+    claims: &[ResourceClaim],
+    namespace: &str,
+    wanted: &BTreeSet<&str>,
+) -> BTreeMap<DeviceRef, String> {
+    let slices = slices_in_cache(ctx);
+    let allocated = claims
+        .iter()
+        .filter(|claim| {
+            let name = claim.metadata.name.as_deref().unwrap_or_default();
+            claim.metadata.namespace.as_deref() != Some(namespace) || !wanted.contains(name)
+        })
+        .flat_map(|claim| {
+            let holder = format!(
+                "{}/{}",
+                claim.metadata.namespace.as_deref().unwrap_or_default(),
+                claim.metadata.name.as_deref().unwrap_or_default()
+            );
+            allocated_devices(claim)
+                .into_iter()
+                .map(move |device| (device, holder.clone()))
+        });
+    blocked_by_counters(slices.iter().map(|slice| &**slice), allocated)
 }
 
 fn owner_reference(placement: &ModelPlacement) -> Result<OwnerReference, ClaimError> {

@@ -14,13 +14,19 @@
 //! Before, a claim was skipped whole as soon as it was ours by label and owner, whatever
 //! devices it named, and the fleet gauges and `status.freeDevices` counted only the ledger:
 //! a claim kept past its placement showed its device free.
+//!
+//! A device no claim names is taken too when the counters it consumes are used up
+//! (partitionable devices, [`crate::api::dra::counters`]): the whole GPU once the scheduler
+//! gave one of its MIG slices to a pod. [`held_outside`] is the one place both are added up,
+//! for the controller's planning and fleet pass and for `hwaccel fleet`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
 use crate::api::dra::DeviceRef;
 use crate::api::dra::claims::{allocated_devices, owning_placement};
+use crate::api::dra::counters::blocked_by_counters;
 use crate::plan::Reservations;
 
 use super::ledger::{Ledger, PlacementKey};
@@ -41,6 +47,55 @@ pub struct OutlivedClaim {
     pub placement: String,
     /// Devices its allocation names.
     pub devices: usize,
+}
+
+/// Devices held outside the ledger, as planner reservations on a fleet view's node and device
+/// ids: named by an allocated claim the ledger does not count, or blocked by DRA counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeldOutside {
+    /// Every such device.
+    pub devices: Reservations,
+    /// Why a device no claim names is held: `(node, device)` → the counter set it cannot get.
+    pub blocked: BTreeMap<(String, String), String>,
+}
+
+/// What allocated `claims` hold outside `ledger` ([`claimed_devices`]) plus the devices of
+/// `fleet` whose counters the allocated devices of every claim (ours included: a placement's
+/// whole GPU blocks its MIG slices for everyone) used up, as `slices` publish them.
+pub fn held_outside(
+    claims: &[&ResourceClaim],
+    slices: &[&ResourceSlice],
+    ledger: &Ledger,
+    fleet: &FleetView,
+) -> HeldOutside {
+    let mut held = HeldOutside {
+        devices: claimed_devices(claims.iter().copied(), ledger, fleet),
+        blocked: BTreeMap::new(),
+    };
+    let allocated = claims.iter().flat_map(|claim| {
+        let holder = format!(
+            "{}/{}",
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default()
+        );
+        allocated_devices(claim)
+            .into_iter()
+            .map(move |device| (device, holder.clone()))
+    });
+    let blocked = blocked_by_counters(slices.iter().copied(), allocated);
+    if blocked.is_empty() {
+        return held;
+    }
+    let index = dra_index(fleet);
+    for (device, why) in blocked {
+        // Devices the fleet does not plan on (partitions, shared devices) need no reservation.
+        let Some((node, id)) = index.get(&device) else {
+            continue;
+        };
+        held.devices.insert(node.clone(), id.clone());
+        held.blocked.insert((node.clone(), id.clone()), why);
+    }
+    held
 }
 
 /// The devices allocated claims hold that the ledger does not already count for the claim's

@@ -192,3 +192,70 @@ fn claims_whose_placement_is_gone_or_made_again_are_reported_as_outlived() {
     // A controller scoped to another namespace does not judge these.
     assert!(outlived_claims(all, |_, _| None, |ns| ns == "other").is_empty());
 }
+
+/// The dynamic-MIG fixture's node (2x H100, one counter set each), slices only.
+const MIG_NODE: &str = "h100-mig-node";
+
+/// An allocated claim `ns/name` naming `device` of the MIG node, as the scheduler writes one.
+fn scheduler_claim(name: &str, device: &str) -> ResourceClaim {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": [{
+            "request": "part", "driver": "gpu.nvidia.com", "pool": MIG_NODE, "device": device,
+        }]}}},
+    }))
+    .expect("test claim")
+}
+
+#[test]
+fn a_mig_slice_the_scheduler_allocated_holds_its_whole_gpu_with_the_counter_set_as_why() {
+    let slices = fixture_slices(&["nvidia-h100-dynamic-mig.yaml"]);
+    let published = published_devices(&slices);
+    let part = Arc::new(NodePart::with_published(
+        MIG_NODE,
+        None,
+        published.node(MIG_NODE),
+    ));
+    let fleet = FleetView::from_parts([part], &BTreeMap::new());
+    let id_of = |device: &str| {
+        fleet.nodes()[0]
+            .devices
+            .iter()
+            .find(|d| {
+                fleet
+                    .dra_device(MIG_NODE, &d.id)
+                    .is_some_and(|r| r.device == device)
+            })
+            .map(|d| d.id.clone())
+            .expect("a whole GPU")
+    };
+    let (gpu0, gpu1) = (id_of("gpu-0"), id_of("gpu-1"));
+    let slice = scheduler_claim("mig", "gpu-0-mig-1g10gb-19-3");
+    let slices: Vec<&ResourceSlice> = slices.iter().collect();
+    let mut ledger = Ledger::new();
+    let held = held_outside(&[&slice], &slices, &ledger, &fleet);
+    // The MIG device is no planner device; the whole GPU 0 it blocks is, GPU 1 stays free.
+    assert_eq!(taken(&held.devices), std::slice::from_ref(&gpu0));
+    let why = &held.blocked[&(MIG_NODE.to_string(), gpu0.clone())];
+    assert!(
+        why.contains("gpu-0-counter-set") && why.contains("team/mig"),
+        "{why}"
+    );
+    assert!(!held.devices.contains(MIG_NODE, &gpu1));
+    // The planner's reservations and a refusal's reasons carry it.
+    ledger.set_external(held);
+    assert!(
+        ledger
+            .reserved_by_others(&PlacementKey::new("ml", "p"))
+            .contains(MIG_NODE, &gpu0)
+    );
+    let lines = ledger.blocked_by_counters(5);
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].starts_with(&format!("{MIG_NODE}/{gpu0} cannot be allocated: ")));
+    // Freed: nothing is held, and that counts as a release (waiting placements try again).
+    let releases = ledger.releases();
+    assert!(ledger.set_external(held_outside(&[], &slices, &ledger, &fleet)));
+    assert_eq!(ledger.releases(), releases + 1);
+    assert!(ledger.blocked_by_counters(5).is_empty());
+}

@@ -195,7 +195,14 @@ fn try_to_plan(
 ) -> (Outcome, Option<BTreeSet<String>>) {
     let key = &candidate.precedence.key;
     let reserved = ledger.reserved_by_others(key);
-    let outcome = evaluate(candidate.spec, &key.namespace, &key.name, fleet, &reserved);
+    let mut outcome = evaluate(candidate.spec, &key.namespace, &key.name, fleet, &reserved);
+    // A whole GPU whose MIG slice the scheduler gave away is reserved without any claim
+    // naming it: say so, or the refusal would not explain where it went.
+    if let Outcome::Unschedulable(status) = &mut outcome {
+        status
+            .reasons
+            .extend(ledger.blocked_by_counters(super::no_match::MAX_NAMED));
+    }
     match &outcome {
         Outcome::Planned(status) => {
             let holding = holding_for(candidate, status.clone());

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
 
+use super::claim_holdings::HeldOutside;
 use super::labels::HeldNodes;
 use super::outcome::Outcome;
 
@@ -148,8 +149,9 @@ pub struct Ledger {
     releases: u64,
     /// Placements that did not fit, by key.
     unfit: HashMap<PlacementKey, Unfit>,
-    /// Devices held outside the ledger: allocated by ResourceClaims that are not ours.
-    external: Reservations,
+    /// Devices held outside the ledger: allocated by ResourceClaims that are not ours, or
+    /// blocked by DRA counters those claims used up (with why).
+    external: HeldOutside,
 }
 
 impl Ledger {
@@ -272,23 +274,43 @@ impl Ledger {
     }
 
     /// Replaces the devices held outside the ledger (allocated by ResourceClaims that are
-    /// not ours). Returns true when they changed; a release among them counts as a release,
-    /// so placements that did not fit are tried again.
-    pub fn set_external(&mut self, external: Reservations) -> bool {
+    /// not ours, or blocked by the DRA counters claims used up). Returns true when they
+    /// changed; a release among them counts as a release, so placements that did not fit are
+    /// tried again (freeing a MIG slice makes its whole GPU plannable again).
+    pub fn set_external(&mut self, external: HeldOutside) -> bool {
         if external == self.external {
             return false;
         }
-        if !self.external.is_empty() {
+        if !self.external.devices.is_empty() {
             self.releases = self.releases.wrapping_add(1);
         }
         self.external = external;
         true
     }
 
+    /// Why devices no claim names are held outside the ledger (their DRA counters are used
+    /// up), one `node/device: why` each, for a refusal's reasons; at most `limit`, then how
+    /// many more.
+    pub fn blocked_by_counters(&self, limit: usize) -> Vec<String> {
+        let blocked = &self.external.blocked;
+        let mut lines: Vec<String> = blocked
+            .iter()
+            .take(limit)
+            .map(|((node, device), why)| format!("{node}/{device} cannot be allocated: {why}"))
+            .collect();
+        if blocked.len() > limit {
+            lines.push(format!(
+                "and {} more device(s) blocked by DRA counters",
+                blocked.len() - limit
+            ));
+        }
+        lines
+    }
+
     /// The devices every placement other than `key` holds, plus those held outside the
     /// ledger, for the planner.
     pub fn reserved_by_others(&self, key: &PlacementKey) -> Reservations {
-        let mut reserved = self.external.clone();
+        let mut reserved = self.external.devices.clone();
         for ((node, device), holder) in &self.owners {
             if holder != key {
                 reserved.insert(node.clone(), device.clone());
@@ -299,7 +321,7 @@ impl Ledger {
 
     /// Every device held, by placements and outside the ledger.
     pub fn reserved_all(&self) -> Reservations {
-        let mut reserved = self.external.clone();
+        let mut reserved = self.external.devices.clone();
         for (node, device) in self.owners.keys() {
             reserved.insert(node.clone(), device.clone());
         }
