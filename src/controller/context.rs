@@ -1,10 +1,14 @@
 //! What every reconcile shares: the API client, the watch caches, the metrics, and the
 //! controller's mutable state behind one async lock.
 //!
-//! All reconciles run under that lock: planning is milliseconds, and serialising it is what
-//! makes "no device is handed out twice" and "older first" simple and certain.
+//! Reconciles run in parallel (`--placement-workers`) and hold that lock only for moments:
+//! to take a snapshot of the ledger and the fleet view, and to commit what they planned on
+//! it ([`Ledger::commit`](super::placement::core::ledger::Ledger::commit) decides, atomically,
+//! whether the plan still stands). Planning and every apiserver write happen outside it. Node
+//! label writes are serialised per Node instead ([`NodeWriteLocks`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -60,8 +64,10 @@ pub struct Context {
     pub claims: Option<Store<ResourceClaim>>,
     /// Every ResourceSlice, when the cluster serves `resource.k8s.io/v1` (else `None`).
     pub slices: Option<Store<ResourceSlice>>,
-    /// The lock every reconcile holds.
+    /// The state lock, held briefly: snapshot, commit, label bookkeeping.
     pub state: Mutex<State>,
+    /// One placement-label writer per Node at a time.
+    pub node_writes: NodeWriteLocks,
     /// Metrics.
     pub metrics: ControllerMetrics,
     /// Event recorder.
@@ -85,7 +91,8 @@ pub struct Context {
     pub scope: Option<String>,
 }
 
-/// Takes the reconcile lock, recording how long that took.
+/// Takes the state lock, adding how long that took to `waited` (a reconcile takes it at
+/// least twice: for its snapshot and for its commit).
 pub(crate) async fn lock<'a>(
     ctx: &'a Context,
     waited: &std::sync::Mutex<Duration>,
@@ -93,7 +100,48 @@ pub(crate) async fn lock<'a>(
     let started = Instant::now();
     let guard = ctx.state.lock().await;
     if let Ok(mut waited) = waited.lock() {
-        *waited = started.elapsed();
+        *waited += started.elapsed();
     }
     guard
+}
+
+/// Stripes of Node write locks.
+const NODE_WRITE_STRIPES: usize = 64;
+
+/// Placement-label writers, one per Node at a time. A writer computes a Node's labels from
+/// the ledger only once it holds that Node's lock, so of two writes to one Node the later
+/// one carries the newer ledger: a slow write can never land after, and undo, a newer one.
+/// Striped (a Node hashes to one of a fixed set of locks) so that memory does not grow with
+/// the fleet; two Nodes sharing a stripe only wait for each other.
+#[derive(Debug)]
+pub struct NodeWriteLocks {
+    stripes: Vec<Mutex<()>>,
+}
+
+impl Default for NodeWriteLocks {
+    fn default() -> Self {
+        Self {
+            stripes: (0..NODE_WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl NodeWriteLocks {
+    /// Locks every one of `nodes`. Stripes are taken in ascending order, so two writers
+    /// locking overlapping sets cannot deadlock; nobody may hold the state lock meanwhile.
+    pub async fn lock(&self, nodes: &BTreeSet<String>) -> Vec<MutexGuard<'_, ()>> {
+        let stripes: BTreeSet<usize> = nodes
+            .iter()
+            .map(|node| {
+                let mut hasher = DefaultHasher::new();
+                node.hash(&mut hasher);
+                usize::try_from(hasher.finish() % NODE_WRITE_STRIPES as u64).unwrap_or(0)
+            })
+            .collect();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for stripe in stripes {
+            guards.push(self.stripes[stripe].lock().await);
+        }
+        guards
+    }
 }

@@ -114,6 +114,7 @@ impl Harness {
             inventories: inventories.as_reader(),
             nodes: nodes.as_reader(),
             state: Mutex::new(State::default()),
+            node_writes: crate::controller::context::NodeWriteLocks::default(),
             metrics: ControllerMetrics::register(&mut registry),
             requeue,
             failures: std::sync::Mutex::new(HashMap::new()),
