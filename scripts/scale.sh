@@ -5,6 +5,7 @@
 #   scripts/scale.sh                      # 1000 nodes, 300 placements
 #   SCALE_NODES=200 SCALE_PLACEMENTS=50 scripts/scale.sh
 #   SCALE_PROFILE=debug scripts/scale.sh  # a debug controller (default: release, as shipped)
+#   SCALE_WORKERS=1 scripts/scale.sh      # --placement-workers (default: the controller's, 4)
 #
 # Every run gets a fresh control plane (a cluster still up from tests is stopped first, and
 # the run's own is stopped at the end): 1,000 kwok Nodes left by an earlier run would keep
