@@ -102,7 +102,7 @@ fn label_writes(
     ctx: &Context,
     state: &mut State,
     nodes: &BTreeSet<String>,
-) -> (Vec<(String, BTreeMap<String, String>)>, Vec<String>) {
+) -> (Vec<NodeLabels>, Vec<String>) {
     let mut unconfirmed = Vec::new();
     let holdings: Vec<(PlacementKey, HeldNodes)> = state
         .ledger
@@ -115,7 +115,7 @@ fn label_writes(
             .iter()
             .map(|(key, held)| (key.namespace.as_str(), key.name.as_str(), held)),
     );
-    let mut writes: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    let mut writes: Vec<NodeLabels> = Vec::new();
     for node in nodes {
         let labels = desired.get(node).cloned().unwrap_or_default();
         // Server-side apply creates missing objects: never apply to a Node that is gone.
@@ -166,6 +166,9 @@ pub fn nodes_labelled_for(ctx: &Context, state: &State, key: &PlacementKey) -> B
     );
     nodes
 }
+
+/// A Node and the complete set of placement labels it should carry.
+type NodeLabels = (String, BTreeMap<String, String>);
 
 /// A Node, the placement labels sent to it, and how the write went.
 type LabelWrite = (String, BTreeMap<String, String>, Result<(), kube::Error>);
