@@ -25,7 +25,7 @@ use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use super::core::fleet_view::{FleetView, PartCache};
 use super::metrics::ControllerMetrics;
-use super::placement::core::ledger::{Ledger, PlacementKey};
+use super::placement::core::ledger::{Ledger, PlacementKey, Precedence};
 
 /// The field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "hwaccel-controller";
@@ -68,6 +68,8 @@ pub struct Context {
     pub state: Mutex<State>,
     /// One placement-label writer per Node at a time.
     pub node_writes: NodeWriteLocks,
+    /// Placements being planned on a snapshot right now.
+    pub in_flight: InFlightPlans,
     /// Metrics.
     pub metrics: ControllerMetrics,
     /// Event recorder.
@@ -143,5 +145,60 @@ impl NodeWriteLocks {
             guards.push(self.stripes[stripe].lock().await);
         }
         guards
+    }
+}
+
+/// Placements being planned on a snapshot right now, in precedence order: a new plan waits
+/// for the older ones to commit first, so that "older first" holds between workers too.
+#[derive(Debug, Default)]
+pub struct InFlightPlans {
+    plans: std::sync::Mutex<BTreeSet<Precedence>>,
+    done: Notify,
+}
+
+impl InFlightPlans {
+    /// Waits until no placement older than `me` is being planned, or `bound` has passed,
+    /// then registers `me` until the returned guard is dropped (also when the reconcile is
+    /// cancelled). The oldest never waits, so every wait ends.
+    pub async fn enter(&self, me: &Precedence, bound: Duration) -> InFlight<'_> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            // Registered before looking, so a commit between the look and the wait still
+            // wakes this one.
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Ok(mut plans) = self.plans.lock() {
+                let older_planning = plans.first().is_some_and(|oldest| oldest < me);
+                if !older_planning || tokio::time::Instant::now() >= deadline {
+                    plans.insert(me.clone());
+                    break;
+                }
+            } else {
+                // A poisoned set only loses the ordering, never safety (commits decide).
+                break;
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+        InFlight {
+            plans: self,
+            me: me.clone(),
+        }
+    }
+}
+
+/// A placement being planned; dropping it lets younger plans start.
+#[derive(Debug)]
+pub struct InFlight<'a> {
+    plans: &'a InFlightPlans,
+    me: Precedence,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.plans.lock() {
+            plans.remove(&self.me);
+        }
+        self.plans.done.notify_waiters();
     }
 }

@@ -326,6 +326,7 @@ async fn run_controller(
         slices,
         state: Mutex::new(state),
         node_writes: context::NodeWriteLocks::default(),
+        in_flight: Default::default(),
         metrics,
         requeue: requeue_tx,
         failures: std::sync::Mutex::new(HashMap::new()),

@@ -24,9 +24,16 @@
 //! again; a restart before then rebuilds the ledger from the statuses, which never named
 //! that plan, so the devices are planned afresh (nothing is held twice or lost either way).
 //!
-//! "Older first" holds per decision as before: every plan tries the older waiting placements
-//! before its own, on its snapshot. Two reconciles planning at once may both try the same
-//! older placement; the first commit gives it devices and the other re-plans.
+//! "Older first" holds as before: every plan tries the older waiting placements before its
+//! own, on its snapshot, and a new plan starts only once the placements older than it that
+//! other workers are planning at that moment have committed ([`InFlightPlans`], waiting at
+//! most [`OLDER_WAIT`]). So among new plans, planning and commits go in precedence order,
+//! one at a time, without the duplicated work of several workers planning the same older
+//! placements (which a burst of new placements would otherwise cause); their writes, and
+//! every kept plan, run in parallel. Only an older plan that takes longer than `OLDER_WAIT`
+//! lets a younger one plan beside it, and then the commit sorts out any collision.
+//!
+//! [`InFlightPlans`]: crate::controller::context::InFlightPlans
 //!
 //! [`Ledger::commit`]: super::core::ledger::Ledger::commit
 
@@ -73,6 +80,9 @@ const PENDING_RETRY: Duration = Duration::from_secs(300);
 pub const COMMIT_TRIES: u32 = 4;
 /// When a reconcile that gave way comes back.
 const COMMIT_RETRY: Duration = Duration::from_millis(200);
+/// How long a new plan waits for older placements being planned at the same moment to
+/// commit first; past it, it plans anyway and the commit sorts out any collision.
+const OLDER_WAIT: Duration = Duration::from_secs(2);
 /// Waits after a placement's failed reconciles: 1 s, doubling up to 5 minutes, jittered into
 /// the upper half of each step (a failure that hits every placement at once, such as an
 /// apiserver restart, is not retried in one burst).
@@ -340,7 +350,9 @@ async fn decide_and_commit(
     waited: &std::sync::Mutex<Duration>,
 ) -> Option<Decided> {
     let key = &me.precedence.key;
-    for attempt in 1..=COMMIT_TRIES {
+    let mut in_flight = None;
+    let mut attempt = 0;
+    while attempt < COMMIT_TRIES {
         let (fleet, snapshot) = {
             let mut state = lock(ctx, waited).await;
             let fleet = fleet_view(ctx, &mut state);
@@ -356,9 +368,21 @@ async fn decide_and_commit(
                     .observe(deciding.elapsed().as_secs_f64());
                 return Some(committed(ctx, &mut state, me, decision, fleet));
             }
+            if in_flight.is_none() {
+                // Older first: placements older than this one that are being planned right
+                // now commit first, then this one plans on what they left.
+                drop(state);
+                let started = Instant::now();
+                in_flight = Some(ctx.in_flight.enter(&me.precedence, OLDER_WAIT).await);
+                if let Ok(mut waited) = waited.lock() {
+                    *waited += started.elapsed();
+                }
+                continue;
+            }
             let snapshot = state.ledger.snapshot();
             (fleet, snapshot)
         };
+        attempt += 1;
         let deciding = Instant::now();
         let waiting = waiting_placements(ctx);
         let older: Vec<Candidate<'_>> = waiting
