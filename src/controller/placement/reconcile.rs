@@ -82,7 +82,7 @@ pub const COMMIT_TRIES: u32 = 4;
 const COMMIT_RETRY: Duration = Duration::from_millis(200);
 /// How long a new plan waits for older placements being planned at the same moment to
 /// commit first; past it, it plans anyway and the commit sorts out any collision.
-const OLDER_WAIT: Duration = Duration::from_secs(2);
+pub const OLDER_WAIT: Duration = Duration::from_secs(2);
 /// Waits after a placement's failed reconciles: 1 s, doubling up to 5 minutes, jittered into
 /// the upper half of each step (a failure that hits every placement at once, such as an
 /// apiserver restart, is not retried in one burst).
