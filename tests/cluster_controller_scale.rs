@@ -468,7 +468,8 @@ async fn wait_for_startup(metrics_url: &str, timeout: Duration) -> Result<Vec<(S
                     Some((phase.to_string(), value.trim().parse().ok()?))
                 })
                 .collect();
-            if phases.iter().any(|(phase, _)| phase == "ready") {
+            // Every phase is exported from the start, at 0 until it ends.
+            if phases.iter().any(|(phase, s)| phase == "ready" && *s > 0.0) {
                 phases.sort_by(|a, b| a.1.total_cmp(&b.1));
                 return Ok(phases);
             }

@@ -950,7 +950,8 @@ async fn set_first_gpu_health(cluster: &TestCluster, node: &str, health: &str) -
 #[ignore = "needs cluster"]
 async fn a_sick_published_gpu_gets_a_device_taint_rule_the_scheduler_honours() -> Result<()> {
     use hwaccel::controller::HealthTaints;
-    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name, rules_resource};
+    use hwaccel::controller::taints::core::{TAINT_KEY, rule_name};
+    use hwaccel::controller::taints::rules_resource;
     use kube::api::DynamicObject;
 
     let _turn = SLICES.lock().await;

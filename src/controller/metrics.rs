@@ -54,6 +54,9 @@ pub struct SkipLabel {
     pub reason: String,
 }
 
+/// The start-up phases, in the order they end ([`PhaseLabel`]).
+pub const STARTUP_PHASES: [&str; 3] = ["watches", "ledger", "ready"];
+
 /// Label set naming a phase of the controller's start as leader.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
@@ -207,9 +210,19 @@ impl ControllerMetrics {
         );
         registry.register(
             "startup_seconds",
-            "Seconds from taking the lead to the end of a start-up phase: watches (caches listed), ledger, ready",
+            "Seconds from taking the lead to the end of a start-up phase: watches (caches listed), ledger, ready; 0 until the phase ends",
             metrics.startup_seconds.clone(),
         );
+        // Every phase's series exists from the start (0 until it ends), so a standby and a
+        // replica still starting export it too.
+        for phase in STARTUP_PHASES {
+            metrics
+                .startup_seconds
+                .get_or_create(&PhaseLabel {
+                    phase: phase.to_string(),
+                })
+                .set(0.0);
+        }
         registry.register(
             "skipped_objects",
             "Watch events carrying a stored object the controller skips: one it cannot decode, or an inventory naming another node",

@@ -19,7 +19,6 @@ use k8s_openapi::api::resource::v1beta2::{
     DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::api::dra::DeviceRef;
 
@@ -49,14 +48,6 @@ pub const RULES_VERSIONS: [&str; 2] = ["v1", "v1beta2"];
 /// `serves` says the apiserver serves them in; `None` when neither does (Node taints then).
 pub fn rules_version(serves: impl Fn(&str) -> bool) -> Option<&'static str> {
     RULES_VERSIONS.into_iter().find(|version| serves(version))
-}
-
-/// The API resource of DeviceTaintRules in `version`, for a dynamic `Api`.
-pub fn rules_resource(version: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(RULES_GROUP, version, "DeviceTaintRule"),
-        "devicetaintrules",
-    )
 }
 
 /// `rule` as the body of a server-side apply in `version` (the fields are the same in every
@@ -314,14 +305,6 @@ mod tests {
             assert_eq!(body["kind"], "DeviceTaintRule");
             assert_eq!(body["spec"]["deviceSelector"]["device"], "gpu-0");
             assert_eq!(rule_effect(&body), Some("NoSchedule"));
-            let resource = rules_resource(version);
-            assert_eq!(
-                (resource.api_version.as_str(), resource.plural.as_str()),
-                (
-                    format!("resource.k8s.io/{version}").as_str(),
-                    "devicetaintrules"
-                )
-            );
         }
         assert_eq!(rule_effect(&serde_json::json!({"spec": {}})), None);
     }

@@ -25,8 +25,8 @@ use tracing::Instrument;
 
 use super::core::{
     HealthTaints, MANAGED_BY, MANAGED_BY_LABEL, RULES_GROUP, SCOPE_LABEL, TAINT_KEY, WHOLE_CLUSTER,
-    device_taint_rule, edited_taints, in_scope, rule_document, rule_effect, rules_resource,
-    rules_version, scope_of,
+    device_taint_rule, edited_taints, in_scope, rule_document, rule_effect, rules_version,
+    scope_of,
 };
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::fleet_view::FleetView;
@@ -278,7 +278,8 @@ impl Taints {
         version: &str,
         wanted: &BTreeMap<String, DeviceTaintRule>,
     ) {
-        let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &rules_resource(version));
+        let api: Api<DynamicObject> =
+            Api::all_with(ctx.client.clone(), &super::rules_resource(version));
         if self.rules.is_none() {
             // The whole-cluster controller also lists rules without a scope label (written
             // before scopes existed); a scoped one lists only its own.
