@@ -25,7 +25,9 @@ use crate::api::dra::DeviceRef;
 use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
 use crate::api::dra::counters::blocked_by_counters;
 
-use super::core::claim_holdings::{HeldOutside, OutlivedClaim, held_outside, outlived_claims};
+use super::core::claim_holdings::{
+    HeldOutside, OutlivedClaim, devices_with_holder, held_outside, outlived_claims,
+};
 use super::core::claims::ClaimsReport;
 use super::core::device_health;
 use super::core::ledger::Ledger;
@@ -267,16 +269,7 @@ fn blocked_by_other_claims(
             let name = claim.metadata.name.as_deref().unwrap_or_default();
             claim.metadata.namespace.as_deref() != Some(namespace) || !wanted.contains(name)
         })
-        .flat_map(|claim| {
-            let holder = format!(
-                "{}/{}",
-                claim.metadata.namespace.as_deref().unwrap_or_default(),
-                claim.metadata.name.as_deref().unwrap_or_default()
-            );
-            allocated_devices(claim)
-                .into_iter()
-                .map(move |device| (device, holder.clone()))
-        });
+        .flat_map(devices_with_holder);
     blocked_by_counters(slices.iter().map(|slice| &**slice), allocated)
 }
 

@@ -59,6 +59,19 @@ pub struct HeldOutside {
     pub blocked: BTreeMap<(String, String), String>,
 }
 
+/// The devices `claim` is allocated, each with the claim as `namespace/name`: what the
+/// counter rule names as the holder of a counter set.
+pub fn devices_with_holder(claim: &ResourceClaim) -> impl Iterator<Item = (DeviceRef, String)> {
+    let holder = format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    allocated_devices(claim)
+        .into_iter()
+        .map(move |device| (device, holder.clone()))
+}
+
 /// What allocated `claims` hold outside `ledger` ([`claimed_devices`]) plus the devices of
 /// `fleet` whose counters the allocated devices of every claim (ours included: a placement's
 /// whole GPU blocks its MIG slices for everyone) used up, as `slices` publish them.
@@ -72,16 +85,7 @@ pub fn held_outside(
         devices: claimed_devices(claims.iter().copied(), ledger, fleet),
         blocked: BTreeMap::new(),
     };
-    let allocated = claims.iter().flat_map(|claim| {
-        let holder = format!(
-            "{}/{}",
-            claim.metadata.namespace.as_deref().unwrap_or_default(),
-            claim.metadata.name.as_deref().unwrap_or_default()
-        );
-        allocated_devices(claim)
-            .into_iter()
-            .map(move |device| (device, holder.clone()))
-    });
+    let allocated = claims.iter().copied().flat_map(devices_with_holder);
     let blocked = blocked_by_counters(slices.iter().copied(), allocated);
     if blocked.is_empty() {
         return held;
