@@ -834,3 +834,30 @@ proptest! {
         prop_assert_eq!(prefill.replicas, Some(prefill_replicas));
     }
 }
+
+/// The case CI's proptest run drew (stop 33): Llama 4 Maverick on one node of 3 T4, every
+/// second device held. 48 layers are 4 per stage at PP 12 and 15 and 3 at PP 18, so the
+/// search used to stop at PP 15 (no fewer devices than PP 12) and miss PP 18's one replica:
+/// the suggestion then added 22 nodes of which the plan used 18.
+#[test]
+fn a_deeper_pipeline_that_needs_fewer_devices_is_found_past_one_that_does_not() {
+    let model = presets::find("llama-4-maverick").unwrap().unwrap();
+    let nodes = parse_hardware("1x3xT4+nvswitch").unwrap();
+    let reserved = reserve(&nodes, 2);
+    for max_nodes in [None, Some(2)] {
+        let mut request = PlanRequest::serve(Some(131_072), 16);
+        request.kv_dtype = KvDtype::Fp8;
+        request.max_nodes = max_nodes;
+        let result = plan(&model, &nodes, &reserved, &request).unwrap();
+        assert!(!result.fits);
+        let added = result
+            .suggested_changes
+            .iter()
+            .find_map(|s| match s.change {
+                Change::AddNodes { count, .. } => Some(count),
+                _ => None,
+            });
+        assert_eq!(added, Some(18), "{:?}", result.suggestions);
+        check_suggestions(&result, &model, &nodes, &reserved, &request);
+    }
+}

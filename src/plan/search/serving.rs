@@ -346,9 +346,14 @@ fn layouts_where(
             let Some((replicas, sharding, fit)) = best else {
                 continue;
             };
+            // A deeper pipeline is kept only when it needs fewer devices in all, but the search
+            // goes on past one that does not: stages hold whole layers, so the layers per stage
+            // (and with them the requests a replica holds) fall in steps, not smoothly. 48
+            // layers are 4 per stage at PP 12 and PP 15 but 3 at PP 18, where one replica
+            // holds what two needed before.
             let devices = (u64::from(tp) * u64::from(pp)).saturating_mul(replicas);
             if devices >= fewest {
-                break;
+                continue;
             }
             fewest = devices;
             found.push(Candidate {
