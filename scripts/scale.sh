@@ -5,6 +5,7 @@
 #   scripts/scale.sh                      # 1000 nodes, 300 placements
 #   SCALE_NODES=200 SCALE_PLACEMENTS=50 scripts/scale.sh
 #   SCALE_PROFILE=debug scripts/scale.sh  # a debug controller (default: release, as shipped)
+#   SCALE_WORKERS=1 scripts/scale.sh      # --placement-workers (default: the controller's, 4)
 #
 # Every run gets a fresh control plane of its own: etcd and kube-apiserver only (no
 # controller-manager, scheduler or kwok: the run's Nodes are plain objects that nothing

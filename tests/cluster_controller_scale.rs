@@ -153,6 +153,13 @@ fn count_at_most(text: &str, name: &str, le: f64) -> Option<(u64, u64)> {
 
 /// The cumulative `(le, count)` buckets of a Prometheus histogram, in bound order. `name` may
 /// carry one label besides `le`: `metric{object="status"}`.
+/// The value of an unlabelled counter or gauge in a Prometheus exposition.
+fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 fn histogram_buckets(text: &str, name: &str) -> Vec<(f64, u64)> {
     let (name, label) = match name.split_once('{') {
         Some((name, label)) => (name, Some(label.trim_end_matches('}'))),
@@ -204,6 +211,8 @@ async fn scale_run() -> Result<()> {
     }
     let nodes = env_number("SCALE_NODES", 1000);
     let placements = env_number("SCALE_PLACEMENTS", 300);
+    // Unset: the controller's own default.
+    let workers = std::env::var("SCALE_WORKERS").ok();
     let cluster = TestCluster::new().await?;
     install_crds(&cluster.client()).await?;
     let started = Instant::now();
@@ -220,24 +229,28 @@ async fn scale_run() -> Result<()> {
 
     let port = free_port()?;
     let binary = std::path::Path::new(env!("CARGO_BIN_EXE_hwaccel"));
-    let child = Command::new(binary)
-        .args([
-            "controller",
-            "--namespace",
-            cluster.namespace(),
-            "--selector",
-            &format!("{TEST_LABEL}={}", cluster.prefix()),
-            "--leader-election-namespace",
-            cluster.namespace(),
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-            "--health-addr",
-            "127.0.0.1:0",
-            "--identity",
-            "scale",
-            "--log-format",
-            "json",
-        ])
+    let mut command = Command::new(binary);
+    command.args([
+        "controller",
+        "--namespace",
+        cluster.namespace(),
+        "--selector",
+        &format!("{TEST_LABEL}={}", cluster.prefix()),
+        "--leader-election-namespace",
+        cluster.namespace(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{port}"),
+        "--health-addr",
+        "127.0.0.1:0",
+        "--identity",
+        "scale",
+        "--log-format",
+        "json",
+    ]);
+    if let Some(workers) = &workers {
+        command.arg(format!("--placement-workers={workers}"));
+    }
+    let child = command
         .env("KUBECONFIG", &cluster.env().kubeconfig)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -323,7 +336,17 @@ fn print_controller_figures(text: &str) -> Result<()> {
             within as f64 * 100.0 / total.max(1) as f64
         );
     }
-    println!("scale: lock wait p99 <= {:.1} ms", wait_p99 * 1000.0);
+    println!(
+        "scale: lock wait p99 <= {:.1} ms (the ledger lock, for snapshot and commit; {} placement workers)",
+        wait_p99 * 1000.0,
+        std::env::var("SCALE_WORKERS")
+            .ok()
+            .as_deref()
+            .unwrap_or("default")
+    );
+    if let Some(conflicts) = metric_value(text, "hwaccel_controller_commit_conflicts_total") {
+        println!("scale: {conflicts} plans collided at commit and were planned again");
+    }
     for (label, q) in [("p50", 0.5), ("p99", 0.99)] {
         let (decide, _) =
             quantile_from_metrics(text, "hwaccel_controller_decide_duration_seconds", q)

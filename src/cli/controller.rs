@@ -53,6 +53,10 @@ pub(super) struct ControllerArgs {
     /// Least time between two counts of the `--capacity-model`s (10s to 24h).
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse_capacity_interval)]
     capacity_interval: Duration,
+    /// ModelPlacements reconciled at once (1 to 64): they plan in parallel and serialise only
+    /// the commitment of devices in the ledger.
+    #[arg(long, default_value_t = crate::controller::DEFAULT_PLACEMENT_WORKERS, value_parser = parse_placement_workers)]
+    placement_workers: u16,
     #[command(flatten)]
     process: ProcessArgs,
     /// Log format.
@@ -63,6 +67,14 @@ pub(super) struct ControllerArgs {
 fn parse_health_taints(text: &str) -> Result<crate::controller::HealthTaints, String> {
     text.parse()
         .map_err(|err: crate::controller::taints::core::UnknownMode| err.to_string())
+}
+
+fn parse_placement_workers(text: &str) -> Result<u16, String> {
+    let max = crate::controller::MAX_PLACEMENT_WORKERS;
+    text.parse::<u16>()
+        .ok()
+        .filter(|workers| (1..=max).contains(workers))
+        .ok_or_else(|| format!("'{text}' is not a number of placement workers from 1 to {max}"))
 }
 
 /// Runs `hwaccel controller`.
@@ -91,6 +103,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
         config.health_taints = args.health_taints;
+        config.placement_workers = args.placement_workers;
         config.capacity = crate::controller::CapacityCounting {
             models: std::sync::Arc::new(capacity_models),
             interval: args.capacity_interval,

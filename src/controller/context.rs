@@ -1,10 +1,14 @@
 //! What every reconcile shares: the API client, the watch caches, the metrics, and the
 //! controller's mutable state behind one async lock.
 //!
-//! All reconciles run under that lock: planning is milliseconds, and serialising it is what
-//! makes "no device is handed out twice" and "older first" simple and certain.
+//! Reconciles run in parallel (`--placement-workers`) and hold that lock only for moments:
+//! to take a snapshot of the ledger and the fleet view, and to commit what they planned on
+//! it ([`Ledger::commit`](super::placement::core::ledger::Ledger::commit) decides, atomically,
+//! whether the plan still stands). Planning and every apiserver write happen outside it. Node
+//! label writes are serialised per Node instead ([`NodeWriteLocks`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -21,7 +25,7 @@ use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use super::core::fleet_view::{FleetView, PartCache};
 use super::metrics::ControllerMetrics;
-use super::placement::core::ledger::{Ledger, PlacementKey};
+use super::placement::core::ledger::{Ledger, PlacementKey, Precedence};
 
 /// The field manager of every write the controller makes.
 pub const FIELD_MANAGER: &str = "hwaccel-controller";
@@ -60,8 +64,12 @@ pub struct Context {
     pub claims: Option<Store<ResourceClaim>>,
     /// Every ResourceSlice, when the cluster serves `resource.k8s.io/v1` (else `None`).
     pub slices: Option<Store<ResourceSlice>>,
-    /// The lock every reconcile holds.
+    /// The state lock, held briefly: snapshot, commit, label bookkeeping.
     pub state: Mutex<State>,
+    /// One placement-label writer per Node at a time.
+    pub node_writes: NodeWriteLocks,
+    /// Placements being planned on a snapshot right now.
+    pub in_flight: InFlightPlans,
     /// Metrics.
     pub metrics: ControllerMetrics,
     /// Event recorder.
@@ -85,7 +93,8 @@ pub struct Context {
     pub scope: Option<String>,
 }
 
-/// Takes the reconcile lock, recording how long that took.
+/// Takes the state lock, adding how long that took to `waited` (a reconcile takes it at
+/// least twice: for its snapshot and for its commit).
 pub(crate) async fn lock<'a>(
     ctx: &'a Context,
     waited: &std::sync::Mutex<Duration>,
@@ -93,7 +102,103 @@ pub(crate) async fn lock<'a>(
     let started = Instant::now();
     let guard = ctx.state.lock().await;
     if let Ok(mut waited) = waited.lock() {
-        *waited = started.elapsed();
+        *waited += started.elapsed();
     }
     guard
+}
+
+/// Stripes of Node write locks.
+const NODE_WRITE_STRIPES: usize = 64;
+
+/// Placement-label writers, one per Node at a time. A writer computes a Node's labels from
+/// the ledger only once it holds that Node's lock, so of two writes to one Node the later
+/// one carries the newer ledger: a slow write can never land after, and undo, a newer one.
+/// Striped (a Node hashes to one of a fixed set of locks) so that memory does not grow with
+/// the fleet; two Nodes sharing a stripe only wait for each other.
+#[derive(Debug)]
+pub struct NodeWriteLocks {
+    stripes: Vec<Mutex<()>>,
+}
+
+impl Default for NodeWriteLocks {
+    fn default() -> Self {
+        Self {
+            stripes: (0..NODE_WRITE_STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl NodeWriteLocks {
+    /// Locks every one of `nodes`. Stripes are taken in ascending order, so two writers
+    /// locking overlapping sets cannot deadlock; nobody may hold the state lock meanwhile.
+    pub async fn lock(&self, nodes: &BTreeSet<String>) -> Vec<MutexGuard<'_, ()>> {
+        let stripes: BTreeSet<usize> = nodes
+            .iter()
+            .map(|node| {
+                let mut hasher = DefaultHasher::new();
+                node.hash(&mut hasher);
+                usize::try_from(hasher.finish() % NODE_WRITE_STRIPES as u64).unwrap_or(0)
+            })
+            .collect();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for stripe in stripes {
+            guards.push(self.stripes[stripe].lock().await);
+        }
+        guards
+    }
+}
+
+/// Placements being planned on a snapshot right now, in precedence order: a new plan waits
+/// for the older ones to commit first, so that "older first" holds between workers too.
+#[derive(Debug, Default)]
+pub struct InFlightPlans {
+    plans: std::sync::Mutex<BTreeSet<Precedence>>,
+    done: Notify,
+}
+
+impl InFlightPlans {
+    /// Waits until no placement older than `me` is being planned, or `bound` has passed,
+    /// then registers `me` until the returned guard is dropped (also when the reconcile is
+    /// cancelled). The oldest never waits, so every wait ends.
+    pub async fn enter(&self, me: &Precedence, bound: Duration) -> InFlight<'_> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            // Registered before looking, so a commit between the look and the wait still
+            // wakes this one.
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Ok(mut plans) = self.plans.lock() {
+                let older_planning = plans.first().is_some_and(|oldest| oldest < me);
+                if !older_planning || tokio::time::Instant::now() >= deadline {
+                    plans.insert(me.clone());
+                    break;
+                }
+            } else {
+                // A poisoned set only loses the ordering, never safety (commits decide).
+                break;
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+        InFlight {
+            plans: self,
+            me: me.clone(),
+        }
+    }
+}
+
+/// A placement being planned; dropping it lets younger plans start.
+#[derive(Debug)]
+pub struct InFlight<'a> {
+    plans: &'a InFlightPlans,
+    me: Precedence,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.plans.lock() {
+            plans.remove(&self.me);
+        }
+        self.plans.done.notify_waiters();
+    }
 }

@@ -87,8 +87,11 @@ pub struct ControllerMetrics {
     /// Time rebuilding the planner's view of the fleet took (after inventories or Node labels
     /// changed; part of the decide time of the reconcile that found it stale).
     pub fleet_view_seconds: Histogram,
-    /// Time a reconcile waited for the lock (reconciles run one at a time).
+    /// Time a reconcile waited for the state lock, for its snapshot and its commit together
+    /// (reconciles run in parallel and hold it only for those moments).
     pub lock_wait_seconds: Histogram,
+    /// Plans refused at commit because another reconcile's commit collided with them.
+    pub commit_conflicts: Counter,
     /// Reconciles run.
     pub reconciles: Counter,
     /// Failed API writes by the object written (reconciles and fleet passes).
@@ -123,6 +126,7 @@ impl ControllerMetrics {
             fleet_view_seconds: reconcile_histogram(),
             lock_wait_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             reconciles: Counter::default(),
+            commit_conflicts: Counter::default(),
             errors: Family::default(),
             failures: Family::default(),
             placements: Family::default(),
@@ -152,8 +156,13 @@ impl ControllerMetrics {
         );
         registry.register(
             "reconcile_lock_wait_seconds",
-            "Time a reconcile waited for the others to finish",
+            "Time a reconcile waited for the ledger lock (snapshot and commit)",
             metrics.lock_wait_seconds.clone(),
+        );
+        registry.register(
+            "commit_conflicts",
+            "Plans refused at commit because another reconcile's commit collided with them",
+            metrics.commit_conflicts.clone(),
         );
         registry.register(
             "reconciles",

@@ -4,6 +4,10 @@
 //!
 //! Writes only on change: a Node whose cached labels already match is not written, and one
 //! written moments ago whose cache has not caught up yet is trusted to be in flight.
+//!
+//! The writes happen outside the state lock, under the Nodes' own write locks
+//! ([`NodeWriteLocks`](crate::controller::context::NodeWriteLocks)): a slow Node write holds
+//! up only writers to the same Nodes, never planning or other placements' status writes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -15,7 +19,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::core::decide::Decision;
-use super::core::labels::{HeldNodes, is_placement_label, labels_by_node};
+use super::core::labels::{HeldNodes, is_placement_label, labels_by_node, placement_label_key};
 use super::core::ledger::PlacementKey;
 use crate::controller::context::{Context, FIELD_MANAGER, State};
 
@@ -47,18 +51,59 @@ pub fn nodes_to_check(decision: &Decision) -> BTreeSet<String> {
     nodes
 }
 
-/// Applies, to each of `nodes`, the complete set of placement labels it should carry.
-/// Returns the Nodes whose cached labels still differ from a write made within
-/// [`CACHE_LAG`], which were trusted to be in flight rather than written again.
+/// Applies, to each of `nodes`, the complete set of placement labels it should carry, as
+/// the ledger says once this writer holds the Nodes' write locks. Returns the Nodes whose
+/// cached labels still differ from a write made within [`CACHE_LAG`], which were trusted to
+/// be in flight rather than written again. The caller must not hold the state lock.
 pub async fn sync_node_labels(
+    ctx: &Context,
+    nodes: &BTreeSet<String>,
+) -> Result<Vec<String>, ApplyError> {
+    if nodes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let _writing = ctx.node_writes.lock(nodes).await;
+    let (writes, unconfirmed) = label_writes(ctx, &mut *ctx.state.lock().await, nodes);
+    // One placement can span many Nodes (and planning older placements on this turn adds
+    // more): the writes go out together, so a reconcile costs one apiserver round trip rather
+    // than one per Node. Each Node gets at most one write, so their order does not matter.
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let results: Vec<LabelWrite> = futures::stream::iter(writes)
+        .map(|(node, labels)| {
+            let api = api.clone();
+            async move {
+                let result = apply_node_labels(&api, ctx, &node, &labels).await;
+                (node, labels, result)
+            }
+        })
+        .buffer_unordered(PARALLEL_NODE_WRITES)
+        .collect()
+        .await;
+    let mut state = ctx.state.lock().await;
+    let mut first_error = None;
+    for (node, labels, result) in results {
+        match result {
+            Ok(()) => {
+                state.refused_labels.remove(&node);
+                state.applied_labels.insert(node, (labels, Instant::now()));
+            }
+            Err(err) => {
+                state.refused_labels.insert(node);
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    first_error.map_or(Ok(unconfirmed), |err| Err(ApplyError(err)))
+}
+
+/// The label writes `nodes` need by the ledger and the Node cache, and the Nodes trusted to
+/// have a write in flight.
+fn label_writes(
     ctx: &Context,
     state: &mut State,
     nodes: &BTreeSet<String>,
-) -> Result<Vec<String>, ApplyError> {
+) -> (Vec<NodeLabels>, Vec<String>) {
     let mut unconfirmed = Vec::new();
-    if nodes.is_empty() {
-        return Ok(unconfirmed);
-    }
     let holdings: Vec<(PlacementKey, HeldNodes)> = state
         .ledger
         .iter()
@@ -70,7 +115,7 @@ pub async fn sync_node_labels(
             .iter()
             .map(|(key, held)| (key.namespace.as_str(), key.name.as_str(), held)),
     );
-    let mut writes: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    let mut writes: Vec<NodeLabels> = Vec::new();
     for node in nodes {
         let labels = desired.get(node).cloned().unwrap_or_default();
         // Server-side apply creates missing objects: never apply to a Node that is gone.
@@ -98,36 +143,32 @@ pub async fn sync_node_labels(
             writes.push((node.clone(), labels));
         }
     }
-    // One placement can span many Nodes (and planning older placements on this turn adds
-    // more): the writes go out together, so a reconcile costs one apiserver round trip rather
-    // than one per Node. Each Node gets at most one write, so their order does not matter.
-    let api: Api<Node> = Api::all(ctx.client.clone());
-    let results: Vec<LabelWrite> = futures::stream::iter(writes)
-        .map(|(node, labels)| {
-            let api = api.clone();
-            async move {
-                let result = apply_node_labels(&api, ctx, &node, &labels).await;
-                (node, labels, result)
-            }
-        })
-        .buffer_unordered(PARALLEL_NODE_WRITES)
-        .collect()
-        .await;
-    let mut first_error = None;
-    for (node, labels, result) in results {
-        match result {
-            Ok(()) => {
-                state.refused_labels.remove(&node);
-                state.applied_labels.insert(node, (labels, Instant::now()));
-            }
-            Err(err) => {
-                state.refused_labels.insert(node);
-                first_error.get_or_insert(err);
-            }
-        }
-    }
-    first_error.map_or(Ok(unconfirmed), |err| Err(ApplyError(err)))
+    (writes, unconfirmed)
 }
+
+/// The Nodes that carry `key`'s placement label, by the Node cache or by our own last write
+/// (which the cache may not show yet): where a deleted placement's labels must go.
+pub fn nodes_labelled_for(ctx: &Context, state: &State, key: &PlacementKey) -> BTreeSet<String> {
+    let label = placement_label_key(&key.namespace, &key.name);
+    let mut nodes: BTreeSet<String> = ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|node| node.labels().contains_key(&label))
+        .map(|node| node.name_any())
+        .collect();
+    nodes.extend(
+        state
+            .applied_labels
+            .iter()
+            .filter(|(_, (labels, _))| labels.contains_key(&label))
+            .map(|(node, _)| node.clone()),
+    );
+    nodes
+}
+
+/// A Node and the complete set of placement labels it should carry.
+type NodeLabels = (String, BTreeMap<String, String>);
 
 /// A Node, the placement labels sent to it, and how the write went.
 type LabelWrite = (String, BTreeMap<String, String>, Result<(), kube::Error>);

@@ -93,6 +93,17 @@ pub fn waiting_placements(ctx: &Context) -> Vec<Arc<Lenient<ModelPlacement>>> {
         .collect()
 }
 
+/// True when the placement `key` is in the watch cache as the object `holding` was planned
+/// for (same uid) and is not being deleted: it may still be given devices. A placement whose
+/// deletion the cache shows may have had its cleanup already, which nothing would repeat.
+pub fn still_placeable(ctx: &Context, key: &PlacementKey, holding: &Holding) -> bool {
+    let reference = ObjectRef::new(&key.name).within(&key.namespace);
+    ctx.placements.get(&reference).is_some_and(|placement| {
+        placement.meta().deletion_timestamp.is_none()
+            && placement.meta().uid.as_deref().unwrap_or_default() == holding.uid
+    })
+}
+
 /// True when some placement other than `except` holds nothing, so freed devices may fit it.
 pub fn someone_waits(ctx: &Context, state: &State, except: &PlacementKey) -> bool {
     ctx.placements.state().iter().any(|placement| {

@@ -3,14 +3,39 @@
 //! 1. dereference ([`dereference`](super::dereference)): the placement, the other waiting
 //!    placements, the fleet view and the Nodes, all from watch caches;
 //! 2. validate and build ([`decide`]): keep a plan while it is still valid, otherwise plan
-//!    against the fleet minus what others hold, older waiting placements first (pure);
+//!    against the fleet minus what others hold, older waiting placements first (pure), on a
+//!    snapshot of the ledger, then commit it ([`Ledger::commit`]);
 //! 3. apply ([`apply`](super::apply)): the Node labels of every Node whose placements changed;
 //! 4. status ([`status`](super::status)): the status subresource and Events, only on change.
 //!
 //! Each step has its own error type; [`Error::step`] says which step failed, and that one
-//! [`Step`] names the failure in the metric, the Warning Event and the log. Every reconcile holds
-//! the one state lock ([`Context`]), which is what makes "no device is handed out twice"
-//! simple and certain.
+//! [`Step`] names the failure in the metric, the Warning Event and the log.
+//!
+//! Reconciles run in parallel (`--placement-workers`; kube-runtime runs at most one per
+//! placement at a time). Each holds the state lock ([`Context`]) twice, for moments: to take
+//! a snapshot of the ledger and the fleet view, and to commit the plan made on the snapshot
+//! without the lock. The commit is where "no device is handed out twice" is decided: it is
+//! refused when another reconcile's commit took any of the plan's devices, planned a
+//! placement this plan also planned, or the placement was deleted meanwhile; the reconcile
+//! then plans again on a fresh snapshot, up to [`COMMIT_TRIES`] times, and otherwise comes
+//! back shortly. Claims, templates, Node labels and the status are written after the commit,
+//! outside the lock, so a slow write holds up no other placement. If such a write fails, the
+//! ledger keeps the commitment and the retried reconcile keeps the same plan and writes it
+//! again; a restart before then rebuilds the ledger from the statuses, which never named
+//! that plan, so the devices are planned afresh (nothing is held twice or lost either way).
+//!
+//! "Older first" holds as before: every plan tries the older waiting placements before its
+//! own, on its snapshot, and a new plan starts only once the placements older than it that
+//! other workers are planning at that moment have committed ([`InFlightPlans`], waiting at
+//! most [`OLDER_WAIT`]). So among new plans, planning and commits go in precedence order,
+//! one at a time, without the duplicated work of several workers planning the same older
+//! placements (which a burst of new placements would otherwise cause); their writes, and
+//! every kept plan, run in parallel. Only an older plan that takes longer than `OLDER_WAIT`
+//! lets a younger one plan beside it, and then the commit sorts out any collision.
+//!
+//! [`InFlightPlans`]: crate::controller::context::InFlightPlans
+//!
+//! [`Ledger::commit`]: super::core::ledger::Ledger::commit
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,20 +51,20 @@ use crate::api::placement::AllocationMode;
 use crate::api::{Lenient, ModelPlacement};
 use crate::backoff::Backoff;
 
-use super::apply::{ApplyError, nodes_to_check, sync_node_labels};
+use super::apply::{ApplyError, nodes_labelled_for, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
 use super::claims::{
     ClaimError, claimed_in_cache, device_health_in_cache, release_claims, sync_claims,
 };
 use super::core::claims::{self, ClaimsReport};
-use super::core::decide::{Candidate, Decision, decide};
+use super::core::decide::{Candidate, Decision, decide, keeps};
 use super::core::desired::state_name;
 use super::core::ledger::{Holding, PlacementKey};
 use super::core::outcome::Outcome;
 use super::core::template;
 use super::dereference::{
     DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
-    waiting_placements,
+    still_placeable, waiting_placements,
 };
 use super::status::{StatusError, report_failure, report_undecodable, write_status};
 use super::step::Step;
@@ -52,6 +77,14 @@ pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
 const PLANNED_RESYNC: Duration = Duration::from_secs(600);
 /// How often a placement that does not fit tries again without any trigger.
 const PENDING_RETRY: Duration = Duration::from_secs(300);
+/// Plans one reconcile makes (on fresh snapshots) before it gives way to the reconciles whose
+/// commits kept colliding with its plans.
+pub const COMMIT_TRIES: u32 = 4;
+/// When a reconcile that gave way comes back.
+const COMMIT_RETRY: Duration = Duration::from_millis(200);
+/// How long a new plan waits for older placements being planned at the same moment to
+/// commit first; past it, it plans anyway and the commit sorts out any collision.
+pub const OLDER_WAIT: Duration = Duration::from_secs(2);
 /// Waits after a placement's failed reconciles: 1 s, doubling up to 5 minutes, jittered into
 /// the upper half of each step (a failure that hits every placement at once, such as an
 /// apiserver restart, is not retried in one burst).
@@ -196,28 +229,18 @@ async fn place(
     waited: &std::sync::Mutex<Duration>,
 ) -> Result<Action, Error> {
     let me = candidate(placement)?;
-    let mut state = lock(ctx, waited).await;
-    let deciding = Instant::now();
-    let fleet = fleet_view(ctx, &mut state);
-    // Every device an allocated claim holds is taken, whoever holds the claim, unless the
-    // ledger already counts it for the claim's own placement.
-    let external = claimed_in_cache(ctx, &state.ledger, || fleet.clone());
-    state.ledger.set_external(external);
-    let waiting = waiting_placements(ctx);
-    let older: Vec<Candidate<'_>> = waiting
-        .iter()
-        .filter_map(|p| candidate(p.decoded()?).ok())
-        .filter(|c| c.precedence.key != me.precedence.key)
-        .collect();
-    let mut decision = decide(&mut state.ledger, &me, &older, &fleet);
-    ctx.metrics
-        .decide_seconds
-        .observe(deciding.elapsed().as_secs_f64());
+    let Some(Decided {
+        mut decision,
+        fleet,
+        refused_before,
+    }) = decide_and_commit(ctx, &me, waited).await
+    else {
+        return Ok(Action::requeue(COMMIT_RETRY));
+    };
     if decision.deferred {
         // Older placements go first; those planned on this turn get their labels now and
         // their statuses on their own reconciles, and this one comes back after them.
-        sync_node_labels(ctx, &mut state, &decision.changed_nodes).await?;
-        drop(state);
+        sync_node_labels(ctx, &decision.changed_nodes).await?;
         let _ = ctx.requeue.send(());
         return Ok(Action::requeue(Duration::ZERO));
     }
@@ -228,13 +251,6 @@ async fn place(
     let template_error = write_template(ctx, placement, &fleet, &mut decision).await;
     let check_nodes = nodes_to_check(&decision);
     decision.unlabeled = missing_nodes(ctx, decision.outcome.status());
-    state
-        .states
-        .insert(me.precedence.key.clone(), state_name(&decision.outcome));
-    publish_gauges(ctx, &state);
-    if decision.freed {
-        requeue_waiting(ctx, &state, &me.precedence.key);
-    }
     // The Node labels and the status go out together, so a reconcile costs one apiserver
     // round trip rather than two. The status says Ready on the assumption that the labels
     // land; when a label write fails, a second status write takes that back before the
@@ -242,9 +258,8 @@ async fn place(
     // fair: the labels go first and the status says what happened, so Ready does not flap
     // on every retry while the refusal lasts.
     let current = placement.status.as_ref();
-    let refused_before = check_nodes.iter().any(|n| state.refused_labels.contains(n));
     let (labels, written) = if refused_before {
-        let labels = sync_node_labels(ctx, &mut state, &check_nodes).await;
+        let labels = sync_node_labels(ctx, &check_nodes).await;
         if let Err(err) = &labels {
             decision.label_error = Some(err.to_string());
         }
@@ -252,11 +267,10 @@ async fn place(
         (labels, written)
     } else {
         tokio::join!(
-            sync_node_labels(ctx, &mut state, &check_nodes),
+            sync_node_labels(ctx, &check_nodes),
             write_status(placement, current, api, ctx, &decision),
         )
     };
-    drop(state);
     if !decision.planned_others.is_empty() {
         let _ = ctx.requeue.send(());
     }
@@ -291,38 +305,149 @@ async fn place(
 }
 
 /// Frees a deleted placement's devices and removes its Node labels; the finalizer goes only
-/// once the labels are gone.
+/// once the labels are gone. The devices are free from the moment the ledger forgets them,
+/// which may be moments before the label write lands; a failed label write is retried on
+/// the Nodes that still carry the placement's label.
 async fn cleanup(
     placement: &ModelPlacement,
     ctx: &Context,
     waited: &std::sync::Mutex<Duration>,
 ) -> Result<Action, Error> {
     let key = precedence_of(placement)?.key;
-    let mut state = lock(ctx, waited).await;
-    let nodes = state
-        .ledger
-        .get(&key)
-        .map(Holding::nodes)
-        .unwrap_or_default();
     release_claims(ctx, placement).await?;
     if had_template(placement) {
         release_template(ctx, placement).await?;
     }
-    let removed = state.ledger.forget(&key);
-    if let Err(err) = sync_node_labels(ctx, &mut state, &nodes).await {
-        // Keep the holding until the labels are gone, so a retry removes them.
-        if let Some(holding) = removed {
-            let _ = state.ledger.insert(key, holding);
+    let (removed, nodes) = {
+        let mut state = lock(ctx, waited).await;
+        let mut nodes = nodes_labelled_for(ctx, &state, &key);
+        let removed = state.ledger.forget(&key);
+        nodes.extend(removed.iter().flat_map(Holding::nodes));
+        state.states.remove(&key);
+        publish_gauges(ctx, &state);
+        if removed.is_some() {
+            requeue_waiting(ctx, &state, &key);
         }
-        return Err(err.into());
-    }
-    state.states.remove(&key);
-    publish_gauges(ctx, &state);
+        (removed, nodes)
+    };
     if removed.is_some() {
         tracing::info!(placement = %key, "placement deleted; its devices are free");
-        requeue_waiting(ctx, &state, &key);
     }
+    sync_node_labels(ctx, &nodes).await?;
     Ok(Action::await_change())
+}
+
+/// A decision committed to the ledger, the fleet view it was made on, and whether a Node it
+/// must label refused a label write before.
+struct Decided {
+    decision: Decision,
+    fleet: Arc<FleetView>,
+    refused_before: bool,
+}
+
+/// Decides for `me` and commits the decision to the ledger; `None` when every try collided
+/// with other reconciles' commits (the caller comes back shortly). A kept plan is decided
+/// under the lock at once (it changes nothing); anything else is planned on a snapshot
+/// without the lock and committed.
+async fn decide_and_commit(
+    ctx: &Context,
+    me: &Candidate<'_>,
+    waited: &std::sync::Mutex<Duration>,
+) -> Option<Decided> {
+    let key = &me.precedence.key;
+    let mut in_flight = None;
+    let mut attempt = 0;
+    while attempt < COMMIT_TRIES {
+        let (fleet, snapshot) = {
+            let mut state = lock(ctx, waited).await;
+            let fleet = fleet_view(ctx, &mut state);
+            // Every device an allocated claim holds is taken, whoever holds the claim,
+            // unless the ledger already counts it for the claim's own placement.
+            let external = claimed_in_cache(ctx, &state.ledger, || fleet.clone());
+            state.ledger.set_external(external);
+            if keeps(&state.ledger, me, &fleet) {
+                let deciding = Instant::now();
+                let decision = decide(&mut state.ledger, me, &[], &fleet);
+                ctx.metrics
+                    .decide_seconds
+                    .observe(deciding.elapsed().as_secs_f64());
+                return Some(committed(ctx, &mut state, me, decision, fleet));
+            }
+            if in_flight.is_none() {
+                // Older first: placements older than this one that are being planned right
+                // now commit first, then this one plans on what they left.
+                drop(state);
+                let started = Instant::now();
+                in_flight = Some(ctx.in_flight.enter(&me.precedence, OLDER_WAIT).await);
+                if let Ok(mut waited) = waited.lock() {
+                    *waited += started.elapsed();
+                }
+                continue;
+            }
+            let snapshot = state.ledger.snapshot();
+            (fleet, snapshot)
+        };
+        attempt += 1;
+        let deciding = Instant::now();
+        let waiting = waiting_placements(ctx);
+        let older: Vec<Candidate<'_>> = waiting
+            .iter()
+            .filter_map(|p| candidate(p.decoded()?).ok())
+            .filter(|c| c.precedence.key != *key)
+            .collect();
+        let mut draft = snapshot;
+        let decision = decide(&mut draft, me, &older, &fleet);
+        ctx.metrics
+            .decide_seconds
+            .observe(deciding.elapsed().as_secs_f64());
+        let mut state = lock(ctx, waited).await;
+        let alive = |key: &PlacementKey, holding: &Holding| still_placeable(ctx, key, holding);
+        match state.ledger.commit(draft, alive) {
+            Ok(done) if done.stale_refusals.contains(key) && attempt < COMMIT_TRIES => {
+                // Devices were freed while this refusal was made: it may fit now.
+                ctx.metrics.commit_conflicts.inc();
+            }
+            Ok(_) => return Some(committed(ctx, &mut state, me, decision, fleet)),
+            Err(conflict) => {
+                ctx.metrics.commit_conflicts.inc();
+                tracing::debug!(%conflict, attempt, "plan collided with another commit; planning again");
+            }
+        }
+    }
+    tracing::debug!(
+        tries = COMMIT_TRIES,
+        "every plan collided with other commits; coming back shortly"
+    );
+    None
+}
+
+/// Bookkeeping for a committed decision, under the lock: the placement's state for the
+/// gauges, a wake-up for waiting placements when devices were freed, and whether a Node it
+/// must label refused a write before.
+fn committed(
+    ctx: &Context,
+    state: &mut State,
+    me: &Candidate<'_>,
+    decision: Decision,
+    fleet: Arc<FleetView>,
+) -> Decided {
+    if !decision.deferred {
+        state
+            .states
+            .insert(me.precedence.key.clone(), state_name(&decision.outcome));
+    }
+    publish_gauges(ctx, state);
+    if decision.freed {
+        requeue_waiting(ctx, state, &me.precedence.key);
+    }
+    let refused_before = nodes_to_check(&decision)
+        .iter()
+        .any(|n| state.refused_labels.contains(n));
+    Decided {
+        decision,
+        fleet,
+        refused_before,
+    }
 }
 
 /// Makes the placement's ResourceClaims match its decision (none unless it is planned and

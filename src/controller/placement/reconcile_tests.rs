@@ -114,6 +114,8 @@ impl Harness {
             inventories: inventories.as_reader(),
             nodes: nodes.as_reader(),
             state: Mutex::new(State::default()),
+            node_writes: crate::controller::context::NodeWriteLocks::default(),
+            in_flight: Default::default(),
             metrics: ControllerMetrics::register(&mut registry),
             requeue,
             failures: std::sync::Mutex::new(HashMap::new()),

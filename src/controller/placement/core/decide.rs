@@ -2,8 +2,11 @@
 //! there, otherwise plan it against the fleet minus what the ledger says others hold —
 //! giving older waiting placements their turn first — and record the result in the ledger.
 //!
-//! The driver (`controller/placement/reconcile.rs`) calls [`decide`] under the reconcile lock, so one
-//! decision sees and changes the ledger alone: no device is handed out twice.
+//! The driver (`controller/placement/reconcile.rs`) calls [`decide`] on a
+//! [`Ledger::snapshot`], without the lock, and commits the changed snapshot with
+//! [`Ledger::commit`], which refuses it when another reconcile's commit took any of its
+//! devices meanwhile: no device is handed out twice. A plan that is simply kept ([`keeps`])
+//! changes nothing and needs no snapshot.
 
 use std::collections::BTreeSet;
 
@@ -68,6 +71,17 @@ pub struct Decision {
 /// Older placements one decision tries before its own: bounds the time one reconcile plans
 /// (a few milliseconds each on a 1,000-node fleet) when many placements arrive at once.
 pub const OLDER_PER_TURN: usize = 8;
+
+/// True when [`decide`] would keep `me`'s plan as it is, changing nothing: the same object
+/// (uid and generation) holds a plan whose devices the fleet still has.
+pub fn keeps(ledger: &Ledger, me: &Candidate<'_>, fleet: &FleetView) -> bool {
+    me.spec.allocation != Some(AllocationMode::ClaimTemplate)
+        && ledger.get(&me.precedence.key).is_some_and(|holding| {
+            holding.uid == me.uid
+                && holding.generation == me.generation
+                && fleet.holds(&holding.assignments()).is_ok()
+        })
+}
 
 /// Decides for `me`, updating the ledger. `older_pending` are placements that hold nothing,
 /// in any order; those older than `me` are tried first, in precedence order, skipping those

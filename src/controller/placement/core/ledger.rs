@@ -2,8 +2,11 @@
 //!
 //! The ledger is the controller's single source of truth for "is this device taken". It is
 //! rebuilt at start-up (and by a new leader) from every placement's `.status.assignments`,
-//! and changed only under one lock by the reconciler, so a device is never handed to two
-//! placements: [`Ledger::insert`] refuses a holding that overlaps another one.
+//! and changed only under one short lock, so a device is never handed to two placements:
+//! [`Ledger::insert`] refuses a holding that overlaps another one. Reconciles plan in
+//! parallel against a [`Ledger::snapshot`] taken under that lock and hand the changed copy to
+//! [`Ledger::commit`], which applies it only when none of it collides with what other
+//! commits did since (see [`commit`]).
 //!
 //! It also remembers which waiting placements were tried and did not fit, and against what:
 //! a placement that did not fit cannot fit later while no device has been released and the
@@ -16,6 +19,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
@@ -23,6 +27,12 @@ use crate::plan::Reservations;
 use super::claim_holdings::HeldOutside;
 use super::labels::HeldNodes;
 use super::outcome::Outcome;
+
+pub mod commit;
+#[cfg(test)]
+mod commit_model_tests;
+
+pub use self::commit::{CommitConflict, Committed};
 
 /// A placement's identity: namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -140,18 +150,24 @@ struct Unfit {
 }
 
 /// Every placement's devices.
+///
+/// Holdings and refusals are shared (`Arc`) so that a [`Ledger::snapshot`] copies pointers,
+/// not statuses.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
-    holdings: BTreeMap<PlacementKey, Holding>,
+    holdings: BTreeMap<PlacementKey, Arc<Holding>>,
     /// (node, device) -> holder; kept in step with `holdings` for O(log n) conflict checks.
     owners: BTreeMap<(String, String), PlacementKey>,
     /// Holdings removed so far.
     releases: u64,
     /// Placements that did not fit, by key.
-    unfit: HashMap<PlacementKey, Unfit>,
+    unfit: HashMap<PlacementKey, Arc<Unfit>>,
     /// Devices held outside the ledger: allocated by ResourceClaims that are not ours, or
     /// blocked by DRA counters those claims used up (with why).
     external: HeldOutside,
+    /// On a snapshot only: what it was taken from and what it changed since, for
+    /// [`Ledger::commit`].
+    draft: Option<commit::DraftLog>,
 }
 
 impl Ledger {
@@ -199,17 +215,19 @@ impl Ledger {
                 });
             }
         }
+        self.touch(&key);
         self.remove(&key);
         for pair in seen {
             self.owners.insert(pair, key.clone());
         }
         self.unfit.remove(&key);
-        self.holdings.insert(key, holding);
+        self.holdings.insert(key, Arc::new(holding));
         Ok(())
     }
 
     /// Forgets what `key` holds; returns it.
     pub fn remove(&mut self, key: &PlacementKey) -> Option<Holding> {
+        self.touch(key);
         let holding = self.holdings.remove(key)?;
         let mut freed = false;
         for (node, device) in holding.devices() {
@@ -221,7 +239,15 @@ impl Ledger {
         if freed {
             self.releases += 1;
         }
-        Some(holding)
+        Some(Arc::unwrap_or_clone(holding))
+    }
+
+    /// On a snapshot, remembers what `key` held before its first change.
+    fn touch(&mut self, key: &PlacementKey) {
+        if let Some(log) = self.draft.as_mut() {
+            let before = self.holdings.get(key).cloned();
+            log.touched(key, before);
+        }
     }
 
     /// How many holdings have been removed since the ledger was made: while it stays the
@@ -233,13 +259,14 @@ impl Ledger {
     /// Remembers that `key`, tried as `tried` now, got `refusal`.
     pub fn mark_unfit(&mut self, key: PlacementKey, tried: Tried, refusal: Outcome) {
         let releases = self.releases;
+        self.touch(&key);
         self.unfit.insert(
             key,
-            Unfit {
+            Arc::new(Unfit {
                 tried,
                 releases,
                 refusal,
-            },
+            }),
         );
     }
 
@@ -254,13 +281,14 @@ impl Ledger {
 
     /// Forgets everything about a deleted placement.
     pub fn forget(&mut self, key: &PlacementKey) -> Option<Holding> {
+        self.touch(key);
         self.unfit.remove(key);
         self.remove(key)
     }
 
     /// What `key` holds.
     pub fn get(&self, key: &PlacementKey) -> Option<&Holding> {
-        self.holdings.get(key)
+        self.holdings.get(key).map(Arc::as_ref)
     }
 
     /// The placement holding `device` on `node`, if one does.
@@ -270,7 +298,9 @@ impl Ledger {
 
     /// Every holding, by key.
     pub fn iter(&self) -> impl Iterator<Item = (&PlacementKey, &Holding)> {
-        self.holdings.iter()
+        self.holdings
+            .iter()
+            .map(|(key, holding)| (key, holding.as_ref()))
     }
 
     /// Replaces the devices held outside the ledger (allocated by ResourceClaims that are

@@ -1,0 +1,228 @@
+//! Optimistic commits: plan on a copy of the ledger without the lock, then apply the copy's
+//! changes under the lock only if nothing they depend on moved in between.
+//!
+//! A reconcile takes a [`Ledger::snapshot`] under the lock (cheap: holdings are shared),
+//! lets [`decide`](super::super::decide::decide) change that copy as it always has, and
+//! hands it to [`Ledger::commit`]. The snapshot records, for every placement it changed,
+//! what that placement held when the snapshot was taken. The commit is all or nothing and
+//! refuses ([`CommitConflict`]) when:
+//!
+//! - a placement the copy changed holds something else in the ledger now (another reconcile
+//!   planned it on its turn, or its own earlier commit landed): the copy's premise is gone;
+//! - a device the copy hands out is held now by a placement the copy did not touch, or by a
+//!   claim outside the ledger: two plans made against the same free devices collide, and
+//!   only the first to commit gets them;
+//! - a placement the copy hands devices to was deleted meanwhile (the caller says which are
+//!   alive): its cleanup may already have run, and nothing would free them again.
+//!
+//! On a refusal nothing changed and the caller plans again from a fresh snapshot. Commits
+//! of plans on disjoint devices never refuse each other, which is what lets reconciles plan
+//! in parallel while "no device is handed out twice" stays a property of the ledger alone.
+//!
+//! Refusals ("did not fit") are remembered only when no device was released between the
+//! snapshot and the commit: a refusal made against a fuller fleet than the ledger's may be
+//! stale, so it is dropped and reported in [`Committed::stale_refusals`] for the caller to
+//! plan again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::{Conflict, Holding, Ledger, PlacementKey};
+
+/// What a snapshot was taken from, and what each placement it changed held then.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct DraftLog {
+    /// The ledger's release count when the snapshot was taken.
+    releases: u64,
+    /// Every placement the snapshot changed (holding or refusal), with its holding at the
+    /// time of the snapshot.
+    before: BTreeMap<PlacementKey, Option<Arc<Holding>>>,
+}
+
+impl DraftLog {
+    /// Records `key`'s holding before its first change; later changes keep the first.
+    pub(super) fn touched(&mut self, key: &PlacementKey, before: Option<Arc<Holding>>) {
+        self.before.entry(key.clone()).or_insert(before);
+    }
+}
+
+/// Why a snapshot's changes were not applied. Nothing was changed; plan again from a fresh
+/// snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommitConflict {
+    /// A placement the snapshot changed holds something else now.
+    #[error("{0} changed since the snapshot")]
+    Changed(PlacementKey),
+    /// A device the snapshot hands out was taken since by another placement.
+    #[error("{0}")]
+    Taken(Conflict),
+    /// A device the snapshot hands out is now held by a claim outside the ledger.
+    #[error("{device} on {node} is now held outside the ledger")]
+    External {
+        /// The node.
+        node: String,
+        /// The device name.
+        device: String,
+    },
+    /// A placement the snapshot hands devices to was deleted since.
+    #[error("{0} was deleted since the snapshot")]
+    Gone(PlacementKey),
+    /// The ledger handed in was not made by [`Ledger::snapshot`].
+    #[error("only a snapshot of the ledger can be committed")]
+    NotASnapshot,
+}
+
+/// What a commit applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// Placements whose holding changed.
+    pub changed: usize,
+    /// Placements refused on the snapshot whose refusal was not remembered, because devices
+    /// were released between the snapshot and the commit: they may fit now.
+    pub stale_refusals: Vec<PlacementKey>,
+}
+
+impl Ledger {
+    /// A copy to plan against without the lock; hand it to [`Ledger::commit`] afterwards.
+    /// Holdings and refusals are shared with the ledger, so the copy costs one entry per
+    /// placement and per held device, not their statuses.
+    pub fn snapshot(&self) -> Ledger {
+        let mut copy = self.clone();
+        copy.draft = Some(DraftLog {
+            releases: self.releases,
+            before: BTreeMap::new(),
+        });
+        copy
+    }
+
+    /// Applies what `draft` (a [`Ledger::snapshot`] of this ledger) changed, all or nothing.
+    /// `alive` says whether a placement may still be given devices (it exists, with that
+    /// holding's uid, and is not being deleted). See the module documentation for when it
+    /// refuses.
+    pub fn commit(
+        &mut self,
+        mut draft: Ledger,
+        alive: impl Fn(&PlacementKey, &Holding) -> bool,
+    ) -> Result<Committed, CommitConflict> {
+        let log = draft.draft.take().ok_or(CommitConflict::NotASnapshot)?;
+        // No release between snapshot and commit: refusals made on the snapshot hold here.
+        let quiet = self.releases == log.releases;
+        let mut changes: Vec<(&PlacementKey, Option<Arc<Holding>>)> = Vec::new();
+        let mut handed_out: BTreeSet<(&str, &str)> = BTreeSet::new();
+        for (key, before) in &log.before {
+            if !same(self.holdings.get(key), before.as_ref()) {
+                return Err(CommitConflict::Changed(key.clone()));
+            }
+            let after = draft.holdings.get(key);
+            if same(after, before.as_ref()) {
+                continue;
+            }
+            if let Some(holding) = after {
+                if !alive(key, holding) {
+                    return Err(CommitConflict::Gone(key.clone()));
+                }
+                for (node, device) in holding.devices() {
+                    self.check_free(&log, key, node, device, &mut handed_out)?;
+                }
+            }
+            changes.push((key, after.cloned()));
+        }
+        let committed = changes.len();
+        for (key, after) in changes {
+            self.remove_unlogged(key);
+            if let Some(holding) = after {
+                self.place_unchecked(key.clone(), holding);
+            }
+        }
+        let mut stale_refusals = Vec::new();
+        for key in log.before.keys() {
+            match draft.unfit.remove(key) {
+                // Made after every release the snapshot itself made, and none happened here
+                // meanwhile: as true in the ledger as it was in the snapshot.
+                Some(unfit) if quiet && unfit.releases == draft.releases => {
+                    let mut unfit = Arc::unwrap_or_clone(unfit);
+                    unfit.releases = self.releases;
+                    self.unfit.insert(key.clone(), Arc::new(unfit));
+                }
+                Some(_) => {
+                    self.unfit.remove(key);
+                    stale_refusals.push(key.clone());
+                }
+                None => {
+                    self.unfit.remove(key);
+                }
+            }
+        }
+        Ok(Committed {
+            changed: committed,
+            stale_refusals,
+        })
+    }
+
+    /// Refuses `(node, device)` for `key` unless it is free in this ledger, or held by a
+    /// placement the snapshot also changed (and so gave up), and not handed out twice.
+    fn check_free<'a>(
+        &self,
+        log: &DraftLog,
+        key: &PlacementKey,
+        node: &'a str,
+        device: &'a str,
+        handed_out: &mut BTreeSet<(&'a str, &'a str)>,
+    ) -> Result<(), CommitConflict> {
+        let taken = |holder: PlacementKey| {
+            CommitConflict::Taken(Conflict {
+                node: node.to_string(),
+                device: device.to_string(),
+                holder,
+            })
+        };
+        if let Some(holder) = self.holder_of(node, device)
+            && !log.before.contains_key(holder)
+        {
+            return Err(taken(holder.clone()));
+        }
+        if self.external.devices.contains(node, device) {
+            return Err(CommitConflict::External {
+                node: node.to_string(),
+                device: device.to_string(),
+            });
+        }
+        if !handed_out.insert((node, device)) {
+            return Err(taken(key.clone()));
+        }
+        Ok(())
+    }
+
+    /// Frees what `key` holds, counting a release, without touching its refusal.
+    fn remove_unlogged(&mut self, key: &PlacementKey) {
+        let Some(holding) = self.holdings.remove(key) else {
+            return;
+        };
+        let mut freed = false;
+        for (node, device) in holding.devices() {
+            self.owners.remove(&(node.to_string(), device.to_string()));
+            freed = true;
+        }
+        if freed {
+            self.releases += 1;
+        }
+    }
+
+    /// Records a holding whose devices [`Ledger::commit`] has already checked.
+    fn place_unchecked(&mut self, key: PlacementKey, holding: Arc<Holding>) {
+        for (node, device) in holding.devices() {
+            self.owners
+                .insert((node.to_string(), device.to_string()), key.clone());
+        }
+        self.holdings.insert(key, holding);
+    }
+}
+
+/// The same holding: the same shared one, or an equal one.
+fn same(a: Option<&Arc<Holding>>, b: Option<&Arc<Holding>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        _ => false,
+    }
+}
