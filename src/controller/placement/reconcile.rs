@@ -402,7 +402,7 @@ async fn decide_and_commit(
             .observe(deciding.elapsed().as_secs_f64());
         let mut state = lock(ctx, waited).await;
         let alive = |key: &PlacementKey, holding: &Holding| still_placeable(ctx, key, holding);
-        match state.ledger.commit(draft, alive) {
+        match state.ledger.commit(draft, key, alive) {
             Ok(done) if done.stale_refusals.contains(key) && attempt < COMMIT_TRIES => {
                 // Devices were freed while this refusal was made: it may fit now.
                 ctx.metrics.commit_conflicts.inc();

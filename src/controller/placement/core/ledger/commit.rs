@@ -13,7 +13,10 @@
 //!   claim outside the ledger: two plans made against the same free devices collide, and
 //!   only the first to commit gets them;
 //! - a placement the copy hands devices to was deleted meanwhile (the caller says which are
-//!   alive): its cleanup may already have run, and nothing would free them again.
+//!   alive): its cleanup may already have run, and nothing would free them again;
+//! - the placement the reconcile is for holds something else in the ledger than in the copy,
+//!   even where the copy did not change it (a kept plan whose placement was cleaned up since):
+//!   the status the reconcile writes next must say what the ledger holds.
 //!
 //! On a refusal nothing changed and the caller plans again from a fresh snapshot. Commits
 //! of plans on disjoint devices never refuse each other, which is what lets reconciles plan
@@ -95,16 +98,22 @@ impl Ledger {
         copy
     }
 
-    /// Applies what `draft` (a [`Ledger::snapshot`] of this ledger) changed, all or nothing.
-    /// `alive` says whether a placement may still be given devices (it exists, with that
-    /// holding's uid, and is not being deleted). See the module documentation for when it
-    /// refuses.
+    /// Applies what `draft` (a [`Ledger::snapshot`] of this ledger) changed, all or nothing,
+    /// for the reconcile of `own`. `alive` says whether a placement may still be given devices
+    /// (it exists, with that holding's uid, and is not being deleted). See the module
+    /// documentation for when it refuses.
     pub fn commit(
         &mut self,
         mut draft: Ledger,
+        own: &PlacementKey,
         alive: impl Fn(&PlacementKey, &Holding) -> bool,
     ) -> Result<Committed, CommitConflict> {
         let log = draft.draft.take().ok_or(CommitConflict::NotASnapshot)?;
+        // What the reconcile writes next is the copy's holding for its own placement: unless
+        // the copy changed it (checked below like every change), it must still be the ledger's.
+        if !log.before.contains_key(own) && !same(self.holdings.get(own), draft.holdings.get(own)) {
+            return Err(CommitConflict::Changed(own.clone()));
+        }
         // No release between snapshot and commit: refusals made on the snapshot hold here.
         let quiet = self.releases == log.releases;
         let mut changes: Vec<(&PlacementKey, Option<Arc<Holding>>)> = Vec::new();

@@ -242,7 +242,7 @@ impl Sim {
                 let planned = draft.get(&key(placement)).cloned();
                 let placements = &self.placements;
                 let alive = |key: &PlacementKey, holding: &Holding| alive(placements, key, holding);
-                let Ok(committed) = self.ledger.commit(draft, alive) else {
+                let Ok(committed) = self.ledger.commit(draft, &key(placement), alive) else {
                     return;
                 };
                 if committed.stale_refusals.contains(&key(placement)) || !write_ok {
