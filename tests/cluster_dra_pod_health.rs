@@ -57,13 +57,14 @@ fn start_controller(cluster: &TestCluster) -> Running {
 }
 
 /// Writes what a kubelet reports about the pod's one container's claim `accelerators`: the
-/// device `resource_id` with `health` (and `message`), through the status subresource.
+/// device `resource_id` with `health` (and `message`, which the apiserver wants non-empty
+/// when present), through the status subresource.
 async fn report_health(
     pods: &Api<Pod>,
     pod: &str,
     resource_id: &str,
     health: &str,
-    message: &str,
+    message: Option<&str>,
 ) -> Result<()> {
     let current = pods.get_status(pod).await?;
     let mut statuses = current
@@ -156,7 +157,7 @@ async fn a_device_the_pods_kubelet_reports_unhealthy_degrades_the_placement_unti
         "podsick-0",
         &resource_id,
         "Unhealthy",
-        "Xid 79: GPU has fallen off the bus",
+        Some("Xid 79: GPU has fallen off the bus"),
     )
     .await?;
     let degraded = degraded_when(
@@ -190,7 +191,7 @@ async fn a_device_the_pods_kubelet_reports_unhealthy_degrades_the_placement_unti
     );
 
     // Healthy again: the condition clears and the placement is Ready.
-    report_health(&pods, "podsick-0", &resource_id, "Healthy", "").await?;
+    report_health(&pods, "podsick-0", &resource_id, "Healthy", None).await?;
     degraded_when(&cluster, "podsick", "Degraded cleared", |c| {
         c.status == "False"
     })
