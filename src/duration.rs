@@ -36,6 +36,12 @@ pub const SHUTDOWN_TIMEOUT_BOUNDS: (Duration, Duration) =
 pub const INVENTORY_GRACE_BOUNDS: (Duration, Duration) =
     (Duration::from_secs(1), Duration::from_secs(24 * 3600));
 
+/// The controller's `--device-health-interval`: at least 1 s (each check is a reconcile and
+/// a pod read per placement with pods), at most 10 minutes (the periodic resync a plan gets
+/// anyway).
+pub const DEVICE_HEALTH_INTERVAL_BOUNDS: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(600));
+
 /// Why a duration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
@@ -99,6 +105,11 @@ pub fn parse_capacity_interval(text: &str) -> Result<Duration, DurationError> {
 /// Parses `--inventory-grace` (bounds: [`INVENTORY_GRACE_BOUNDS`]).
 pub fn parse_inventory_grace(text: &str) -> Result<Duration, DurationError> {
     parse_bounded(text, INVENTORY_GRACE_BOUNDS)
+}
+
+/// Parses `--device-health-interval` (bounds: [`DEVICE_HEALTH_INTERVAL_BOUNDS`]).
+pub fn parse_device_health_interval(text: &str) -> Result<Duration, DurationError> {
+    parse_bounded(text, DEVICE_HEALTH_INTERVAL_BOUNDS)
 }
 
 /// Parses a duration and checks it lies within `(min, max)`, both inclusive.
@@ -230,6 +241,12 @@ mod tests {
         assert_eq!(parse_inventory_grace("5m"), Ok(Duration::from_secs(300)));
         assert!(parse_inventory_grace("0s").is_err());
         assert!(parse_inventory_grace("25h").is_err());
+        assert_eq!(
+            parse_device_health_interval("1m"),
+            Ok(Duration::from_secs(60))
+        );
+        assert!(parse_device_health_interval("0s").is_err());
+        assert!(parse_device_health_interval("11m").is_err());
         assert!(
             parse_shutdown_timeout("1s").is_err(),
             "the graceful part needs 1.5 s"

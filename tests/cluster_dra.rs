@@ -41,7 +41,7 @@ use serde_json::json;
 use support::nodes::{apply_inventory, create_kwok_node};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
-const DRIVER: &str = "gpu.nvidia.com";
+pub(crate) const DRIVER: &str = "gpu.nvidia.com";
 
 /// Held by each test for its whole run. The slices a test publishes are cluster-wide, and
 /// a controller selecting its own test's inventories still plans on another test's
@@ -54,7 +54,7 @@ const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
 /// an NVIDIA-shaped ResourceSlice publishing its GPUs under the driver's own names
 /// (`gpu-<index>`), matched to the inventory by PCI bus id. Returns the node name and the
 /// number of GPUs published.
-async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, usize)> {
+pub(crate) async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, usize)> {
     let client = cluster.client();
     let name = cluster.unique_name(scenario);
     create_kwok_node(cluster, &name).await?;
@@ -99,7 +99,7 @@ async fn add_dra_node(cluster: &TestCluster, scenario: &str) -> Result<(String, 
 }
 
 /// The vendor chart's DeviceClass for the driver (every NVIDIA DRA install has it).
-async fn ensure_driver_class(cluster: &TestCluster) -> Result<()> {
+pub(crate) async fn ensure_driver_class(cluster: &TestCluster) -> Result<()> {
     let class: DeviceClass = serde_json::from_value(json!({
         "metadata": {"name": DRIVER},
         "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]},
@@ -137,7 +137,7 @@ fn start_controller(cluster: &TestCluster) -> Running {
     )))
 }
 
-async fn create_placement(
+pub(crate) async fn create_placement(
     cluster: &TestCluster,
     name: &str,
     mut spec: ModelPlacementSpec,
@@ -151,7 +151,7 @@ async fn create_placement(
 }
 
 /// Waits until the placement is Ready for its current generation.
-async fn wait_ready(cluster: &TestCluster, name: &str) -> Result<ModelPlacementStatus> {
+pub(crate) async fn wait_ready(cluster: &TestCluster, name: &str) -> Result<ModelPlacementStatus> {
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
     wait_for(DEFAULT_TIMEOUT, &format!("{name} Ready"), || {
         let api = api.clone();
@@ -167,7 +167,10 @@ async fn wait_ready(cluster: &TestCluster, name: &str) -> Result<ModelPlacementS
     .await
 }
 
-async fn claims_of(cluster: &TestCluster, placement: &str) -> Result<Vec<ResourceClaim>> {
+pub(crate) async fn claims_of(
+    cluster: &TestCluster,
+    placement: &str,
+) -> Result<Vec<ResourceClaim>> {
     let api: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
     let list = api
         .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}={placement}")))
@@ -180,7 +183,7 @@ async fn claims_of(cluster: &TestCluster, placement: &str) -> Result<Vec<Resourc
 }
 
 /// `(pool, device)` of every allocation result of `claims`.
-fn allocated(claims: &[ResourceClaim]) -> BTreeSet<(String, String)> {
+pub(crate) fn allocated(claims: &[ResourceClaim]) -> BTreeSet<(String, String)> {
     claims
         .iter()
         .filter_map(|c| {
@@ -201,7 +204,7 @@ fn allocated(claims: &[ResourceClaim]) -> BTreeSet<(String, String)> {
 /// A pod with one claim; `claim` is `("resourceClaimName"|"resourceClaimTemplateName", name)`.
 /// `node` pins it (through its hostname label) to one node: other tests' nodes publish GPUs
 /// of the same driver, and a pod free to go anywhere could take theirs.
-async fn create_pod(
+pub(crate) async fn create_pod(
     cluster: &TestCluster,
     name: &str,
     claim: (&str, &str),
@@ -1103,7 +1106,7 @@ async fn node_taint_fallback(cluster: &TestCluster, node: &str) -> Result<()> {
 }
 
 /// The Degraded condition of placement `name`, once `done` holds for it.
-async fn degraded_when(
+pub(crate) async fn degraded_when(
     cluster: &TestCluster,
     name: &str,
     what: &str,

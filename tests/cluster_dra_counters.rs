@@ -82,7 +82,9 @@ async fn ensure_driver_class(cluster: &TestCluster, driver: &str) -> Result<()> 
 }
 
 /// Publishes the pool of `fixture` (a counter slice and a device slice) for `node`; whole
-/// GPU `gpu-<i>` gets PCI bus id `bus_ids[i]` (the inventory's, so the two are one device).
+/// GPU `gpu-<i>`, and every entry of GPU `i` that carries a PCI address (AMD's layouts
+/// `gpu-<i>-<layout>`), gets PCI bus id `bus_ids[i]` (the inventory's, so the two are one
+/// device).
 async fn publish(
     cluster: &TestCluster,
     fixture: &str,
@@ -101,13 +103,17 @@ async fn publish(
         slice.spec.node_name = Some(node.to_string());
         slice.spec.pool.name = node.to_string();
         for device in slice.spec.devices.iter_mut().flatten() {
-            let whole = device
-                .name
-                .strip_prefix("gpu-")
-                .and_then(|i| i.parse::<usize>().ok());
-            if let (Some(bus), Some(attributes)) = (
-                whole.and_then(|i| bus_ids.get(i)),
+            let rest = device.name.strip_prefix("gpu-").unwrap_or_default();
+            let index = rest.split('-').next().and_then(|i| i.parse::<usize>().ok());
+            let whole = rest.parse::<usize>().is_ok();
+            let addressed = device
+                .attributes
+                .as_ref()
+                .is_some_and(|a| a.contains_key(attribute::PCI_BUS_ID));
+            if let (Some(bus), Some(attributes), true) = (
+                index.and_then(|i| bus_ids.get(i)),
                 device.attributes.as_mut(),
+                whole || addressed,
             ) {
                 attributes.insert(
                     attribute::PCI_BUS_ID.to_string(),
@@ -506,5 +512,57 @@ async fn amd_autopartition_layouts_block_each_other_as_the_scheduler_says() -> R
     for name in ["cpx-user", "spx-0", "spx-1"] {
         delete_claim_and_pod(&cluster, name).await?;
     }
+    Ok(())
+}
+
+/// AMD's AutoPartition publishes every layout of a GPU as a shared device
+/// (`allowMultipleAllocations`), the whole one (SPX) at the GPU's PCI address. On a node whose
+/// inventory has those GPUs, the planner plans neither, and `status.freeDevices` and
+/// `hwaccel fleet` count them neither free nor held.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn gpus_their_driver_publishes_as_shared_are_not_counted_free() -> Result<()> {
+    let _turn = crate::cluster_dra::SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let node = cluster.unique_name("mi300x-shared");
+    create_kwok_node(&cluster, &node).await?;
+    let inventory = InventoryBuilder::fixture("mi300x-8x")
+        .node(&node)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    let gpus: Vec<&hwaccel::api::InventoryDevice> = inventory
+        .spec
+        .devices
+        .iter()
+        .filter(|d| d.text(attribute::VENDOR).as_deref() == Some("amd"))
+        .collect();
+    assert!(gpus.len() > 2, "{} AMD GPUs", gpus.len());
+    let bus_ids: Vec<String> = gpus
+        .iter()
+        .take(2)
+        .map(|d| d.text(attribute::PCI_BUS_ID).expect("a bus id"))
+        .collect();
+    let total = gpus.len();
+    apply_inventory(&cluster.client(), &inventory).await?;
+    publish(&cluster, "amd-mi300x-autopartition.yaml", &node, &bus_ids).await?;
+    let _controller = start_controller(&cluster);
+    let free = total - 2;
+    wait_for(
+        DEFAULT_TIMEOUT,
+        "freeDevices without the shared GPUs",
+        || async {
+            Ok(free_devices(&cluster, &node)
+                .await?
+                .filter(|n| *n as usize == free))
+        },
+    )
+    .await?;
+    let (devices, reserved, counted_free) = fleet_counts(&cluster, &node).await?;
+    assert_eq!(
+        (devices, reserved, counted_free),
+        (total as i64, 0, free as i64),
+        "hwaccel fleet"
+    );
     Ok(())
 }

@@ -213,7 +213,7 @@ fn controller_view(
 ) -> (String, BTreeMap<String, u32>) {
     let stats: Vec<NodeStats> = inventories
         .iter()
-        .map(|inventory| NodeStats::of(inventory, held))
+        .map(|inventory| NodeStats::of(inventory, held, None))
         .collect();
     let mut registry = Registry::default();
     let metrics = FleetMetrics::register(&mut registry);

@@ -39,6 +39,11 @@ pub(super) struct ControllerArgs {
     /// its next cycle.
     #[arg(long, default_value = "5m", value_parser = crate::duration::parse_inventory_grace)]
     inventory_grace: Duration,
+    /// How often a placement whose ResourceClaims are reserved for pods reads those pods
+    /// again for the device health their kubelets report (`allocatedResourcesStatus`; 1s to
+    /// 10m). A pod's status change is no event the controller watches.
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse_device_health_interval)]
+    device_health_interval: Duration,
     /// What to do about nodes with missing or unhealthy accelerators: `none` (conditions,
     /// Events and metrics only), `dryRun` (DeviceTaintRules with effect None, or an Event
     /// listing the affected pods; scheduling unchanged) or `enforce` (DeviceTaintRules with
@@ -102,6 +107,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         config.namespace = args.namespace;
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
+        config.device_health_interval = args.device_health_interval;
         config.health_taints = args.health_taints;
         config.placement_workers = args.placement_workers;
         config.capacity = crate::controller::CapacityCounting {

@@ -220,7 +220,17 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
     let (reserved, count) = held(&placements);
     let reserved = resolved(reserved, &nodes, &mut notes);
     let claimed = match read_dra(&client).await? {
-        Some((slices, claims)) => claimed(&inventories, &placements, &slices, &claims),
+        Some((slices, claims)) => {
+            let (claimed, verdicts) = claimed(&inventories, &placements, &slices, &claims);
+            nodes = nodes
+                .into_iter()
+                .map(|node| match verdicts.get(&node.node.name) {
+                    Some(verdicts) => node.with_published_verdicts(verdicts),
+                    None => node,
+                })
+                .collect();
+            claimed
+        }
         None => {
             notes.push(
                 "resource.k8s.io/v1 not served or not readable: ResourceClaims not counted"
@@ -260,15 +270,20 @@ async fn read_dra(
     Ok(Some((slices, claims)))
 }
 
+/// Per node, the devices the planner leaves out for what their DRA driver publishes (shared,
+/// published only in parts...), with why.
+type Verdicts = BTreeMap<String, BTreeMap<String, String>>;
+
 /// The devices of the inventories' nodes held outside the placements, by the controller's
 /// rule: the fleet view merges each inventory with its node's published devices, and
-/// `held_outside` adds allocated claims and the devices their counters block.
+/// `held_outside` adds allocated claims and the devices their counters block. With them, the
+/// merged view's verdicts, so the counts leave out what the planner leaves out.
 fn claimed(
     inventories: &[AcceleratorInventory],
     placements: &[ModelPlacement],
     slices: &[ResourceSlice],
     claims: &[ResourceClaim],
-) -> Reservations {
+) -> (Reservations, Verdicts) {
     let published = published_devices(slices);
     let parts = inventories.iter().map(|inventory| {
         let node = inventory.spec.node_name.as_str();
@@ -282,7 +297,18 @@ fn claimed(
     let (ledger, _dropped) = Ledger::rebuild(placements.iter().filter_map(holding_from_status));
     let claims: Vec<&ResourceClaim> = claims.iter().collect();
     let slices: Vec<&ResourceSlice> = slices.iter().collect();
-    held_outside(&claims, &slices, &ledger, &fleet).devices
+    let verdicts = inventories
+        .iter()
+        .filter_map(|inventory| {
+            let node = &inventory.spec.node_name;
+            let verdicts = fleet.unplannable_on(node)?;
+            Some((node.clone(), verdicts.clone()))
+        })
+        .collect();
+    (
+        held_outside(&claims, &slices, &ledger, &fleet).devices,
+        verdicts,
+    )
 }
 
 /// Every object of `K` in all namespaces, page by page (DRA objects: typed, one malformed

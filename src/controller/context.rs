@@ -86,6 +86,11 @@ pub struct Context {
     ///
     /// [`Config`]: super::Config
     pub inventory_grace: Duration,
+    /// How often a placement whose claims are reserved for pods is reconciled again to read
+    /// their device health (`--device-health-interval`; see [`Config`]).
+    ///
+    /// [`Config`]: super::Config
+    pub device_health_interval: Duration,
     /// Wakes the fleet pass (`fleet/pass.rs`): inventories, holdings or states changed.
     pub fleet_changed: Arc<Notify>,
     /// The one namespace whose placements this controller reconciles (`Config::namespace`);

@@ -90,6 +90,10 @@ pub struct Config {
     /// inventory again on its next cycle, and moving workloads for a missing record would
     /// be worse than waiting. A Node that is gone frees its devices at once.
     pub inventory_grace: Duration,
+    /// How often a placement whose claims are reserved for pods is reconciled again to read
+    /// the pods' `allocatedResourcesStatus`: a pod's status change is no event the controller
+    /// watches (see `placement/pod_health.rs`).
+    pub device_health_interval: Duration,
     /// Reconciles in flight, for `/healthz` ([`crate::health`]); unwatched by default.
     pub reconciles: crate::health::Work,
     /// What to do about unhealthy nodes (`--health-taints`).
@@ -113,6 +117,7 @@ impl Config {
             identity: identity.to_string(),
             debounce: Duration::from_millis(500),
             inventory_grace: Duration::from_secs(300),
+            device_health_interval: Duration::from_secs(60),
             reconciles: crate::health::Work::default(),
             health_taints: HealthTaints::None,
             taint_check: taints::sync::TAINT_CHECK,
@@ -339,6 +344,7 @@ async fn run_controller(
         failures: std::sync::Mutex::new(HashMap::new()),
         fleet_epoch,
         inventory_grace: config.inventory_grace,
+        device_health_interval: config.device_health_interval,
         fleet_changed,
         scope: config.namespace.clone(),
     });

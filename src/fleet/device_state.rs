@@ -23,8 +23,14 @@
 //! * `unhealthy`: not plannable, never free, tainted when health taints are on.
 //!
 //! Besides health, the planner cannot use a device split into MIG instances or one without a
-//! memory size ([`unplannable_reason`]). Pure: no Kubernetes types; each caller converts its own
-//! input (an inventory, a detection report) into [`DeviceFacts`].
+//! memory size ([`unplannable_reason`]). Nor one its DRA driver publishes in a way no placement
+//! can hold: shared (`allowMultipleAllocations`: claims take shares of it, so it is neither
+//! free nor taken), published only in parts, tainted, or needing counters its pool can never
+//! give. The merge of an inventory with its node's published devices (`api::dra::merge`) says
+//! which; every view that reads slices passes that verdict in
+//! ([`DeviceFacts::with_published_verdict`]), so such a device is never counted free. Pure: no
+//! Kubernetes types; each caller converts its own input (an inventory, a detection report)
+//! into [`DeviceFacts`].
 
 use serde::Serialize;
 
@@ -137,6 +143,18 @@ impl DeviceFacts {
             health_reasons: reasons,
             unplannable: unplannable(device).map(str::to_string),
         }
+    }
+}
+
+impl DeviceFacts {
+    /// These facts with the verdict of the device's DRA driver, as the planner's merged node
+    /// took it (`None`: nothing published against it): the device's own reason comes first,
+    /// else the published one makes it not plannable, as the planner leaves it out.
+    pub fn with_published_verdict(mut self, verdict: Option<&str>) -> Self {
+        if self.unplannable.is_none() {
+            self.unplannable = verdict.map(str::to_string);
+        }
+        self
     }
 }
 
@@ -352,6 +370,29 @@ mod tests {
             unplannable_reason(HealthStatus::Degraded, false, true),
             None
         );
+    }
+
+    #[test]
+    fn a_device_its_driver_publishes_as_shared_is_neither_free_nor_held() {
+        let shared = "shared (allowMultipleAllocations: ...)";
+        let facts = facts(HealthStatus::Healthy, None).with_published_verdict(Some(shared));
+        let state = DeviceState::of(&facts, None);
+        assert_eq!(
+            state.usage,
+            Use::Unusable {
+                reason: shared.to_string()
+            }
+        );
+        assert!(!state.is_free() && state.needs_attention());
+        // The device's own reason stays the one shown; no verdict changes nothing.
+        let sick = self::facts(HealthStatus::Unhealthy, Some("unhealthy"))
+            .with_published_verdict(Some(shared));
+        assert_eq!(sick.unplannable.as_deref(), Some("unhealthy"));
+        let free = self::facts(HealthStatus::Healthy, None).with_published_verdict(None);
+        assert!(DeviceState::of(&free, None).is_free());
+        // Held is held: a claim with a share of it holds it.
+        let held = DeviceState::of(&facts, Some(Holder::Claim));
+        assert_eq!(held.usage, Use::Held { by: Holder::Claim });
     }
 
     #[test]

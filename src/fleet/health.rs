@@ -60,6 +60,21 @@ impl NodeInput {
         }
     }
 
+    /// This node with the verdicts of its DRA drivers (device name → why the planner's merged
+    /// node leaves it out: shared, published only in parts...), so it counts as the planner
+    /// plans.
+    pub fn with_published_verdicts(mut self, verdicts: &BTreeMap<String, String>) -> Self {
+        self.devices = self
+            .devices
+            .into_iter()
+            .map(|facts| {
+                let verdict = verdicts.get(&facts.name).map(String::as_str);
+                facts.with_published_verdict(verdict)
+            })
+            .collect();
+        self
+    }
+
     /// The state of each device present, with `held` saying who holds what.
     pub fn states(&self, held: &Holdings<'_>) -> Vec<DeviceState> {
         states_of(&self.node.name, &self.devices, held)

@@ -232,6 +232,13 @@ impl FleetView {
         self.parts.get(node)?.dra.get(device)
     }
 
+    /// The devices of `node` present but not plannable, each with why (an unhealthy device,
+    /// one its DRA driver publishes as shared or only in parts...): the verdicts every count
+    /// of the node takes in (`DeviceFacts::with_published_verdict`).
+    pub fn unplannable_on(&self, node: &str) -> Option<&BTreeMap<String, String>> {
+        self.parts.get(node).map(|part| &part.unusable)
+    }
+
     /// The assigned devices that are still present but no longer plannable, as
     /// `node/device (why)`.
     pub fn degraded(&self, assignments: &[Assignment]) -> Vec<String> {

@@ -35,7 +35,9 @@ use super::core::model_capacity::{self, CountedModel};
 use super::metrics::PlacementFigures;
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::fleet_view::{FleetView, names_its_node};
-use crate::controller::placement::claims::{any_allocated, claimed_in_cache, outlived_in_cache};
+use crate::controller::placement::claims::{
+    any_allocated, any_published, claimed_in_cache, outlived_in_cache,
+};
 use crate::controller::placement::core::claim_holdings::OutlivedClaim;
 use crate::controller::placement::core::ledger::PlacementKey;
 use crate::controller::placement::dereference::fleet_view;
@@ -102,8 +104,11 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
         // Health taints need the planner's view (which devices DRA publishes), and so do
         // allocated claims (which of our devices they name); without either the pass never
         // makes a reconcile pay for rebuilding it.
+        // So do published devices: the counts leave out what the planner's merged node
+        // leaves out (a shared device, one published only in parts), and only the view knows.
         let view: Option<Arc<FleetView>> =
-            (taints.active() || any_allocated(ctx)).then(|| fleet_view(ctx, &mut state));
+            (taints.active() || any_allocated(ctx) || any_published(ctx))
+                .then(|| fleet_view(ctx, &mut state));
         // A device an allocated claim names is taken whoever holds the claim (a tenant may
         // keep one after its placement is gone). Refreshed here as well as in a reconcile:
         // with no placement left, nothing reconciles, and model counting reads the ledger.
@@ -145,7 +150,7 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
                 })
                 .devices = holding.devices().count() as u64;
         }
-        (ours, claimed, placements, view.filter(|_| taints.active()))
+        (ours, claimed, placements, view)
     };
     let held = Holdings {
         placements: &ours,
@@ -157,14 +162,19 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
         .iter()
         .filter_map(|object| object.decoded())
         .filter(|inventory| names_its_node(inventory))
-        .map(|inventory| NodeStats::of(inventory, &held))
+        .map(|inventory| {
+            let published = view
+                .as_ref()
+                .and_then(|view| view.unplannable_on(&inventory.spec.node_name));
+            NodeStats::of(inventory, &held, published)
+        })
         .collect();
     let totals = FleetTotals::of(&stats);
     ctx.metrics.fleet.publish(&totals, &placements);
     write_free_devices(ctx, memory, &stats).await;
     node_events(ctx, memory, &stats);
     report_outlived(ctx, memory, &outlived_in_cache(ctx));
-    if let Some(view) = view {
+    if let Some(view) = view.filter(|_| taints.active()) {
         taints.sync(ctx, &stats, &view).await;
     }
 }

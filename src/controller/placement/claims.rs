@@ -175,6 +175,13 @@ fn slices_in_cache(ctx: &Context) -> Vec<Arc<ResourceSlice>> {
         .unwrap_or_default()
 }
 
+/// True when some DRA driver publishes devices (a slice is in the cache).
+pub fn any_published(ctx: &Context) -> bool {
+    ctx.slices
+        .as_ref()
+        .is_some_and(|store| store.find(|_| true).is_some())
+}
+
 /// True when some claim in the cache is allocated (and so may hold a device we know).
 pub fn any_allocated(ctx: &Context) -> bool {
     ctx.claims
@@ -182,21 +189,37 @@ pub fn any_allocated(ctx: &Context) -> bool {
         .is_some_and(|store| store.state().iter().any(|claim| is_allocated(claim)))
 }
 
-/// What the drivers say in `status.devices` of the placement's own claims (labelled for it
-/// in the cache) about the devices they hold: a line per device reported unhealthy. A claim
-/// status write is a claim event, so the condition follows within one reconcile.
-pub fn device_health_in_cache(ctx: &Context, placement: &ModelPlacement) -> Vec<String> {
+/// The placement's own claims (labelled for it) in the cache.
+pub fn own_claims_in_cache(ctx: &Context, placement: &ModelPlacement) -> Vec<Arc<ResourceClaim>> {
     let Some(store) = &ctx.claims else {
         return Vec::new();
     };
     let namespace = placement.namespace().unwrap_or_default();
     let name = placement.name_any();
-    let claims = store.state();
-    let ours = claims
-        .iter()
-        .map(|claim| &**claim)
-        .filter(|claim| owning_placement(claim) == Some((namespace.as_str(), name.as_str())));
-    device_health::lines(&device_health::from_claims(ours))
+    store
+        .state()
+        .into_iter()
+        .filter(|claim| owning_placement(claim) == Some((namespace.as_str(), name.as_str())))
+        .collect()
+}
+
+/// What the drivers say in `status.devices` of the placement's own claims (from the cache)
+/// and the kubelets in the `allocatedResourcesStatus` of `pods` (read by
+/// [`super::pod_health::consumer_pods`]) about the devices they hold: a line per device
+/// reported unhealthy. A claim status write is a claim event, so that part of the condition
+/// follows within one reconcile; a pod's follows on the next device-health check.
+pub fn device_health_in_cache(
+    ctx: &Context,
+    placement: &ModelPlacement,
+    pods: &[k8s_openapi::api::core::v1::Pod],
+) -> Vec<String> {
+    let claims = own_claims_in_cache(ctx, placement);
+    let ours: Vec<&ResourceClaim> = claims.iter().map(|claim| &**claim).collect();
+    let mut problems = device_health::from_claims(ours.iter().copied());
+    problems.extend(device_health::from_consumer_pods(pods, &ours));
+    problems.sort();
+    problems.dedup();
+    device_health::lines(&problems)
 }
 
 /// The allocated claims labelled for a placement that is gone ([`outlived_claims`]), in the

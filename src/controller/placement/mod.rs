@@ -9,6 +9,7 @@
 //! | [`dereference`] | what a decision reads, from the watch caches |
 //! | [`apply`] | placement labels onto Nodes by server-side apply |
 //! | [`claims`] | the ResourceClaims of a `spec.allocation: claims` plan |
+//! | [`pod_health`] | the pods a plan's claims are reserved for, read for their device health |
 //! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
 //! | [`status`] | the status subresource and Events |
 //! | [`step`] | the steps that can fail, named once for metrics, Events and logs |
@@ -18,6 +19,7 @@ pub mod claim_template;
 pub mod claims;
 pub mod core;
 pub mod dereference;
+pub mod pod_health;
 pub mod reconcile;
 #[cfg(test)]
 mod reconcile_claims_tests;

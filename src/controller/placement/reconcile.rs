@@ -41,6 +41,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent};
@@ -54,7 +55,8 @@ use crate::backoff::Backoff;
 use super::apply::{ApplyError, nodes_labelled_for, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
 use super::claims::{
-    ClaimError, claimed_in_cache, device_health_in_cache, release_claims, sync_claims,
+    ClaimError, claimed_in_cache, device_health_in_cache, own_claims_in_cache, release_claims,
+    sync_claims,
 };
 use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide, keeps};
@@ -66,6 +68,7 @@ use super::dereference::{
     DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
     still_placeable, waiting_placements,
 };
+use super::pod_health::consumer_pods;
 use super::status::{StatusError, report_failure, report_undecodable, write_status};
 use super::step::Step;
 use crate::controller::context::{Context, State, lock};
@@ -229,6 +232,11 @@ async fn place(
     waited: &std::sync::Mutex<Duration>,
 ) -> Result<Action, Error> {
     let me = candidate(placement)?;
+    // Read before the ledger lock: these are apiserver round trips, and every reconcile
+    // waits on that lock.
+    let own_claims = own_claims_in_cache(ctx, placement);
+    let own_claims: Vec<&ResourceClaim> = own_claims.iter().map(|claim| &**claim).collect();
+    let pods = consumer_pods(ctx, &own_claims).await;
     let Some(Decided {
         mut decision,
         fleet,
@@ -246,7 +254,7 @@ async fn place(
     }
     let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
     if matches!(decision.outcome, Outcome::Planned(_)) {
-        decision.device_health = device_health_in_cache(ctx, placement);
+        decision.device_health = device_health_in_cache(ctx, placement, &pods.pods);
     }
     let template_error = write_template(ctx, placement, &fleet, &mut decision).await;
     let check_nodes = nodes_to_check(&decision);
@@ -298,6 +306,10 @@ async fn place(
         return Err(err.into());
     }
     Ok(match decision.outcome {
+        // A pod's status change is no event here: its device health is polled.
+        Outcome::Planned(_) if pods.any => {
+            Action::requeue(ctx.device_health_interval.min(PLANNED_RESYNC))
+        }
         Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),
         Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
         Outcome::Invalid(_) => Action::await_change(),

@@ -121,6 +121,7 @@ impl Harness {
             failures: std::sync::Mutex::new(HashMap::new()),
             fleet_epoch: Arc::new(AtomicU64::new(0)),
             inventory_grace: Duration::from_secs(300),
+            device_health_interval: Duration::from_secs(60),
             fleet_changed: Arc::default(),
             claims: dra.then(|| claims.as_reader()),
             slices: slices.map(|slices| slices.as_reader()),

@@ -80,10 +80,24 @@ pub struct NodeStats {
 
 impl NodeStats {
     /// The numbers of `inventory`, with `held` saying which devices placements and other
-    /// claims hold.
-    pub fn of(inventory: &AcceleratorInventory, held: &Holdings<'_>) -> Self {
+    /// claims hold, and `published` which devices the planner's merged node leaves out for
+    /// what their DRA driver publishes (`FleetView::unplannable_on`; `None` without DRA).
+    pub fn of(
+        inventory: &AcceleratorInventory,
+        held: &Holdings<'_>,
+        published: Option<&BTreeMap<String, String>>,
+    ) -> Self {
         let node = inventory.spec.node_name.clone();
-        let facts = inventory.device_facts();
+        let facts: Vec<_> = inventory
+            .device_facts()
+            .into_iter()
+            .map(|facts| {
+                let verdict = published
+                    .and_then(|p| p.get(&facts.name))
+                    .map(String::as_str);
+                facts.with_published_verdict(verdict)
+            })
+            .collect();
         let states = states_of(&node, &facts, held);
         let labels: BTreeMap<&str, (String, String)> = inventory
             .spec
@@ -253,7 +267,7 @@ mod tests {
             placements: &placements,
             claims: Some(&claims),
         };
-        let stats = NodeStats::of(&inv, &held);
+        let stats = NodeStats::of(&inv, &held, None);
         let total = names.len() as u32;
         assert_eq!(stats.counts.devices, total);
         assert_eq!(stats.counts.healthy, total - 2);
@@ -274,6 +288,60 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_its_driver_publishes_as_shared_is_not_free_as_the_planner_does_not_plan_it() {
+        use std::sync::Arc;
+
+        use crate::api::dra::slices::{SHARED, published_devices};
+        use crate::controller::core::fleet_view::{FleetView, NodePart};
+        use crate::hardware::Family;
+
+        // AMD's AutoPartition publishes every layout of a GPU as shared
+        // (allowMultipleAllocations); the whole one (SPX) carries the GPU's PCI address, so
+        // it is the inventory's GPU at that address (the fixture's two GPUs moved to the
+        // first two of the inventory's).
+        let node = "mi300x-autopartition-node";
+        let inv = inventory("mi300x-8x", node);
+        let names = accelerators(&inv);
+        let bus_id = |name: &str| {
+            let entry = inv.spec.devices.iter().find(|d| d.name == name);
+            entry
+                .and_then(|d| d.text(attribute::PCI_BUS_ID))
+                .expect("a PCI bus id")
+        };
+        let slices = crate::testing::dra::fixture_slices(&["amd-mi300x-autopartition.yaml"]);
+        let text = serde_json::to_string(&slices)
+            .expect("slices")
+            .replace("0000:0c:00.0", &bus_id(&names[0]))
+            .replace("0000:22:00.0", &bus_id(&names[1]));
+        let slices: Vec<k8s_openapi::api::resource::v1::ResourceSlice> =
+            serde_json::from_str(&text).expect("slices");
+        let published = published_devices(&slices);
+        let part = NodePart::with_published(node, Some(&inv), published.node(node));
+        let view = FleetView::from_parts([Arc::new(part)], &BTreeMap::new());
+        let verdicts = view.unplannable_on(node).expect("the node");
+        let shared: Vec<&String> = names
+            .iter()
+            .filter(|name| verdicts.get(*name).map(String::as_str) == Some(SHARED))
+            .collect();
+        assert_eq!(shared, [&names[0], &names[1]], "{verdicts:?}");
+        let none = Reservations::none();
+        let held = Holdings::placements(&none);
+        let before = NodeStats::of(&inv, &held, None);
+        let stats = NodeStats::of(&inv, &held, Some(verdicts));
+        assert_eq!(stats.free_devices(), before.free_devices() - 2);
+        assert_eq!(stats.counts.unusable, before.counts.unusable + 2);
+        assert_eq!(stats.counts.devices, before.counts.devices);
+        // Free is exactly what the planner may plan on.
+        let plannable = view.nodes()[0]
+            .devices
+            .iter()
+            .filter(|d| d.family != Family::Cpu)
+            .inspect(|d| assert!(!shared.contains(&&d.id), "{} planned", d.id))
+            .count();
+        assert_eq!(stats.free_devices() as usize, plannable);
+    }
+
+    #[test]
     fn devices_missing_comes_from_the_condition_and_wins_over_sick_devices() {
         let mut inv = inventory("h100-8x-nvswitch", "n1");
         let first = position(&inv, &accelerators(&inv)[0]);
@@ -291,7 +359,7 @@ mod tests {
         ));
         inv.status = Some(status);
         let none = Reservations::none();
-        let stats = NodeStats::of(&inv, &Holdings::placements(&none));
+        let stats = NodeStats::of(&inv, &Holdings::placements(&none), None);
         let unhealthy = stats.unhealthy().expect("unhealthy");
         assert_eq!(unhealthy.reason(), "DevicesMissing");
         assert_eq!(
@@ -308,7 +376,7 @@ mod tests {
             set_health(&mut inv, index, "unknown");
         }
         let none = Reservations::none();
-        let stats = NodeStats::of(&inv, &Holdings::placements(&none));
+        let stats = NodeStats::of(&inv, &Holdings::placements(&none), None);
         assert_eq!(stats.unhealthy(), None);
         assert_eq!(stats.counts.healthy, 0);
         assert_eq!(stats.counts.unknown, stats.counts.devices);
