@@ -382,12 +382,12 @@ pub fn serving_fit(
         // that fraction inside the budget.
         Engine::Sglang => (
             Bytes::ZERO,
-            runtime_overhead(target, &device, tp).fraction(util),
+            runtime_overhead(target, &device, tp, pp).fraction(util),
         ),
         // The V1 dummy sampler takes at most one row per scheduled token.
         Engine::VllmV0 | Engine::VllmV1 | Engine::Vllm => (
             activation_peak(model, tp, batched_tokens, sequences.min(batched_tokens)),
-            runtime_overhead(target, &device, tp),
+            runtime_overhead(target, &device, tp, pp),
         ),
     };
     let kv = KvLayout::new(model, target.kv_dtype, tp, pp);
@@ -418,31 +418,34 @@ pub fn serving_fit(
 
 /// Memory outside the tensor allocator's profile: non-torch memory, communication buffers
 /// when the TP group spans devices, and CUDA graphs where the engine counts them.
-fn runtime_overhead(target: &ServingTarget, device: &ServingDevice<'_>, tp: u32) -> Bytes {
+fn runtime_overhead(target: &ServingTarget, device: &ServingDevice<'_>, tp: u32, pp: u32) -> Bytes {
     let graphs = if target.engine == Engine::Vllm && !target.enforce_eager {
         CUDA_GRAPHS
     } else {
         Bytes::ZERO
     };
-    NON_TORCH + collective_overhead(device, tp) + graphs
+    NON_TORCH + collective_overhead(device, tp, pp) + graphs
 }
 
-/// Communication buffers per device of a TP group of `tp` devices like `device`, by the
-/// fabric its all-reduces run on: RCCL on AMD Instinct parts; on NVIDIA parts, NCCL with
-/// custom / FlashInfer all-reduce workspaces when the group fits one NVLink-class domain of the
-/// inventory, plain NCCL over PCIe otherwise (a PCIe-only H100 node included). Pipeline stages alone pay
-/// nothing: vLLM 0.19.0 logged 0.07 GiB of non-torch memory per device at TP 1 x PP 2 and PP 4,
-/// less than at TP 1 x PP 1 (llm-d-incubation/llm-d-planner, commit d3121e0,
-/// `accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp1pp{2,4}dp1--8192.log`).
+/// Communication buffers per device of a replica of `tp` x `pp` devices like `device`, by the
+/// fabric its TP group's all-reduces run on: RCCL on AMD Instinct parts; on NVIDIA parts, NCCL
+/// with custom / FlashInfer all-reduce workspaces when the group fits one NVLink-class domain
+/// of the inventory, plain NCCL over PCIe otherwise (a PCIe-only H100 node included). Pipeline
+/// stages alone pay nothing on NVIDIA parts: vLLM 0.19.0 logged 0.07 GiB of non-torch memory
+/// per device at TP 1 x PP 2 and PP 4, less than at TP 1 x PP 1 (llm-d-incubation/llm-d-planner,
+/// commit d3121e0, `accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp1pp{2,4}dp1--8192.log`);
+/// RCCL's figure is measured at TP 8 only, so AMD replicas of more than one device keep it.
 /// Matched without allocating: this runs in the search's inner loop.
-pub fn collective_overhead(device: &ServingDevice<'_>, tp: u32) -> Bytes {
+pub fn collective_overhead(device: &ServingDevice<'_>, tp: u32, pp: u32) -> Bytes {
+    let has = |needle: &str| contains_ignore_case(device.product, needle);
+    let instinct = has("mi300") || has("mi325") || has("mi355") || has("instinct");
+    if instinct && device.vendor == Vendor::Amd && tp.saturating_mul(pp) > 1 {
+        return COLLECTIVES_ROCM;
+    }
     if tp <= 1 {
         return Bytes::ZERO;
     }
-    let has = |needle: &str| contains_ignore_case(device.product, needle);
-    let instinct = has("mi300") || has("mi325") || has("mi355") || has("instinct");
     match device.vendor {
-        Vendor::Amd if instinct => COLLECTIVES_ROCM,
         Vendor::Nvidia if tp <= device.fast_domain => COLLECTIVES_NVLINK,
         // Other vendors' fabrics (Gaudi, ICI, NeuronLink) are not measured: the PCIe figure.
         _ => COLLECTIVES_PCIE,
@@ -602,26 +605,30 @@ mod tests {
         // figure on a PCIe-only node: the inventory decides, not the name.
         let hgx = nvidia("NVIDIA H100 80GB HBM3").with_fast_domain(8);
         let pcie_node = nvidia("NVIDIA H100 80GB HBM3");
-        assert_eq!(collective_overhead(&hgx, 8), COLLECTIVES_NVLINK);
-        assert_eq!(collective_overhead(&hgx, 2), COLLECTIVES_NVLINK);
-        assert_eq!(collective_overhead(&pcie_node, 2), COLLECTIVES_PCIE);
-        assert_eq!(collective_overhead(&pcie_node, 8), COLLECTIVES_PCIE);
+        assert_eq!(collective_overhead(&hgx, 8, 1), COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead(&hgx, 2, 1), COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead(&pcie_node, 2, 1), COLLECTIVES_PCIE);
+        assert_eq!(collective_overhead(&pcie_node, 8, 1), COLLECTIVES_PCIE);
         // A group wider than the domain crosses PCIe (two NVLink-bridged pairs, TP 4).
         let bridged = nvidia("NVIDIA H100 NVL").with_fast_domain(2);
-        assert_eq!(collective_overhead(&bridged, 2), COLLECTIVES_NVLINK);
-        assert_eq!(collective_overhead(&bridged, 4), COLLECTIVES_PCIE);
-        // One device, or pipeline stages alone, need no all-reduce buffers.
-        assert_eq!(collective_overhead(&hgx, 1), Bytes::ZERO);
-        assert_eq!(collective_overhead(&hgx, 0), Bytes::ZERO);
+        assert_eq!(collective_overhead(&bridged, 2, 1), COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead(&bridged, 4, 1), COLLECTIVES_PCIE);
+        // One device, or NVIDIA pipeline stages alone, need no all-reduce buffers.
+        assert_eq!(collective_overhead(&hgx, 1, 1), Bytes::ZERO);
+        assert_eq!(collective_overhead(&hgx, 1, 4), Bytes::ZERO);
+        assert_eq!(collective_overhead(&hgx, 0, 0), Bytes::ZERO);
         // AMD Instinct parts take RCCL's measured figure; unmeasured fabrics the PCIe one.
         let mi300x = ServingDevice::new(Vendor::Amd, Bytes::gib(192), "AMD Instinct MI300X");
-        assert_eq!(collective_overhead(&mi300x, 8), COLLECTIVES_ROCM);
+        assert_eq!(collective_overhead(&mi300x, 8, 1), COLLECTIVES_ROCM);
         assert_eq!(
-            collective_overhead(&mi300x.with_fast_domain(8), 8),
+            collective_overhead(&mi300x.with_fast_domain(8), 8, 1),
             COLLECTIVES_ROCM
         );
+        // RCCL is measured at TP 8 only: AMD pipelines keep its figure; one device pays nothing.
+        assert_eq!(collective_overhead(&mi300x, 1, 8), COLLECTIVES_ROCM);
+        assert_eq!(collective_overhead(&mi300x, 1, 1), Bytes::ZERO);
         let gaudi = ServingDevice::new(Vendor::Intel, Bytes::gib(96), "HL-225").with_fast_domain(8);
-        assert_eq!(collective_overhead(&gaudi, 8), COLLECTIVES_PCIE);
+        assert_eq!(collective_overhead(&gaudi, 8, 1), COLLECTIVES_PCIE);
     }
 
     #[test]
