@@ -7,10 +7,10 @@
 
 #![allow(clippy::expect_used)]
 
-use hwaccel::hardware::{GIB, Precision};
+use hwaccel::hardware::{GIB, Precision, Vendor};
 use hwaccel::plan::Bytes;
 use hwaccel::plan::kv::KvDtype;
-use hwaccel::plan::memory::{Engine, ServingTarget, default_gpu_util, serving_fit};
+use hwaccel::plan::memory::{Engine, ServingDevice, ServingTarget, default_gpu_util, serving_fit};
 use hwaccel::plan::model::presets;
 use hwaccel::plan::weights::WeightBytes;
 
@@ -34,6 +34,11 @@ struct Row {
     capacity_gib: f64,
     product: &'static str,
     tp: u32,
+    /// Pipeline stages.
+    pp: u32,
+    /// The TP group sits in one NVLink-class domain (NVLink / NVSwitch); otherwise its
+    /// collectives cross PCIe.
+    nvlink: bool,
     context: u64,
     /// `None`: the engine's default.
     util: Option<f64>,
@@ -82,6 +87,8 @@ fn rows() -> Vec<Row> {
         capacity_gib: 0.0,
         product: "",
         tp: 1,
+        pp: 1,
+        nvlink: false,
         context: 8192,
         util: None,
         kv_dtype: KvDtype::Auto,
@@ -140,6 +147,9 @@ fn rows() -> Vec<Row> {
             capacity_gib: 79.22,
             product: "NVIDIA H100 80GB HBM3",
             tp: 4,
+            // The issue does not describe the board; four H100 80GB HBM3 (SXM) sit on an
+            // NVSwitch baseboard in the usual servers, as the former name-based rule assumed.
+            nvlink: true,
             context: 40_960,
             util: Some(0.93),
             logged: Logged::Tokens(367_404),
@@ -421,9 +431,143 @@ fn rows() -> Vec<Row> {
             capacity_gib: 139.81,
             product: "NVIDIA H200",
             tp: 8,
+            nvlink: true,
             context: 163_840,
             util: Some(0.82),
             logged: Logged::Tokens(509_000),
+            ..base
+        },
+        Row {
+            // vLLM 0.19.0 (V1: CUDA graphs outside the budget) on "h100-80gb" nodes: 79.19 GiB
+            // as CUDA reports it ("Free memory on device (78.68/79.19 GiB)"), 0.95, 8192 batched
+            // tokens and 1024 sequences (logged defaults). The TP 1 reference for the rows below:
+            // 0.25 GiB of non-torch memory.
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--8192.log (vLLM 0.19.0, Llama-3.1-8B-Instruct BF16, 1x H100, --gpu-memory-utilization 0.95)",
+            engine: Engine::VllmV1,
+            model: "llama-3.1-8b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            util: Some(0.95),
+            logged: Logged::Tokens(476_016),
+            ..base
+        },
+        Row {
+            // The same sweep at TP 2: 2.07 GiB of non-torch memory per device. The GPUs share
+            // NVLink: vLLM's custom all-reduce (which refuses more than two PCIe-only GPUs) and
+            // FlashInfer's trtllm all-reduce ran at TP 4 on the same nodes.
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp2pp1dp1--8192.log (vLLM 0.19.0, Llama-3.1-8B-Instruct BF16, 2x H100 NVLink, TP 2, 0.95)",
+            engine: Engine::VllmV1,
+            model: "llama-3.1-8b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 2,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(1_044_688),
+            ..base
+        },
+        Row {
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp4pp1dp1--8192.log (vLLM 0.19.0, Llama-3.1-8B-Instruct BF16, 4x H100 NVLink, TP 4, 0.95)",
+            engine: Engine::VllmV1,
+            model: "llama-3.1-8b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 4,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(2_209_792),
+            ..base
+        },
+        Row {
+            // Pipeline stages only: 0.07 GiB of non-torch memory per device, no all-reduce
+            // buffers. vLLM keeps the smaller stage's pool (the first stage logged 66.54 GiB, the
+            // last, with the sampler, 65.64 GiB: 1,075,312 tokens of 64 KiB).
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp1pp2dp1--8192.log (vLLM 0.19.0, Llama-3.1-8B-Instruct BF16, 2x H100, PP 2, 0.95)",
+            engine: Engine::VllmV1,
+            model: "llama-3.1-8b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            pp: 2,
+            util: Some(0.95),
+            logged: Logged::Tokens(1_075_312),
+            ..base
+        },
+        Row {
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/qwen-qwen2-5-7b-instruct--h100-80gb--tp2pp1dp1--8192.log (vLLM 0.19.0, Qwen2.5-7B-Instruct BF16, 2x H100 NVLink, TP 2, 0.95)",
+            engine: Engine::VllmV1,
+            model: "qwen2-7b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 2,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(2_390_592),
+            ..base
+        },
+        Row {
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/qwen-qwen2-5-7b-instruct--h100-80gb--tp4pp1dp1--8192.log (vLLM 0.19.0, Qwen2.5-7B-Instruct BF16, 4x H100 NVLink, TP 4, 0.95)",
+            engine: Engine::VllmV1,
+            model: "qwen2-7b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 4,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(5_043_280),
+            ..base
+        },
+        Row {
+            // RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic: Llama-3.1-70B's shapes, FP8 weights
+            // (33.88 GiB per device logged).
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/fp8dyn-llama-3-3-70b--h100-80gb--tp2pp1dp1--8192.log (vLLM 0.19.0, Llama-3.3-70B-Instruct FP8-dynamic, 2x H100 NVLink, TP 2, 0.95)",
+            engine: Engine::VllmV1,
+            model: "llama-3.1-70b",
+            precision: Precision::Fp8,
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 2,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(244_304),
+            ..base
+        },
+        Row {
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/fp8dyn-llama-3-3-70b--h100-80gb--tp4pp1dp1--8192.log (vLLM 0.19.0, Llama-3.3-70B-Instruct FP8-dynamic, 4x H100 NVLink, TP 4, 0.95)",
+            engine: Engine::VllmV1,
+            model: "llama-3.1-70b",
+            precision: Precision::Fp8,
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 4,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(708_992),
+            ..base
+        },
+        Row {
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/mistralai-mixtral-8x7b-i--h100-80gb--tp2pp1dp1--8192.log (vLLM 0.19.0, Mixtral-8x7B-Instruct BF16, 2x H100 NVLink, TP 2, 0.95)",
+            engine: Engine::VllmV1,
+            model: "mixtral-8x7b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 2,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(465_936),
+            ..base
+        },
+        Row {
+            // 67.8 GiB of weights per device leave a 3.04 GiB pool: the row most sensitive to
+            // the communication buffers (2.09 GiB of non-torch memory logged).
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/qwen-qwen2-5-72b-instruc--h100-80gb--tp2pp1dp1--8192.log (vLLM 0.19.0, Qwen2.5-72B-Instruct BF16, 2x H100 NVLink, TP 2, 0.95)",
+            engine: Engine::VllmV1,
+            model: "qwen2.5-72b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            tp: 2,
+            nvlink: true,
+            util: Some(0.95),
+            logged: Logged::Tokens(19_920),
             ..base
         },
     ]
@@ -440,20 +584,20 @@ fn planned(row: &Row) -> (f64, f64) {
         engine: row.engine,
         gpu_util: row
             .util
-            .unwrap_or_else(|| default_gpu_util(row.engine, capacity, row.tp, 1)),
+            .unwrap_or_else(|| default_gpu_util(row.engine, capacity, row.tp, row.pp)),
         max_num_batched_tokens: row.max_num_batched_tokens,
         max_num_seqs: row.max_num_seqs,
         enforce_eager: row.enforce_eager,
         ..ServingTarget::new(row.context, row.kv_dtype, 0.0)
     };
-    let fit = serving_fit(
-        &model,
-        &weights,
-        (capacity, row.product),
-        row.tp,
-        1,
-        &target,
-    );
+    let vendor = if row.product.starts_with("AMD") {
+        Vendor::Amd
+    } else {
+        Vendor::Nvidia
+    };
+    let device = ServingDevice::new(vendor, capacity, row.product)
+        .with_fast_domain(if row.nvlink { row.tp } else { 0 });
+    let fit = serving_fit(&model, &weights, device, row.tp, row.pp, &target);
     match row.logged {
         Logged::Tokens(tokens) => (fit.kv_tokens as f64, tokens as f64),
         Logged::KvGib(gib) => (fit.kv_free.as_f64() / GIB as f64, gib),

@@ -9,11 +9,11 @@
 
 use std::collections::BTreeSet;
 
-use hwaccel::hardware::Precision;
+use hwaccel::hardware::{Precision, Vendor};
 use hwaccel::plan::capability::PrecisionChoice;
 use hwaccel::plan::engine::choice::{EngineChoice, EngineKind, EngineVersion};
 use hwaccel::plan::kv::KvDtype;
-use hwaccel::plan::memory::{ServingTarget, serving_fit};
+use hwaccel::plan::memory::{ServingDevice, ServingTarget, serving_fit};
 use hwaccel::plan::model::{QuantScope, presets};
 use hwaccel::plan::report::Plan;
 use hwaccel::plan::search::{
@@ -702,7 +702,7 @@ proptest! {
         let ladder = [Precision::Fp32, Precision::Bf16, Precision::Fp8, Precision::Int8, Precision::Nvfp4, Precision::Mxfp4, Precision::Int4, Precision::Nf4];
         let need = |precision| {
             let weights = WeightBytes::of(&model, precision);
-            let fit = serving_fit(&model, &weights, (Bytes::gib(80), "H100"), tp, pp, &target);
+            let fit = serving_fit(&model, &weights, ServingDevice::new(Vendor::Nvidia, Bytes::gib(80), "H100").with_fast_domain(8), tp, pp, &target);
             (weights.total(), fit.memory.weights + fit.memory.activations + fit.memory.overhead + fit.per_request)
         };
         for pair in ladder.windows(2) {
@@ -742,7 +742,7 @@ proptest! {
             let without = WeightBytes::of(&bare, p);
             prop_assert!(with.total() >= without.total(), "{}: {:?}", bare.name, p);
             let need = |w: &WeightBytes, m: &Model| {
-                let fit = serving_fit(m, w, (Bytes::gib(80), "H100"), tp, pp, &target);
+                let fit = serving_fit(m, w, ServingDevice::new(Vendor::Nvidia, Bytes::gib(80), "H100").with_fast_domain(8), tp, pp, &target);
                 fit.memory.weights
             };
             prop_assert!(need(&with, &sized) >= need(&without, &bare), "{}: {:?} TP {} PP {}", bare.name, p, tp, pp);

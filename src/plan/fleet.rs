@@ -30,9 +30,22 @@ use serde::Serialize;
 use crate::hardware::{Family, Precision, Vendor};
 
 use super::inventory::{DeviceSpec, NodeSpec, Reservations};
+use super::memory::ServingDevice;
 use super::units::Bytes;
 
-impl DeviceClass<'_> {
+impl<'a> DeviceClass<'a> {
+    /// The class's device as the memory model sees it: what the runtime lets an engine allocate,
+    /// and how many of the class's free devices share one NVLink-class domain (so whether a TP
+    /// group's collectives run over that fabric or over PCIe).
+    pub fn serving_device(&self) -> ServingDevice<'a> {
+        ServingDevice::new(
+            self.sample.vendor,
+            self.sample.runtime_memory(),
+            &self.sample.product,
+        )
+        .with_fast_domain(self.largest_fast_domain)
+    }
+
     /// The widest TP group the class can form: a node's devices, or a multi-node NVLink
     /// domain's.
     pub fn largest_tp_group(&self) -> u32 {

@@ -27,8 +27,9 @@
 //!   (vllm issue #10517): 2.07 GiB measured at 20,000 tokens, 2.15 GiB from this formula; 2.99
 //!   GiB measured at 29,000 tokens, 3.01 GiB from it.
 //! * Non-torch memory (CUDA context remainder, cuBLAS workspaces): 0.35 GiB as measured in
-//!   #10517 (0.07 to 0.35 GiB in other logs), plus the communication buffers when a replica
-//!   spans devices, by the fabric the collectives run on ([`collective_overhead`]).
+//!   #10517 (0.07 to 0.35 GiB in other logs), plus the communication buffers when a TP group
+//!   spans devices, by the fabric its collectives run on: the inventory's NVLink-class domain
+//!   when the group fits one, PCIe otherwise ([`collective_overhead`]).
 //! * CUDA graphs: outside the budget (in the 10 % vLLM leaves free) until vLLM 0.21, which
 //!   profiles them by default (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`; logged estimates of
 //!   0.36 to 2.22 GiB): 1 GiB unless `enforce_eager`.
@@ -47,25 +48,30 @@ use super::kv::{BLOCK_TOKENS, KvDtype, KvLayout};
 use super::model::Model;
 use super::units::Bytes;
 use super::weights::WeightBytes;
-use crate::hardware::{GIB, MIB};
+use crate::hardware::{GIB, MIB, Vendor};
 
 /// vLLM's default `gpu_memory_utilization`.
 pub const DEFAULT_GPU_UTIL: f64 = 0.90;
 
 /// Runtime memory outside the tensor allocator on every device (vllm issue #10517: 0.35 GiB).
 const NON_TORCH: Bytes = Bytes(358 * MIB);
-/// NCCL buffers per device when a replica spans PCIe cards (no custom all-reduce, no NVLS):
+/// NCCL buffers per device when a TP group spans PCIe cards (no custom all-reduce, no NVLS):
 /// the 2 x RTX 3090, 2/4/8 x L40S and 4 x L4 calibration rows land within 6 % with it.
 const COLLECTIVES_PCIE: Bytes = Bytes(512 * MIB);
-/// NCCL (NVLS) and vLLM custom all-reduce buffers per device on NVLink / NVSwitch parts (H100,
-/// H200, H800, H20, A100 SXM, B200, GB200). vLLM 0.10.2 on 2 x H200 logged 1.38 GiB of
-/// non-torch memory per device against 0.07 GiB on one H100 (the public logs quoted in
-/// docs/planner.md, "Calibration"); SGLang on 8 x H200 logged "Init torch distributed ends.
-/// mem usage=1.96 GB" to 2.01 GB per rank (sgl-project/sglang#11716).
-const COLLECTIVES_NVLINK: Bytes = Bytes(1536 * MIB);
+/// NCCL, vLLM custom all-reduce and FlashInfer all-reduce workspaces per device when a TP group
+/// sits in one NVLink-class domain (NVLink / NVSwitch, a multi-node NVLink domain). vLLM 0.19.0
+/// on H100s whose custom all-reduce ran at TP 4 (so fully NVLink-connected) logged 2.06 to 2.11
+/// GiB of non-torch memory per device at TP 2 and 2.13 to 2.21 GiB at TP 4, against 0.24 to
+/// 0.25 GiB at TP 1 (llm-d-incubation/llm-d-planner, commit d3121e0,
+/// `accuracy/results/v0.19.0/logs/*--h100-80gb--tp{1,2,4}pp1dp1--8192.log`): 1.75 GiB on top of
+/// [`NON_TORCH`] is within 0.1 GiB of every one of them. Older engines logged less (vLLM 0.10.2
+/// on 2 x H200: 1.38 GiB in all), so the figure errs on the side of a smaller KV pool there.
+const COLLECTIVES_NVLINK: Bytes = Bytes(1792 * MIB);
 /// RCCL buffers per device on AMD Instinct parts: vLLM 0.6.4 on 8 x MI300X logged 6.78 to 7.00
 /// GiB of non-torch memory per device (AUGMXNT/MI300-testing,
-/// `inference-vllm-vs-vllm-rocm.ipynb`), less the 0.35 GiB every device has.
+/// `inference-vllm-vs-vllm-rocm.ipynb`), less the 0.35 GiB every device has. Measured on XGMI
+/// hives only (every MI300X/MI325X platform has one), so it applies whatever domain the
+/// inventory reports.
 const COLLECTIVES_ROCM: Bytes = Bytes(6656 * MIB);
 /// CUDA-graph pool that vLLM 0.21 and later subtract from the budget.
 const CUDA_GRAPHS: Bytes = Bytes(GIB);
@@ -316,17 +322,52 @@ impl ServingFit {
     }
 }
 
-/// Evaluates one layout: `weights` in some precision, `tp` x `pp` devices of `capacity`.
+/// The device a layout runs on, as the memory model needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServingDevice<'a> {
+    /// What the runtime lets the engine allocate ([`crate::plan::runtime_memory`]).
+    pub capacity: Bytes,
+    /// The product name as the vendor tool reports it.
+    pub product: &'a str,
+    /// Maker: whose collective library and fabric the communication buffers follow.
+    pub vendor: Vendor,
+    /// Most devices of the kind in one NVLink-class domain (NVLink / NVSwitch, XGMI, a
+    /// multi-node NVLink domain) that a TP group can use; 0 where only PCIe links them. A TP
+    /// group no wider than this runs its collectives over that fabric.
+    pub fast_domain: u32,
+}
+
+impl<'a> ServingDevice<'a> {
+    /// `capacity` of `vendor`'s `product`, linked by PCIe only.
+    pub fn new(vendor: Vendor, capacity: Bytes, product: &'a str) -> Self {
+        Self {
+            capacity,
+            product,
+            vendor,
+            fast_domain: 0,
+        }
+    }
+
+    /// The same device with `devices` of it in one NVLink-class domain.
+    pub fn with_fast_domain(self, devices: u32) -> Self {
+        Self {
+            fast_domain: devices,
+            ..self
+        }
+    }
+}
+
+/// Evaluates one layout: `weights` in some precision, `tp` x `pp` of `device`.
 /// Allocation-free: it runs in the search's inner loop.
 pub fn serving_fit(
     model: &Model,
     weights: &WeightBytes,
-    device: (Bytes, &str),
+    device: ServingDevice<'_>,
     tp: u32,
     pp: u32,
     target: &ServingTarget,
 ) -> ServingFit {
-    let (capacity, product) = device;
+    let (capacity, product) = (device.capacity, device.product);
     let (batched_tokens, sequences) = target.scheduler(capacity, product);
     let util = if target.engine_default_util && target.engine == Engine::Sglang {
         default_gpu_util(Engine::Sglang, capacity, tp, pp)
@@ -341,12 +382,12 @@ pub fn serving_fit(
         // that fraction inside the budget.
         Engine::Sglang => (
             Bytes::ZERO,
-            runtime_overhead(target, product, tp, pp).fraction(util),
+            runtime_overhead(target, &device, tp, pp).fraction(util),
         ),
         // The V1 dummy sampler takes at most one row per scheduled token.
         Engine::VllmV0 | Engine::VllmV1 | Engine::Vllm => (
             activation_peak(model, tp, batched_tokens, sequences.min(batched_tokens)),
-            runtime_overhead(target, product, tp, pp),
+            runtime_overhead(target, &device, tp, pp),
         ),
     };
     let kv = KvLayout::new(model, target.kv_dtype, tp, pp);
@@ -376,44 +417,38 @@ pub fn serving_fit(
 }
 
 /// Memory outside the tensor allocator's profile: non-torch memory, communication buffers
-/// when the replica spans devices, and CUDA graphs where the engine counts them.
-fn runtime_overhead(target: &ServingTarget, product: &str, tp: u32, pp: u32) -> Bytes {
-    let collectives = if tp.saturating_mul(pp) > 1 {
-        collective_overhead(product)
-    } else {
-        Bytes::ZERO
-    };
+/// when the TP group spans devices, and CUDA graphs where the engine counts them.
+fn runtime_overhead(target: &ServingTarget, device: &ServingDevice<'_>, tp: u32, pp: u32) -> Bytes {
     let graphs = if target.engine == Engine::Vllm && !target.enforce_eager {
         CUDA_GRAPHS
     } else {
         Bytes::ZERO
     };
-    NON_TORCH + collectives + graphs
+    NON_TORCH + collective_overhead(device, tp, pp) + graphs
 }
 
-/// NVIDIA parts whose usual servers join their GPUs with NVLink / NVSwitch (their PCIe and NVL
-/// variants are caught first by name).
-const NVLINK_PARTS: &[&str] = &[
-    "h100", "h200", "h800", "h20", "a100", "a800", "b200", "b300", "gb200", "gb300",
-];
-
-/// Communication buffers per device of a replica that spans devices of `product`, by the
-/// fabric its collectives run on: RCCL on AMD Instinct parts, NCCL with NVLS and custom
-/// all-reduce on NVIDIA NVLink / NVSwitch parts, plain NCCL on PCIe cards (and on anything
-/// the name does not place). Matched on the name without allocating: this runs in the
-/// search's inner loop.
-pub fn collective_overhead(product: &str) -> Bytes {
-    let has = |needle: &str| contains_ignore_case(product, needle);
-    if has("mi300") || has("mi325") || has("mi355") || has("instinct") {
-        COLLECTIVES_ROCM
-    } else if has("pcie") || (has("nvl") && !has("nvlink")) {
-        // PCIe variants of datacenter parts (and the H100 NVL, whose NVLink bridge pairs two
-        // cards only) take the PCIe figure.
-        COLLECTIVES_PCIE
-    } else if NVLINK_PARTS.iter().any(|part| has(part)) {
-        COLLECTIVES_NVLINK
-    } else {
-        COLLECTIVES_PCIE
+/// Communication buffers per device of a replica of `tp` x `pp` devices like `device`, by the
+/// fabric its TP group's all-reduces run on: RCCL on AMD Instinct parts; on NVIDIA parts, NCCL
+/// with custom / FlashInfer all-reduce workspaces when the group fits one NVLink-class domain
+/// of the inventory, plain NCCL over PCIe otherwise (a PCIe-only H100 node included). Pipeline
+/// stages alone pay nothing on NVIDIA parts: vLLM 0.19.0 logged 0.07 GiB of non-torch memory
+/// per device at TP 1 x PP 2 and PP 4, less than at TP 1 x PP 1 (llm-d-incubation/llm-d-planner,
+/// commit d3121e0, `accuracy/results/v0.19.0/logs/meta-llama-llama-3-1-8b---h100-80gb--tp1pp{2,4}dp1--8192.log`);
+/// RCCL's figure is measured at TP 8 only, so AMD replicas of more than one device keep it.
+/// Matched without allocating: this runs in the search's inner loop.
+pub fn collective_overhead(device: &ServingDevice<'_>, tp: u32, pp: u32) -> Bytes {
+    let has = |needle: &str| contains_ignore_case(device.product, needle);
+    let instinct = has("mi300") || has("mi325") || has("mi355") || has("instinct");
+    if instinct && device.vendor == Vendor::Amd && tp.saturating_mul(pp) > 1 {
+        return COLLECTIVES_ROCM;
+    }
+    if tp <= 1 {
+        return Bytes::ZERO;
+    }
+    match device.vendor {
+        Vendor::Nvidia if tp <= device.fast_domain => COLLECTIVES_NVLINK,
+        // Other vendors' fabrics (Gaudi, ICI, NeuronLink) are not measured: the PCIe figure.
+        _ => COLLECTIVES_PCIE,
     }
 }
 
@@ -491,7 +526,7 @@ mod tests {
         let fit = serving_fit(
             &model,
             &weights,
-            (Bytes(23_034 * MIB), "NVIDIA L4"),
+            ServingDevice::new(Vendor::Nvidia, Bytes(23_034 * MIB), "NVIDIA L4"),
             1,
             1,
             &target,
@@ -507,7 +542,7 @@ mod tests {
     fn engine_eras_change_the_profile_and_the_graphs() {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let weights = WeightBytes::of(&model, Precision::Bf16);
-        let h100 = (Bytes::gib(80), "NVIDIA H100 80GB HBM3");
+        let h100 = ServingDevice::new(Vendor::Nvidia, Bytes::gib(80), "NVIDIA H100 80GB HBM3");
         let fit = |engine, enforce_eager| {
             let target = ServingTarget {
                 engine,
@@ -554,7 +589,8 @@ mod tests {
             engine: Engine::Sglang,
             ..ServingTarget::new(8192, KvDtype::Auto, 0.85)
         };
-        let fit = serving_fit(&model, &weights, (h100, "NVIDIA H100"), 1, 1, &target);
+        let device = ServingDevice::new(Vendor::Nvidia, h100, "NVIDIA H100");
+        let fit = serving_fit(&model, &weights, device, 1, 1, &target);
         assert_eq!(fit.memory.activations, Bytes::ZERO);
         // SGLang's fraction applies to what the runtime left free: the runtime's memory counts
         // by that fraction.
@@ -563,30 +599,58 @@ mod tests {
     }
 
     #[test]
-    fn communication_buffers_follow_the_fabric() {
-        let nvlink = collective_overhead("NVIDIA H100 80GB HBM3");
-        assert_eq!(nvlink, COLLECTIVES_NVLINK);
-        assert_eq!(collective_overhead("NVIDIA H200"), COLLECTIVES_NVLINK);
+    fn communication_buffers_follow_the_inventorys_domain() {
+        let nvidia = |product| ServingDevice::new(Vendor::Nvidia, Bytes::gib(80), product);
+        // The same H100 takes the NVLink figure in an 8-device NVSwitch domain and the PCIe
+        // figure on a PCIe-only node: the inventory decides, not the name.
+        let hgx = nvidia("NVIDIA H100 80GB HBM3").with_fast_domain(8);
+        let pcie_node = nvidia("NVIDIA H100 80GB HBM3");
+        assert_eq!(collective_overhead(&hgx, 8, 1), COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead(&hgx, 2, 1), COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead(&pcie_node, 2, 1), COLLECTIVES_PCIE);
+        assert_eq!(collective_overhead(&pcie_node, 8, 1), COLLECTIVES_PCIE);
+        // A group wider than the domain crosses PCIe (two NVLink-bridged pairs, TP 4).
+        let bridged = nvidia("NVIDIA H100 NVL").with_fast_domain(2);
+        assert_eq!(collective_overhead(&bridged, 2, 1), COLLECTIVES_NVLINK);
+        assert_eq!(collective_overhead(&bridged, 4, 1), COLLECTIVES_PCIE);
+        // One device, or NVIDIA pipeline stages alone, need no all-reduce buffers.
+        assert_eq!(collective_overhead(&hgx, 1, 1), Bytes::ZERO);
+        assert_eq!(collective_overhead(&hgx, 1, 4), Bytes::ZERO);
+        assert_eq!(collective_overhead(&hgx, 0, 0), Bytes::ZERO);
+        // AMD Instinct parts take RCCL's measured figure; unmeasured fabrics the PCIe one.
+        let mi300x = ServingDevice::new(Vendor::Amd, Bytes::gib(192), "AMD Instinct MI300X");
+        assert_eq!(collective_overhead(&mi300x, 8, 1), COLLECTIVES_ROCM);
         assert_eq!(
-            collective_overhead("nvidia a100-sxm4-40gb"),
-            COLLECTIVES_NVLINK
+            collective_overhead(&mi300x.with_fast_domain(8), 8, 1),
+            COLLECTIVES_ROCM
         );
-        assert_eq!(
-            collective_overhead("NVIDIA A100 80GB PCIe"),
-            COLLECTIVES_PCIE
-        );
-        assert_eq!(collective_overhead("NVIDIA H100 NVL"), COLLECTIVES_PCIE);
-        assert_eq!(collective_overhead("NVIDIA L40S"), COLLECTIVES_PCIE);
-        assert_eq!(collective_overhead("AMD Instinct MI300X"), COLLECTIVES_ROCM);
-        assert_eq!(collective_overhead(""), COLLECTIVES_PCIE);
-        // Only a replica that spans devices pays for them.
+        // RCCL is measured at TP 8 only: AMD pipelines keep its figure; one device pays nothing.
+        assert_eq!(collective_overhead(&mi300x, 1, 8), COLLECTIVES_ROCM);
+        assert_eq!(collective_overhead(&mi300x, 1, 1), Bytes::ZERO);
+        let gaudi = ServingDevice::new(Vendor::Intel, Bytes::gib(96), "HL-225").with_fast_domain(8);
+        assert_eq!(collective_overhead(&gaudi, 8, 1), COLLECTIVES_PCIE);
+    }
+
+    #[test]
+    fn only_tensor_parallel_groups_pay_for_buffers_and_the_domain_shows() {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
         let weights = WeightBytes::of(&model, Precision::Bf16);
         let target = ServingTarget::new(8192, KvDtype::Auto, 0.9);
-        let h100 = (Bytes::gib(80), "NVIDIA H100 80GB HBM3");
-        let one = serving_fit(&model, &weights, h100, 1, 1, &target);
-        let two = serving_fit(&model, &weights, h100, 2, 1, &target);
-        assert_eq!(two.memory.overhead, one.memory.overhead + nvlink);
+        let h100 = ServingDevice::new(Vendor::Nvidia, Bytes::gib(80), "NVIDIA H100 80GB HBM3");
+        let hgx = h100.with_fast_domain(8);
+        let fit = |device, tp, pp| serving_fit(&model, &weights, device, tp, pp, &target);
+        let one = fit(hgx, 1, 1);
+        assert_eq!(
+            fit(hgx, 2, 1).memory.overhead,
+            one.memory.overhead + COLLECTIVES_NVLINK
+        );
+        assert_eq!(
+            fit(h100, 2, 1).memory.overhead,
+            one.memory.overhead + COLLECTIVES_PCIE
+        );
+        assert_eq!(fit(hgx, 1, 2).memory.overhead, one.memory.overhead);
+        // On the PCIe-only node the smaller buffers leave more for the KV cache.
+        assert!(fit(h100, 2, 1).kv_free > fit(hgx, 2, 1).kv_free);
     }
 
     #[test]

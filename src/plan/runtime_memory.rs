@@ -16,7 +16,19 @@
 //! Other NVIDIA products lose [`NVIDIA_DEFAULT_RESERVED`]: public logs put the L4 at 455 MiB
 //! (23,034 MiB reported, "22.05 GiB" in CUDA's terms) and the A100 40GB at 512 MiB (40,960
 //! MiB reported, 39.50 GiB logged by vLLM, vllm-project/vllm#12330); docs/planner.md lists
-//! them. Other vendors' runtimes are not measured yet, so their devices keep the reported total.
+//! them.
+//!
+//! ROCm (HIP's `hipMemGetInfo`, which `torch.cuda.mem_get_info` calls there) reports the VRAM
+//! the amdgpu driver exposes, the same figure `rocm-smi`, `amd-smi` and sysfs
+//! `mem_info_vram_total` give, so a detected AMD device keeps its reported total. The products'
+//! nominal sizes (the `--hardware` shorthand's) are a little more:
+//!
+//! | product | nominal | runtime total | source |
+//! |---|---|---|---|
+//! | AMD Instinct MI300X | 196,608 MiB | 196,592 MiB (191.98 GiB) | vLLM 0.6.4 ROCm `total_gpu_memory=191.98GiB` (AUGMXNT/MI300-testing, `inference-vllm-vs-vllm-rocm.ipynb`); `rocm-smi` 206,141,652,992 B (`fixtures/hosts/mi300x-8x`) |
+//! | AMD Instinct MI250 / MI250X (per GCD) | 65,536 MiB | 65,520 MiB (63.984375 GiB) | `torch.cuda.mem_get_info` total on an MI250 (jaglinux/pytorch-notes, `memory_stats.py`); the MI250X has the same 64 GiB per GCD |
+//!
+//! Other vendors' runtimes, and AMD products not listed (MI325X, MI355X), keep the reported total.
 
 use crate::hardware::{MIB, Vendor};
 
@@ -30,15 +42,35 @@ const MEASURED_NVIDIA: &[(&str, u64, u64)] = &[
     ("NVIDIA H200", 143_771, 616),
 ];
 
+/// The most ROCm lets an engine allocate on each measured AMD product, by the name `amd-smi`
+/// prints (exact match, ignoring ASCII case), in MiB: a reported total above it (a nominal size)
+/// is cut to it, a detected one (already the driver's figure) is kept.
+const MEASURED_AMD: &[(&str, u64)] = &[
+    ("AMD Instinct MI300X", 196_592),
+    ("AMD Instinct MI250", 65_520),
+    ("AMD Instinct MI250X", 65_520),
+];
+
 /// What an NVIDIA device of an unmeasured product is assumed to keep back: the A100 40GB's
 /// logged 512 MiB, between the L4's 455 and the H200's 616.
 pub const NVIDIA_DEFAULT_RESERVED: Bytes = Bytes(512 * MIB);
 
 /// The memory the runtime of `vendor`'s `product` lets an engine allocate, of `reported`.
 pub fn runtime_memory(vendor: Vendor, product: &str, reported: Bytes) -> Bytes {
-    if vendor != Vendor::Nvidia {
-        return reported;
+    match vendor {
+        Vendor::Nvidia => nvidia_runtime_memory(product, reported),
+        Vendor::Amd => MEASURED_AMD
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(product))
+            .map_or(reported, |(_, total_mib)| {
+                reported.min(Bytes(total_mib * MIB))
+            }),
+        _ => reported,
     }
+}
+
+/// CUDA's total: `nvidia-smi`'s less what the driver reserved.
+fn nvidia_runtime_memory(product: &str, reported: Bytes) -> Bytes {
     let measured = MEASURED_NVIDIA
         .iter()
         .find(|(name, total_mib, _)| {
@@ -62,6 +94,31 @@ mod tests {
     }
 
     #[test]
+    fn rocm_sees_what_the_driver_reports_not_the_nominal_size() {
+        // Detected MI300X: rocm-smi's 206,141,652,992 B, what vLLM logged as 191.98 GiB.
+        let detected = Bytes(206_141_652_992);
+        assert_eq!(
+            runtime_memory(Vendor::Amd, "AMD Instinct MI300X", detected),
+            detected
+        );
+        // The shorthand's nominal 192 GiB is cut to it.
+        assert_eq!(
+            runtime_memory(Vendor::Amd, "amd instinct mi300x", Bytes::gib(192)),
+            detected
+        );
+        assert_eq!(
+            runtime_memory(Vendor::Amd, "AMD Instinct MI250X", Bytes::gib(64)),
+            Bytes(65_520 * MIB)
+        );
+        // A partition (CPX/NPS4: a quarter of the memory) is below the cap and kept.
+        let quarter = Bytes(49_148 * MIB);
+        assert_eq!(
+            runtime_memory(Vendor::Amd, "AMD Instinct MI300X", quarter),
+            quarter
+        );
+    }
+
+    #[test]
     fn others_lose_the_default_or_nothing() {
         let l4 = Bytes(23_034 * MIB);
         assert_eq!(
@@ -73,10 +130,14 @@ mod tests {
             runtime_memory(Vendor::Nvidia, "NVIDIA H200", Bytes(144_000 * MIB)),
             Bytes((144_000 - 512) * MIB)
         );
-        let mi300x = Bytes(196_592 * MIB);
         assert_eq!(
-            runtime_memory(Vendor::Amd, "AMD Instinct MI300X", mi300x),
-            mi300x
+            runtime_memory(Vendor::Amd, "AMD Instinct MI325X", Bytes(262_144 * MIB)),
+            Bytes(262_144 * MIB),
+            "unmeasured AMD products keep the reported total"
+        );
+        assert_eq!(
+            runtime_memory(Vendor::Intel, "Intel Gaudi 2", Bytes(98_304 * MIB)),
+            Bytes(98_304 * MIB)
         );
         assert_eq!(
             runtime_memory(Vendor::Nvidia, "tiny", Bytes(MIB)),

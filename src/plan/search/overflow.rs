@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use super::{Goal, PlanRequest, plan};
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::kv::KvDtype;
-use crate::plan::memory::{ServingTarget, activation_peak, serving_fit};
+use crate::plan::memory::{ServingDevice, ServingTarget, activation_peak, serving_fit};
 use crate::plan::model::config::{MAX_CONTEXT, MAX_DIM, parse_config_text};
 use crate::plan::model::{
     Architecture, Attention, Model, ModelSource, Moe, NativeFormat, QuantScope, SlidingWindow,
@@ -188,7 +188,8 @@ fn an_architecture_with_extreme_values_saturates_and_never_fits() {
     let fit = serving_fit(
         &model,
         &weights,
-        (Bytes(u64::MAX), "x"),
+        ServingDevice::new(crate::hardware::Vendor::Nvidia, Bytes(u64::MAX), "x")
+            .with_fast_domain(u32::MAX),
         u32::MAX,
         u32::MAX,
         &target,

@@ -24,7 +24,7 @@
 use crate::hardware::Precision;
 use crate::plan::kv::KvLayout;
 use crate::plan::layout::Sharding;
-use crate::plan::memory::{ServingFit, ServingTarget, serving_fit};
+use crate::plan::memory::{ServingDevice, ServingFit, ServingTarget, serving_fit};
 use crate::plan::model::Attention;
 use crate::plan::model::Model;
 use crate::plan::units::Bytes;
@@ -163,7 +163,7 @@ fn experts_slice(model: &Model, precision: Precision, intermediate: u64, tp: u32
 pub fn sharded_fit(
     model: &Model,
     weights: &WeightBytes,
-    device: (Bytes, &str),
+    device: ServingDevice<'_>,
     sharding: &Sharding,
     target: &ServingTarget,
 ) -> ServingFit {
@@ -307,7 +307,12 @@ mod tests {
         let model = presets::find("deepseek-v3").unwrap().unwrap();
         let weights = WeightBytes::of(&model, Precision::Fp8);
         let target = ServingTarget::new(32_768, KvDtype::Auto, 0.9);
-        let device = (Bytes(143_771 * crate::hardware::MIB), "NVIDIA H200");
+        let device = ServingDevice::new(
+            crate::hardware::Vendor::Nvidia,
+            Bytes(143_771 * crate::hardware::MIB),
+            "NVIDIA H200",
+        )
+        .with_fast_domain(8);
         let plain = sharded_fit(&model, &weights, device, &Sharding::new(8, 1), &target);
         let dp = sharded_fit(
             &model,

@@ -81,14 +81,7 @@ fn largest(
     let pp = *valid_pipeline_sizes(model, tp, class.free).end();
     let pp = pp.clamp(1, 64);
     let weights = WeightBytes::of(model, precision);
-    let fit = serving_fit(
-        model,
-        &weights,
-        (class.sample.runtime_memory(), &class.sample.product),
-        tp,
-        pp,
-        target,
-    );
+    let fit = serving_fit(model, &weights, class.serving_device(), tp, pp, target);
     Some(Largest {
         precision,
         tp,

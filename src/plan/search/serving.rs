@@ -307,10 +307,7 @@ fn layouts_where(
     rule: PipelineRule,
     fits: &mut HashMap<Sharding, ServingFit>,
 ) -> Vec<Candidate> {
-    let device = (
-        ctx.class.sample.runtime_memory(),
-        ctx.class.sample.product.as_str(),
-    );
+    let device = ctx.class.serving_device();
     let tps = valid_tensor_parallel_sizes(model, ctx.class.largest_tp_group());
     let shape = ClassShape {
         node_devices: ctx.class.largest_node,
@@ -716,7 +713,7 @@ fn smaller_layout_shortfall(
     target: &ServingTarget,
 ) -> Option<String> {
     let weights = WeightBytes::of(model, c.precision);
-    let device = (class.sample.runtime_memory(), class.sample.product.as_str());
+    let device = class.serving_device();
     let (tp, pp) = if c.pp > 1 {
         (c.tp, c.pp - 1)
     } else {
