@@ -19,7 +19,7 @@ use hwaccel::api::{AcceleratorInventory, conditions};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use support::agent::agent_for;
+use support::agent::{agent_for, cycle_until};
 use support::hosts::{captures_under, copy_fixture, remove_gpu};
 use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
@@ -164,7 +164,7 @@ async fn labels_and_inventory_appear_and_a_steady_node_writes_nothing() -> Resul
 
 #[tokio::test]
 #[ignore = "needs cluster"]
-async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> Result<()> {
+async fn a_deleted_or_edited_inventory_is_written_again_once_the_agent_sees_it() -> Result<()> {
     let cluster = TestCluster::new().await?;
     let client = cluster.client();
     install_crds(&client).await?;
@@ -185,7 +185,11 @@ async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> R
         async move { Ok(inventories.get_opt(&node).await?.is_none().then_some(())) }
     })
     .await?;
-    let again = agent.cycle().await?;
+    // Seen on the first cycle after the agent's inventory watch delivers the deletion.
+    let again = cycle_until(&mut agent, "the deleted inventory written again", |o| {
+        o.inventory_written
+    })
+    .await?;
     assert!(again.inventory_written && again.status_written, "{again:?}");
     let recreated = inventories.get(&node).await?;
     assert_eq!(recreated.spec, original.spec);
@@ -197,7 +201,10 @@ async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> R
     inventories
         .patch(&node, &PatchParams::default(), &Patch::Merge(&edit))
         .await?;
-    let repaired = agent.cycle().await?;
+    let repaired = cycle_until(&mut agent, "the edited inventory repaired", |o| {
+        o.inventory_written
+    })
+    .await?;
     assert!(repaired.inventory_written, "{repaired:?}");
     assert_eq!(inventories.get(&node).await?.spec.summary.accelerators, 8);
 

@@ -47,8 +47,10 @@ use super::host_mounts::{self, HOST_MOUNTS_WRITABLE};
 use super::hotplug::DeviceFingerprint;
 use super::metrics::{AgentMetrics, DeviceRow, NodeCounts};
 use super::node_labels::{LabelOutcome, NodeLabeler};
+use super::own_objects::{InventoryVersion, OwnObjects};
 use super::own_slice::OwnSlicePublisher;
 use super::presence::PresenceTracker;
+use super::watched::Timing;
 use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
 use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
@@ -113,6 +115,11 @@ pub struct Agent {
     labeler: NodeLabeler,
     /// This node's DRA ResourceSlices, a second source for the labels.
     slices: SliceReader,
+    /// For starting the watches of the agent's own objects on the first publish.
+    client: Client,
+    /// The watches of the agent's own Node, inventory and slices (started on the first
+    /// publish, inside the runtime); a cycle reads them instead of the API while current.
+    own: Option<OwnObjects>,
     /// The opt-in `hwaccel.io` slice for driverless devices (off unless families are set).
     own_slices: OwnSlicePublisher,
     /// The opt-in vendor compatibility labels (off unless enabled).
@@ -173,7 +180,9 @@ impl Agent {
             compat,
             tracker,
             detector: Arc::new(detector),
-            inventories: Api::all(client),
+            inventories: Api::all(client.clone()),
+            client,
+            own: None,
             nodes,
             labeler,
             metrics,
@@ -283,11 +292,20 @@ impl Agent {
     /// Folds a detection into the tracker and publishes the result where it changed.
     pub async fn publish(&mut self, detected: &Report) -> Result<PublishOutcome, kube::Error> {
         self.seed_once().await?;
-        let node = self
-            .nodes
-            .get_metadata(&self.config.node_name)
-            .await?
-            .metadata;
+        let own = self.own.get_or_insert_with(|| {
+            OwnObjects::start(&self.client, &self.config.node_name, Timing::default())
+        });
+        let cached_node = own.node();
+        let cached_slices = own.slices();
+        let node = match cached_node {
+            Some(node) => node,
+            None => {
+                self.nodes
+                    .get_metadata(&self.config.node_name)
+                    .await?
+                    .metadata
+            }
+        };
         let published = self.tracker.observe(detected);
         let stale: Vec<String> = self.tracker.stale_devices().map(str::to_string).collect();
         self.metrics
@@ -306,7 +324,7 @@ impl Agent {
         let mut outcome = PublishOutcome::default();
         // Labels also count what DRA drivers publish and detection missed (DRA-only nodes);
         // the inventory stays detection only.
-        let from_slices = self.slices.published().await;
+        let from_slices = self.slices.published(cached_slices).await;
         let merged = if from_slices.is_empty() {
             published.clone()
         } else {
@@ -383,12 +401,19 @@ impl Agent {
         self.synced = false;
     }
 
+    /// The watches of the agent's own objects, once the first publish started them.
+    pub fn own_objects(&self) -> Option<&OwnObjects> {
+        self.own.as_ref()
+    }
+
     /// Brings the cached copy of the agent's fields up to date with what is stored, so the
-    /// comparisons that follow write only what differs. One metadata GET when nothing changed
-    /// since the agent's last write; a full GET when someone else wrote (the controller's
-    /// `freeDevices`, a user's edit) or after an error. A deleted inventory may have gone with
-    /// a Node that was re-created under the same name; the Node's uid is read every cycle
-    /// anyway.
+    /// comparisons that follow write only what differs. No request when the inventory watch
+    /// is current and shows the version of the agent's last write; otherwise a metadata GET
+    /// (watch not current) and a full GET when the versions differ: someone else wrote (the
+    /// controller's `freeDevices`, a user's edit), it was deleted, the watch has not yet
+    /// delivered the agent's own last write, or after an error. A deleted inventory may have
+    /// gone with a Node that was re-created under the same name; the Node's uid is read (from
+    /// the Node watch, or a GET) every cycle anyway.
     async fn sync_with_stored(&mut self) -> Result<(), kube::Error> {
         let name = self.config.node_name.clone();
         if self.synced {
@@ -396,16 +421,30 @@ impl Agent {
                 // Nothing stored yet as far as the agent knows: this cycle creates it.
                 return Ok(());
             };
-            match self.inventories.get_metadata_opt(&name).await? {
-                Some(meta) if meta.metadata.resource_version.as_deref() == Some(&*written) => {
-                    return Ok(());
+            let cached = self
+                .own
+                .as_ref()
+                .map_or(InventoryVersion::Unknown, OwnObjects::inventory);
+            match cached {
+                InventoryVersion::Stored(version) if version == written => return Ok(()),
+                // A difference is confirmed by a full read below: the cache may only be a
+                // moment behind the agent's own write.
+                InventoryVersion::Stored(_) | InventoryVersion::Absent => {}
+                InventoryVersion::Unknown => {
+                    match self.inventories.get_metadata_opt(&name).await? {
+                        Some(meta)
+                            if meta.metadata.resource_version.as_deref() == Some(&*written) =>
+                        {
+                            return Ok(());
+                        }
+                        None => {
+                            tracing::warn!("the inventory was deleted; writing it again");
+                            self.forget_stored();
+                            return Ok(());
+                        }
+                        Some(_) => {}
+                    }
                 }
-                None => {
-                    tracing::warn!("the inventory was deleted; writing it again");
-                    self.forget_stored();
-                    return Ok(());
-                }
-                Some(_) => {}
             }
         }
         let Some(stored) = self.inventories.get_opt(&name).await? else {
