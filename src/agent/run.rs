@@ -10,21 +10,26 @@
 //! Before the first publish the agent reads its existing inventory and seeds the tracker with
 //! it, so a restarted agent whose first detection fails keeps the node's labels for the
 //! grace (the devices of backends it runs, and only until detection confirms or misses them).
-//! On every later cycle it reads the inventory's metadata (one small GET, no write). An
-//! inventory that was deleted is written again on that same cycle. One that anyone else
-//! changed since the agent's last write (the controller writes `status.freeDevices` after
-//! every change in use) is read again, and the agent's own fields (the spec, its status
-//! fields) are compared with what is stored: only a difference there is written back (and
-//! logged), so the controller never plans on an edited inventory for longer than one
+//!
+//! A steady cycle makes no request: the first publish starts watches of the agent's own Node,
+//! inventory and slices ([`super::own_objects`], ADR 0010), and while they are current a cycle
+//! reads their caches; while one is not (starting, failing, not heard from lately) the cycle
+//! makes the read it replaces (a metadata GET, a LIST). An inventory whose version differs from
+//! the agent's last write is read whole: deleted, it is written again on the first cycle after
+//! the watch shows it gone; changed by anyone else (the controller writes
+//! `status.freeDevices` after every change in use), the agent's own fields (the spec, its
+//! status fields) are compared with what is stored and only a difference there is written
+//! back (and logged), so the controller never plans on an edited inventory for longer than one
 //! interval, and the controller's own writes cost the agent one GET and no write. Conditions
 //! are merged into the stored ones, so a condition's `lastTransitionTime` moves only when its
 //! status does.
 //!
-//! Every cycle also reads its Node's metadata (one small GET, no write; it replaces the GET
-//! that learnt the Node's uid): the `hwaccel.io/expected-devices` annotation and the instance
-//! type label say how many accelerators the node should have (see
-//! [`crate::fleet::expected`]), which the status (`expectedDevices`, `DevicesMissing`), the
-//! `hwaccel.io/devices-missing` label and the device metrics compare detection with.
+//! The Node's metadata (watched, or one small GET) gives its uid for the inventory's
+//! ownerReference (a new uid means the Node was re-created: its labels are written again),
+//! and the `hwaccel.io/expected-devices` annotation and the instance type label say how many
+//! accelerators the node should have (see [`crate::fleet::expected`]), which the status
+//! (`expectedDevices`, `DevicesMissing`), the `hwaccel.io/devices-missing` label and the device
+//! metrics compare detection with.
 //!
 //! The status is written by server-side apply of the agent's fields only (`Ready`, `Degraded`,
 //! `DevicesMissing`, `HostMountsWritable` (see [`super::host_mounts`]), `observedGeneration`, `expectedDevices`, `expectedSource`): the
@@ -142,6 +147,9 @@ pub struct Agent {
     warned_annotation: Option<String>,
     /// Host paths mounted writable under the host root, found at start.
     writable_host_mounts: Vec<String>,
+    /// The uid of the Node as last read: a different one means the Node was re-created under
+    /// the same name, without the labels the agent remembers writing.
+    node_uid: Option<String>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -196,6 +204,7 @@ impl Agent {
             last_expected: None,
             warned_annotation: None,
             writable_host_mounts: Vec::new(),
+            node_uid: None,
             config,
         }
         .with_writable_host_mounts(host_mounts::check(&config_root))
@@ -306,6 +315,14 @@ impl Agent {
                     .metadata
             }
         };
+        if node.uid != self.node_uid {
+            if self.node_uid.is_some() {
+                tracing::warn!("the Node was re-created under the same name; labelling it again");
+                self.labeler.invalidate();
+                self.compat.invalidate();
+            }
+            self.node_uid.clone_from(&node.uid);
+        }
         let published = self.tracker.observe(detected);
         let stale: Vec<String> = self.tracker.stale_devices().map(str::to_string).collect();
         self.metrics

@@ -56,6 +56,27 @@ pub async fn watches_current(agent: &Agent) -> Result<()> {
     )
 }
 
+/// Waits until `agent`'s watched copy of its Node satisfies `seen`: for a test that changes the
+/// Node and expects the agent's next cycle to act on it.
+pub async fn node_seen(
+    agent: &Agent,
+    what: &str,
+    seen: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool,
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < WATCH_DELIVERY {
+        if agent
+            .own_objects()
+            .and_then(|own| own.node())
+            .is_some_and(|node| seen(&node))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{what}: the agent's Node watch did not show it within {WATCH_DELIVERY:?}")
+}
+
 /// Cycles `agent` every 100 ms until an outcome satisfies `done`, for a change made outside the
 /// agent: it is seen on the first cycle after the agent's watch delivers it (milliseconds),
 /// which may not be the cycle that starts right after the change.
