@@ -19,7 +19,7 @@ use hwaccel::api::{AcceleratorInventory, conditions};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use support::agent::agent_for;
+use support::agent::{agent_for, cycle_until, watches_current};
 use support::hosts::{captures_under, copy_fixture, remove_gpu};
 use support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
@@ -164,7 +164,7 @@ async fn labels_and_inventory_appear_and_a_steady_node_writes_nothing() -> Resul
 
 #[tokio::test]
 #[ignore = "needs cluster"]
-async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> Result<()> {
+async fn a_deleted_or_edited_inventory_is_written_again_once_the_agent_sees_it() -> Result<()> {
     let cluster = TestCluster::new().await?;
     let client = cluster.client();
     install_crds(&client).await?;
@@ -185,7 +185,11 @@ async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> R
         async move { Ok(inventories.get_opt(&node).await?.is_none().then_some(())) }
     })
     .await?;
-    let again = agent.cycle().await?;
+    // Seen on the first cycle after the agent's inventory watch delivers the deletion.
+    let again = cycle_until(&mut agent, "the deleted inventory written again", |o| {
+        o.inventory_written
+    })
+    .await?;
     assert!(again.inventory_written && again.status_written, "{again:?}");
     let recreated = inventories.get(&node).await?;
     assert_eq!(recreated.spec, original.spec);
@@ -197,7 +201,10 @@ async fn a_deleted_or_edited_inventory_is_written_again_on_the_next_cycle() -> R
     inventories
         .patch(&node, &PatchParams::default(), &Patch::Merge(&edit))
         .await?;
-    let repaired = agent.cycle().await?;
+    let repaired = cycle_until(&mut agent, "the edited inventory repaired", |o| {
+        o.inventory_written
+    })
+    .await?;
     assert!(repaired.inventory_written, "{repaired:?}");
     assert_eq!(inventories.get(&node).await?.spec.summary.accelerators, 8);
 
@@ -385,5 +392,61 @@ async fn deleting_the_node_deletes_its_inventory() -> Result<()> {
         async move { Ok(inventories.get_opt(&node).await?.is_none().then_some(())) }
     })
     .await?;
+    Ok(())
+}
+
+/// A Node deleted and created again under the same name (a re-provisioned machine) while its
+/// agent runs: the agent sees the new uid (from its Node watch), writes the inventory again
+/// owned by the new Node (the old one went with the old Node) and puts its labels back on it.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_node_recreated_under_its_name_gets_its_inventory_and_labels_back() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-controller-manager's garbage collector)");
+        return Ok(());
+    }
+    let client = cluster.client();
+    install_crds(&client).await?;
+    let node = cluster.unique_name("reborn");
+    let old = create_node(&client, &node).await?;
+    let host = copy_fixture("h100-8x-nvswitch")?;
+    let mut agent = agent_for(&client, &node, host.path(), 3);
+    agent.cycle().await?;
+    watches_current(&agent).await?;
+    let inventories: Api<AcceleratorInventory> = Api::all(client.clone());
+
+    Api::<Node>::all(client.clone())
+        .delete(&node, &DeleteParams::default())
+        .await?;
+    wait_for(DEFAULT_TIMEOUT, "inventory garbage-collected", || {
+        let inventories = inventories.clone();
+        let node = node.clone();
+        async move { Ok(inventories.get_opt(&node).await?.is_none().then_some(())) }
+    })
+    .await?;
+    let new = create_node(&client, &node).await?;
+    assert_ne!(new.metadata.uid, old.metadata.uid);
+
+    let again = cycle_until(&mut agent, "the inventory of the new Node", |o| {
+        o.inventory_written
+    })
+    .await?;
+    assert!(again.labels_written, "{again:?}");
+    let owner = inventories
+        .get(&node)
+        .await?
+        .metadata
+        .owner_references
+        .unwrap_or_default();
+    assert_eq!(owner.len(), 1, "{owner:?}");
+    assert_eq!(Some(&owner[0].uid), new.metadata.uid.as_ref());
+    assert_eq!(
+        node_labels(&client, &node)
+            .await?
+            .get("hwaccel.io/count")
+            .map(String::as_str),
+        Some("8")
+    );
     Ok(())
 }

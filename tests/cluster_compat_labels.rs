@@ -16,13 +16,14 @@ use std::path::Path;
 
 use anyhow::Result;
 use hwaccel::agent::compat_labels::FIELD_MANAGER as COMPAT_MANAGER;
+use hwaccel::agent::node_labels::LabelOwnership;
 use hwaccel::cleanup::{Options, release_labels};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use support::agent::agent_for;
+use support::agent::{agent_for, node_seen};
 use support::hosts::copy_fixture;
 use support::nodes::create_node;
 use support::{TestCluster, install_crds};
@@ -222,6 +223,11 @@ async fn a_node_another_labeler_serves_gets_none_of_its_keys() -> Result<()> {
         &later,
         &[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3-SHARED")],
     )
+    .await?;
+    // The agent acts on the first cycle after its Node watch shows the other labeler's key.
+    node_seen(&agent, "the other labeler's key", |node| {
+        LabelOwnership::of_meta(node, COMPAT_MANAGER).held_by_others(node, "nvidia.com/gpu.product")
+    })
     .await?;
     agent.cycle().await?;
     let node = node_of(&client, &later).await?;

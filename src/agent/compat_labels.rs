@@ -42,6 +42,12 @@ impl CompatLabels {
         }
     }
 
+    /// Forgets what was written, so the next sync compares with the Node again (a Node
+    /// re-created under the same name carries none of the labels).
+    pub fn invalidate(&mut self) {
+        self.labeler.invalidate();
+    }
+
     /// Turns writing on or off; off releases what an earlier run wrote.
     pub fn set_enabled(&mut self, enabled: bool) {
         self.enabled = enabled;

@@ -2,18 +2,21 @@
 //!
 //! On a DRA-only cluster (the NVIDIA GPU Operator's DRA mode deploys no feature-discovery
 //! labeler) nothing else writes product labels, and the agent's own detection may lack the
-//! vendor tools. So the agent lists the slices of its node and fills in, for the labels only,
+//! vendor tools. So the agent reads the slices of its node and fills in, for the labels only,
 //! what its detection lacks: a device's product or memory, or a device it did not see at all.
 //! The inventory stays pure detection; the controller merges slices itself.
 //!
-//! Reading slices is optional: a cluster without the DRA API (404) or an agent without the
-//! RBAC (403) skips it quietly, and any other failure costs only this cycle's fill.
+//! The slices come from the agent's watch of its node's slices ([`super::own_objects`]) when
+//! that is current, and from a list otherwise. Reading slices is optional: a cluster without
+//! the DRA API (404) or an agent without the RBAC (403) skips it quietly, and any other
+//! failure costs only this cycle's fill.
 
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
 
+use super::watched::Cached;
 use crate::api::dra::PublishedDevice;
 use crate::api::dra::slices::published_devices;
 use crate::detect::pci::canonical_bus_id;
@@ -52,32 +55,48 @@ impl SliceReader {
         }
     }
 
-    /// The devices known drivers publish for this node; empty when DRA is absent, not
+    /// The devices known drivers publish for this node, from `cached` (the watch's view) when
+    /// it is current or refused, from a list otherwise; empty when DRA is absent, not
     /// allowed, or failing (never an error: labels from detection still go out).
-    pub async fn published(&self) -> Vec<PublishedDevice> {
-        let slices = match tokio::time::timeout(self.timeout, self.list()).await {
-            Ok(Ok(slices)) => slices,
-            Ok(Err(kube::Error::Api(status))) if matches!(status.code, 403 | 404) => {
+    pub async fn published(&self, cached: Cached<ResourceSlice>) -> Vec<PublishedDevice> {
+        let slices = match cached {
+            Cached::Current(slices) => slices.into_values().collect(),
+            Cached::Refused(code) => {
                 tracing::debug!(
-                    code = status.code,
+                    code,
                     "ResourceSlices not readable (no DRA API or no RBAC); labels from detection only"
                 );
                 return Vec::new();
             }
-            Ok(Err(err)) => {
-                tracing::debug!(error = %err, "listing this node's ResourceSlices failed");
-                return Vec::new();
-            }
-            Err(_) => {
-                tracing::debug!("listing this node's ResourceSlices timed out");
-                return Vec::new();
-            }
+            Cached::Unknown => self.listed().await,
         };
         let fleet = published_devices(&slices);
         for note in &fleet.notes {
             tracing::debug!(note, "ResourceSlices");
         }
         fleet.node(&self.node).to_vec()
+    }
+
+    /// This node's slices from a list; empty when it fails.
+    async fn listed(&self) -> Vec<ResourceSlice> {
+        match tokio::time::timeout(self.timeout, self.list()).await {
+            Ok(Ok(slices)) => slices,
+            Ok(Err(kube::Error::Api(status))) if matches!(status.code, 403 | 404) => {
+                tracing::debug!(
+                    code = status.code,
+                    "ResourceSlices not readable (no DRA API or no RBAC); labels from detection only"
+                );
+                Vec::new()
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "listing this node's ResourceSlices failed");
+                Vec::new()
+            }
+            Err(_) => {
+                tracing::debug!("listing this node's ResourceSlices timed out");
+                Vec::new()
+            }
+        }
     }
 
     async fn list(&self) -> Result<Vec<ResourceSlice>, kube::Error> {

@@ -10,21 +10,26 @@
 //! Before the first publish the agent reads its existing inventory and seeds the tracker with
 //! it, so a restarted agent whose first detection fails keeps the node's labels for the
 //! grace (the devices of backends it runs, and only until detection confirms or misses them).
-//! On every later cycle it reads the inventory's metadata (one small GET, no write). An
-//! inventory that was deleted is written again on that same cycle. One that anyone else
-//! changed since the agent's last write (the controller writes `status.freeDevices` after
-//! every change in use) is read again, and the agent's own fields (the spec, its status
-//! fields) are compared with what is stored: only a difference there is written back (and
-//! logged), so the controller never plans on an edited inventory for longer than one
+//!
+//! A steady cycle makes no request: the first publish starts watches of the agent's own Node,
+//! inventory and slices ([`super::own_objects`], ADR 0010), and while they are current a cycle
+//! reads their caches; while one is not (starting, failing, not heard from lately) the cycle
+//! makes the read it replaces (a metadata GET, a LIST). An inventory whose version differs from
+//! the agent's last write is read whole: deleted, it is written again on the first cycle after
+//! the watch shows it gone; changed by anyone else (the controller writes
+//! `status.freeDevices` after every change in use), the agent's own fields (the spec, its
+//! status fields) are compared with what is stored and only a difference there is written
+//! back (and logged), so the controller never plans on an edited inventory for longer than one
 //! interval, and the controller's own writes cost the agent one GET and no write. Conditions
 //! are merged into the stored ones, so a condition's `lastTransitionTime` moves only when its
 //! status does.
 //!
-//! Every cycle also reads its Node's metadata (one small GET, no write; it replaces the GET
-//! that learnt the Node's uid): the `hwaccel.io/expected-devices` annotation and the instance
-//! type label say how many accelerators the node should have (see
-//! [`crate::fleet::expected`]), which the status (`expectedDevices`, `DevicesMissing`), the
-//! `hwaccel.io/devices-missing` label and the device metrics compare detection with.
+//! The Node's metadata (watched, or one small GET) gives its uid for the inventory's
+//! ownerReference (a new uid means the Node was re-created: its labels are written again),
+//! and the `hwaccel.io/expected-devices` annotation and the instance type label say how many
+//! accelerators the node should have (see [`crate::fleet::expected`]), which the status
+//! (`expectedDevices`, `DevicesMissing`), the `hwaccel.io/devices-missing` label and the device
+//! metrics compare detection with.
 //!
 //! The status is written by server-side apply of the agent's fields only (`Ready`, `Degraded`,
 //! `DevicesMissing`, `HostMountsWritable` (see [`super::host_mounts`]), `observedGeneration`, `expectedDevices`, `expectedSource`): the
@@ -47,8 +52,10 @@ use super::host_mounts::{self, HOST_MOUNTS_WRITABLE};
 use super::hotplug::DeviceFingerprint;
 use super::metrics::{AgentMetrics, DeviceRow, NodeCounts};
 use super::node_labels::{LabelOutcome, NodeLabeler};
+use super::own_objects::{InventoryVersion, OwnObjects};
 use super::own_slice::OwnSlicePublisher;
 use super::presence::PresenceTracker;
+use super::watched::Timing;
 use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
 use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
@@ -113,6 +120,11 @@ pub struct Agent {
     labeler: NodeLabeler,
     /// This node's DRA ResourceSlices, a second source for the labels.
     slices: SliceReader,
+    /// For starting the watches of the agent's own objects on the first publish.
+    client: Client,
+    /// The watches of the agent's own Node, inventory and slices (started on the first
+    /// publish, inside the runtime); a cycle reads them instead of the API while current.
+    own: Option<OwnObjects>,
     /// The opt-in `hwaccel.io` slice for driverless devices (off unless families are set).
     own_slices: OwnSlicePublisher,
     /// The opt-in vendor compatibility labels (off unless enabled).
@@ -135,6 +147,9 @@ pub struct Agent {
     warned_annotation: Option<String>,
     /// Host paths mounted writable under the host root, found at start.
     writable_host_mounts: Vec<String>,
+    /// The uid of the Node as last read: a different one means the Node was re-created under
+    /// the same name, without the labels the agent remembers writing.
+    node_uid: Option<String>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -173,7 +188,9 @@ impl Agent {
             compat,
             tracker,
             detector: Arc::new(detector),
-            inventories: Api::all(client),
+            inventories: Api::all(client.clone()),
+            client,
+            own: None,
             nodes,
             labeler,
             metrics,
@@ -187,6 +204,7 @@ impl Agent {
             last_expected: None,
             warned_annotation: None,
             writable_host_mounts: Vec::new(),
+            node_uid: None,
             config,
         }
         .with_writable_host_mounts(host_mounts::check(&config_root))
@@ -283,11 +301,28 @@ impl Agent {
     /// Folds a detection into the tracker and publishes the result where it changed.
     pub async fn publish(&mut self, detected: &Report) -> Result<PublishOutcome, kube::Error> {
         self.seed_once().await?;
-        let node = self
-            .nodes
-            .get_metadata(&self.config.node_name)
-            .await?
-            .metadata;
+        let own = self.own.get_or_insert_with(|| {
+            OwnObjects::start(&self.client, &self.config.node_name, Timing::default())
+        });
+        let cached_node = own.node();
+        let cached_slices = own.slices();
+        let node = match cached_node {
+            Some(node) => node,
+            None => {
+                self.nodes
+                    .get_metadata(&self.config.node_name)
+                    .await?
+                    .metadata
+            }
+        };
+        if node.uid != self.node_uid {
+            if self.node_uid.is_some() {
+                tracing::warn!("the Node was re-created under the same name; labelling it again");
+                self.labeler.invalidate();
+                self.compat.invalidate();
+            }
+            self.node_uid.clone_from(&node.uid);
+        }
         let published = self.tracker.observe(detected);
         let stale: Vec<String> = self.tracker.stale_devices().map(str::to_string).collect();
         self.metrics
@@ -306,7 +341,7 @@ impl Agent {
         let mut outcome = PublishOutcome::default();
         // Labels also count what DRA drivers publish and detection missed (DRA-only nodes);
         // the inventory stays detection only.
-        let from_slices = self.slices.published().await;
+        let from_slices = self.slices.published(cached_slices).await;
         let merged = if from_slices.is_empty() {
             published.clone()
         } else {
@@ -383,12 +418,19 @@ impl Agent {
         self.synced = false;
     }
 
+    /// The watches of the agent's own objects, once the first publish started them.
+    pub fn own_objects(&self) -> Option<&OwnObjects> {
+        self.own.as_ref()
+    }
+
     /// Brings the cached copy of the agent's fields up to date with what is stored, so the
-    /// comparisons that follow write only what differs. One metadata GET when nothing changed
-    /// since the agent's last write; a full GET when someone else wrote (the controller's
-    /// `freeDevices`, a user's edit) or after an error. A deleted inventory may have gone with
-    /// a Node that was re-created under the same name; the Node's uid is read every cycle
-    /// anyway.
+    /// comparisons that follow write only what differs. No request when the inventory watch
+    /// is current and shows the version of the agent's last write; otherwise a metadata GET
+    /// (watch not current) and a full GET when the versions differ: someone else wrote (the
+    /// controller's `freeDevices`, a user's edit), it was deleted, the watch has not yet
+    /// delivered the agent's own last write, or after an error. A deleted inventory may have
+    /// gone with a Node that was re-created under the same name; the Node's uid is read (from
+    /// the Node watch, or a GET) every cycle anyway.
     async fn sync_with_stored(&mut self) -> Result<(), kube::Error> {
         let name = self.config.node_name.clone();
         if self.synced {
@@ -396,16 +438,30 @@ impl Agent {
                 // Nothing stored yet as far as the agent knows: this cycle creates it.
                 return Ok(());
             };
-            match self.inventories.get_metadata_opt(&name).await? {
-                Some(meta) if meta.metadata.resource_version.as_deref() == Some(&*written) => {
-                    return Ok(());
+            let cached = self
+                .own
+                .as_ref()
+                .map_or(InventoryVersion::Unknown, OwnObjects::inventory);
+            match cached {
+                InventoryVersion::Stored(version) if version == written => return Ok(()),
+                // A difference is confirmed by a full read below: the cache may only be a
+                // moment behind the agent's own write.
+                InventoryVersion::Stored(_) | InventoryVersion::Absent => {}
+                InventoryVersion::Unknown => {
+                    match self.inventories.get_metadata_opt(&name).await? {
+                        Some(meta)
+                            if meta.metadata.resource_version.as_deref() == Some(&*written) =>
+                        {
+                            return Ok(());
+                        }
+                        None => {
+                            tracing::warn!("the inventory was deleted; writing it again");
+                            self.forget_stored();
+                            return Ok(());
+                        }
+                        Some(_) => {}
+                    }
                 }
-                None => {
-                    tracing::warn!("the inventory was deleted; writing it again");
-                    self.forget_stored();
-                    return Ok(());
-                }
-                Some(_) => {}
             }
         }
         let Some(stored) = self.inventories.get_opt(&name).await? else {

@@ -73,7 +73,7 @@ fn slice_list() -> String {
 async fn the_own_nodes_slices_are_listed_with_a_field_selector_and_a_limit() {
     let (client, seen) = fake_apiserver("200 OK", slice_list()).await;
     let reader = SliceReader::new(client, "n1", TIMEOUT);
-    let devices = reader.published().await;
+    let devices = reader.published(Cached::Unknown).await;
     assert_eq!(devices.len(), 1);
     assert_eq!(devices[0].reference.device, "gpu-0");
     let lines = seen.lock().expect("log").clone();
@@ -88,6 +88,23 @@ async fn the_own_nodes_slices_are_listed_with_a_field_selector_and_a_limit() {
 }
 
 #[tokio::test]
+async fn a_current_or_refused_watch_is_used_without_a_request() {
+    let (client, seen) = fake_apiserver("500 Internal Server Error", String::new()).await;
+    let reader = SliceReader::new(client, "n1", TIMEOUT);
+    let list: kube::api::ObjectList<ResourceSlice> =
+        serde_json::from_str(&slice_list()).expect("list");
+    let slices = list
+        .items
+        .into_iter()
+        .map(|s| (s.metadata.name.clone().unwrap_or_default(), s))
+        .collect();
+    let devices = reader.published(Cached::Current(slices)).await;
+    assert_eq!(devices.len(), 1);
+    assert!(reader.published(Cached::Refused(404)).await.is_empty());
+    assert_eq!(seen.lock().expect("log").len(), 0, "the API was not asked");
+}
+
+#[tokio::test]
 async fn forbidden_or_missing_dra_is_skipped_quietly() {
     for (status, code) in [("403 Forbidden", 403), ("404 Not Found", 404)] {
         let body = serde_json::json!({
@@ -98,7 +115,10 @@ async fn forbidden_or_missing_dra_is_skipped_quietly() {
         .to_string();
         let (client, _) = fake_apiserver(status, body).await;
         let reader = SliceReader::new(client, "n1", TIMEOUT);
-        assert!(reader.published().await.is_empty(), "{status}");
+        assert!(
+            reader.published(Cached::Unknown).await.is_empty(),
+            "{status}"
+        );
     }
 }
 
@@ -117,7 +137,7 @@ async fn a_hung_apiserver_costs_at_most_the_timeout() {
         crate::kube_client::client_from(kube::Config::new(url), TIMEOUT * 10).expect("client");
     let started = std::time::Instant::now();
     let reader = SliceReader::new(client, "n1", TIMEOUT);
-    assert!(reader.published().await.is_empty());
+    assert!(reader.published(Cached::Unknown).await.is_empty());
     assert!(started.elapsed() < TIMEOUT * 4, "{:?}", started.elapsed());
 }
 
