@@ -29,6 +29,7 @@ pub mod fleet;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
+mod passes;
 pub mod placement;
 #[cfg(test)]
 mod spans_tests;
@@ -40,7 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
@@ -353,7 +354,10 @@ async fn run_controller(
     ctx.metrics.started("ready", started);
     let reconciles = config.reconciles.clone();
     let controller = controller
-        .reconcile_all_on(receiver_stream(inventory_changes))
+        .reconcile_all_on(passes::spaced(
+            inventory_changes,
+            passes::gap_for(config.debounce),
+        ))
         .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
         .run(
             move |placement, ctx| reconciles.track(reconcile(placement, ctx)),
@@ -490,14 +494,6 @@ async fn shutdown_after_sync(
 ) {
     shutdown.await;
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, placements.wait_until_ready()).await;
-}
-
-fn receiver_stream<T: Send + 'static>(
-    receiver: mpsc::UnboundedReceiver<T>,
-) -> impl Stream<Item = T> + Send {
-    futures::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|item| (item, receiver))
-    })
 }
 
 /// Runs the controller only while this replica holds the Lease. Returns an error when
