@@ -26,6 +26,7 @@ mod dra_watch;
 #[cfg(test)]
 pub(crate) mod fake_apiserver;
 pub mod fleet;
+pub mod inventory_changes;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
@@ -57,6 +58,7 @@ use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 use self::context::{Context, State};
 use self::dra_watch::dra_watches;
 pub use self::fleet::CapacityCounting;
+use self::inventory_changes::InventoryChanges;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
 use self::placement::core::ledger::Ledger;
@@ -176,6 +178,7 @@ async fn run_served(
     let node_epoch = fleet_epoch.clone();
     let (relabel_tx, relabel_rx) = mpsc::unbounded_channel::<String>();
     let node_relabel_tx = relabel_tx.clone();
+    let mut inventory_changes = InventoryChanges::new();
     let inventory_events = reflector::reflector(
         inventory_writer,
         watcher(
@@ -199,9 +202,13 @@ async fn run_served(
                 );
             }
         }
-        if event.is_ok() {
-            inventory_epoch.fetch_add(1, Ordering::Release);
-            let _ = changed_tx.send(());
+        if let Ok(event) = &event {
+            // Only a change of what the planner reads stales its view of the fleet; the
+            // fleet pass, which counts from statuses too, hears of every event.
+            if inventory_changes.observe(event) {
+                inventory_epoch.fetch_add(1, Ordering::Release);
+                let _ = changed_tx.send(());
+            }
             inventory_fleet_changed.notify_one();
         }
         async {}
