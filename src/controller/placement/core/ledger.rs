@@ -228,18 +228,7 @@ impl Ledger {
     /// Forgets what `key` holds; returns it.
     pub fn remove(&mut self, key: &PlacementKey) -> Option<Holding> {
         self.touch(key);
-        let holding = self.holdings.remove(key)?;
-        let mut freed = false;
-        for (node, device) in holding.devices() {
-            self.owners.remove(&(node.to_string(), device.to_string()));
-            freed = true;
-        }
-        // A holding without devices (a claim-template placement) frees nothing, so what did
-        // not fit before still does not.
-        if freed {
-            self.releases += 1;
-        }
-        Some(Arc::unwrap_or_clone(holding))
+        self.remove_unlogged(key).map(Arc::unwrap_or_clone)
     }
 
     /// On a snapshot, remembers what `key` held before its first change.

@@ -202,19 +202,21 @@ impl Ledger {
         Ok(())
     }
 
-    /// Frees what `key` holds, counting a release, without touching its refusal.
-    fn remove_unlogged(&mut self, key: &PlacementKey) {
-        let Some(holding) = self.holdings.remove(key) else {
-            return;
-        };
+    /// Frees what `key` holds, counting a release, without touching its refusal or the
+    /// snapshot's log; returns the holding.
+    pub(super) fn remove_unlogged(&mut self, key: &PlacementKey) -> Option<Arc<Holding>> {
+        let holding = self.holdings.remove(key)?;
         let mut freed = false;
         for (node, device) in holding.devices() {
             self.owners.remove(&(node.to_string(), device.to_string()));
             freed = true;
         }
+        // A holding without devices (a claim-template placement) frees nothing, so what did
+        // not fit before still does not.
         if freed {
             self.releases += 1;
         }
+        Some(holding)
     }
 
     /// Records a holding whose devices [`Ledger::commit`] has already checked.
