@@ -74,8 +74,11 @@ tc_node_host_up() {
   fi
   if ! ip link show "$TC_NODE_BRIDGE" >/dev/null 2>&1; then
     ip link add "$TC_NODE_BRIDGE" type bridge || tc_die "cannot create bridge $TC_NODE_BRIDGE"
-    echo created >"$N/run/bridge"
   fi
+  # Ours either way: up.sh holds the one-real-node lock, so a bridge of this name already
+  # there is one an earlier run failed to remove (a killed run, a deleted work dir), and
+  # it goes at tc_node_down like one created here instead of outliving every later run.
+  echo ours >"$N/run/bridge"
   ip addr replace "$TC_NODE_BRIDGE_IP/24" dev "$TC_NODE_BRIDGE"
   ip link set "$TC_NODE_BRIDGE" up
   # Pods reach the apiserver through the kubernetes Service (DNAT on this host), and one
