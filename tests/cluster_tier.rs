@@ -25,6 +25,7 @@ mod cluster_disaggregated;
 mod cluster_dra;
 mod cluster_dra_classes;
 mod cluster_dra_counters;
+mod cluster_dra_lint;
 mod cluster_dra_pod_health;
 mod cluster_fleet;
 mod cluster_fleet_cli;

@@ -17,6 +17,7 @@ mod dockerfile;
 mod examples;
 mod fleet_cli;
 mod fleet_views_agree;
+mod lint_slices_cli;
 mod nvml_glibc;
 mod observability;
 mod plan_calibration;

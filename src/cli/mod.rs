@@ -12,6 +12,7 @@
 //! | `cleanup.rs` | `hwaccel cleanup`: remove our labels (uninstall) |
 //! | `crds.rs` | `hwaccel crds`: print the CRDs |
 //! | `deviceclasses.rs` | `hwaccel deviceclasses`: print the DRA DeviceClasses |
+//! | `lint_slices.rs` | `hwaccel lint-slices`: what is wrong with DRA ResourceSlices |
 //! | `process.rs` | what `agent` and `controller` share: flags, runtime, health server |
 //! | `values.rs` | the core's enums as flag values |
 //!
@@ -26,6 +27,7 @@ mod detect;
 mod deviceclasses;
 pub mod fleet;
 pub mod fleet_input;
+mod lint_slices;
 pub mod plan;
 pub mod plan_dra;
 pub mod plan_emit;
@@ -70,6 +72,9 @@ enum Command {
     Crds(CrdsArgs),
     /// Print the cross-vendor DRA DeviceClasses as YAML (`--chart`: as the chart's template).
     Deviceclasses(deviceclasses::DeviceClassesArgs),
+    /// Check DRA ResourceSlice files: slices the apiserver refuses, empty slices, and per
+    /// known driver unknown values, missing facts, deprecated and driver-scoped names.
+    LintSlices(lint_slices::LintSlicesArgs),
 }
 
 /// `hwaccel detect` with only its own flags.
@@ -116,6 +121,7 @@ pub fn main() -> ExitCode {
         Command::Crds(args) => crds::run(args),
         Command::Fleet(args) => fleet::run(*args),
         Command::Deviceclasses(args) => deviceclasses::run(args),
+        Command::LintSlices(args) => lint_slices::run(args),
         Command::Plan(args) => return plan::run(*args),
     };
     finish(result)

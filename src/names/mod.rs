@@ -43,8 +43,14 @@ fn is_valid_label_name(name: &str) -> bool {
         && bytes.iter().all(|&b| is_name_byte(b))
 }
 
+/// True for a DNS label (RFC 1123): 1–63 lowercase letters, digits and `-`, alphanumeric at
+/// both ends (the apiserver's rule for device names).
+pub fn is_valid_dns_label(name: &str) -> bool {
+    name.len() <= MAX_LABEL_LENGTH && !name.contains('.') && is_valid_dns_subdomain(name)
+}
+
 /// True for a DNS subdomain (RFC 1123): dot-separated lowercase labels, ≤253 in all.
-fn is_valid_dns_subdomain(prefix: &str) -> bool {
+pub fn is_valid_dns_subdomain(prefix: &str) -> bool {
     prefix.len() <= MAX_PREFIX_LENGTH
         && prefix.split('.').all(|part| {
             let bytes = part.as_bytes();

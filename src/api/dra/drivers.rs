@@ -70,6 +70,19 @@ pub struct KnownDriver {
     /// An attribute whose value is the same on every device of one scale-up group (one
     /// NeuronLink-connected set), if the driver publishes one.
     pub interconnect_group: Option<&'static str>,
+    /// Attribute names the driver published once and has dropped or replaced, with what a
+    /// reader should use instead: a CEL selector written against one matches nothing on
+    /// nodes whose driver was upgraded (`hwaccel lint-slices` reports them).
+    pub deprecated: &'static [Deprecated],
+}
+
+/// An attribute name a driver no longer publishes (or publishes only for compatibility).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deprecated {
+    /// The name as the driver wrote it (unqualified: in the driver's own domain).
+    pub name: &'static str,
+    /// What to read instead, in words.
+    pub instead: &'static str,
 }
 
 /// Every driver we know, by name.
@@ -93,6 +106,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: None,
         interconnect_group: None,
+        deprecated: &[],
     },
     // ROCm/k8s-gpu-dra-driver docs/driver-attributes.md (2026 layout) and
     // cmd/gpu-kubeletplugin/deviceinfo.go: `type` is `amdgpu` on a whole GPU (and on an
@@ -113,6 +127,17 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: None,
         interconnect_group: None,
+        // Dropped from whole GPUs in the 2026 layout (docs/driver-attributes.md, above).
+        deprecated: &[
+            Deprecated {
+                name: "family",
+                instead: "productName (or deviceID)",
+            },
+            Deprecated {
+                name: "cardIndex",
+                instead: "the device name or resource.kubernetes.io/pciBusID",
+            },
+        ],
     },
     // intel/intel-resource-drivers-for-kubernetes cmd/kubelet-gpu-plugin/node_state.go
     // (`GetResources`: `model`, `type` (`gpu`, or `vf` for an SR-IOV virtual function),
@@ -131,6 +156,17 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: Some(HealthSource::Text("health")),
         interconnect_group: None,
+        // node_state.go marks both deprecated in favour of DRA's standard names.
+        deprecated: &[
+            Deprecated {
+                name: "pciAddress",
+                instead: STANDARD_PCI_BUS_ID,
+            },
+            Deprecated {
+                name: "pciRoot",
+                instead: STANDARD_PCIE_ROOT,
+            },
+        ],
     },
     // intel/intel-resource-drivers-for-kubernetes cmd/kubelet-gaudi-plugin/node_state.go
     // (`model` is the SKU name such as `Gaudi2`, `serial`, `healthy`, `pciRoot`; no
@@ -147,6 +183,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: Some(HealthSource::Bool("healthy")),
         interconnect_group: None,
+        deprecated: &[],
     },
     // aws-neuron/aws-neuron-sdk containers/neuron-dra.rst: devices `neurondevice<N>` in one
     // pool named after the node; `instanceType` (`trn2.48xlarge`), `neuronDriverVersion`,
@@ -166,6 +203,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: Some(("resourceType", "neuron_node")),
         health: None,
         interconnect_group: Some("resource.aws.com/devicegroup16_id"),
+        deprecated: &[],
     },
 ];
 

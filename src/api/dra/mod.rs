@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`drivers`] | the vendor DRA drivers we know: names, attribute keys, family |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
+//! | [`lint`] | what is wrong with slices: the apiserver's rules, empty slices, the dictionary's facts |
 //! | [`merge`] | an inventory + published devices → one planner node, one device each |
 //! | [`own_slices`] | driverless devices → the agent's own `hwaccel.io` slice, never double-exposed |
 //! | [`counters`] | shared counters (partitionable devices): which devices the allocated ones block |
@@ -28,6 +29,7 @@ pub mod claims;
 pub mod counters;
 pub mod device_classes;
 pub mod drivers;
+pub mod lint;
 pub mod merge;
 pub mod own_slices;
 pub mod slices;
