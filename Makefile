@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build demo scale test unit cluster-test compat-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build setup doctor demo scale test unit cluster-test compat-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -26,16 +26,29 @@ all: build
 build:
 	$(CARGO) build --release
 
+## setup: check every prerequisite of the build and the tiers (the pinned Rust toolchain with
+## its components and musl target, the musl C compiler, Go, the real node's Debian packages...)
+## and install what rustup and apt-get can; one line naming the command for the rest
+## (scripts/setup.sh). `make demo`, `make test` and .ci/run run it first, so nothing later
+## installs what an earlier step needed.
+setup:
+	@scripts/setup.sh
+
+## doctor: the same checks, read-only, as a table: found / missing / how to get it
+doctor:
+	@scripts/setup.sh --check
+
 ## demo: the operator end to end on a local control plane with three fixture nodes
 demo:
+	@scripts/setup.sh --demo
 	scripts/demo.sh
 
-## test: each test once: the fast tier (unit, fixture, CLI), then the cluster tier against a
-## real local control plane with kwok nodes, then the real-node tier (the chart's pods on a
-## real kubelet, from the image `make image-static` builds), then the peak-RSS check of that
-## image's `hwaccel detect`; between them, the DRA/admission/controller areas again on the
-## oldest supported Kubernetes minor (compat-test)
-test: unit cluster-test compat-test node-test detect-rss
+## test: the set-up (as `make setup`), then each test once: the fast tier (unit, fixture,
+## CLI), then the cluster tier against a real local control plane with kwok nodes, then the
+## real-node tier (the chart's pods on a real kubelet, from the image `make image-static`
+## builds), then the peak-RSS check of that image's `hwaccel detect`; between them, the
+## DRA/admission/controller areas again on the oldest supported Kubernetes minor (compat-test)
+test: setup unit cluster-test compat-test node-test detect-rss
 
 unit:
 	$(CARGO) test

@@ -1,6 +1,7 @@
 //! The fast tier's integration tests in one test binary: the CLI on fixture hosts, the chart
-//! rendered by helm, the planner's calibration and properties, the Dockerfile and the
-//! observability files. One module per area; `cargo test` runs them with the unit tests.
+//! rendered by helm, the planner's calibration and properties, the Dockerfile, the
+//! observability files and the set-up script (against stand-ins). One module per area;
+//! `cargo test` runs them with the unit tests.
 //!
 //! One binary links the library once instead of once per area. `detect_detached_tools`
 //! stays its own binary: it counts its process's threads, which other tests would disturb.
@@ -24,3 +25,4 @@ mod plan_calibration;
 mod plan_cli;
 mod plan_deployments;
 mod plan_properties;
+mod setup_script;

@@ -39,26 +39,29 @@ TC_NODE_APT=(runc containernetworking-plugins iptables conntrack musl-tools busy
 
 # tc_node_supported: why this machine cannot run a real node (on stdout), or nothing.
 tc_node_supported() {
+  local why; why=$(tc_node_host_supported)
+  [ -z "$why" ] || { echo "$why"; return; }
+  command -v ip >/dev/null || { echo "no 'ip' command (iproute2)"; return; }
+}
+
+# tc_node_host_supported: the part of tc_node_supported no package fixes (scripts/setup.sh
+# installs iproute2 with the node's packages where this says nothing).
+tc_node_host_supported() {
   [ "$(uname -s)" = Linux ] || { echo "not Linux"; return; }
   [ "$(id -u)" = 0 ] || { echo "not root (the kubelet and containerd need root)"; return; }
   [ -d /proc/sys/net/bridge ] || modprobe br_netfilter 2>/dev/null || true
   [ -d /proc/sys/net/bridge ] || { echo "no br_netfilter (net.bridge sysctls)"; return; }
-  command -v ip >/dev/null || { echo "no 'ip' command (iproute2)"; return; }
 }
 
-# tc_node_deps: install the Debian packages the tier needs when one is missing.
+# tc_node_deps: the Debian packages the tier needs are installed. scripts/setup.sh installs
+# them (`make setup`, run first by `make demo` and `make test`): by the time this tier starts,
+# `make image-static` has needed musl-tools already, so installing here would be too late.
 tc_node_deps() {
   local missing=() p
   for p in "${TC_NODE_APT[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
   done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  command -v apt-get >/dev/null || tc_die "missing packages ${missing[*]} and no apt-get to install them"
-  tc_log "installing ${missing[*]} (apt)"
-  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
-    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-           --no-install-recommends "${missing[@]}"; }; } >"$WORK/logs/apt.log" 2>&1 \
-    || tc_die "apt-get install ${missing[*]} failed (see $WORK/logs/apt.log)"
+  [ ${#missing[@]} -eq 0 ] || tc_die "missing packages ${missing[*]}: run scripts/setup.sh (make setup)"
 }
 
 # The interfaces the machine reaches the outside through (default routes).
