@@ -465,6 +465,66 @@ fn a_backend_stuck_past_the_overall_deadline_is_a_warning_and_the_rest_is_report
     );
 }
 
+/// Issue 35: past the deadline the report was printed but the process did not end while a
+/// backend's thread was stuck on a pipe that never reaches end of file, and the tool holding
+/// it lived on. Now the process exits right after the report, and the tool (here one that
+/// keeps its stdout open through a background child and never exits) is killed with it.
+#[test]
+fn past_the_deadline_the_process_exits_and_leaves_no_tool_running() {
+    let utilities = utilities_dir();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pidfile = dir.path().join("holder.pid");
+    let (_host, root) = host_with_broken_nvidia_smi(&format!(
+        "sleep 120 &\necho $! > '{}'\nwait",
+        pidfile.display()
+    ));
+    let started = Instant::now();
+    let output = hwaccel_within(
+        &root,
+        utilities.path(),
+        &[
+            "-o",
+            "json",
+            "--tool-timeout-ms",
+            "120000",
+            "--deadline-ms",
+            "1500",
+        ],
+        Duration::from_secs(20),
+    );
+    let elapsed = started.elapsed();
+    assert!(output.status.success(), "{output:?}");
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    let report: Report = serde_json::from_slice(&output.stdout).expect("a whole report");
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.backend == "nvidia" && w.message.contains("deadline")),
+        "{:?}",
+        report.warnings
+    );
+    let holder: u32 = fs::read_to_string(&pidfile)
+        .expect("the tool started its child")
+        .trim()
+        .parse()
+        .expect("a process id");
+    let gone_by = Instant::now() + Duration::from_secs(5);
+    let alive = || {
+        fs::read_to_string(format!("/proc/{holder}/stat")).is_ok_and(|stat| {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+    };
+    while alive() && Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !alive(),
+        "the tool's child {holder} outlived hwaccel detect"
+    );
+}
+
 /// The `devices` of a report printed as JSON, with each device's `attributes.source` removed
 /// when `drop_source` (NVML and nvidia-smi describe the same GPU, and name themselves).
 fn devices_of(json: &str, drop_source: bool) -> serde_json::Value {

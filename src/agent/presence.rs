@@ -105,6 +105,16 @@ impl PresenceTracker {
             .map(|t| t.device.id.as_str())
     }
 
+    /// Ids of devices seeded from the stored inventory that no detection has seen since: kept
+    /// for the grace, but no evidence that the node has them (they must not raise the most
+    /// devices the node has been seen with, see `fleet::expected`).
+    pub fn unconfirmed_devices(&self) -> impl Iterator<Item = &str> {
+        self.devices
+            .values()
+            .filter(|t| t.unconfirmed)
+            .map(|t| t.device.id.as_str())
+    }
+
     /// Folds one detection in and returns the report to publish: the detection plus the
     /// devices (and their interconnect groups) that are missing but not yet considered gone.
     pub fn observe(&mut self, detected: &Report) -> Report {

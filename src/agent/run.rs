@@ -62,7 +62,7 @@ use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInve
 use crate::backoff::{Backoff, Retries};
 use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, ProcessView};
 use crate::fleet::expected::{
-    EXPECTED_DEVICES_ANNOTATION, Expected, ExpectedInputs, ExpectedSource, INSTANCE_TYPE_LABEL,
+    EXPECTED_DEVICES_ANNOTATION, ExpectedInputs, INSTANCE_TYPE_LABEL, next_seen_most,
 };
 use crate::hardware::HealthStatus;
 use crate::hardware::Report;
@@ -141,8 +141,10 @@ pub struct Agent {
     synced: bool,
     generation: Option<i64>,
     heartbeat: crate::health::Heartbeat,
-    /// The expected count last decided (seeded from the status), so `seen` only grows.
-    last_expected: Option<Expected>,
+    /// The most accelerators this agent's detections confirmed while the `seen` source
+    /// applied, so `seen` only grows. Never seeded from the stored status (issue 35: a forged
+    /// `expectedDevices`, or forged devices kept for the grace, left `DevicesMissing` for ever).
+    seen_most: u32,
     /// The malformed annotation value last warned about, so a bad value is logged once.
     warned_annotation: Option<String>,
     /// Host paths mounted writable under the host root, found at start.
@@ -201,7 +203,7 @@ impl Agent {
             synced: false,
             generation: None,
             heartbeat: crate::health::Heartbeat::default(),
-            last_expected: None,
+            seen_most: 0,
             warned_annotation: None,
             writable_host_mounts: Vec::new(),
             node_uid: None,
@@ -519,7 +521,7 @@ impl Agent {
         let inputs = ExpectedInputs {
             annotation,
             instance_type,
-            previous: self.last_expected,
+            seen_most: self.seen_most,
             published: u32::try_from(published.accelerators().count()).unwrap_or(u32::MAX),
         };
         let (expected, ignored) = crate::fleet::expected::expected(&inputs);
@@ -532,7 +534,16 @@ impl Agent {
             }
             None => self.warned_annotation = None,
         }
-        self.last_expected = Some(expected);
+        let unconfirmed: BTreeSet<&str> = self.tracker.unconfirmed_devices().collect();
+        let confirmed = published
+            .accelerators()
+            .filter(|d| !unconfirmed.contains(d.id.as_str()))
+            .count();
+        self.seen_most = next_seen_most(
+            expected,
+            self.seen_most,
+            u32::try_from(confirmed).unwrap_or(u32::MAX),
+        );
         DevicesMissing::new(
             expected,
             instance_type,
@@ -578,14 +589,9 @@ impl Agent {
             self.generation = existing.metadata.generation;
             self.applied_version = existing.metadata.resource_version;
             self.applied_spec = Some(existing.spec);
-            let status = existing.status.map(agent_fields);
-            self.last_expected = status.as_ref().and_then(|s| {
-                Some(Expected {
-                    count: s.expected_devices?,
-                    source: ExpectedSource::parse(s.expected_source.as_deref()?)?,
-                })
-            });
-            self.applied_status = status;
+            // Not `status.expectedDevices`: the stored count is no more evidence than the
+            // stored devices (see `seen_most`).
+            self.applied_status = existing.status.map(agent_fields);
             tracing::info!("seeded from the existing inventory");
         }
         self.seeded = true;

@@ -310,3 +310,59 @@ fn the_publish_backoff_starts_at_a_second_and_stops_at_max_backoff() {
         assert!(wait >= Duration::from_millis(500) && wait <= Duration::from_secs(60));
     }
 }
+
+/// The inventory's `DevicesMissing` condition and `expectedDevices`, as stored.
+fn devices_missing(fake: &FakeApiserver) -> (String, Value) {
+    let stored = fake.object(INVENTORY_PATH).unwrap();
+    let status = conditions(fake)
+        .into_iter()
+        .find(|(kind, _, _)| kind == "DevicesMissing")
+        .map(|(_, status, _)| status)
+        .unwrap();
+    (status, stored["status"]["expectedDevices"].clone())
+}
+
+/// Issue 35: a forged inventory (eight more H100s, and `expectedDevices` 48) left a restarted
+/// agent's `DevicesMissing` True for ever after the forged devices expired, because the
+/// expected count was seeded from the stored status and raised by the seeded devices. Only
+/// the agent's own detections raise it now: once the grace is over the node is whole again.
+#[tokio::test]
+async fn a_forged_inventory_leaves_no_missing_devices_after_the_grace() {
+    let (client, fake) = fake();
+    let (mut first, _process) = agent(client.clone());
+    let report = fixture_report("h100-8x-nvswitch");
+    first.publish(&report).await.unwrap();
+    assert_eq!(devices_missing(&fake), ("False".into(), json!(8)));
+
+    let mut stored: AcceleratorInventory =
+        serde_json::from_value(fake.object(INVENTORY_PATH).unwrap()).unwrap();
+    let real = stored.spec.devices[0].clone();
+    for n in 0..8 {
+        let mut forged = real.clone();
+        forged.name = format!("gpu-0000-e{n}-00-0");
+        forged.full_values.clear();
+        forged.attributes.remove(crate::api::attribute::PCI_BUS_ID);
+        forged.attributes.insert(
+            crate::api::attribute::ID.to_string(),
+            crate::api::DeviceAttribute::String(format!("0000:e{n}:00.0")),
+        );
+        stored.spec.devices.push(forged);
+    }
+    let status = stored.status.as_mut().unwrap();
+    status.expected_devices = Some(48);
+    fake.insert(INVENTORY_PATH, serde_json::to_value(&stored).unwrap());
+
+    // A restart: the forged devices are kept for the grace (three misses), missing meanwhile.
+    let (mut restarted, _process) = agent(client.clone());
+    restarted.publish(&report).await.unwrap();
+    assert_eq!(devices_missing(&fake), ("True".into(), json!(16)));
+    for _ in 0..3 {
+        restarted.publish(&report).await.unwrap();
+    }
+    assert_eq!(devices_missing(&fake), ("False".into(), json!(8)));
+    let devices = fake.object(INVENTORY_PATH).unwrap()["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(devices, 8, "the eight real GPUs only");
+}

@@ -461,6 +461,11 @@ pub struct EngineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub image_refusal: Option<String>,
+    /// The extended resource a pod asks for to get one of the planned devices from the
+    /// vendor's device plugin (`nvidia.com/gpu`, `amd.com/gpu`...), when one is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub device_resource: Option<String>,
     /// The model name to serve (a preset's Hugging Face repository), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]

@@ -8,8 +8,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use serde::Serialize;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::api::dra::merge::merge_node;
@@ -28,21 +30,27 @@ const MAX_FILE_BYTES: u64 = 64 << 20;
 /// At most this many slices are read over all files.
 const MAX_SLICES: usize = 100_000;
 
+/// The API version of the slices read (`resource.k8s.io/v1`).
+const SLICE_API_VERSION: &str = <ResourceSlice as k8s_openapi::Resource>::API_VERSION;
+
 /// DRA name by (node, planner device id).
 pub type DraNames = BTreeMap<(String, String), DeviceRef>;
 
 /// Reads every slice in `paths`.
+///
+/// Each document is decoded straight into slices, with no generic JSON or YAML tree in
+/// between and no copy of a list's items (issue 35: a 30 MB file took 2.2 GB that way); a
+/// file over [`MAX_FILE_BYTES`] or more than [`MAX_SLICES`] slices are refused with the
+/// reason before they are decoded whole.
 pub fn load_resource_slices(paths: &[PathBuf]) -> Result<Vec<ResourceSlice>> {
     let mut slices = Vec::new();
     for path in paths {
         let text = read_text(path, MAX_FILE_BYTES)?;
-        for document in documents(path, &text)? {
+        let room = MAX_SLICES.saturating_sub(slices.len());
+        for document in documents(path, &text, room)? {
             collect(path, document, &mut slices)?;
             if slices.len() > MAX_SLICES {
-                return Err(invalid(
-                    path,
-                    format!("more than {MAX_SLICES} ResourceSlices"),
-                ));
+                return Err(too_many(path));
             }
         }
     }
@@ -56,37 +64,107 @@ fn invalid(path: &Path, reason: String) -> PlanError {
     }
 }
 
-/// The file's documents: one JSON value, or each YAML document.
-fn documents(path: &Path, text: &str) -> Result<Vec<Value>> {
-    match serde_json::from_str::<Value>(text) {
-        Ok(value) => Ok(vec![value]),
-        Err(json_err) => serde_saphyr::from_multiple::<Value>(text).map_err(|yaml_err| {
-            invalid(
-                path,
-                format!("neither JSON ({json_err}) nor YAML ({yaml_err})"),
-            )
-        }),
+fn too_many(path: &Path) -> PlanError {
+    invalid(path, format!("more than {MAX_SLICES} ResourceSlices"))
+}
+
+/// One document of a slices file, decoded as a slice and as a list at once (its `kind`, which
+/// may come last, says which it is): the fields of both, the list's items as slices.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Document {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    items: Option<Items>,
+    #[serde(default)]
+    metadata: Option<ObjectMeta>,
+    #[serde(default)]
+    spec: Option<ResourceSliceSpec>,
+}
+
+/// A list's items, each decoded as a ResourceSlice (an item of another kind is an error), at
+/// most [`MAX_SLICES`] of them.
+#[derive(Debug, Default)]
+struct Items(Vec<ResourceSlice>);
+
+impl<'de> Deserialize<'de> for Items {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Bounded;
+        impl<'de> Visitor<'de> for Bounded {
+            type Value = Items;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of ResourceSlices")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Items, A::Error> {
+                let mut items = Vec::new();
+                while let Some(slice) = seq.next_element::<ResourceSlice>()? {
+                    if items.len() == MAX_SLICES {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {MAX_SLICES} ResourceSlices"
+                        )));
+                    }
+                    items.push(slice);
+                }
+                Ok(Items(items))
+            }
+        }
+        deserializer.deserialize_seq(Bounded)
     }
 }
 
+/// The file's documents: one JSON value, or each YAML document; at most `room` of them (an
+/// empty YAML document is skipped, each other one holds at least a slice or is refused).
+fn documents(path: &Path, text: &str, room: usize) -> Result<Vec<Document>> {
+    let json_err = match serde_json::from_str::<Option<Document>>(text) {
+        Ok(document) => return Ok(document.into_iter().collect()),
+        Err(err) => err,
+    };
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: room.saturating_add(1),
+            max_nodes: usize::MAX,
+            max_events: usize::MAX,
+            max_total_scalar_bytes: usize::MAX,
+        },
+    };
+    serde_saphyr::from_multiple_with_options::<Document>(text, options).map_err(|yaml_err| {
+        invalid(
+            path,
+            format!("neither JSON ({json_err}) nor YAML ({yaml_err})"),
+        )
+    })
+}
+
 /// Adds the slices of one document: a slice, a list of them, or nothing (an empty document).
-fn collect(path: &Path, document: Value, slices: &mut Vec<ResourceSlice>) -> Result<()> {
-    let kind = document.get("kind").and_then(Value::as_str).unwrap_or("");
-    match kind {
-        _ if document.is_null() => Ok(()),
+fn collect(path: &Path, document: Document, slices: &mut Vec<ResourceSlice>) -> Result<()> {
+    match document.kind.as_deref().unwrap_or("") {
         "List" | "ResourceSliceList" => {
-            let Some(Value::Array(items)) = document.get("items").cloned() else {
-                return Ok(());
-            };
-            for item in items {
-                collect(path, item, slices)?;
-            }
+            slices.extend(document.items.map(|items| items.0).unwrap_or_default());
             Ok(())
         }
         "ResourceSlice" => {
-            let slice = serde_json::from_value(document)
-                .map_err(|err| invalid(path, format!("ResourceSlice: {err}")))?;
-            slices.push(slice);
+            if let Some(version) = document.api_version.filter(|v| v != SLICE_API_VERSION) {
+                return Err(invalid(
+                    path,
+                    format!("ResourceSlice: apiVersion {version:?}, expected {SLICE_API_VERSION}"),
+                ));
+            }
+            slices.push(ResourceSlice {
+                metadata: document.metadata.unwrap_or_default(),
+                spec: document.spec.unwrap_or_default(),
+            });
+            Ok(())
+        }
+        "" if document.items.is_none()
+            && document.spec.is_none()
+            && document.metadata.is_none() =>
+        {
             Ok(())
         }
         other => Err(invalid(
@@ -251,4 +329,77 @@ pub fn table_section(chosen: &[ChosenDevice]) -> String {
         ]);
     }
     format!("\nDRA devices:\n{}", table.render())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `count` slices of one device each with a few attributes, as `kubectl get -o yaml`
+    /// prints a `List`.
+    fn yaml_list(count: usize) -> String {
+        let mut text = String::from("apiVersion: v1\nkind: List\nitems:\n");
+        for n in 0..count {
+            text.push_str(&format!(
+                "- apiVersion: resource.k8s.io/v1\n  kind: ResourceSlice\n  metadata:\n    \
+                 name: node-{n}-slice\n  spec:\n    driver: gpu.nvidia.com\n    nodeName: node-{n}\n    \
+                 pool:\n      name: node-{n}\n      generation: 1\n      resourceSliceCount: 1\n    \
+                 devices:\n    - name: gpu-0\n      attributes:\n        productName:\n          \
+                 string: NVIDIA H100 80GB HBM3\n        uuid:\n          string: GPU-{n}\n      \
+                 capacity:\n        memory:\n          value: 80Gi\n"
+            ));
+        }
+        text
+    }
+
+    /// Issue 35: a large slices file went through a generic tree and copies (2.2 GB for
+    /// 30 MB), and a YAML one past 250,000 nodes was refused by the parser's default budget.
+    /// Slices are decoded directly now, however many YAML nodes the file has.
+    #[test]
+    fn a_large_yaml_list_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slices.yaml");
+        std::fs::write(&path, yaml_list(15_000)).unwrap();
+        let slices = load_resource_slices(std::slice::from_ref(&path)).unwrap();
+        assert_eq!(slices.len(), 15_000);
+        assert_eq!(slices[14_999].spec.node_name.as_deref(), Some("node-14999"));
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert_eq!(devices[0].name, "gpu-0");
+    }
+
+    #[test]
+    fn too_many_slices_or_other_kinds_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.json");
+        let items = vec!["{}"; MAX_SLICES + 1].join(",");
+        std::fs::write(&path, format!(r#"{{"kind":"List","items":[{items}]}}"#)).unwrap();
+        let err = load_resource_slices(std::slice::from_ref(&path)).unwrap_err();
+        assert!(
+            err.to_string().contains("more than 100000 ResourceSlices"),
+            "{err}"
+        );
+
+        let path = dir.path().join("pods.json");
+        std::fs::write(
+            &path,
+            r#"{"kind":"List","items":[{"apiVersion":"v1","kind":"Pod"}]}"#,
+        )
+        .unwrap();
+        let err = load_resource_slices(std::slice::from_ref(&path)).unwrap_err();
+        assert!(
+            err.to_string().contains("expected resource.k8s.io/v1"),
+            "{err}"
+        );
+        let path = dir.path().join("old.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: resource.k8s.io/v1beta1\nkind: ResourceSlice\n",
+        )
+        .unwrap();
+        let err = load_resource_slices(std::slice::from_ref(&path)).unwrap_err();
+        assert!(
+            err.to_string().contains("expected resource.k8s.io/v1"),
+            "{err}"
+        );
+    }
 }

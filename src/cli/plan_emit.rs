@@ -19,12 +19,11 @@
 //!   `kubernetes.io/hostname`.
 //!
 //! Devices: without claims, each pod asks for its node's share of the replica's devices as the
-//! vendor device plugin's extended resource (`--resource-name` overrides it): NVIDIA
-//! `nvidia.com/gpu` (NVIDIA/k8s-device-plugin), AMD `amd.com/gpu` (ROCm/k8s-device-plugin),
-//! Intel GPUs `gpu.intel.com/i915` and Gaudi `habana.ai/gaudi` (intel/intel-device-plugins-
-//! for-kubernetes, HabanaAI/habanalabs-k8s-device-plugin), AWS `aws.amazon.com/neuron`
-//! (aws-neuron/neuron-helm-charts), Google TPUs `google.com/tpu` (GKE), Qualcomm
-//! `qualcomm.com/qaic` (quic/cloud-ai-containers).
+//! vendor device plugin's extended resource (`--resource-name` overrides it), from the table in
+//! [`crate::plan::engine::images::device_plugin_resource`] (NVIDIA `nvidia.com/gpu`, AMD
+//! `amd.com/gpu`, Intel `gpu.intel.com/i915` and `habana.ai/gaudi`, AWS
+//! `aws.amazon.com/neuron`, Google `google.com/tpu`, Qualcomm `qualcomm.com/qaic`): of the
+//! plan's first device, or as a placement's `status.engine.deviceResource` names it.
 //!
 //! A disaggregated plan (`--disaggregated`, or a placement whose status has a `prefill` pool)
 //! emits one workload per pool, `<name>-decode` and `<name>-prefill`, each placed by its own
@@ -43,9 +42,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::placement::{ModelPlacementStatus, PlacementClaim, PrefillStatus};
-use crate::hardware::{Family, Vendor};
 use crate::output::{self, Format};
 use crate::plan::engine::choice::EngineKind;
+use crate::plan::engine::images::device_plugin_resource;
 use crate::plan::error::{PlanError, Result};
 use crate::plan::inventory::NodeSpec;
 use crate::plan::load::read_text;
@@ -101,8 +100,8 @@ pub struct EmitArgs {
     /// Namespace written into the workload (default: none, kubectl's).
     #[arg(long, requires = "emit")]
     pub namespace: Option<String>,
-    /// Extended resource each pod asks for (default: the device vendor's plugin resource;
-    /// `nvidia.com/gpu` with --placement).
+    /// Extended resource each pod asks for (default: the device vendor's plugin resource, as
+    /// the placement's `status.engine.deviceResource` names it with --placement).
     #[arg(long, requires = "emit")]
     pub resource_name: Option<String>,
 }
@@ -360,10 +359,19 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
             .iter()
             .map(|a| (a.replica, a.node.clone(), a.devices.len())),
     )?;
-    let resource = || {
+    // The resource the controller named for the planned devices (issue 35: always
+    // `nvidia.com/gpu` before, an AMD plan's pods asked for devices no node had).
+    let resource = || -> Result<String> {
         args.resource_name
             .clone()
-            .unwrap_or_else(|| "nvidia.com/gpu".to_string())
+            .or_else(|| engine.device_resource.clone())
+            .ok_or_else(|| {
+                bad(
+                    "the placement's status names no device plugin resource for its devices \
+                     (a controller older than this CLI, or devices no known plugin serves): \
+                     give --resource-name",
+                )
+            })
     };
     let target = match status.allocation.as_deref() {
         Some("claims") => {
@@ -399,7 +407,7 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
         }
         _ => Target::Selector {
             selector: status.node_selector.clone(),
-            resource: resource(),
+            resource: resource()?,
         },
     };
     let name = dns_name(
@@ -446,12 +454,12 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
         .ok_or_else(|| {
             bad("the placement is disaggregated but its status has no decode nodeSelector")
         })?;
-    let prefill_pool = prefill_from_status(args, prefill, &whole, resource())?;
+    let prefill_pool = prefill_from_status(args, prefill, &whole, resource()?)?;
     Ok(Ok(Workload {
         name: format!("{name}-decode"),
         target: Target::Selector {
             selector: decode_selector,
-            resource: resource(),
+            resource: resource()?,
         },
         prefill: Some(Box::new(prefill_pool)),
         ..whole
@@ -550,7 +558,8 @@ impl Shape {
     }
 }
 
-/// The device plugin resource for the plan's devices (see the module docs for sources).
+/// The device plugin resource for the plan's devices
+/// ([`crate::plan::engine::images::device_plugin_resource`]).
 fn device_resource(plan: &Plan, nodes: &[NodeSpec]) -> Result<String> {
     let first = plan
         .assignments
@@ -566,25 +575,14 @@ fn device_resource(plan: &Plan, nodes: &[NodeSpec]) -> Result<String> {
                 first.node
             ))
         })?;
-    let name = match (device.vendor, device.family) {
-        (Vendor::Nvidia, Family::Gpu) => "nvidia.com/gpu",
-        (Vendor::Amd, Family::Gpu) => "amd.com/gpu",
-        (Vendor::Intel, Family::Gpu) => "gpu.intel.com/i915",
-        (Vendor::Intel, Family::Asic | Family::Npu)
-            if device.product.to_ascii_lowercase().contains("gaudi") =>
-        {
-            "habana.ai/gaudi"
-        }
-        (Vendor::Aws, _) => "aws.amazon.com/neuron",
-        (Vendor::Google, Family::Tpu) => "google.com/tpu",
-        (Vendor::Qualcomm, _) => "qualcomm.com/qaic",
-        (vendor, family) => {
-            return Err(bad(format!(
-                "no known device plugin resource for {vendor:?} {family}: give --resource-name"
-            )));
-        }
-    };
-    Ok(name.to_string())
+    device_plugin_resource(device.vendor, device.family, &device.product)
+        .map(str::to_string)
+        .ok_or_else(|| {
+            bad(format!(
+                "no known device plugin resource for {:?} {}: give --resource-name",
+                device.vendor, device.family
+            ))
+        })
 }
 
 /// The engine a plan's settings name.

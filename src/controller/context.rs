@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
+use super::events::Recorder;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Client;
 use kube::api::PartialObjectMeta;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use tokio::sync::{Mutex, MutexGuard, Notify, mpsc};
 

@@ -9,6 +9,7 @@
 //! | [`core`] | the pure core they share: the planner's view of the fleet |
 //! | [`context`] | what the loops share: client, caches, metrics, the state lock |
 //! | [`crds`] | start-up check: our CRDs are served, or the controller exits saying so |
+//! | [`events`] | Events with names valid for any object name (series as kube-runtime makes them) |
 //! | [`node_changes`] | which Node watch events matter: fleet labels, placement labels |
 //! | `dra_watch` | the ResourceClaim and ResourceSlice watches, where the apiserver serves them |
 //! | [`leader`] | Lease-based leader election |
@@ -23,6 +24,7 @@ pub mod context;
 pub mod core;
 pub mod crds;
 mod dra_watch;
+pub mod events;
 #[cfg(test)]
 pub(crate) mod fake_apiserver;
 pub mod fleet;
@@ -45,7 +47,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::runtime::{Controller, WatchStreamExt};
@@ -57,6 +59,7 @@ use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::context::{Context, State};
 use self::dra_watch::dra_watches;
+use self::events::Recorder;
 pub use self::fleet::CapacityCounting;
 use self::inventory_changes::InventoryChanges;
 use self::metrics::ControllerMetrics;

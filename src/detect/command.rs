@@ -8,16 +8,21 @@
 //! capped, and when the deadline passes or the output exceeds the cap the whole process group
 //! is killed. A process the tool detached from its group (`setsid`) that still holds the
 //! output pipes after the tool exits is killed too, after a short grace.
+//!
+//! A process that ends before its tools (`hwaccel detect` past its deadline) kills the groups
+//! of the tools still running ([`kill_running_tools`]) instead of leaving them behind.
 
 mod pipes;
 mod sys;
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -234,6 +239,7 @@ impl CommandRunner {
             tool: tool.to_string(),
             reason: err.to_string(),
         })?;
+        let mut registered = Registered::new(&child);
         let deadline = Instant::now() + self.timeout;
         let mut pipes = Pipes::new(
             child.stdout.take().map(|p| File::from(OwnedFd::from(p))),
@@ -255,11 +261,15 @@ impl CommandRunner {
         while !pipes.all_closed() {
             let now = Instant::now();
             if now >= deadline {
-                stop(&mut child, exited.is_some(), &pipes);
+                stop(&mut child, &mut registered, exited.is_some(), &pipes);
                 return Err(timed_out());
             }
             if exited.is_none() {
-                exited = child.try_wait().ok().flatten().map(|status| (status, now));
+                exited = registered
+                    .try_wait(&mut child)
+                    .ok()
+                    .flatten()
+                    .map(|status| (status, now));
             }
             let mut wait = deadline.saturating_duration_since(now).min(POLL_TICK);
             if let Some((_, at)) = exited {
@@ -277,7 +287,7 @@ impl CommandRunner {
                 wait = wait.min(grace_end - now);
             }
             if pipes.poll(wait).is_err() {
-                stop(&mut child, exited.is_some(), &pipes);
+                stop(&mut child, &mut registered, exited.is_some(), &pipes);
                 return Err(too_large());
             }
         }
@@ -285,13 +295,13 @@ impl CommandRunner {
             Some((status, _)) => status,
             // Both pipes are closed; the child has exited or is about to.
             None => loop {
-                match child.try_wait() {
+                match registered.try_wait(&mut child) {
                     Ok(Some(status)) => break status,
                     Ok(None) if Instant::now() < deadline => {
                         thread::sleep(Duration::from_micros(200));
                     }
                     Ok(None) | Err(_) => {
-                        kill_group(&mut child);
+                        registered.kill(&mut child);
                         return Err(timed_out());
                     }
                 }
@@ -325,6 +335,68 @@ impl CommandRunner {
     }
 }
 
+/// Process groups of the tools running now. A tool's group id is its process id, which
+/// names it only until it is reaped: a group is removed under this lock as its tool is
+/// reaped, and [`kill_running_tools`] signals under it, so it never signals a reused id.
+static RUNNING: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
+
+fn running() -> MutexGuard<'static, BTreeSet<libc::pid_t>> {
+    RUNNING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Kills the process group of every tool running now, for a process about to exit without
+/// waiting for the runs (their threads are left behind); returns how many were signalled.
+pub fn kill_running_tools() -> usize {
+    let groups = running();
+    for &group in groups.iter() {
+        kill_process_group(group);
+    }
+    groups.len()
+}
+
+/// One run's entry in [`RUNNING`], taken out when its tool is reaped (or the run ends).
+struct Registered(Option<libc::pid_t>);
+
+impl Registered {
+    fn new(child: &Child) -> Self {
+        let group = libc::pid_t::try_from(child.id()).ok();
+        if let Some(group) = group {
+            running().insert(group);
+        }
+        Self(group)
+    }
+
+    /// `child.try_wait()`, with the entry taken out in the same critical section when it
+    /// reaps the tool.
+    fn try_wait(&mut self, child: &mut Child) -> std::io::Result<Option<ExitStatus>> {
+        let mut groups = running();
+        let status = child.try_wait();
+        if matches!(status, Ok(Some(_)))
+            && let Some(group) = self.0.take()
+        {
+            groups.remove(&group);
+        }
+        status
+    }
+
+    /// Kills and reaps the tool's group (see [`kill_group`]), taking the entry out as it does.
+    fn kill(&mut self, child: &mut Child) {
+        let mut groups = running();
+        kill_group(child);
+        if let Some(group) = self.0.take() {
+            groups.remove(&group);
+        }
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            running().remove(&group);
+        }
+    }
+}
+
 /// Times `exec` of a busy executable is retried.
 const BUSY_RETRIES: u32 = 6;
 /// The wait before the first retry; it doubles each time (5 + 10 + ... + 160 = 315 ms at
@@ -352,9 +424,9 @@ fn spawn(command: &mut Command) -> std::io::Result<Child> {
 
 /// Ends a run early: kills the tool's group unless the tool was already reaped (its id could
 /// then name someone else's group), and whatever else still holds the pipes.
-fn stop(child: &mut Child, reaped: bool, pipes: &Pipes) {
+fn stop(child: &mut Child, registered: &mut Registered, reaped: bool, pipes: &Pipes) {
     if !reaped {
-        kill_group(child);
+        registered.kill(child);
     }
     pipes.kill_holders();
 }

@@ -31,6 +31,7 @@ use std::time::Instant;
 
 pub use command::{
     CommandError, CommandOutput, CommandRunner, DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT,
+    kill_running_tools,
 };
 pub use host::{FileReadError, HostRoot, parse_u64, read_at_most};
 pub use pci::PciFunction;
@@ -205,11 +206,15 @@ impl Detector {
     /// the finished backends found and a warning for each backend that did not finish. A
     /// read that never returns (a hung NFS or FUSE mount under the host tree) cannot be
     /// interrupted: its thread is left behind, for the process's exit to end.
+    ///
+    /// The third value is false when the deadline passed: threads are then left behind, and
+    /// a caller about to exit should not wait for anything they may hold (`hwaccel detect`
+    /// exits at once, killing the tools still running).
     pub fn run_within(
         &self,
         with_timings: bool,
         deadline: std::time::Duration,
-    ) -> (Report, Vec<BackendTiming>) {
+    ) -> (Report, Vec<BackendTiming>, bool) {
         let (context, crew) = self.start();
         let (done, finished) = std::sync::mpsc::channel();
         let (run_context, run_crew) = (Arc::clone(&context), Arc::clone(&crew));
@@ -227,12 +232,13 @@ impl Detector {
                 true
             }
         };
-        self.collect(
+        let (report, timings) = self.collect(
             &context,
             &crew,
             with_timings,
             (!in_time).then_some(deadline),
-        )
+        );
+        (report, timings, in_time)
     }
 
     /// A fresh context and backend queue for one run.
@@ -604,7 +610,9 @@ mod tests {
             ],
         );
         let started = Instant::now();
-        let (report, timings) = detector.run_within(false, std::time::Duration::from_millis(200));
+        let (report, timings, in_time) =
+            detector.run_within(false, std::time::Duration::from_millis(200));
+        assert!(!in_time);
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
         // "a" finished; "c" was queued behind the hung read on the same thread.
         let ids: Vec<&str> = report.devices.iter().map(|d| d.id.as_str()).collect();
@@ -629,7 +637,8 @@ mod tests {
             CommandRunner::new(Vec::new()),
             vec![Box::new(Fixed("a", vec!["0000:01:00.0"]))],
         );
-        let (within, _) = detector.run_within(false, std::time::Duration::from_secs(60));
+        let (within, _, in_time) = detector.run_within(false, std::time::Duration::from_secs(60));
+        assert!(in_time);
         assert_eq!(within, detector.run(false).0);
     }
 }

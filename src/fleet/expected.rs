@@ -217,18 +217,24 @@ pub struct ExpectedInputs<'a> {
     pub annotation: Option<&'a str>,
     /// The Node's `node.kubernetes.io/instance-type` label, if set.
     pub instance_type: Option<&'a str>,
-    /// The expected count last written to the inventory's status, if any.
-    pub previous: Option<Expected>,
+    /// The most accelerators detections of this agent have confirmed on the node while the
+    /// `seen` source applied ([`next_seen_most`]); 0 at start.
+    pub seen_most: u32,
     /// Accelerators published now (seen plus those kept while missing).
     pub published: u32,
 }
 
 /// The expected count, and the reason a malformed annotation was ignored (for a warning).
 ///
-/// Precedence: annotation, then instance type, then seen. The seen count is the previous
-/// expected count when that was itself `seen` (so it only grows), at least the published
-/// count; after an annotation or instance type stops applying it starts again from what is
-/// published.
+/// Precedence: annotation, then instance type, then seen. The seen count is the most
+/// accelerators detection has confirmed ([`ExpectedInputs::seen_most`], so it only grows),
+/// at least the published count (devices kept while missing count as expected, so their
+/// absence shows at once).
+///
+/// Only this agent's own detections raise the mark (issue 35): the stored inventory and its
+/// `status.expectedDevices` are not evidence (anyone who can write them may have forged
+/// them), so a restarted agent starts from what it publishes, and a forged device raises
+/// the count only while it is kept (the grace for a missing device), never after.
 pub fn expected(inputs: &ExpectedInputs<'_>) -> (Expected, Option<AnnotationError>) {
     let mut ignored = None;
     if let Some(value) = inputs.annotation {
@@ -250,15 +256,26 @@ pub fn expected(inputs: &ExpectedInputs<'_>) -> (Expected, Option<AnnotationErro
         };
         return (expected, ignored);
     }
-    let previous_seen = inputs
-        .previous
-        .filter(|p| p.source == ExpectedSource::Seen)
-        .map_or(0, |p| p.count.min(MAX_EXPECTED_DEVICES));
     let expected = Expected {
-        count: previous_seen.max(inputs.published),
+        count: inputs
+            .seen_most
+            .min(MAX_EXPECTED_DEVICES)
+            .max(inputs.published),
         source: ExpectedSource::Seen,
     };
     (expected, ignored)
+}
+
+/// The mark after a cycle whose expected count was `expected` and whose detection
+/// `confirmed` accelerators (seen by a detection, now or before and kept while missing;
+/// not devices only seeded from the stored inventory). It grows while the `seen` source
+/// applies; an annotation or instance type resets it, so when they stop applying the count
+/// starts again from what is published.
+pub fn next_seen_most(expected: Expected, seen_most: u32, confirmed: u32) -> u32 {
+    match expected.source {
+        ExpectedSource::Seen => seen_most.max(confirmed).min(MAX_EXPECTED_DEVICES),
+        ExpectedSource::Annotation | ExpectedSource::InstanceType => 0,
+    }
 }
 
 #[cfg(test)]
@@ -277,7 +294,7 @@ mod tests {
         let inputs = ExpectedInputs {
             annotation: Some("16"),
             instance_type: Some("p5.48xlarge"),
-            previous: Some(seen(8)),
+            seen_most: 8,
             published: 8,
         };
         let (expected, warning) = expected(&inputs);
@@ -292,7 +309,7 @@ mod tests {
         let inputs = ExpectedInputs {
             annotation: Some(" 0 "),
             instance_type: Some("p4d.24xlarge"),
-            previous: Some(seen(8)),
+            seen_most: 8,
             published: 7,
         };
         let (expected, _) = expected(&inputs);
@@ -320,7 +337,7 @@ mod tests {
         let inputs = ExpectedInputs {
             annotation: Some("lots"),
             instance_type: Some("g5.12xlarge"),
-            previous: None,
+            seen_most: 0,
             published: 4,
         };
         let (expected, warning) = expected(&inputs);
@@ -377,7 +394,7 @@ mod tests {
         let inputs = ExpectedInputs {
             annotation: None,
             instance_type: Some("p5.48xlarge"),
-            previous: Some(seen(9)),
+            seen_most: 9,
             published: 7,
         };
         let (expected, _) = expected(&inputs);
@@ -391,25 +408,52 @@ mod tests {
             published: 8,
             ..ExpectedInputs::default()
         };
-        assert_eq!(expected(&inputs).0, seen(8));
+        let first = expected(&inputs).0;
+        assert_eq!(first, seen(8));
+        inputs.seen_most = next_seen_most(first, 0, 8);
         // The device was dropped from the published set: still expected.
-        inputs.previous = Some(seen(8));
         inputs.published = 7;
-        assert_eq!(expected(&inputs).0, seen(8));
-        assert_eq!(expected(&inputs).0.missing(7), 1);
+        let second = expected(&inputs).0;
+        assert_eq!(second, seen(8));
+        assert_eq!(second.missing(7), 1);
+        inputs.seen_most = next_seen_most(second, inputs.seen_most, 7);
+        assert_eq!(inputs.seen_most, 8);
         // More than ever before: the count grows.
         inputs.published = 9;
         assert_eq!(expected(&inputs).0, seen(9));
-        // After an annotation was removed, its count is not carried into `seen`.
-        inputs.previous = Some(Expected {
+        // While an annotation applies the mark is reset, so after it is removed its count
+        // (or the mark from before it) is not carried into `seen`.
+        let annotated = Expected {
             count: 16,
             source: ExpectedSource::Annotation,
-        });
+        };
+        inputs.seen_most = next_seen_most(annotated, 9, 9);
         inputs.published = 7;
         assert_eq!(expected(&inputs).0, seen(7));
-        // A corrupt previous status is bounded.
-        inputs.previous = Some(seen(u32::MAX));
+        // A corrupt mark is bounded.
+        inputs.seen_most = u32::MAX;
         assert_eq!(expected(&inputs).0.count, MAX_EXPECTED_DEVICES);
+        assert_eq!(next_seen_most(seen(5), u32::MAX, 3), MAX_EXPECTED_DEVICES);
+    }
+
+    /// Issue 35: forged devices kept for the grace raise the count while they are kept, but
+    /// the mark only follows confirmed devices, so once they expire the count is back to
+    /// what the node has.
+    #[test]
+    fn devices_kept_but_never_confirmed_do_not_raise_the_mark() {
+        // 40 detected, 8 seeded from a forged inventory and kept for the grace.
+        let mut inputs = ExpectedInputs {
+            published: 48,
+            ..ExpectedInputs::default()
+        };
+        let during_grace = expected(&inputs).0;
+        assert_eq!(during_grace, seen(48));
+        inputs.seen_most = next_seen_most(during_grace, inputs.seen_most, 40);
+        assert_eq!(inputs.seen_most, 40);
+        // The grace is over: the forged devices are no longer published.
+        inputs.published = 40;
+        let after = expected(&inputs).0;
+        assert_eq!((after.count, after.missing(40)), (40, 0));
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub struct EngineSettings {
     /// Why no image runs the engine on the plan's devices.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image_refusal: Option<String>,
+    /// The extended resource a pod asks for to get one of the plan's devices from the
+    /// vendor's device plugin (`nvidia.com/gpu`, `amd.com/gpu`...,
+    /// [`images::device_plugin_resource`]); `None` when no known plugin serves them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_resource: Option<String>,
     /// The name to pass the engine (a preset's Hugging Face repository); `None` when the plan
     /// came from a file or a parameter count, whose repository the planner does not know.
     pub model: Option<String>,
@@ -259,6 +264,10 @@ pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings
         .device
         .as_deref()
         .map(|product| device_facts(product, plan.driver_version.as_deref()));
+    let device_resource = facts.and_then(|device| {
+        images::device_plugin_resource(device.vendor, device.family, device.product)
+            .map(str::to_string)
+    });
     let (image, image_refusal) = match facts {
         Some(device) => match images::image_for(choice, device) {
             Ok(picked) => {
@@ -274,6 +283,7 @@ pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings
         engine: choice.kind.to_string(),
         image,
         image_refusal,
+        device_resource,
         version: choice
             .version
             .map_or_else(|| "current".to_string(), |v| v.to_string()),

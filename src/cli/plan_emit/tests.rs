@@ -150,6 +150,50 @@ fn amd_devices_ask_for_the_amd_plugin_resource_and_a_flag_overrides_it() {
     );
 }
 
+/// Issue 35: `--emit` with `--placement` asked for `nvidia.com/gpu` whatever the devices; an
+/// AMD plan's status (as the controller writes it) now gives the AMD plugin's resource, and a
+/// status naming none is refused with the way out instead of a guess.
+#[test]
+fn a_placements_pods_ask_for_its_devices_vendor_resource() {
+    let (plan, _) = planned("llama-3.1-8b", "1x8xMI300X", 8192, 1);
+    let mut st = crate::controller::placement::core::outcome::planned_status(&plan, "ml", "llama");
+    st.allocation = Some("labels".into());
+    let engine = st.engine.as_ref().unwrap();
+    assert!(
+        engine.image.as_deref().unwrap_or_default().contains("rocm"),
+        "{engine:?}"
+    );
+    let work = from_placement(&args(), placement(st.clone()))
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&work.target, Target::Selector { resource, .. } if resource == "amd.com/gpu"),
+        "{:?}",
+        work.target
+    );
+    let container = &objects(&work, EmitKind::Deployment).unwrap()[0]["spec"]["template"]["spec"]["containers"]
+        [0];
+    assert_eq!(
+        container["resources"]["limits"]["amd.com/gpu"],
+        work.devices_per_pod.to_string()
+    );
+    assert!(
+        container["resources"]["limits"]
+            .get("nvidia.com/gpu")
+            .is_none()
+    );
+
+    st.engine.as_mut().unwrap().device_resource = None;
+    let refused = from_placement(&args(), placement(st.clone())).unwrap_err();
+    assert!(refused.to_string().contains("--resource-name"), "{refused}");
+    let mut flags = args();
+    flags.resource_name = Some("example.com/accel".into());
+    let work = from_placement(&flags, placement(st)).unwrap().unwrap();
+    assert!(
+        matches!(&work.target, Target::Selector { resource, .. } if resource == "example.com/accel")
+    );
+}
+
 fn status(allocation: &str, replicas: u32) -> ModelPlacementStatus {
     ModelPlacementStatus {
         state: Some("Planned".into()),
@@ -178,6 +222,7 @@ fn status(allocation: &str, replicas: u32) -> ModelPlacementStatus {
             vllm: vec!["--tensor-parallel-size".into(), "2".into()],
             sglang: vec![],
             notes: vec![],
+            device_resource: Some("nvidia.com/gpu".into()),
             ..EngineStatus::default()
         }),
         ..ModelPlacementStatus::default()

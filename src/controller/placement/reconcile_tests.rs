@@ -15,7 +15,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -31,6 +31,7 @@ use super::step::Step;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 use crate::controller::context::{Context, FIELD_MANAGER, State};
+use crate::controller::events::Recorder;
 use crate::controller::fake_apiserver::{FakeApiserver, Recorded};
 use crate::controller::metrics::ControllerMetrics;
 use crate::testing::dra::fixture_slices;
@@ -468,4 +469,35 @@ fn a_failing_placement_waits_one_second_doubling_up_to_five_minutes() {
         let wait = ERROR_BACKOFF.wait(retry);
         assert!(wait >= Duration::from_millis(500) && wait <= Duration::from_secs(300));
     }
+}
+
+/// Issue 35: Events about a placement named near the 253-character limit were named past it
+/// (`<name>.<nanoseconds>`), so the apiserver refused every one. Their names are shortened
+/// now; the Event still names the placement whole.
+#[tokio::test]
+async fn a_placement_named_near_the_limit_gets_events_with_valid_names() {
+    let mut harness = Harness::new();
+    let mut placement = placement();
+    let name = format!("{}.llama", "a".repeat(246));
+    assert_eq!(name.len(), 252);
+    placement.meta_mut().name = Some(name.clone());
+    harness.store(&placement);
+    harness.reconcile(&placement).await.expect("reconcile");
+    let events = harness.fake.events(1).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let event_name = events[0].body["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        event_name.len() <= 253 && event_name.starts_with("aaaa"),
+        "{event_name} ({} bytes)",
+        event_name.len()
+    );
+    assert!(
+        event_name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'),
+        "{event_name}"
+    );
+    assert_eq!(events[0].body["regarding"]["name"], json!(name));
 }

@@ -46,6 +46,36 @@ use serde::Serialize;
 use super::choice::{EngineChoice, EngineKind, EngineVersion};
 use crate::hardware::{Family, Vendor};
 
+/// The extended resource the vendor's device plugin advertises for a device, which a pod asks
+/// for to get one (without DRA claims); `None` for a device no known plugin serves.
+///
+/// Sources: NVIDIA `nvidia.com/gpu` (NVIDIA/k8s-device-plugin), AMD `amd.com/gpu`
+/// (ROCm/k8s-device-plugin), Intel GPUs `gpu.intel.com/i915` and Gaudi `habana.ai/gaudi`
+/// (intel/intel-device-plugins-for-kubernetes, HabanaAI/habanalabs-k8s-device-plugin), AWS
+/// `aws.amazon.com/neuron` (aws-neuron/neuron-helm-charts), Google TPUs `google.com/tpu`
+/// (GKE), Qualcomm `qualcomm.com/qaic` (quic/cloud-ai-containers).
+pub fn device_plugin_resource(
+    vendor: Vendor,
+    family: Family,
+    product: &str,
+) -> Option<&'static str> {
+    let name = match (vendor, family) {
+        (Vendor::Nvidia, Family::Gpu) => "nvidia.com/gpu",
+        (Vendor::Amd, Family::Gpu) => "amd.com/gpu",
+        (Vendor::Intel, Family::Gpu) => "gpu.intel.com/i915",
+        (Vendor::Intel, Family::Asic | Family::Npu)
+            if product.to_ascii_lowercase().contains("gaudi") =>
+        {
+            "habana.ai/gaudi"
+        }
+        (Vendor::Aws, _) => "aws.amazon.com/neuron",
+        (Vendor::Google, Family::Tpu) => "google.com/tpu",
+        (Vendor::Qualcomm, _) => "qualcomm.com/qaic",
+        _ => return None,
+    };
+    Some(name)
+}
+
 /// The device a plan runs on, as far as the image is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceFacts<'a> {

@@ -224,7 +224,7 @@ fn malformed_counters_block_the_device_with_a_reason_and_never_panic() {
     let slices = pool(
         json!([{"name": "set", "counters": {"memory": {"value": "80Gi"}}}]),
         json!([
-            gpu("weird", "set", json!({"memory": {"value": "1e3"}})),
+            gpu("weird", "set", json!({"memory": {"value": "1x3"}})),
             gpu("other", "set", json!({"memory": {"value": "1Gi"}})),
         ]),
     );
@@ -261,4 +261,55 @@ fn a_counter_set_in_an_incomplete_or_old_generation_is_not_read() {
     };
     assert!(blocked_by_counters(&slices, vec![(taken, "a/b".into())]).is_empty());
     assert!(published_devices(&slices).node("n").is_empty());
+}
+
+/// Issue 35: the apiserver keeps a quantity written with an exponent (`1e3`) as written; such
+/// a counter blocked every device consuming it ("not a quantity"). It reads as its value.
+#[test]
+fn counters_written_with_exponents_are_read_as_their_value() {
+    let slices = pool(
+        json!([{"name": "set", "counters": {
+            "memory": {"value": "8e10"},
+            "multiprocessors": {"value": "1.32E2"},
+        }}]),
+        json!([
+            gpu(
+                "a",
+                "set",
+                json!({"memory": {"value": "4e10"}, "multiprocessors": {"value": "66"}})
+            ),
+            gpu(
+                "b",
+                "set",
+                json!({"memory": {"value": "40e+9"}, "multiprocessors": {"value": "6.6e1"}})
+            ),
+            gpu("c", "set", json!({"memory": {"value": "1e3"}})),
+        ]),
+    );
+    let published = published_devices(&slices);
+    let unusable: Vec<_> = published
+        .node("n")
+        .iter()
+        .filter_map(|d| d.unusable.clone())
+        .collect();
+    assert!(unusable.is_empty(), "{unusable:?}");
+    let a = DeviceRef {
+        driver: "gpu.nvidia.com".into(),
+        pool: "n".into(),
+        device: "a".into(),
+    };
+    // `a` and `b` together take the whole set: with `a` allocated `b` still fits, with both
+    // allocated `c` (1000 bytes) does not.
+    let blocked = blocked_by_counters(&slices, vec![(a.clone(), "ns/a".into())]);
+    assert!(blocked.is_empty(), "{blocked:?}");
+    let b = DeviceRef {
+        device: "b".into(),
+        ..a.clone()
+    };
+    let blocked = blocked_by_counters(&slices, vec![(a, "ns/a".into()), (b, "ns/b".into())]);
+    let why = blocked.values().next().expect("c is blocked");
+    assert!(
+        why.contains("needs 1000 memory, 0 of 80000000000 left"),
+        "{why}"
+    );
 }

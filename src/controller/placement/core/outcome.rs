@@ -206,6 +206,7 @@ fn pool_status(plan: &Plan) -> (Vec<Assignment>, PlanStatus, Option<EngineStatus
         version: Some(e.version.clone()),
         image: e.image.clone(),
         image_refusal: e.image_refusal.clone(),
+        device_resource: e.device_resource.clone(),
         model: e.model.clone(),
         vllm: e.vllm.clone(),
         sglang: e.sglang.clone(),

@@ -4,6 +4,8 @@
 //!
 //! From it come what sysfs' PCI view lacks: the gfx target, the compute-unit count, the XGMI
 //! hive id and the XGMI links between GPUs, which make the hive's interconnect group.
+//! It is also a source of a GPU's memory size when sysfs's `mem_info_vram_total` is missing:
+//! the memory banks' `size_in_bytes`, else the node's `local_mem_size`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,7 +35,7 @@ pub struct KfdGpu {
     pub render_minor: Option<u64>,
     /// Accelerator complex dies (XCCs) in this node.
     pub xcc_count: Option<u64>,
-    /// Device-local memory of this node, from its memory banks.
+    /// Device-local memory of this node: its memory banks, else its `local_mem_size`.
     pub memory_bytes: Option<u64>,
 }
 
@@ -150,10 +152,19 @@ pub fn read(host: &HostRoot) -> Topology {
         let Some(props) = host.read(format!("{dir}/properties")) else {
             continue;
         };
-        let Some(mut gpu) = gpu_from_properties(node, &parse_properties(&props)) else {
+        let props = parse_properties(&props);
+        let Some(mut gpu) = gpu_from_properties(node, &props) else {
             continue;
         };
-        gpu.memory_bytes = read_memory(host, &dir);
+        // The memory banks, else the node's own `local_mem_size` (issue 35): kernels print it
+        // as 0 now, but some publish the VRAM size only there, and without it such a GPU
+        // had no memory at all (so nothing was planned on it).
+        gpu.memory_bytes = read_memory(host, &dir).or_else(|| {
+            props
+                .get("local_mem_size")
+                .copied()
+                .filter(|&size| size > 0)
+        });
         let links = host
             .list(format!("{dir}/io_links"))
             .into_iter()

@@ -375,3 +375,42 @@ fn a_bare_bus_names_parts_from_the_device_id_table() {
         ]
     );
 }
+
+/// Issue 35: a GPU whose VRAM size only KFD's topology publishes (the node's
+/// `local_mem_size`: no `mem_info_vram_total`, no memory banks, no tool, a device id whose
+/// boards differ in memory) was reported without memory, so nothing was planned on it.
+#[test]
+fn a_gpu_sized_only_by_kfds_local_mem_size_has_its_memory() {
+    let findings = detect_on(&Amd, "rx7900-kfd-memory");
+    assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
+    assert_eq!(findings.devices.len(), 1);
+    let gpu = &findings.devices[0];
+    assert_eq!(gpu.id, "0000:03:00.0");
+    assert_eq!(gpu.memory_bytes, Some(24 << 30));
+    assert_eq!(gpu.architecture.as_deref(), Some("gfx1100"));
+    assert_eq!(gpu.compute_units, Some(96));
+
+    // `local_mem_size 0` (what current kernels print) is no size, and the banks come first.
+    let dir = tempfile::tempdir().unwrap();
+    let node = "sys/class/kfd/kfd/topology/nodes/1";
+    let props = "simd_count 192\nsimd_per_cu 2\nlocation_id 768\n";
+    write(
+        dir.path(),
+        &format!("{node}/properties"),
+        &format!("{props}local_mem_size 0\n"),
+    );
+    let memory = |root: &Path| kfd::read(&HostRoot::new(root)).gpus[0].memory_bytes;
+    assert_eq!(memory(dir.path()), None);
+    write(
+        dir.path(),
+        &format!("{node}/properties"),
+        &format!("{props}local_mem_size 4096\n"),
+    );
+    assert_eq!(memory(dir.path()), Some(4096));
+    write(
+        dir.path(),
+        &format!("{node}/mem_banks/0/properties"),
+        "heap_type 1\nsize_in_bytes 8192\n",
+    );
+    assert_eq!(memory(dir.path()), Some(8192));
+}
