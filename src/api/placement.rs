@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::plan::capability::PrecisionChoice;
 /// Fine-tuning method: the planner's own type, whose wire names are the CRD's enum.
 pub use crate::plan::training::Method as TrainMethod;
+pub use crate::plan::training::OptimizerStates;
 
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -171,6 +172,13 @@ pub struct ModelSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self > 0").message("checkpointBytes must be positive"))]
     pub checkpoint_bytes: Option<u64>,
+    /// YaRN RoPE scaling to serve beyond the config's maximum context, as the model card
+    /// gives it: `yarn:FACTOR` or `yarn:FACTOR:ORIGINAL` (Qwen3: `yarn:4:32768`); the engine
+    /// is told to apply it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 40))]
+    #[x_kube(validation = Rule::new("self.matches('^[yY][aA][rR][nN]:[0-9]+([.][0-9]+)?(:[0-9]+)?$')").message("ropeScaling must look like yarn:4 or yarn:4:32768"))]
+    pub rope_scaling: Option<String>,
 }
 
 /// What the placement is for: exactly one of serving or training.
@@ -236,6 +244,11 @@ pub struct TrainGoal {
     #[serde(default = "default_lora_rank")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("loraRank must be between 1 and 4096"))]
     pub lora_rank: u32,
+    /// Precision of the optimizer's states: `fp32` (the default: mixed precision, FP32 master
+    /// weights and Adam moments, 16 bytes per trained parameter), `bf16` (weights, gradients
+    /// and moments in BF16, 8 bytes) or `8bit` (8-bit Adam moments, FP32 master, 10 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_states: Option<OptimizerStates>,
 }
 
 fn default_seq_len() -> u32 {
