@@ -78,9 +78,10 @@ impl KvDtype {
 ///   Hybrid KV Cache", Llama 4).
 /// * 0.10.1: #21761 switches it off again for chunked local attention by default
 ///   (`VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`, a latency regression); #29627
-///   turned it back on, and #46553 (June 2026) describes the default as on in 0.22/0.23. The
-///   release of #29627 is not pinned, so the planner takes chunked layers as full up to 0.22
-///   and windowed from 0.23: it errs toward the larger cache.
+///   turned it back on, and vLLM 0.19.0's start-up logs print the variable as `True`
+///   (llm-d-incubation/llm-d-planner@d3121e0). The release of #29627 is not pinned, so the
+///   planner takes chunked layers as full from 0.10.1 to 0.18 and windowed from 0.19: it
+///   errs toward the larger cache.
 ///
 /// SGLang keeps a separate pool for windowed layers (its SWA memory pool) and is planned as
 /// [`WindowCaching::All`].

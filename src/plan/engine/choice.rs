@@ -36,9 +36,13 @@ const GRAPHS_IN_BUDGET_FROM: (u32, u32) = (0, 21);
 /// models (release notes: "Initial full support for Hybrid Memory Allocator (#17996)").
 const HYBRID_SLIDING_FROM: (u32, u32, u32) = (0, 9, 1);
 /// Chunked local attention in the hybrid manager (#19351, 0.9.2) until #21761 (0.10.1) turned
-/// it off by default; the first release cited with it on again (#46553).
+/// it off by default; on again by 0.19.0, whose start-up logs print
+/// `VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: True` (llm-d-incubation/llm-d-planner
+/// @d3121e0, `accuracy/results/v0.19.0/logs/meta-llama-llama-4-scout--h100-80gb--tp4pp1dp1--8192.log`).
+/// The release of #29627, which turned it back on, is not pinned: 0.10.1 to 0.18 are taken
+/// as off, which errs toward the larger cache.
 const HYBRID_CHUNKED: [((u32, u32, u32), (u32, u32, u32)); 2] =
-    [((0, 9, 2), (0, 10, 1)), ((0, 23, 0), (u32::MAX, 0, 0))];
+    [((0, 9, 2), (0, 10, 1)), ((0, 19, 0), (u32::MAX, 0, 0))];
 
 /// The serving engines the planner can render and account for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -483,8 +487,8 @@ mod tests {
         assert_eq!(vllm("0.9.2"), WindowCaching::All);
         assert_eq!(vllm("0.10.0"), WindowCaching::All);
         assert_eq!(vllm("0.10.1.1"), WindowCaching::SlidingOnly);
-        assert_eq!(vllm("0.19.0"), WindowCaching::SlidingOnly);
-        assert_eq!(vllm("0.23.0"), WindowCaching::All);
+        assert_eq!(vllm("0.18.1"), WindowCaching::SlidingOnly);
+        assert_eq!(vllm("0.19.0"), WindowCaching::All);
         assert_eq!(vllm("v1"), WindowCaching::UniformOnly);
         assert_eq!(EngineChoice::default().window_caching(), WindowCaching::All);
     }

@@ -654,7 +654,7 @@ fn explain_memory(
         lines.push(format!(
             "{} {kind} cached for the full context: this engine version keeps them whole \
              (vLLM's hybrid KV cache manager keeps only the window: sliding windows from 0.9.1, \
-             chunked local attention in 0.9.2-0.10.0 and from 0.23)",
+             chunked local attention in 0.9.2-0.10.0 and from 0.19)",
             window.layers
         ));
     }
