@@ -681,12 +681,19 @@ fn windowed_layers_cost_what_vllm_counts_per_request() {
 /// two MoEs), every method and optimizer precision, and builds a config for every case.
 #[test]
 fn the_training_measurement_script_lists_its_cases_without_a_gpu() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/measure-training-memory.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/measure-training-memory.py"
+    );
     let out = std::process::Command::new("python3")
         .args([script, "--dry-run"])
         .output()
         .expect("python3 runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let cases = plan["cases"].as_array().unwrap();
     assert!(cases.len() >= 21, "{} cases", cases.len());
@@ -696,7 +703,13 @@ fn the_training_measurement_script_lists_its_cases_without_a_gpu() {
             .map(|c| c[name].to_string().trim_matches('"').to_string())
             .collect()
     };
-    for model in ["llama-3.2-1b", "llama-3.1-8b", "qwen2.5-32b", "mixtral-8x7b", "qwen3-30b-a3b"] {
+    for model in [
+        "llama-3.2-1b",
+        "llama-3.1-8b",
+        "qwen2.5-32b",
+        "mixtral-8x7b",
+        "qwen3-30b-a3b",
+    ] {
         assert!(field("model").contains(model), "{model}");
     }
     for method in ["full", "lora", "dpo"] {
@@ -709,7 +722,10 @@ fn the_training_measurement_script_lists_its_cases_without_a_gpu() {
     for case in cases {
         let config = &case["config"];
         assert!(config["num_hidden_layers"].as_u64().unwrap() > 0, "{case}");
-        assert!(config.get("params_computed_b").is_none(), "planner-only field in {case}");
+        assert!(
+            config.get("params_computed_b").is_none(),
+            "planner-only field in {case}"
+        );
     }
     // A bad selection is an error, not an empty run.
     let out = std::process::Command::new("python3")

@@ -1447,7 +1447,12 @@ fn reserved_devices_are_named_by_inventory_name_pci_address_or_uuid() {
 fn optimizer_states_are_stated_and_change_the_plan() {
     let plan = |states: Option<&str>| {
         let mut args = vec![
-            "--model", "llama-3.2-1b", "--hardware", "1x1xH100", "--train", "full",
+            "--model",
+            "llama-3.2-1b",
+            "--hardware",
+            "1x1xH100",
+            "--train",
+            "full",
         ];
         if let Some(states) = states {
             args.extend(["--optimizer-states", states]);
@@ -1468,13 +1473,29 @@ fn optimizer_states_are_stated_and_change_the_plan() {
     let eight = plan(Some("8bit"));
     assert_eq!(default["training"]["optimizer_states"], "fp32");
     assert_eq!(bf16["training"]["optimizer_states"], "bf16");
-    assert!(default["reasons"].to_string().contains("optimizer states fp32"));
-    assert!(bf16["reasons"].to_string().contains("optimizer states bf16"));
+    assert!(
+        default["reasons"]
+            .to_string()
+            .contains("optimizer states fp32")
+    );
+    assert!(
+        bf16["reasons"]
+            .to_string()
+            .contains("optimizer states bf16")
+    );
     assert!((states(&bf16) / states(&default) - 0.5).abs() < 1e-3);
     assert!((states(&eight) / states(&default) - 10.0 / 16.0).abs() < 1e-3);
     bad_input(
-        &["--model", "llama-3.2-1b", "--hardware", "1x1xH100", "--train", "full",
-          "--optimizer-states", "fp8"],
+        &[
+            "--model",
+            "llama-3.2-1b",
+            "--hardware",
+            "1x1xH100",
+            "--train",
+            "full",
+            "--optimizer-states",
+            "fp8",
+        ],
         "--optimizer-states",
     );
 }
@@ -1485,23 +1506,54 @@ fn optimizer_states_are_stated_and_change_the_plan() {
 /// `--rope-scaling`, SGLang `--json-model-override-args`.
 #[test]
 fn rope_scaling_lengthens_the_context_and_reaches_the_engine() {
-    let base = ["--model", "qwen3-8b", "--hardware", "1x1xH100", "--context", "131072"];
+    let base = [
+        "--model",
+        "qwen3-8b",
+        "--hardware",
+        "1x1xH100",
+        "--context",
+        "131072",
+    ];
     let out = hwaccel(&base);
-    assert_eq!(out.status.code(), Some(1), "beyond 40,960 tokens without scaling");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "beyond 40,960 tokens without scaling"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds qwen3-8b's maximum"));
-    let args: Vec<&str> = base.iter().copied().chain(["--rope-scaling", "yarn:4:32768"]).collect();
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--rope-scaling", "yarn:4:32768"])
+        .collect();
     let (code, plan) = json(&args);
     assert_eq!(code, 0, "{plan}");
     let vllm = plan["engine"]["vllm"].to_string();
     let sglang = plan["engine"]["sglang"].to_string();
-    assert!(vllm.contains("--hf-overrides") && vllm.contains("original_max_position_embeddings"), "{vllm}");
+    assert!(
+        vllm.contains("--hf-overrides") && vllm.contains("original_max_position_embeddings"),
+        "{vllm}"
+    );
     assert!(vllm.contains("131072"), "{vllm}");
-    assert!(sglang.contains("--json-model-override-args") && sglang.contains("yarn"), "{sglang}");
-    let old: Vec<&str> = args.iter().copied().chain(["--engine-version", "0.10.1.1"]).collect();
+    assert!(
+        sglang.contains("--json-model-override-args") && sglang.contains("yarn"),
+        "{sglang}"
+    );
+    let old: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--engine-version", "0.10.1.1"])
+        .collect();
     let (code, plan) = json(&old);
     assert_eq!(code, 0, "{plan}");
     let vllm = plan["engine"]["vllm"].to_string();
-    assert!(vllm.contains("--rope-scaling") && !vllm.contains("--hf-overrides"), "{vllm}");
+    assert!(
+        vllm.contains("--rope-scaling") && !vllm.contains("--hf-overrides"),
+        "{vllm}"
+    );
     assert_eq!(plan["engine"]["version"], "0.10.1.1");
-    bad_input(&[&base[..], &["--rope-scaling", "linear:2"]].concat(), "--rope-scaling");
+    bad_input(
+        &[&base[..], &["--rope-scaling", "linear:2"]].concat(),
+        "--rope-scaling",
+    );
 }

@@ -84,11 +84,12 @@ pub struct EngineSpec {
     /// `vllm` (default) or `sglang`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<EngineName>,
-    /// A release (`0.10`, `0.11.2`) or a vLLM generation (`v0`: 0.7 and earlier, `v1`: 0.8 to
-    /// 0.20, `current`: 0.21 and later); default `current`.
+    /// A release as the engine prints it (`0.10`, `0.11.2`, `0.10.1.1`, `0.6.6.post1`,
+    /// `0.4.1+cu121`) or a vLLM generation (`v0`: 0.7 and earlier, `v1`: 0.8 to 0.20,
+    /// `current`: 0.21 and later); default `current`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^(v0|v1|current|latest|v?[0-9]{1,4}[.][0-9]{1,4}([.][a-z0-9]{1,12})?)$')").message("version must be a release such as 0.10 or 0.11.2, or v0, v1 or current"))]
+    #[x_kube(validation = Rule::new("self.matches('^(v0|v1|current|latest|v?[0-9]{1,4}[.][0-9]{1,4}([.][a-z0-9]{1,12}){0,2}([+][a-z0-9.]{1,24})?)$')").message("version must be a release such as 0.10, 0.11.2, 0.10.1.1 or 0.6.6.post1, or v0, v1 or current"))]
     pub version: Option<String>,
     /// Run without CUDA graphs (vLLM `--enforce-eager`, SGLang `--disable-cuda-graph`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -8,8 +8,9 @@
 //! bytes in vLLM's `fp8_ds_mla` layout; with data-parallel attention each attention rank keeps
 //! the cache of its own requests only ([`KvLayout::sharded`]). The fullest pipeline stage
 //! holds `ceil(layers / pp)` layers (vLLM's split, `layout::stage_layers`).
-//! Windowed layers keep at most `cdiv(min(window - 1 + max_num_batched_tokens, context), 16)
-//! + 1` blocks (`SlidingWindowSpec.max_memory_usage_bytes`); full layers keep
+//! Windowed layers keep at most
+//! `cdiv(min(window - 1 + max_num_batched_tokens, context), 16) + 1` blocks
+//! (`SlidingWindowSpec.max_memory_usage_bytes`); full layers keep
 //! `cdiv(context, 16)` blocks. Only engines that cache a windowed layer for its window do so
 //! ([`WindowCaching`]): before vLLM's hybrid KV cache manager a model mixing windowed and full
 //! layers kept every layer for the full context.
@@ -69,9 +70,9 @@ impl KvDtype {
 ///   every layer slides (Mistral-7B-v0.1) keeps its window (V0's block manager,
 ///   `block_sliding_window`; V1 from 0.8.3, "V1 engine now supports native sliding window
 ///   attention (#14097)"); a model mixing windowed and full layers (Gemma 2, gpt-oss, Llama
-///   4) is cached as full attention on every layer (#14097: "for models with global attention
-///   + sliding window attention, still regard as global-attention-only model"; the hybrid
-///   allocator RFC #11382 counts the waste at 25 % for Gemma 2).
+///   4) is cached as full attention on every layer (#14097 still regards a model with global
+///   and sliding-window attention as global-attention-only; the hybrid allocator RFC #11382
+///   counts the waste at 25 % for Gemma 2).
 /// * 0.9.1: "Initial full support for Hybrid Memory Allocator (#17996)" (release notes):
 ///   sliding-window layers of mixed models keep their window.
 /// * 0.9.2: chunked local attention joins it (#19351, "Support Local Chunked Attention for
@@ -326,23 +327,36 @@ mod tests {
         let hybrid = per_request("gpt-oss-120b", WindowCaching::All);
         let before = per_request("gpt-oss-120b", WindowCaching::UniformOnly);
         let (model, _, _) = layout("gpt-oss-120b", KvDtype::Auto, 1);
-        let every_layer = KvLayout::new(&model, KvDtype::Auto, 1, 1).bytes_per_token_layer()
-            * 36.0
-            * 131_072.0;
+        let every_layer =
+            KvLayout::new(&model, KvDtype::Auto, 1, 1).bytes_per_token_layer() * 36.0 * 131_072.0;
         assert_eq!(before, Bytes::from_f64(every_layer));
-        assert!(hybrid.as_f64() < before.as_f64() * 0.55, "{hybrid} {before}");
-        assert_eq!(per_request("gpt-oss-120b", WindowCaching::SlidingOnly), hybrid);
+        assert!(
+            hybrid.as_f64() < before.as_f64() * 0.55,
+            "{hybrid} {before}"
+        );
+        assert_eq!(
+            per_request("gpt-oss-120b", WindowCaching::SlidingOnly),
+            hybrid
+        );
         // Llama 4 Scout's 36 chunked layers of 48 (8,192-token chunks): windowed only where
         // chunked local attention is cached so; at 131,072 tokens about a third of the cache.
         let scout_all = per_request("llama-4-scout", WindowCaching::All);
         let scout_sliding = per_request("llama-4-scout", WindowCaching::SlidingOnly);
         assert!(scout_all.as_f64() < scout_sliding.as_f64() * 0.4);
-        assert_eq!(scout_sliding, per_request("llama-4-scout", WindowCaching::UniformOnly));
+        assert_eq!(
+            scout_sliding,
+            per_request("llama-4-scout", WindowCaching::UniformOnly)
+        );
         // Mistral-7B-v0.1 slides on every layer: the window holds on every engine.
         let mistral_all = per_request("mistral-7b-v0.1", WindowCaching::All);
-        assert_eq!(mistral_all, per_request("mistral-7b-v0.1", WindowCaching::UniformOnly));
+        assert_eq!(
+            mistral_all,
+            per_request("mistral-7b-v0.1", WindowCaching::UniformOnly)
+        );
         let (mistral, _, _) = layout("mistral-7b-v0.1", KvDtype::Auto, 1);
-        let full = KvLayout::new(&mistral, KvDtype::Auto, 1, 1).bytes_per_token().as_f64();
+        let full = KvLayout::new(&mistral, KvDtype::Auto, 1, 1)
+            .bytes_per_token()
+            .as_f64();
         assert!(mistral_all.as_f64() < full * 131_072.0 * 0.2);
     }
 

@@ -70,15 +70,7 @@ pub enum Method {
 /// (0.004 bytes per parameter, not counted); the master copy stays where mixed precision keeps
 /// one.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
 )]
 pub enum OptimizerStates {
     /// FP32 master weights and Adam moments (mixed precision).

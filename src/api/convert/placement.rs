@@ -142,9 +142,7 @@ fn kv_dtype(choice: PrecisionChoice) -> Result<KvDtype, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::placement::{
-        Constraints, OptimizerStates, ServeGoal, TrainGoal, TrainMethod,
-    };
+    use crate::api::placement::{Constraints, OptimizerStates, ServeGoal, TrainGoal, TrainMethod};
 
     fn spec() -> ModelPlacementSpec {
         ModelPlacementSpec {
@@ -189,10 +187,7 @@ mod tests {
         });
         let engine = sglang.plan_input().unwrap().engine;
         assert_eq!(engine.kind, EngineKind::Sglang);
-        assert_eq!(
-            engine.version,
-            Some(EngineVersion::release(0, 5, 2))
-        );
+        assert_eq!(engine.version, Some(EngineVersion::release(0, 5, 2)));
         assert!(engine.stated && engine.enforce_eager);
         assert_eq!(engine.max_num_seqs, Some(64));
         assert_eq!(engine.max_num_batched_tokens, Some(4096));

@@ -32,16 +32,18 @@ pub const MAX_BATCHED_TOKENS: u64 = 1 << 22;
 const V1_FROM: (u32, u32) = (0, 8);
 /// The first vLLM release that profiles CUDA graphs inside the budget.
 const GRAPHS_IN_BUDGET_FROM: (u32, u32) = (0, 21);
+/// A release as (major, minor, patch).
+type Release = (u32, u32, u32);
 /// The first vLLM release with the hybrid KV cache manager for sliding-window layers of mixed
 /// models (release notes: "Initial full support for Hybrid Memory Allocator (#17996)").
-const HYBRID_SLIDING_FROM: (u32, u32, u32) = (0, 9, 1);
+const HYBRID_SLIDING_FROM: Release = (0, 9, 1);
 /// Chunked local attention in the hybrid manager (#19351, 0.9.2) until #21761 (0.10.1) turned
 /// it off by default; on again by 0.19.0, whose start-up logs print
 /// `VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: True` (llm-d-incubation/llm-d-planner
 /// @d3121e0, `accuracy/results/v0.19.0/logs/meta-llama-llama-4-scout--h100-80gb--tp4pp1dp1--8192.log`).
 /// The release of #29627, which turned it back on, is not pinned: 0.10.1 to 0.18 are taken
 /// as off, which errs toward the larger cache.
-const HYBRID_CHUNKED: [((u32, u32, u32), (u32, u32, u32)); 2] =
+const HYBRID_CHUNKED: [(Release, Release); 2] =
     [((0, 9, 2), (0, 10, 1)), ((0, 19, 0), (u32::MAX, 0, 0))];
 
 /// The serving engines the planner can render and account for.
@@ -157,7 +159,13 @@ fn version_number(part: &str) -> Option<u32> {
 /// `b3`): the post-release number when it is one, `Some(None)` for the others (they do not
 /// change the accounting), `None` when the text is no such suffix.
 fn release_suffix(text: &str) -> Option<Option<u32>> {
-    for (label, post) in [("post", true), ("rc", false), ("dev", false), ("a", false), ("b", false)] {
+    for (label, post) in [
+        ("post", true),
+        ("rc", false),
+        ("dev", false),
+        ("a", false),
+        ("b", false),
+    ] {
         if let Some(number) = text.strip_prefix(label) {
             let number = if number.is_empty() && label == "dev" {
                 0

@@ -99,7 +99,9 @@ pub fn parse_config(origin: &str, value: &Value) -> Result<ParsedConfig> {
     // vLLM derives the longest context from the scaling too (`_get_and_verify_max_len`).
     let rope_scaling = super::rope::from_config(
         origin,
-        fields.get("rope_scaling").or_else(|| fields.get("rope_parameters")),
+        fields
+            .get("rope_scaling")
+            .or_else(|| fields.get("rope_parameters")),
         max_context,
     )?;
     let max_context = match (max_context, rope_scaling) {
@@ -379,11 +381,10 @@ fn sliding_window(
             Some(Value::Array(flags)) => flags.iter().filter(|f| f.as_u64() == Some(1)).count(),
             _ => (layers - layers / 4) as usize,
         };
-        return Ok(window(
-            chunk,
-            u32::try_from(chunked).unwrap_or(layers).min(layers),
-        )
-        .map(|w| SlidingWindow { chunked: true, ..w }));
+        return Ok(
+            window(chunk, u32::try_from(chunked).unwrap_or(layers).min(layers))
+                .map(|w| SlidingWindow { chunked: true, ..w }),
+        );
     }
     let Some(size) = fields.at_most(&["sliding_window"], MAX_CONTEXT)? else {
         return Ok(None);

@@ -227,25 +227,38 @@ mod tests {
     #[test]
     fn yarn_multiplies_the_original_window_and_llama3_changes_nothing() {
         // Qwen3's model card: factor 4 over the native 32,768 tokens is 131,072.
-        let qwen = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
-        let scaling = from_config("c", Some(&qwen), Some(40_960)).unwrap().unwrap();
+        let qwen =
+            json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        let scaling = from_config("c", Some(&qwen), Some(40_960))
+            .unwrap()
+            .unwrap();
         assert_eq!(scaling.extended(1 << 32), 131_072);
         // DeepSeek-V3: 40 x 4,096 = 163,840, its max_position_embeddings.
         let ds = json!({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096});
         assert_eq!(
-            from_config("c", Some(&ds), Some(163_840)).unwrap().unwrap().extended(1 << 32),
+            from_config("c", Some(&ds), Some(163_840))
+                .unwrap()
+                .unwrap()
+                .extended(1 << 32),
             163_840
         );
         // Llama 3.1's llama3 scaling: max_position_embeddings already says 131,072.
-        let llama = json!({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192});
+        let llama =
+            json!({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192});
         assert_eq!(from_config("c", Some(&llama), Some(131_072)).unwrap(), None);
         // Linear: the config's maximum times the factor.
         let linear = json!({"type": "linear", "factor": 2.0});
         assert_eq!(
-            from_config("c", Some(&linear), Some(4096)).unwrap().unwrap().extended(1 << 32),
+            from_config("c", Some(&linear), Some(4096))
+                .unwrap()
+                .unwrap()
+                .extended(1 << 32),
             8192
         );
-        assert_eq!(from_config("c", Some(&Value::Null), Some(4096)).unwrap(), None);
+        assert_eq!(
+            from_config("c", Some(&Value::Null), Some(4096)).unwrap(),
+            None
+        );
     }
 
     #[test]
