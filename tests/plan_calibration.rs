@@ -557,6 +557,29 @@ fn rows() -> Vec<Row> {
             ..base
         },
         Row {
+            // Issue 38: a sliding-window model (21 of 42 layers over 4,096 tokens). At 8,192
+            // tokens and 8,192 batched tokens a windowed layer keeps the whole context either
+            // way, so the row checks the accounting, not the window.
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/google-gemma-2-9b-it--h100-80gb--tp1pp1dp1--8192.log (vLLM 0.19.0, gemma-2-9b-it BF16, 1x H100, 0.95)",
+            engine: Engine::VllmV1,
+            model: "gemma-2-9b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            util: Some(0.95),
+            logged: Logged::Tokens(168_880),
+            ..base
+        },
+        Row {
+            source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/google-gemma-2-27b-it--h100-80gb--tp1pp1dp1--8192.log (vLLM 0.19.0, gemma-2-27b-it BF16, 1x H100, 0.95)",
+            engine: Engine::VllmV1,
+            model: "gemma-2-27b",
+            capacity_gib: 79.19,
+            product: "NVIDIA H100 80GB HBM3",
+            util: Some(0.95),
+            logged: Logged::Tokens(58_672),
+            ..base
+        },
+        Row {
             // 67.8 GiB of weights per device leave a 3.04 GiB pool: the row most sensitive to
             // the communication buffers (2.09 GiB of non-torch memory logged).
             source: "llm-d-incubation/llm-d-planner@d3121e0 accuracy/results/v0.19.0/logs/qwen-qwen2-5-72b-instruc--h100-80gb--tp2pp1dp1--8192.log (vLLM 0.19.0, Qwen2.5-72B-Instruct BF16, 2x H100 NVLink, TP 2, 0.95)",
@@ -634,4 +657,81 @@ fn kv_cache_matches_published_start_up_logs_within_ten_percent() {
         errors.get(errors.len() / 2).copied().unwrap_or(0.0) * 100.0
     );
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 38: vLLM 0.19.0's own per-request count for a model mixing sliding-window and full
+/// layers. gpt-oss-20b at TP 2 logged "GPU KV cache size: 2,591,776 tokens" and "Maximum
+/// concurrency for 8,192 tokens per request: 316.07x" (llm-d-incubation/llm-d-planner@d3121e0,
+/// `accuracy/results/v0.19.0/logs/openai-gpt-oss-20b--h100-80gb--tp2pp1dp1--8192.log`): its 12
+/// windowed layers hold one 16-token block more than the 12 full ones
+/// (`cdiv(min(window - 1 + 8192, 8192), 16) + 1`), which the planner's per-request bytes
+/// reproduce. (The weights are left out of the KV table: vLLM pads the MXFP4 experts.)
+#[test]
+fn windowed_layers_cost_what_vllm_counts_per_request() {
+    use hwaccel::plan::kv::{KvLayout, WindowCaching};
+    let model = presets::find("gpt-oss-20b").unwrap().unwrap();
+    let kv = KvLayout::new(&model, KvDtype::Auto, 2, 1).with_window_caching(WindowCaching::All);
+    let pool = 2_591_776.0 * kv.bytes_per_token().as_f64();
+    let concurrency = pool / kv.per_request(8192, 8192).as_f64();
+    assert!((concurrency - 316.07).abs() < 0.01, "{concurrency}");
+}
+
+/// Issue 38: `scripts/measure-training-memory.py --list` and `--dry-run` need neither a GPU
+/// nor PyTorch; the default case list parses, spans the models the issue names (1B to 47B,
+/// two MoEs), every method and optimizer precision, and builds a config for every case.
+#[test]
+fn the_training_measurement_script_lists_its_cases_without_a_gpu() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/measure-training-memory.py"
+    );
+    let out = std::process::Command::new("python3")
+        .args([script, "--dry-run"])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cases = plan["cases"].as_array().unwrap();
+    assert!(cases.len() >= 21, "{} cases", cases.len());
+    let field = |name: &str| -> std::collections::BTreeSet<String> {
+        cases
+            .iter()
+            .map(|c| c[name].to_string().trim_matches('"').to_string())
+            .collect()
+    };
+    for model in [
+        "llama-3.2-1b",
+        "llama-3.1-8b",
+        "qwen2.5-32b",
+        "mixtral-8x7b",
+        "qwen3-30b-a3b",
+    ] {
+        assert!(field("model").contains(model), "{model}");
+    }
+    for method in ["full", "lora", "dpo"] {
+        assert!(field("method").contains(method), "{method}");
+    }
+    for states in ["fp32", "bf16", "8bit"] {
+        assert!(field("optimizer_states").contains(states), "{states}");
+    }
+    assert_eq!(field("gradient_checkpointing").len(), 2);
+    for case in cases {
+        let config = &case["config"];
+        assert!(config["num_hidden_layers"].as_u64().unwrap() > 0, "{case}");
+        assert!(
+            config.get("params_computed_b").is_none(),
+            "planner-only field in {case}"
+        );
+    }
+    // A bad selection is an error, not an empty run.
+    let out = std::process::Command::new("python3")
+        .args([script, "--list", "--only", "no-such-case"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no case named"));
 }

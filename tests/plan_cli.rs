@@ -1440,3 +1440,120 @@ fn reserved_devices_are_named_by_inventory_name_pci_address_or_uuid() {
     );
     bad_input(&with("gpu-h100-9/0000:18:00.0"), "its nodes: gpu-h100-0");
 }
+
+/// Issue 38: `--optimizer-states` sets the optimizer's bytes per parameter and the plan says
+/// which it assumed; BF16 states keep 8 bytes per parameter where mixed precision keeps 16.
+#[test]
+fn optimizer_states_are_stated_and_change_the_plan() {
+    let plan = |states: Option<&str>| {
+        let mut args = vec![
+            "--model",
+            "llama-3.2-1b",
+            "--hardware",
+            "1x1xH100",
+            "--train",
+            "full",
+        ];
+        if let Some(states) = states {
+            args.extend(["--optimizer-states", states]);
+        }
+        let (code, plan) = json(&args);
+        assert_eq!(code, 0, "{plan}");
+        plan
+    };
+    let states = |plan: &Value| {
+        let t = &plan["training"];
+        ["weights", "gradients", "optimizer"]
+            .iter()
+            .map(|k| t[k].as_u64().unwrap())
+            .sum::<u64>() as f64
+    };
+    let default = plan(None);
+    let bf16 = plan(Some("bf16"));
+    let eight = plan(Some("8bit"));
+    assert_eq!(default["training"]["optimizer_states"], "fp32");
+    assert_eq!(bf16["training"]["optimizer_states"], "bf16");
+    assert!(
+        default["reasons"]
+            .to_string()
+            .contains("optimizer states fp32")
+    );
+    assert!(
+        bf16["reasons"]
+            .to_string()
+            .contains("optimizer states bf16")
+    );
+    assert!((states(&bf16) / states(&default) - 0.5).abs() < 1e-3);
+    assert!((states(&eight) / states(&default) - 10.0 / 16.0).abs() < 1e-3);
+    bad_input(
+        &[
+            "--model",
+            "llama-3.2-1b",
+            "--hardware",
+            "1x1xH100",
+            "--train",
+            "full",
+            "--optimizer-states",
+            "fp8",
+        ],
+        "--optimizer-states",
+    );
+}
+
+/// Issue 38: YaRN asked for on a preset lengthens its context and the emitted arguments apply
+/// it: Qwen3-8B at 131,072 tokens (its model card: factor 4 over 32,768) is refused without
+/// it and planned with it; today's vLLM takes `--hf-overrides`, vLLM before 0.12
+/// `--rope-scaling`, SGLang `--json-model-override-args`.
+#[test]
+fn rope_scaling_lengthens_the_context_and_reaches_the_engine() {
+    let base = [
+        "--model",
+        "qwen3-8b",
+        "--hardware",
+        "1x1xH100",
+        "--context",
+        "131072",
+    ];
+    let out = hwaccel(&base);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "beyond 40,960 tokens without scaling"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds qwen3-8b's maximum"));
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--rope-scaling", "yarn:4:32768"])
+        .collect();
+    let (code, plan) = json(&args);
+    assert_eq!(code, 0, "{plan}");
+    let vllm = plan["engine"]["vllm"].to_string();
+    let sglang = plan["engine"]["sglang"].to_string();
+    assert!(
+        vllm.contains("--hf-overrides") && vllm.contains("original_max_position_embeddings"),
+        "{vllm}"
+    );
+    assert!(vllm.contains("131072"), "{vllm}");
+    assert!(
+        sglang.contains("--json-model-override-args") && sglang.contains("yarn"),
+        "{sglang}"
+    );
+    let old: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--engine-version", "0.10.1.1"])
+        .collect();
+    let (code, plan) = json(&old);
+    assert_eq!(code, 0, "{plan}");
+    let vllm = plan["engine"]["vllm"].to_string();
+    assert!(
+        vllm.contains("--rope-scaling") && !vllm.contains("--hf-overrides"),
+        "{vllm}"
+    );
+    assert_eq!(plan["engine"]["version"], "0.10.1.1");
+    bad_input(
+        &[&base[..], &["--rope-scaling", "linear:2"]].concat(),
+        "--rope-scaling",
+    );
+}

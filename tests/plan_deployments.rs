@@ -318,11 +318,7 @@ fn llama_70b_fp8_on_one_h100() {
         request.kv_dtype = KvDtype::Fp8;
         request.gpu_util = 0.92;
         request.engine = EngineChoice {
-            version: Some(EngineVersion::Release {
-                major: 0,
-                minor: 10,
-                patch: 0,
-            }),
+            version: Some(EngineVersion::release(0, 10, 0)),
             stated: true,
             ..EngineChoice::default()
         };
@@ -888,6 +884,7 @@ fn train(model: &str, hardware: &str, method: Method, seq_len: u64, rank: u64) -
         gradient_checkpointing: true,
         lora_rank: rank,
         lora_targets: LoraTarget::ALL.to_vec(),
+        optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
     });
     plan(&model, &nodes, &Reservations::none(), &request).unwrap()
 }

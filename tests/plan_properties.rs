@@ -629,6 +629,7 @@ proptest! {
             gradient_checkpointing: true,
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
+            optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
         });
         let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
         if result.fits {
@@ -780,6 +781,7 @@ proptest! {
             gradient_checkpointing: true,
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
+            optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
         };
         let device = (Bytes::gib(80), 0.9);
         let total = |n: u32, stage: u8| training_memory(&model, &target, n, stage, device).device.total;

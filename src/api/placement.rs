@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::plan::capability::PrecisionChoice;
 /// Fine-tuning method: the planner's own type, whose wire names are the CRD's enum.
 pub use crate::plan::training::Method as TrainMethod;
+pub use crate::plan::training::OptimizerStates;
 
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -83,11 +84,12 @@ pub struct EngineSpec {
     /// `vllm` (default) or `sglang`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<EngineName>,
-    /// A release (`0.10`, `0.11.2`) or a vLLM generation (`v0`: 0.7 and earlier, `v1`: 0.8 to
-    /// 0.20, `current`: 0.21 and later); default `current`.
+    /// A release as the engine prints it (`0.10`, `0.11.2`, `0.10.1.1`, `0.6.6.post1`,
+    /// `0.4.1+cu121`) or a vLLM generation (`v0`: 0.7 and earlier, `v1`: 0.8 to 0.20,
+    /// `current`: 0.21 and later); default `current`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^(v0|v1|current|latest|v?[0-9]{1,4}[.][0-9]{1,4}([.][a-z0-9]{1,12})?)$')").message("version must be a release such as 0.10 or 0.11.2, or v0, v1 or current"))]
+    #[x_kube(validation = Rule::new("self.matches('^(v0|v1|current|latest|v?[0-9]{1,4}[.][0-9]{1,4}([.][a-z0-9]{1,12}){0,2}([+][a-z0-9.]{1,24})?)$')").message("version must be a release such as 0.10, 0.11.2, 0.10.1.1 or 0.6.6.post1, or v0, v1 or current"))]
     pub version: Option<String>,
     /// Run without CUDA graphs (vLLM `--enforce-eager`, SGLang `--disable-cuda-graph`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -171,6 +173,13 @@ pub struct ModelSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self > 0").message("checkpointBytes must be positive"))]
     pub checkpoint_bytes: Option<u64>,
+    /// YaRN RoPE scaling to serve beyond the config's maximum context, as the model card
+    /// gives it: `yarn:FACTOR` or `yarn:FACTOR:ORIGINAL` (Qwen3: `yarn:4:32768`); the engine
+    /// is told to apply it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 40))]
+    #[x_kube(validation = Rule::new("self.matches('^[yY][aA][rR][nN]:[0-9]+([.][0-9]+)?(:[0-9]+)?$')").message("ropeScaling must look like yarn:4 or yarn:4:32768"))]
+    pub rope_scaling: Option<String>,
 }
 
 /// What the placement is for: exactly one of serving or training.
@@ -236,6 +245,11 @@ pub struct TrainGoal {
     #[serde(default = "default_lora_rank")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 4096").message("loraRank must be between 1 and 4096"))]
     pub lora_rank: u32,
+    /// Precision of the optimizer's states: `fp32` (the default: mixed precision, FP32 master
+    /// weights and Adam moments, 16 bytes per trained parameter), `bf16` (weights, gradients
+    /// and moments in BF16, 8 bytes) or `8bit` (8-bit Adam moments, FP32 master, 10 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_states: Option<OptimizerStates>,
 }
 
 fn default_seq_len() -> u32 {

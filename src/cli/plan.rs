@@ -25,7 +25,7 @@ use crate::plan::report::Plan;
 use crate::plan::request::{ModelInput, PlanInput, prepare};
 use crate::plan::search::{Disaggregation, Goal, plan};
 use crate::plan::shorthand::parse_hardware;
-use crate::plan::training::{LoraTarget, Method, TrainingTarget};
+use crate::plan::training::{LoraTarget, Method, OptimizerStates, TrainingTarget};
 
 /// The goal flags `hwaccel plan` and `hwaccel fleet` share: serving or training, their
 /// shape, precision and limits. One struct so the two commands cannot drift apart.
@@ -41,6 +41,11 @@ pub struct GoalArgs {
     /// Tokens per request, prompt and output (default: the model's maximum).
     #[arg(long)]
     pub context: Option<u64>,
+    /// Serving: YaRN RoPE scaling to lengthen the model's context, as the model card gives it:
+    /// yarn:FACTOR, or yarn:FACTOR:ORIGINAL when the trained window is not the config's
+    /// maximum (Qwen3: yarn:4:32768); the engine arguments that apply it are emitted.
+    #[arg(long)]
+    pub rope_scaling: Option<String>,
     /// Concurrent full-context requests to hold; replicas are added to reach it.
     #[arg(long, default_value_t = 1)]
     pub concurrency: u64,
@@ -56,6 +61,10 @@ pub struct GoalArgs {
     /// Train without gradient checkpointing (keeps every activation).
     #[arg(long)]
     pub no_gradient_checkpointing: bool,
+    /// Precision of the optimizer's states: fp32 (mixed precision, FP32 master weights and
+    /// Adam moments), bf16 (everything in BF16) or 8bit (8-bit Adam moments).
+    #[arg(long, value_enum, default_value_t = OptimizerStates::Fp32)]
+    pub optimizer_states: OptimizerStates,
     /// LoRA rank.
     #[arg(long, default_value_t = 16)]
     pub lora_rank: u64,
@@ -257,6 +266,7 @@ impl GoalArgs {
                 gradient_checkpointing: !self.no_gradient_checkpointing,
                 lora_rank: self.lora_rank,
                 lora_targets: lora_targets(&self.lora_targets)?,
+                optimizer_states: self.optimizer_states,
             }),
             None => Goal::Serve {
                 context: self.context,
@@ -274,6 +284,12 @@ impl GoalArgs {
             replicas,
             disaggregation: None,
             engine: self.engine_choice()?,
+            rope_scaling: self
+                .rope_scaling
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|err: String| PlanError::constraint(format!("--rope-scaling: {err}")))?,
         })
     }
 

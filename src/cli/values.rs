@@ -7,7 +7,7 @@ use clap::builder::PossibleValue;
 
 use crate::output::Format;
 use crate::plan::kv::KvDtype;
-use crate::plan::training::Method;
+use crate::plan::training::{Method, OptimizerStates};
 use crate::telemetry::LogFormat;
 
 /// Implements `ValueEnum` for a unit enum from `Variant => ("name", "help")` lines.
@@ -50,6 +50,21 @@ value_enum!(Method {
     ),
 });
 
+value_enum!(OptimizerStates {
+    OptimizerStates::Fp32 => (
+        "fp32",
+        "Mixed precision: FP32 master weights and Adam moments (16 bytes per parameter)"
+    ),
+    OptimizerStates::Bf16 => (
+        "bf16",
+        "Weights, gradients and Adam moments in BF16 (8 bytes per parameter)"
+    ),
+    OptimizerStates::EightBit => (
+        "8bit",
+        "8-bit Adam moments (bitsandbytes), FP32 master weights (10 bytes per parameter)"
+    ),
+});
+
 value_enum!(LogFormat {
     LogFormat::Json => ("json", "One JSON object per line"),
     LogFormat::Text => ("text", "Human-readable text"),
@@ -72,6 +87,7 @@ mod tests {
         }
         check::<KvDtype>();
         check::<Method>();
+        check::<OptimizerStates>();
         for format in Format::value_variants() {
             let name = format.to_possible_value().map(|v| v.get_name().to_string());
             assert_eq!(name, Some(format!("{format:?}").to_lowercase()));

@@ -803,6 +803,7 @@ mod tests {
             gradient_checkpointing: true,
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
+            optimizer_states: crate::plan::training::OptimizerStates::Fp32,
         });
         let err = capacity(&ask(&m, &r, None), &nodes, &Reservations::none()).unwrap_err();
         assert!(err.to_string().contains("serving"), "{err}");

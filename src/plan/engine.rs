@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use crate::hardware::Precision;
 
-use self::choice::{EngineChoice, EngineKind};
+use self::choice::{EngineChoice, EngineKind, EngineVersion};
 use super::memory::{Engine, scheduler_defaults};
 use super::model::presets;
 use super::products;
@@ -228,6 +228,10 @@ pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings
         sglang.push("--disable-cuda-graph".to_string());
     }
 
+    if let Some(scaling) = plan.model.rope_scaling {
+        rope_scaling(&scaling, choice, &mut vllm, &mut sglang);
+    }
+
     // Cache and weight types.
     if plan.kv_dtype == Some("fp8") {
         vllm.extend(["--kv-cache-dtype".to_string(), "fp8".to_string()]);
@@ -292,6 +296,39 @@ pub fn settings_for(plan: &Plan, choice: &EngineChoice) -> Option<EngineSettings
         sglang,
         notes,
     })
+}
+
+/// The first vLLM release without `--rope-scaling` (removed by vllm-project/vllm#28006 after a
+/// year's deprecation; vLLM 0.13 rejects it, gpustack/gpustack#4236).
+const ROPE_SCALING_FLAG_UNTIL: (u32, u32) = (0, 12);
+
+/// The arguments that make the engines apply a RoPE scaling the request asked for: vLLM before
+/// 0.12 `--rope-scaling JSON` (the form Qwen's model cards give), later `--hf-overrides
+/// '{"rope_scaling": JSON}'` (vLLM docs, "Context Extension"; transformers keeps
+/// `rope_scaling` as an alias of `rope_parameters`); SGLang `--json-model-override-args
+/// '{"rope_scaling": JSON}'` (Qwen's model cards). Both also get the longer
+/// `--max-model-len` / `--context-length` the plan already sets.
+fn rope_scaling(
+    scaling: &crate::plan::model::rope::RopeScaling,
+    choice: &EngineChoice,
+    vllm: &mut Vec<String>,
+    sglang: &mut Vec<String>,
+) {
+    let json = scaling.json();
+    let wrapped = serde_json::json!({ "rope_scaling": json }).to_string();
+    let flag_era = match choice.version {
+        None | Some(EngineVersion::Current) => false,
+        Some(EngineVersion::V0 | EngineVersion::V1) => true,
+        Some(EngineVersion::Release { major, minor, .. }) => {
+            (major, minor) < ROPE_SCALING_FLAG_UNTIL
+        }
+    };
+    if flag_era {
+        push(vllm, "--rope-scaling", json.to_string());
+    } else {
+        push(vllm, "--hf-overrides", wrapped.clone());
+    }
+    push(sglang, "--json-model-override-args", wrapped);
 }
 
 /// The flags (or the checkpoint) for weights in `precision` when the model ships `native`.

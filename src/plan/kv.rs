@@ -8,9 +8,12 @@
 //! bytes in vLLM's `fp8_ds_mla` layout; with data-parallel attention each attention rank keeps
 //! the cache of its own requests only ([`KvLayout::sharded`]). The fullest pipeline stage
 //! holds `ceil(layers / pp)` layers (vLLM's split, `layout::stage_layers`).
-//! Windowed layers keep at most `cdiv(min(window - 1 + max_num_batched_tokens, context), 16)
-//! + 1` blocks (`SlidingWindowSpec.max_memory_usage_bytes`); full layers keep
-//! `cdiv(context, 16)` blocks.
+//! Windowed layers keep at most
+//! `cdiv(min(window - 1 + max_num_batched_tokens, context), 16) + 1` blocks
+//! (`SlidingWindowSpec.max_memory_usage_bytes`); full layers keep
+//! `cdiv(context, 16)` blocks. Only engines that cache a windowed layer for its window do so
+//! ([`WindowCaching`]): before vLLM's hybrid KV cache manager a model mixing windowed and full
+//! layers kept every layer for the full context.
 
 use serde::Serialize;
 
@@ -59,6 +62,43 @@ impl KvDtype {
     }
 }
 
+/// Which windowed layers an engine caches for their window only; the others keep the full
+/// context like any full-attention layer.
+///
+/// vLLM's history, each step cited:
+/// * V0 (0.7 and earlier) and V1 up to 0.9.0: one block table for every layer. A model whose
+///   every layer slides (Mistral-7B-v0.1) keeps its window (V0's block manager,
+///   `block_sliding_window`; V1 from 0.8.3, "V1 engine now supports native sliding window
+///   attention (#14097)"); a model mixing windowed and full layers (Gemma 2, gpt-oss, Llama
+///   4) is cached as full attention on every layer (#14097 still regards a model with global
+///   and sliding-window attention as global-attention-only; the hybrid allocator RFC #11382
+///   counts the waste at 25 % for Gemma 2).
+/// * 0.9.1: "Initial full support for Hybrid Memory Allocator (#17996)" (release notes):
+///   sliding-window layers of mixed models keep their window.
+/// * 0.9.2: chunked local attention joins it (#19351, "Support Local Chunked Attention for
+///   Hybrid KV Cache", Llama 4).
+/// * 0.10.1: #21761 switches it off again for chunked local attention by default
+///   (`VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`, a latency regression); #29627
+///   turned it back on, and vLLM 0.19.0's start-up logs print the variable as `True`
+///   (llm-d-incubation/llm-d-planner@d3121e0). The release of #29627 is not pinned, so the
+///   planner takes chunked layers as full from 0.10.1 to 0.18 and windowed from 0.19: it
+///   errs toward the larger cache.
+///
+/// SGLang keeps a separate pool for windowed layers (its SWA memory pool) and is planned as
+/// [`WindowCaching::All`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowCaching {
+    /// Sliding and chunked layers keep their window (the hybrid allocator with both).
+    #[default]
+    All,
+    /// Sliding-window layers keep their window; chunked local layers the full context.
+    SlidingOnly,
+    /// Only a model whose every layer is windowed keeps the window; mixed models cache every
+    /// layer for the full context.
+    UniformOnly,
+}
+
 /// The KV cache of one model on one parallel layout.
 #[derive(Debug, Clone, Copy)]
 pub struct KvLayout<'a> {
@@ -66,6 +106,7 @@ pub struct KvLayout<'a> {
     dtype: KvDtype,
     tp: u32,
     pp: u32,
+    windows: WindowCaching,
 }
 
 impl<'a> KvLayout<'a> {
@@ -76,6 +117,25 @@ impl<'a> KvLayout<'a> {
             dtype,
             tp: tp.max(1),
             pp: pp.max(1),
+            windows: WindowCaching::All,
+        }
+    }
+
+    /// The same cache on an engine that caches windowed layers as `windows` says.
+    pub fn with_window_caching(self, windows: WindowCaching) -> Self {
+        Self { windows, ..self }
+    }
+
+    /// Whether the engine keeps the model's windowed layers for their window only.
+    pub fn windows_cached(&self) -> bool {
+        let arch = &self.model.arch;
+        let Some(window) = arch.sliding_window else {
+            return false;
+        };
+        match self.windows {
+            WindowCaching::All => true,
+            WindowCaching::SlidingOnly => !window.chunked,
+            WindowCaching::UniformOnly => !window.chunked && window.layers >= arch.layers,
         }
     }
 
@@ -110,15 +170,19 @@ impl<'a> KvLayout<'a> {
     }
 
     /// (full-attention, windowed) layers on the heaviest stage: the stage with the fewest
-    /// windowed layers, since those are the cheap ones.
+    /// windowed layers, since those are the cheap ones. Windowed layers the engine caches in
+    /// full count as full-attention ones.
     fn stage_layers(&self) -> (u32, u32) {
         let layers = self.model.arch.layers.max(1);
         let stage = layers.div_ceil(self.pp).min(layers);
-        let windowed_total = self
-            .model
-            .arch
-            .sliding_window
-            .map_or(0, |w| w.layers.min(layers));
+        let windowed_total = if self.windows_cached() {
+            self.model
+                .arch
+                .sliding_window
+                .map_or(0, |w| w.layers.min(layers))
+        } else {
+            0
+        };
         let windowed = (u64::from(windowed_total) * u64::from(stage) / u64::from(layers)) as u32;
         (stage - windowed.min(stage), windowed.min(stage))
     }
@@ -247,6 +311,53 @@ mod tests {
             long > full_only && long.as_f64() < full_only.as_f64() * 1.07,
             "{long} {full_only}"
         );
+    }
+
+    /// Issue 38: engines before the hybrid allocator cache a mixed model's windowed layers for
+    /// the full context; a model whose every layer slides keeps its window on all of them.
+    #[test]
+    fn engines_before_the_hybrid_allocator_cache_mixed_windows_in_full() {
+        let per_request = |key: &str, windows| {
+            let (model, _, _) = layout(key, KvDtype::Auto, 1);
+            KvLayout::new(&model, KvDtype::Auto, 1, 1)
+                .with_window_caching(windows)
+                .per_request(131_072, 8192)
+        };
+        // gpt-oss-120b: 18 of 36 layers slide over 128 tokens.
+        let hybrid = per_request("gpt-oss-120b", WindowCaching::All);
+        let before = per_request("gpt-oss-120b", WindowCaching::UniformOnly);
+        let (model, _, _) = layout("gpt-oss-120b", KvDtype::Auto, 1);
+        let every_layer =
+            KvLayout::new(&model, KvDtype::Auto, 1, 1).bytes_per_token_layer() * 36.0 * 131_072.0;
+        assert_eq!(before, Bytes::from_f64(every_layer));
+        assert!(
+            hybrid.as_f64() < before.as_f64() * 0.55,
+            "{hybrid} {before}"
+        );
+        assert_eq!(
+            per_request("gpt-oss-120b", WindowCaching::SlidingOnly),
+            hybrid
+        );
+        // Llama 4 Scout's 36 chunked layers of 48 (8,192-token chunks): windowed only where
+        // chunked local attention is cached so; at 131,072 tokens about a third of the cache.
+        let scout_all = per_request("llama-4-scout", WindowCaching::All);
+        let scout_sliding = per_request("llama-4-scout", WindowCaching::SlidingOnly);
+        assert!(scout_all.as_f64() < scout_sliding.as_f64() * 0.4);
+        assert_eq!(
+            scout_sliding,
+            per_request("llama-4-scout", WindowCaching::UniformOnly)
+        );
+        // Mistral-7B-v0.1 slides on every layer: the window holds on every engine.
+        let mistral_all = per_request("mistral-7b-v0.1", WindowCaching::All);
+        assert_eq!(
+            mistral_all,
+            per_request("mistral-7b-v0.1", WindowCaching::UniformOnly)
+        );
+        let (mistral, _, _) = layout("mistral-7b-v0.1", KvDtype::Auto, 1);
+        let full = KvLayout::new(&mistral, KvDtype::Auto, 1, 1)
+            .bytes_per_token()
+            .as_f64();
+        assert!(mistral_all.as_f64() < full * 131_072.0 * 0.2);
     }
 
     #[test]

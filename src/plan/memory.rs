@@ -44,7 +44,7 @@
 
 use serde::Serialize;
 
-use super::kv::{BLOCK_TOKENS, KvDtype, KvLayout};
+use super::kv::{BLOCK_TOKENS, KvDtype, KvLayout, WindowCaching};
 use super::model::Model;
 use super::units::Bytes;
 use super::weights::WeightBytes;
@@ -124,6 +124,8 @@ pub struct ServingTarget {
     /// SGLang only: take SGLang's own default `mem_fraction_static` for the device and layout
     /// ([`default_gpu_util`]) instead of `gpu_util`.
     pub engine_default_util: bool,
+    /// Which windowed layers the engine caches for their window only (its version decides).
+    pub windows: WindowCaching,
 }
 
 impl Default for ServingTarget {
@@ -138,6 +140,7 @@ impl Default for ServingTarget {
             max_num_seqs: None,
             enforce_eager: false,
             engine_default_util: false,
+            windows: WindowCaching::All,
         }
     }
 }
@@ -390,7 +393,7 @@ pub fn serving_fit(
             runtime_overhead(target, &device, tp, pp),
         ),
     };
-    let kv = KvLayout::new(model, target.kv_dtype, tp, pp);
+    let kv = KvLayout::new(model, target.kv_dtype, tp, pp).with_window_caching(target.windows);
     let per_request = kv.per_request(target.context, batched_tokens);
     let kv_free = budget.saturating_sub(weights_here + activations + overhead);
     let max_concurrency = kv_free.0.checked_div(per_request.0).unwrap_or(0);

@@ -12,9 +12,10 @@ use super::capability::Execution;
 use super::engine::EngineSettings;
 use super::fleet::Assignment;
 use super::memory::DeviceMemory;
+use super::model::rope::RopeScaling;
 use super::model::{Model, ModelSource};
 use super::throughput::ThroughputEstimate;
-use super::training::{Method, ZeroStage};
+use super::training::{Method, OptimizerStates, ZeroStage};
 use super::units::Bytes;
 
 /// The model, as the plan summarises it.
@@ -36,6 +37,9 @@ pub struct ModelSummary {
     pub heads: u32,
     /// KV heads.
     pub kv_heads: u32,
+    /// A RoPE scaling asked for on top of the config; the engine arguments apply it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
 }
 
 impl ModelSummary {
@@ -50,6 +54,7 @@ impl ModelSummary {
             layers: model.arch.layers,
             heads: model.arch.heads,
             kv_heads: model.arch.kv_heads,
+            rope_scaling: model.rope_requested,
         }
     }
 }
@@ -69,6 +74,8 @@ pub struct TrainingSummary {
     pub micro_batch: u64,
     /// Whether activations are recomputed.
     pub gradient_checkpointing: bool,
+    /// The optimizer states' precision assumed.
+    pub optimizer_states: OptimizerStates,
     /// Per device: weights (policy, frozen base, reference, gather buffers).
     pub weights: Bytes,
     /// Per device: gradients.

@@ -11,7 +11,8 @@ use super::error::{PlanError, Result};
 use super::kv::KvDtype;
 use super::load::load_model;
 use super::memory::DEFAULT_GPU_UTIL;
-use super::model::config::parse_config;
+use super::model::config::{MAX_CONTEXT, parse_config};
+use super::model::rope::RopeRequest;
 use super::model::{Model, parse_param_count, presets};
 use super::search::{Disaggregation, Goal, PlanRequest};
 use super::training::DEFAULT_TRAINING_GPU_UTIL;
@@ -58,6 +59,8 @@ pub struct PlanInput {
     pub disaggregation: Option<Disaggregation>,
     /// Serving: the engine and its settings (default: today's vLLM, said in the plan).
     pub engine: EngineChoice,
+    /// Serving: YaRN asked for on top of the model's config (`--rope-scaling yarn:4`).
+    pub rope_scaling: Option<RopeRequest>,
 }
 
 /// A question the planner can answer.
@@ -73,8 +76,11 @@ pub struct Prepared {
 
 /// Resolves the model and fills in the defaults.
 pub fn prepare(input: PlanInput) -> Result<Prepared> {
-    let model = resolve_model(&input.model)?.with_checkpoint_bytes(input.checkpoint_bytes);
+    let mut model = resolve_model(&input.model)?.with_checkpoint_bytes(input.checkpoint_bytes);
     let training = matches!(input.goal, Goal::Train(_));
+    if let Some(request) = input.rope_scaling {
+        apply_rope_request(&mut model, request)?;
+    }
     let default_util = if training {
         DEFAULT_TRAINING_GPU_UTIL
     } else {
@@ -114,6 +120,21 @@ pub fn prepare(input: PlanInput) -> Result<Prepared> {
         request,
         notes,
     })
+}
+
+/// Lengthens the model's context by the YaRN factor asked for, over the window it was trained
+/// on, and records the scaling so the engines are told to apply it.
+fn apply_rope_request(model: &mut Model, request: RopeRequest) -> Result<()> {
+    let scaling = request.over(model.max_context, model.rope_scaling)?;
+    let extended = scaling.extended(MAX_CONTEXT);
+    model.notes.push(format!(
+        "context: RoPE scaling {} asked for: the longest context is {extended} tokens (the \
+         engine is told to apply it; the model card should validate the factor)",
+        scaling.describe()
+    ));
+    model.max_context = Some(extended);
+    model.rope_requested = Some(scaling);
+    Ok(())
 }
 
 fn resolve_model(input: &ModelInput) -> Result<Model> {
@@ -164,6 +185,7 @@ mod tests {
             replicas: Some(2),
             disaggregation: None,
             engine: EngineChoice::default(),
+            rope_scaling: None,
         }
     }
 
@@ -186,6 +208,7 @@ mod tests {
             gradient_checkpointing: true,
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
+            optimizer_states: crate::plan::training::OptimizerStates::Fp32,
         });
         input.checkpoint_bytes = Some(Bytes(16_000_000_000));
         let prepared = prepare(input).unwrap();
@@ -193,6 +216,27 @@ mod tests {
         assert!((prepared.request.gpu_util - DEFAULT_TRAINING_GPU_UTIL).abs() < f64::EPSILON);
         assert!(prepared.notes[0].starts_with("--replicas applies to serving"));
         assert_eq!(prepared.model.checkpoint_bytes, Some(Bytes(16_000_000_000)));
+    }
+
+    /// Issue 38: `--rope-scaling yarn:4` lengthens Qwen3-8B's context over its trained window
+    /// and is recorded for the engines; without it the config's maximum holds.
+    #[test]
+    fn yarn_asked_for_lengthens_the_context() {
+        let plain = prepare(serve(ModelInput::Preset("qwen3-8b".into()))).unwrap();
+        assert_eq!(plain.model.max_context, Some(40_960));
+        assert_eq!(plain.model.rope_requested, None);
+        let mut input = serve(ModelInput::Preset("qwen3-8b".into()));
+        // Qwen3's card: factor 4 over the 32,768 tokens it was trained on (its config's
+        // 40,960 adds room for the output), 131,072 in all.
+        input.rope_scaling = Some("yarn:4:32768".parse().unwrap());
+        let yarn = prepare(input).unwrap();
+        assert_eq!(yarn.model.max_context, Some(131_072));
+        assert!(yarn.model.rope_requested.is_some());
+        assert!(
+            yarn.model.notes.iter().any(|n| n.contains("yarn x4")),
+            "{:?}",
+            yarn.model.notes
+        );
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //!
 //! * Full fine-tuning, mixed-precision Adam: 2 (16-bit weights) + 2 (16-bit gradients) + 12
 //!   (FP32 master weights, momentum, variance) = 16 bytes per parameter (ZeRO paper,
-//!   arXiv:1910.02054). ZeRO-1 shards the 12, ZeRO-2 also the gradients, ZeRO-3 also the
+//!   arXiv:1910.02054). The optimizer's precision is a choice ([`OptimizerStates`]): BF16
+//!   states (a model loaded in BF16 and trained with plain `torch.optim.AdamW`) keep 2 + 2 + 4
+//!   = 8 bytes, 8-bit Adam 2 + 2 + 4 (FP32 master) + 2 = 10. ZeRO-1 shards the optimizer's
+//!   share, ZeRO-2 also the gradients, ZeRO-3 also the
 //!   weights across the data-parallel devices; ZeRO-3 then gathers one layer at a time, so it
 //!   keeps `4 x largest layer` bytes of gather buffers (DeepSpeed `stage3.py`,
 //!   `estimate_zero3_model_states_mem_needs`).
@@ -45,6 +48,103 @@ pub enum Method {
     Qlora,
     /// Direct preference optimisation: full fine-tuning plus a frozen reference model.
     Dpo,
+}
+
+/// The precision of the optimizer's states (`hwaccel plan --optimizer-states`, a
+/// ModelPlacement's `goal.train.optimizerStates`).
+///
+/// Bytes per trained parameter, (weights, gradients, optimizer):
+///
+/// | states | full / DPO policy | LoRA adapters | QLoRA adapters |
+/// |---|---|---|---|
+/// | `fp32` | 2 + 2 + 12 (FP32 master, m, v) | 4 + 4 + 8 (PEFT's FP32 adapters) | 2 + 2 + 8 |
+/// | `bf16` | 2 + 2 + 4 (m, v in BF16, no master) | 2 + 2 + 4 | 2 + 2 + 4 |
+/// | `8bit` | 2 + 2 + 6 (FP32 master, 8-bit m and v) | 4 + 4 + 2 | 2 + 2 + 2 |
+///
+/// `fp32` is mixed precision as DeepSpeed, FSDP's mixed-precision policy and Megatron run it
+/// (ZeRO paper, arXiv:1910.02054 §3.1: 16 bytes per parameter). `bf16` is what a model loaded
+/// in BF16 (transformers 5's default dtype) trained with `torch.optim.AdamW` keeps: the moments
+/// take the parameters' dtype (`torch.zeros_like`), and there is no master copy. `8bit` is
+/// block-wise 8-bit Adam (Dettmers et al., arXiv:2110.02861, bitsandbytes `Adam8bit`,
+/// `paged_adamw_8bit`): one byte per moment, plus one FP32 absmax per 2,048-value block
+/// (0.004 bytes per parameter, not counted); the master copy stays where mixed precision keeps
+/// one.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum OptimizerStates {
+    /// FP32 master weights and Adam moments (mixed precision).
+    #[default]
+    #[serde(rename = "fp32")]
+    Fp32,
+    /// Weights, gradients and Adam moments all in BF16.
+    #[serde(rename = "bf16")]
+    Bf16,
+    /// 8-bit Adam moments (bitsandbytes), FP32 master weights.
+    #[serde(rename = "8bit")]
+    EightBit,
+}
+
+impl OptimizerStates {
+    /// The name as the flag and the CRD write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fp32 => "fp32",
+            Self::Bf16 => "bf16",
+            Self::EightBit => "8bit",
+        }
+    }
+
+    /// The assumption, for the plan's reasons.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Fp32 => {
+                "optimizer states fp32: mixed precision, FP32 master weights and Adam moments                  (16 bytes per trained parameter; --optimizer-states bf16 or 8bit for less)"
+            }
+            Self::Bf16 => {
+                "optimizer states bf16: weights, gradients and Adam moments in BF16, no FP32                  master (8 bytes per trained parameter)"
+            }
+            Self::EightBit => {
+                "optimizer states 8bit: 8-bit Adam moments (bitsandbytes), FP32 master weights                  (10 bytes per trained parameter)"
+            }
+        }
+    }
+
+    /// Optimizer bytes per trained parameter when the trained weights are 16-bit: the master
+    /// copy (if any) and the two moments.
+    fn optimizer_bytes(self) -> f64 {
+        match self {
+            Self::Fp32 => 12.0,
+            Self::Bf16 => 4.0,
+            Self::EightBit => 6.0,
+        }
+    }
+
+    /// (weight, gradient, optimizer) bytes per parameter of an adapter that PEFT keeps in
+    /// FP32 (LoRA on a 16-bit base): FP32 adapters need no master copy; BF16 states cast
+    /// the adapters to BF16 too.
+    fn fp32_adapter_bytes(self) -> (f64, f64, f64) {
+        match self {
+            Self::Fp32 => (4.0, 4.0, 8.0),
+            Self::Bf16 => (2.0, 2.0, 4.0),
+            Self::EightBit => (4.0, 4.0, 2.0),
+        }
+    }
+
+    /// (weight, gradient, optimizer) bytes per parameter of a 16-bit adapter (QLoRA).
+    fn sixteen_bit_adapter_bytes(self) -> (f64, f64, f64) {
+        match self {
+            Self::Fp32 => (2.0, 2.0, 8.0),
+            Self::Bf16 => (2.0, 2.0, 4.0),
+            Self::EightBit => (2.0, 2.0, 2.0),
+        }
+    }
+}
+
+impl std::fmt::Display for OptimizerStates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// A ZeRO stage (0 is plain data parallelism).
@@ -114,6 +214,8 @@ pub struct TrainingTarget {
     pub lora_rank: u64,
     /// Adapted modules (LoRA and QLoRA).
     pub lora_targets: Vec<LoraTarget>,
+    /// The optimizer's precision.
+    pub optimizer_states: OptimizerStates,
 }
 
 /// Model-state and activation bytes on one device.
@@ -237,6 +339,7 @@ pub fn training_memory(
     } else {
         Bytes::ZERO
     };
+    let states = target.optimizer_states;
     let (weights, gradients, optimizer) = match target.method {
         Method::Full | Method::Dpo => {
             let policy = shard(per_param(total, 2.0), 3);
@@ -248,23 +351,25 @@ pub fn training_memory(
             (
                 policy + reference + gather_buffer,
                 shard(per_param(total, 2.0), 2),
-                shard(per_param(total, 12.0), 1),
+                shard(per_param(total, states.optimizer_bytes()), 1),
             )
         }
         Method::Lora => {
             let base = shard(per_param(total, 2.0), 3);
+            let (w, g, o) = states.fp32_adapter_bytes();
             (
-                base + per_param(trainable, 4.0) + gather_buffer,
-                shard(per_param(trainable, 4.0), 2),
-                shard(per_param(trainable, 8.0), 1),
+                base + per_param(trainable, w) + gather_buffer,
+                shard(per_param(trainable, g), 2),
+                shard(per_param(trainable, o), 1),
             )
         }
         Method::Qlora => {
             let base = shard(qlora_base_bytes(model), 3);
+            let (w, g, o) = states.sixteen_bit_adapter_bytes();
             (
-                base + per_param(trainable, 2.0) + gather_buffer,
-                shard(per_param(trainable, 2.0), 2),
-                shard(per_param(trainable, 8.0), 1),
+                base + per_param(trainable, w) + gather_buffer,
+                shard(per_param(trainable, g), 2),
+                shard(per_param(trainable, o), 1),
             )
         }
     };
@@ -353,6 +458,7 @@ mod tests {
             gradient_checkpointing: true,
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
+            optimizer_states: OptimizerStates::Fp32,
         }
     }
 
@@ -368,6 +474,49 @@ mod tests {
         );
         let states = m.weights + m.gradients + m.optimizer;
         assert_eq!(states.0 / model.params.total(), 16);
+    }
+
+    /// Issue 38: BF16 states (torch AdamW on a BF16 model) keep 8 bytes per parameter, 8-bit
+    /// Adam 10 (FP32 master, one byte per moment); ZeRO-1 shards exactly the optimizer's part.
+    #[test]
+    fn optimizer_state_precision_sets_the_bytes_per_parameter() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let per_param = |states, devices, stage| {
+            let t = TrainingTarget {
+                optimizer_states: states,
+                ..target(Method::Full, 512)
+            };
+            let m = training_memory(&model, &t, devices, stage, (Bytes::gib(80), 0.9));
+            (m.weights + m.gradients + m.optimizer).as_f64() / model.params.total() as f64
+        };
+        for (states, bytes) in [
+            (OptimizerStates::Fp32, 16.0),
+            (OptimizerStates::Bf16, 8.0),
+            (OptimizerStates::EightBit, 10.0),
+        ] {
+            assert!((per_param(states, 1, 0) - bytes).abs() < 1e-6, "{states}");
+            // ZeRO-1 over 4 devices: 4 bytes of weights and gradients, a quarter of the rest.
+            let sharded = 4.0 + (bytes - 4.0) / 4.0;
+            assert!((per_param(states, 4, 1) - sharded).abs() < 1e-6, "{states}");
+        }
+        // LoRA: PEFT's FP32 adapters take 16 bytes each under fp32 states, 8 under bf16, 10
+        // under 8-bit Adam; the frozen base is the same 2 bytes per parameter in all three.
+        let lora = |states| {
+            let t = TrainingTarget {
+                optimizer_states: states,
+                ..target(Method::Lora, 512)
+            };
+            let m = training_memory(&model, &t, 1, 0, (Bytes::gib(80), 0.9));
+            let base = model.params.total() * 2;
+            (m.weights.0 + m.gradients.0 + m.optimizer.0 - base) as f64 / m.trainable_params as f64
+        };
+        assert!((lora(OptimizerStates::Fp32) - 16.0).abs() < 1e-3);
+        assert!((lora(OptimizerStates::Bf16) - 8.0).abs() < 1e-3);
+        assert!((lora(OptimizerStates::EightBit) - 10.0).abs() < 1e-3);
+        assert_eq!(
+            serde_json::to_value(OptimizerStates::EightBit).unwrap(),
+            "8bit"
+        );
     }
 
     #[test]

@@ -58,6 +58,7 @@ impl PlacementBuilder {
                     seq_len: 4096,
                     micro_batch: 1,
                     lora_rank: 16,
+                    optimizer_states: None,
                 }),
             },
         )

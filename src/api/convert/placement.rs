@@ -47,6 +47,13 @@ impl ModelPlacementSpec {
                 .map(EngineSpec::choice)
                 .transpose()?
                 .unwrap_or_default(),
+            rope_scaling: self
+                .model
+                .rope_scaling
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|err: String| format!("model.ropeScaling: {err}"))?,
         })
     }
 }
@@ -112,6 +119,7 @@ impl Goal {
                 gradient_checkpointing: true,
                 lora_rank: u64::from(train.lora_rank),
                 lora_targets: LoraTarget::ALL.to_vec(),
+                optimizer_states: train.optimizer_states.unwrap_or_default(),
             })),
             _ => Err("goal: set exactly one of serve or train".to_string()),
         }
@@ -134,7 +142,7 @@ fn kv_dtype(choice: PrecisionChoice) -> Result<KvDtype, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::placement::{Constraints, ServeGoal, TrainGoal, TrainMethod};
+    use crate::api::placement::{Constraints, OptimizerStates, ServeGoal, TrainGoal, TrainMethod};
 
     fn spec() -> ModelPlacementSpec {
         ModelPlacementSpec {
@@ -179,14 +187,7 @@ mod tests {
         });
         let engine = sglang.plan_input().unwrap().engine;
         assert_eq!(engine.kind, EngineKind::Sglang);
-        assert_eq!(
-            engine.version,
-            Some(EngineVersion::Release {
-                major: 0,
-                minor: 5,
-                patch: 2
-            })
-        );
+        assert_eq!(engine.version, Some(EngineVersion::release(0, 5, 2)));
         assert!(engine.stated && engine.enforce_eager);
         assert_eq!(engine.max_num_seqs, Some(64));
         assert_eq!(engine.max_num_batched_tokens, Some(4096));
@@ -226,6 +227,7 @@ mod tests {
                 seq_len: 1024,
                 micro_batch: 2,
                 lora_rank: 8,
+                optimizer_states: None,
             }),
         };
         let PlannerGoal::Train(target) = spec.plan_input().unwrap().goal else {
@@ -234,6 +236,14 @@ mod tests {
         assert_eq!(target.method, TrainMethod::Qlora);
         assert!(target.gradient_checkpointing);
         assert_eq!(target.lora_targets, LoraTarget::ALL.to_vec());
+        assert_eq!(target.optimizer_states, OptimizerStates::Fp32);
+        // Issue 38: `optimizerStates` reaches the planner as the CRD spells it.
+        let json = r#"{"method": "full", "seqLen": 2048, "optimizerStates": "bf16"}"#;
+        spec.goal.train = Some(serde_json::from_str(json).unwrap());
+        let PlannerGoal::Train(target) = spec.plan_input().unwrap().goal else {
+            panic!("a training goal");
+        };
+        assert_eq!(target.optimizer_states, OptimizerStates::Bf16);
     }
 
     #[test]
@@ -244,6 +254,7 @@ mod tests {
             seq_len: 1,
             micro_batch: 1,
             lora_rank: 1,
+            optimizer_states: None,
         });
         assert!(two_goals.plan_input().unwrap_err().starts_with("goal:"));
         let mut int8_cache = spec();

@@ -21,6 +21,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::plan::error::{PlanError, Result};
+use crate::plan::kv::WindowCaching;
 use crate::plan::memory::Engine;
 
 /// Most sequences a replica may be asked to run at once.
@@ -31,6 +32,19 @@ pub const MAX_BATCHED_TOKENS: u64 = 1 << 22;
 const V1_FROM: (u32, u32) = (0, 8);
 /// The first vLLM release that profiles CUDA graphs inside the budget.
 const GRAPHS_IN_BUDGET_FROM: (u32, u32) = (0, 21);
+/// A release as (major, minor, patch).
+type Release = (u32, u32, u32);
+/// The first vLLM release with the hybrid KV cache manager for sliding-window layers of mixed
+/// models (release notes: "Initial full support for Hybrid Memory Allocator (#17996)").
+const HYBRID_SLIDING_FROM: Release = (0, 9, 1);
+/// Chunked local attention in the hybrid manager (#19351, 0.9.2) until #21761 (0.10.1) turned
+/// it off by default; on again by 0.19.0, whose start-up logs print
+/// `VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: True` (llm-d-incubation/llm-d-planner
+/// @d3121e0, `accuracy/results/v0.19.0/logs/meta-llama-llama-4-scout--h100-80gb--tp4pp1dp1--8192.log`).
+/// The release of #29627, which turned it back on, is not pinned: 0.10.1 to 0.18 are taken
+/// as off, which errs toward the larger cache.
+const HYBRID_CHUNKED: [(Release, Release); 2] =
+    [((0, 9, 2), (0, 10, 1)), ((0, 19, 0), (u32::MAX, 0, 0))];
 
 /// The serving engines the planner can render and account for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -64,12 +78,15 @@ impl FromStr for EngineKind {
     }
 }
 
-/// An engine version: a release (`0.10.2`) or a vLLM generation (`v0`, `v1`, `current`).
+/// An engine version: a release (`0.10.2`, `0.10.1.1`, `0.6.6.post1`) or a vLLM generation
+/// (`v0`, `v1`, `current`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum EngineVersion {
-    /// A release, major.minor.patch (the patch level names an image tag; it does not change
-    /// the accounting).
+    /// A release as the engine prints it (`vllm --version`, `sglang.__version__`): up to four
+    /// numbers, a `.postN` (or `postN`) post-release, and a `+local` build tag
+    /// (`0.4.1+cu121`), which names a wheel's CUDA build and is dropped. Only major.minor
+    /// change the accounting; the rest names the image tag.
     Release {
         /// Major version.
         major: u32,
@@ -77,6 +94,12 @@ pub enum EngineVersion {
         minor: u32,
         /// Patch level (its leading digits; 0 when not given).
         patch: u32,
+        /// A fourth number (`0.10.1.1`), when given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        build: Option<u32>,
+        /// A post-release number (`0.6.6.post1`), when given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        post: Option<u32>,
     },
     /// vLLM's V0 engine (0.7 and earlier).
     V0,
@@ -86,6 +109,19 @@ pub enum EngineVersion {
     Current,
 }
 
+impl EngineVersion {
+    /// The release `major.minor.patch`.
+    pub fn release(major: u32, minor: u32, patch: u32) -> Self {
+        Self::Release {
+            major,
+            minor,
+            patch,
+            build: None,
+            post: None,
+        }
+    }
+}
+
 impl fmt::Display for EngineVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -93,12 +129,53 @@ impl fmt::Display for EngineVersion {
                 major,
                 minor,
                 patch,
-            } => write!(f, "{major}.{minor}.{patch}"),
+                build,
+                post,
+            } => {
+                write!(f, "{major}.{minor}.{patch}")?;
+                if let Some(build) = build {
+                    write!(f, ".{build}")?;
+                }
+                if let Some(post) = post {
+                    write!(f, ".post{post}")?;
+                }
+                Ok(())
+            }
             Self::V0 => f.write_str("v0"),
             Self::V1 => f.write_str("v1"),
             Self::Current => f.write_str("current"),
         }
     }
+}
+
+/// A version number part: 1 to 4 ASCII digits.
+fn version_number(part: &str) -> Option<u32> {
+    (!part.is_empty() && part.len() <= 4 && part.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| part.parse().ok())
+        .flatten()
+}
+
+/// A pre- or post-release suffix PEP 440 allows after a number (`post1`, `rc2`, `dev0`, `a1`,
+/// `b3`): the post-release number when it is one, `Some(None)` for the others (they do not
+/// change the accounting), `None` when the text is no such suffix.
+fn release_suffix(text: &str) -> Option<Option<u32>> {
+    for (label, post) in [
+        ("post", true),
+        ("rc", false),
+        ("dev", false),
+        ("a", false),
+        ("b", false),
+    ] {
+        if let Some(number) = text.strip_prefix(label) {
+            let number = if number.is_empty() && label == "dev" {
+                0
+            } else {
+                version_number(number)?
+            };
+            return Some(post.then_some(number));
+        }
+    }
+    None
 }
 
 impl FromStr for EngineVersion {
@@ -107,8 +184,8 @@ impl FromStr for EngineVersion {
     fn from_str(text: &str) -> std::result::Result<Self, String> {
         let bad = || {
             format!(
-                "engine version {text:?} is neither a release (0.10, 0.11.2) nor a generation \
-                 (v0, v1, current)"
+                "engine version {text:?} is neither a release (0.10, 0.11.2, 0.10.1.1, \
+                 0.6.6.post1, 0.4.1+cu121) nor a generation (v0, v1, current)"
             )
         };
         let trimmed = text.trim().to_ascii_lowercase();
@@ -119,44 +196,62 @@ impl FromStr for EngineVersion {
             _ => {}
         }
         let release = trimmed.strip_prefix('v').unwrap_or(&trimmed);
-        if release.len() > 32 {
+        if release.len() > 40 {
             return Err(bad());
         }
-        let mut parts = release.split('.');
-        let number = |part: Option<&str>| -> std::result::Result<u32, String> {
-            let part = part.ok_or_else(bad)?;
-            if part.is_empty() || part.len() > 4 || !part.bytes().all(|b| b.is_ascii_digit()) {
+        // A local build tag (`+cu121`, `+rocm6.2`) names how a wheel was built, not a release.
+        let release = match release.split_once('+') {
+            Some((public, local))
+                if !local.is_empty()
+                    && local
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'.') =>
+            {
+                public
+            }
+            Some(_) => return Err(bad()),
+            None => release,
+        };
+        let mut numbers = Vec::with_capacity(4);
+        let mut post = None;
+        let mut suffixed = false;
+        for (index, part) in release.split('.').enumerate() {
+            if suffixed {
                 return Err(bad());
             }
-            part.parse().map_err(|_| bad())
-        };
-        let major = number(parts.next())?;
-        let minor = number(parts.next())?;
-        // An optional patch level: digits, maybe followed by a suffix like `post1` or `rc2`.
-        let patch = match parts.next() {
-            None => 0,
-            Some(text) => {
-                if text.is_empty()
-                    || text.len() > 12
-                    || !text.bytes().all(|b| b.is_ascii_alphanumeric())
-                {
-                    return Err(bad());
-                }
-                let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
-                if digits.is_empty() || digits.len() > 4 {
-                    return Err(bad());
-                }
-                digits.parse().map_err(|_| bad())?
+            // A part of its own after the patch level: `.post1`, `.rc1`.
+            if index >= 3
+                && let Some(suffix) = release_suffix(part)
+            {
+                post = suffix;
+                suffixed = true;
+                continue;
             }
-        };
-        if parts.next().is_some() {
-            return Err(bad());
+            let digits = part.bytes().take_while(u8::is_ascii_digit).count();
+            let number = version_number(&part[..digits]).ok_or_else(bad)?;
+            if digits < part.len() {
+                // Digits then a suffix (`1post1`, `0rc2`), after the minor version only.
+                if index < 2 {
+                    return Err(bad());
+                }
+                post = release_suffix(&part[digits..]).ok_or_else(bad)?;
+                suffixed = true;
+            }
+            numbers.push(number);
+            if numbers.len() > 4 {
+                return Err(bad());
+            }
         }
-        Ok(Self::Release {
-            major,
-            minor,
-            patch,
-        })
+        match numbers[..] {
+            [major, minor, ..] => Ok(Self::Release {
+                major,
+                minor,
+                patch: numbers.get(2).copied().unwrap_or(0),
+                build: numbers.get(3).copied(),
+                post,
+            }),
+            _ => Err(bad()),
+        }
     }
 }
 
@@ -198,6 +293,40 @@ impl EngineChoice {
                     Engine::Vllm
                 }
             }
+        }
+    }
+
+    /// Which windowed layers the engine caches for their window ([`WindowCaching`]): vLLM's
+    /// hybrid KV cache manager arrived in 0.9.1 for sliding windows; earlier engines (and the
+    /// V1 generation named without a release, which spans both) cache a mixed model's windowed
+    /// layers in full.
+    pub fn window_caching(&self) -> WindowCaching {
+        let release = match (self.kind, self.version) {
+            (EngineKind::Sglang, _) | (EngineKind::Vllm, None | Some(EngineVersion::Current)) => {
+                return WindowCaching::All;
+            }
+            (EngineKind::Vllm, Some(EngineVersion::V0 | EngineVersion::V1)) => {
+                return WindowCaching::UniformOnly;
+            }
+            (
+                EngineKind::Vllm,
+                Some(EngineVersion::Release {
+                    major,
+                    minor,
+                    patch,
+                    ..
+                }),
+            ) => (major, minor, patch),
+        };
+        if release < HYBRID_SLIDING_FROM {
+            WindowCaching::UniformOnly
+        } else if HYBRID_CHUNKED
+            .iter()
+            .any(|(from, until)| (*from..*until).contains(&release))
+        {
+            WindowCaching::All
+        } else {
+            WindowCaching::SlidingOnly
         }
     }
 
@@ -317,18 +446,78 @@ mod tests {
         assert_eq!(sglang.memory_engine(), Engine::Sglang);
     }
 
+    /// Issue 38: the versions engines print (`vllm --version`, pip's wheel names) parse, keep
+    /// what names an image tag, and map onto the right accounting era.
+    #[test]
+    fn versions_as_engines_print_them_parse() {
+        for (text, shown, engine) in [
+            ("0.10.1.1", "0.10.1.1", Engine::VllmV1),
+            ("0.6.6.post1", "0.6.6.post1", Engine::VllmV0),
+            ("0.5.13.post1", "0.5.13.post1", Engine::VllmV0),
+            ("0.4.1+cu121", "0.4.1", Engine::VllmV0),
+            ("v0.9.2rc1", "0.9.2", Engine::VllmV1),
+            ("0.10.1post1", "0.10.1.post1", Engine::VllmV1),
+            ("0.22.0+rocm6.4", "0.22.0", Engine::Vllm),
+            ("0.11", "0.11.0", Engine::VllmV1),
+        ] {
+            let version: EngineVersion = text.parse().unwrap_or_else(|err| panic!("{err}"));
+            assert_eq!(version.to_string(), shown, "{text}");
+            let choice = EngineChoice {
+                version: Some(version),
+                ..EngineChoice::default()
+            };
+            assert_eq!(choice.memory_engine(), engine, "{text}");
+        }
+        assert_eq!(
+            "0.10.1.1".parse::<EngineVersion>(),
+            Ok(EngineVersion::Release {
+                major: 0,
+                minor: 10,
+                patch: 1,
+                build: Some(1),
+                post: None
+            })
+        );
+    }
+
+    #[test]
+    fn window_caching_follows_the_release() {
+        let vllm = |version: &str| {
+            EngineChoice {
+                version: Some(version.parse().unwrap()),
+                ..EngineChoice::default()
+            }
+            .window_caching()
+        };
+        assert_eq!(vllm("0.6.6.post1"), WindowCaching::UniformOnly);
+        assert_eq!(vllm("0.9.0"), WindowCaching::UniformOnly);
+        assert_eq!(vllm("0.9.1"), WindowCaching::SlidingOnly);
+        assert_eq!(vllm("0.9.2"), WindowCaching::All);
+        assert_eq!(vllm("0.10.0"), WindowCaching::All);
+        assert_eq!(vllm("0.10.1.1"), WindowCaching::SlidingOnly);
+        assert_eq!(vllm("0.18.1"), WindowCaching::SlidingOnly);
+        assert_eq!(vllm("0.19.0"), WindowCaching::All);
+        assert_eq!(vllm("v1"), WindowCaching::UniformOnly);
+        assert_eq!(EngineChoice::default().window_caching(), WindowCaching::All);
+    }
+
     #[test]
     fn bad_versions_and_engines_are_clear_errors() {
         for bad in [
             "",
             "0",
             "x.y",
-            "0.10.1.2",
+            "0.10.1.2.3",
             "0.-1",
             "99999.1",
             "0.1.~",
             "latestest",
             "0.1.rc1",
+            "0.4.1+",
+            "0.4.1+cu 121",
+            "0.6.6.post",
+            "0.6.6.post1.2",
+            "0post1.1",
         ] {
             let err = bad.parse::<EngineVersion>().unwrap_err();
             assert!(err.contains("neither a release"), "{bad}: {err}");

@@ -172,23 +172,16 @@ pub fn gfx_target(product: &str) -> Option<&'static str> {
 }
 
 /// The release `choice` names, when it names one.
-fn release(choice: &EngineChoice) -> Option<(u32, u32, u32)> {
-    match choice.version {
-        Some(EngineVersion::Release {
-            major,
-            minor,
-            patch,
-        }) => Some((major, minor, patch)),
-        _ => None,
-    }
+fn release(choice: &EngineChoice) -> Option<EngineVersion> {
+    choice
+        .version
+        .filter(|version| matches!(version, EngineVersion::Release { .. }))
 }
 
-/// `v0.10.2`, or `latest` when no release was named (a generation is not a tag either).
+/// `v0.10.2` (`v0.10.1.1`, `v0.6.6.post1`: the release as the engine's tags spell it), or
+/// `latest` when no release was named (a generation is not a tag either).
 fn tag(choice: &EngineChoice) -> String {
-    release(choice).map_or_else(
-        || "latest".to_string(),
-        |(major, minor, patch)| format!("v{major}.{minor}.{patch}"),
-    )
+    release(choice).map_or_else(|| "latest".to_string(), |version| format!("v{version}"))
 }
 
 /// Whether the named release is at least `from` (no release: the newest, so yes; a vLLM

@@ -24,8 +24,10 @@ pub struct ParsedConfig {
     pub arch: Architecture,
     /// The checkpoint's format.
     pub native: NativeFormat,
-    /// `max_position_embeddings`, when stated.
+    /// `max_position_embeddings`, when stated, lengthened by a `rope_scaling` that does.
     pub max_context: Option<u64>,
+    /// The config's context-lengthening RoPE scaling.
+    pub rope_scaling: Option<super::rope::RopeScaling>,
     /// Assumptions made while reading.
     pub notes: Vec<String>,
 }
@@ -44,6 +46,7 @@ impl Model {
             parsed.native,
         );
         model.max_context = parsed.max_context;
+        model.rope_scaling = parsed.rope_scaling;
         model.notes = parsed.notes;
         model
     }
@@ -93,10 +96,33 @@ pub fn parse_config(origin: &str, value: &Value) -> Result<ParsedConfig> {
         ],
         MAX_CONTEXT,
     )?;
+    // vLLM derives the longest context from the scaling too (`_get_and_verify_max_len`).
+    let rope_scaling = super::rope::from_config(
+        origin,
+        fields
+            .get("rope_scaling")
+            .or_else(|| fields.get("rope_parameters")),
+        max_context,
+    )?;
+    let max_context = match (max_context, rope_scaling) {
+        (Some(max), Some(scaling)) => {
+            let extended = scaling.extended(MAX_CONTEXT);
+            if extended != max {
+                notes.push(format!(
+                    "context: rope_scaling ({}) makes the longest context {extended} tokens \
+                     (max_position_embeddings says {max})",
+                    scaling.describe()
+                ));
+            }
+            Some(extended)
+        }
+        (max, _) => max,
+    };
     Ok(ParsedConfig {
         arch,
         native,
         max_context,
+        rope_scaling,
         notes,
     })
 }
@@ -355,10 +381,10 @@ fn sliding_window(
             Some(Value::Array(flags)) => flags.iter().filter(|f| f.as_u64() == Some(1)).count(),
             _ => (layers - layers / 4) as usize,
         };
-        return Ok(window(
-            chunk,
-            u32::try_from(chunked).unwrap_or(layers).min(layers),
-        ));
+        return Ok(
+            window(chunk, u32::try_from(chunked).unwrap_or(layers).min(layers))
+                .map(|w| SlidingWindow { chunked: true, ..w }),
+        );
     }
     let Some(size) = fields.at_most(&["sliding_window"], MAX_CONTEXT)? else {
         return Ok(None);
@@ -394,6 +420,7 @@ fn window(size: u64, layers: u32) -> Option<SlidingWindow> {
     (size > 0 && layers > 0).then_some(SlidingWindow {
         window: size,
         layers,
+        chunked: false,
     })
 }
 
@@ -591,7 +618,8 @@ mod tests {
             parsed.arch.sliding_window,
             Some(SlidingWindow {
                 window: 128,
-                layers: 2
+                layers: 2,
+                chunked: false,
             })
         );
         assert_eq!(parsed.native.precision, Precision::Mxfp4);

@@ -9,6 +9,7 @@ pub mod config;
 mod count;
 pub mod params;
 pub mod presets;
+pub mod rope;
 pub mod subset;
 
 use serde::Serialize;
@@ -67,6 +68,9 @@ pub struct SlidingWindow {
     pub window: u64,
     /// How many layers use the window; the others attend to the full context.
     pub layers: u32,
+    /// Chunked local attention (Llama 4's `attention_chunk_size`) rather than a sliding
+    /// window: engines added caching support for the two at different releases.
+    pub chunked: bool,
 }
 
 /// The shape of a decoder-only transformer, as far as memory is concerned.
@@ -148,8 +152,14 @@ pub struct Model {
     pub native: NativeFormat,
     /// True for model types vLLM refuses to run in FP16 (numerical overflow).
     pub fp16_unsafe: bool,
-    /// The longest context the model supports, when its config says.
+    /// The longest context the model supports, when its config says (with the config's RoPE
+    /// scaling, or the one asked for, applied).
     pub max_context: Option<u64>,
+    /// The context-lengthening RoPE scaling the config states.
+    pub rope_scaling: Option<rope::RopeScaling>,
+    /// A RoPE scaling the request asked for on top of the config (`--rope-scaling yarn:4`):
+    /// the engines are told to apply it.
+    pub rope_requested: Option<rope::RopeScaling>,
     /// The exact size of the checkpoint, when given; it replaces the computed weight bytes at
     /// the native precision.
     pub checkpoint_bytes: Option<Bytes>,
@@ -179,6 +189,8 @@ impl Model {
             native,
             fp16_unsafe,
             max_context: None,
+            rope_scaling: None,
+            rope_requested: None,
             checkpoint_bytes: None,
             notes: Vec::new(),
         }

@@ -103,6 +103,7 @@ pub fn find(key: &str) -> Result<Option<Model>> {
         parsed.native,
     );
     model.max_context = parsed.max_context;
+    model.rope_scaling = parsed.rope_scaling;
     model.notes = parsed.notes;
     Ok(Some(model))
 }

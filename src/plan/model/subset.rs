@@ -71,6 +71,14 @@ const FIELDS: &[&str] = &[
     "weights_dtype",
 ];
 
+/// What [`super::rope`] reads of `rope_scaling` / `rope_parameters`.
+const ROPE_FIELDS: &[&str] = &[
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+];
+
 /// What [`super::config`] reads of `quantization_config` (besides `config_groups`).
 const QUANT_FIELDS: &[&str] = &[
     "quant_method",
@@ -88,11 +96,31 @@ pub fn planning_subset(config: &Value) -> Option<Value> {
     if let Some(Value::Object(text)) = top.get("text_config") {
         kept.insert("text_config".into(), Value::Object(pick(text, FIELDS)));
     }
+    keep_rope(top, &mut kept);
+    if let (Some(Value::Object(text)), Some(Value::Object(kept_text))) =
+        (top.get("text_config"), kept.get_mut("text_config"))
+    {
+        keep_rope(text, kept_text);
+    }
     // Only the top level's quantisation is read (the text model's is not).
     if let Some(quant) = top.get("quantization_config") {
         kept.insert("quantization_config".into(), quantization_subset(quant));
     }
     Some(Value::Object(kept))
+}
+
+/// `rope_scaling` / `rope_parameters` of `from`, down to the fields the planner reads (a
+/// value that is not an object is kept as it is, for the planner's error).
+fn keep_rope(from: &Map<String, Value>, into: &mut Map<String, Value>) {
+    for name in ["rope_scaling", "rope_parameters"] {
+        if let Some(rope) = from.get(name) {
+            let rope = match rope.as_object() {
+                Some(rope) => Value::Object(pick(rope, ROPE_FIELDS)),
+                None => rope.clone(),
+            };
+            into.insert(name.into(), rope);
+        }
+    }
 }
 
 fn pick(object: &Map<String, Value>, names: &[&str]) -> Map<String, Value> {

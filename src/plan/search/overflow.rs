@@ -29,6 +29,7 @@ fn train(seq_len: u64, micro_batch: u64, method: Method, lora_rank: u64) -> Plan
         gradient_checkpointing: false,
         lora_rank,
         lora_targets: LoraTarget::ALL.to_vec(),
+        optimizer_states: crate::plan::training::OptimizerStates::Fp32,
     });
     request
 }
@@ -158,6 +159,7 @@ fn extreme_architecture() -> Architecture {
         sliding_window: Some(SlidingWindow {
             window: u64::MAX,
             layers: u32::MAX,
+            chunked: false,
         }),
     }
 }

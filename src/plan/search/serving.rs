@@ -403,6 +403,7 @@ pub(crate) fn serving_target(request: &PlanRequest, context: u64) -> ServingTarg
         max_num_seqs: engine.max_num_seqs,
         enforce_eager: engine.enforce_eager,
         engine_default_util: engine.mem_fraction_static.is_none(),
+        windows: engine.window_caching(),
     }
 }
 
@@ -642,6 +643,21 @@ fn explain_memory(
         ));
     }
     let kv = KvLayout::new(model, target.kv_dtype, c.tp, c.pp);
+    if let Some(window) = model.arch.sliding_window
+        && !kv.with_window_caching(target.windows).windows_cached()
+    {
+        let kind = if window.chunked {
+            "chunked local attention layers"
+        } else {
+            "sliding-window layers"
+        };
+        lines.push(format!(
+            "{} {kind} cached for the full context: this engine version keeps them whole \
+             (vLLM's hybrid KV cache manager keeps only the window: sliding windows from 0.9.1, \
+             chunked local attention in 0.9.2-0.10.0 and from 0.19)",
+            window.layers
+        ));
+    }
     lines.push(format!(
         "KV cache: {} per token on each device ({} KV; {} KV heads / TP {}); one {}-token request = {}",
         kv.bytes_per_token(),

@@ -7,7 +7,9 @@ use crate::plan::capability::{PrecisionChoice, serving_support};
 use crate::plan::fleet::{Fleet, Placement};
 use crate::plan::model::Model;
 use crate::plan::report::{Plan, TrainingSummary};
-use crate::plan::training::{Method, TrainingMemory, TrainingTarget, ZeroStage, training_memory};
+use crate::plan::training::{
+    Method, OptimizerStates, TrainingMemory, TrainingTarget, ZeroStage, training_memory,
+};
 use crate::plan::units::Bytes;
 
 /// ZeRO stages, cheapest communication first.
@@ -114,6 +116,8 @@ pub(super) fn plan(
 ) -> Plan {
     let mut plan = Plan::new("train", model);
     plan.reasons.extend(model.notes.iter().cloned());
+    plan.reasons
+        .push(target.optimizer_states.describe().to_string());
     let mut candidates = Vec::new();
     for (index, class) in fleet.classes.iter().enumerate() {
         match training_precision(model, fleet, index, target.method, request.precision) {
@@ -157,6 +161,7 @@ fn summary(target: &TrainingTarget, memory: &TrainingMemory) -> TrainingSummary 
         seq_len: target.seq_len,
         micro_batch: target.micro_batch,
         gradient_checkpointing: target.gradient_checkpointing,
+        optimizer_states: target.optimizer_states,
         weights: memory.weights,
         gradients: memory.gradients,
         optimizer: memory.optimizer,
@@ -243,6 +248,14 @@ fn refuse(
         }
     }
     plan.per_device = closest.map(|(m, _)| m.device);
+    if matches!(target.method, Method::Full | Method::Dpo)
+        && target.optimizer_states == OptimizerStates::Fp32
+    {
+        plan.suggestions.push(
+            "--optimizer-states bf16 keeps 8 bytes per parameter instead of 16 (8bit: 10)"
+                .to_string(),
+        );
+    }
     if matches!(target.method, Method::Full | Method::Dpo | Method::Lora) {
         plan.suggestions.push(
             "--train qlora keeps the frozen base in NF4 (about a quarter of 16-bit memory)"

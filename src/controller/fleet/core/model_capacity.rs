@@ -128,6 +128,7 @@ impl CountedModel {
             replicas: None,
             disaggregation: None,
             engine: crate::plan::engine::choice::EngineChoice::default(),
+            rope_scaling: None,
         })
         .map_err(|err| refused(err.to_string()))?;
         let context = context

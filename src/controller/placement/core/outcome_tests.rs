@@ -89,6 +89,7 @@ fn asked_replicas_are_placed_and_training_ignores_them() {
             seq_len: 2048,
             micro_batch: 1,
             lora_rank: 64,
+            optimizer_states: None,
         }),
     };
     let request = request_from_spec(&spec).unwrap();
