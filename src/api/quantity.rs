@@ -172,7 +172,7 @@ impl Exact {
 }
 
 /// The value of a quantity in thousandths, in any form Kubernetes accepts (see
-/// [`parse_exact`]): `80Gi`, `1.5Gi`, `500m`, `1e3`, `2.5E-1`. A value finer than a
+/// `parse_exact`): `80Gi`, `1.5Gi`, `500m`, `1e3`, `2.5E-1`. A value finer than a
 /// thousandth rounds up, as `Quantity.MilliValue` does. `None` for what is not a quantity,
 /// a negative one, or one too large for u128.
 pub fn parse_millis(quantity: &Quantity) -> Option<u128> {

@@ -40,7 +40,7 @@ pub type DraNames = BTreeMap<(String, String), DeviceRef>;
 ///
 /// Each document is decoded straight into slices, with no generic JSON or YAML tree in
 /// between and no copy of a list's items (issue 35: a 30 MB file took 2.2 GB that way); a
-/// file over [`MAX_FILE_BYTES`] or more than [`MAX_SLICES`] slices are refused with the
+/// file over `MAX_FILE_BYTES` or more than `MAX_SLICES` slices are refused with the
 /// reason before they are decoded whole.
 pub fn load_resource_slices(paths: &[PathBuf]) -> Result<Vec<ResourceSlice>> {
     let mut slices = Vec::new();
