@@ -582,6 +582,44 @@ mod tests {
     }
 
     #[test]
+    fn ghosts_are_forgotten_and_named_until_then() {
+        let mut ledger = Ledger::new();
+        ledger
+            .insert(key("gone"), holding(1, &[("n1", "gpu-0"), ("n1", "gpu-1")]))
+            .unwrap();
+        ledger
+            .insert(key("here"), holding(2, &[("n1", "gpu-2")]))
+            .unwrap();
+        ledger
+            .insert(key("renamed"), holding(3, &[("n2", "gpu-0")]))
+            .unwrap();
+        // `here` exists as planned; `renamed` exists under another uid; `gone` does not.
+        let exists = |key: &PlacementKey, uid: &str| match key.name.as_str() {
+            "here" => uid == "uid-2",
+            "renamed" => uid == "uid-99",
+            _ => false,
+        };
+        let named = ledger.ghost_devices(exists, 2);
+        assert_eq!(named.len(), 3, "{named:?}");
+        assert!(named[0].contains("n1/gpu-0 is held by ml/gone (uid uid-1)"));
+        assert_eq!(
+            named[2],
+            "and 1 more device(s) held by placements that no longer exist"
+        );
+        let releases = ledger.releases();
+        let forgotten: Vec<PlacementKey> = ledger
+            .forget_ghosts(exists)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(forgotten, vec![key("gone"), key("renamed")]);
+        assert!(ledger.releases() > releases, "a prune is a release");
+        assert_eq!(ledger.devices_reserved(), 1);
+        assert_eq!(ledger.index_mismatch(), None);
+        assert!(ledger.ghost_devices(exists, 2).is_empty());
+    }
+
+    #[test]
     fn equal_creation_times_fall_back_to_names() {
         let (ledger, dropped) = Ledger::rebuild(vec![
             (key("b"), holding(10, &[("n1", "gpu-0")])),
