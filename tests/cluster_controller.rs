@@ -34,7 +34,7 @@ use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 /// A Node plus its AcceleratorInventory, detected from a fixture host, both labelled for
 /// this test.
-async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<String> {
+pub(crate) async fn add_node(cluster: &TestCluster, scenario: &str) -> Result<String> {
     let client = cluster.client();
     let name = cluster.unique_name(scenario);
     let labels = BTreeMap::from([
@@ -65,7 +65,7 @@ async fn publish_inventory(cluster: &TestCluster, node: &str, scenario: &str) ->
     Ok(())
 }
 
-fn scoped_config(cluster: &TestCluster, identity: &str) -> Config {
+pub(crate) fn scoped_config(cluster: &TestCluster, identity: &str) -> Config {
     let mut config = Config::cluster_wide(identity);
     config.namespace = Some(cluster.namespace().to_string());
     config.selector = Some(format!("{TEST_LABEL}={}", cluster.prefix()));
@@ -77,12 +77,12 @@ fn scoped_config(cluster: &TestCluster, identity: &str) -> Config {
 /// How long this file's controllers keep plans on a Node whose inventory is missing.
 const INVENTORY_GRACE: Duration = Duration::from_secs(6);
 
-fn metrics() -> ControllerMetrics {
+pub(crate) fn metrics() -> ControllerMetrics {
     ControllerMetrics::register(&mut prometheus_client::registry::Registry::default())
 }
 
 /// Runs a controller for this test until the handle is aborted (dropped at the test's end).
-struct Running(tokio::task::JoinHandle<Result<()>>);
+pub(crate) struct Running(pub(crate) tokio::task::JoinHandle<Result<()>>);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -90,7 +90,7 @@ impl Drop for Running {
     }
 }
 
-fn start_controller(cluster: &TestCluster) -> Running {
+pub(crate) fn start_controller(cluster: &TestCluster) -> Running {
     let client = cluster.client();
     let config = scoped_config(cluster, "test-controller");
     Running(tokio::spawn(controller::run(
@@ -101,7 +101,7 @@ fn start_controller(cluster: &TestCluster) -> Running {
     )))
 }
 
-async fn create_placement(
+pub(crate) async fn create_placement(
     cluster: &TestCluster,
     name: &str,
     spec: ModelPlacementSpec,
@@ -113,7 +113,7 @@ async fn create_placement(
 }
 
 /// Waits until the placement's status is in `state` for its current generation.
-async fn wait_state(
+pub(crate) async fn wait_state(
     cluster: &TestCluster,
     name: &str,
     state: &str,
@@ -136,7 +136,7 @@ fn planned_reason(status: &ModelPlacementStatus) -> Option<(String, String)> {
     conditions::find(&status.conditions, "Planned").map(|c| (c.status.clone(), c.reason.clone()))
 }
 
-fn devices_of(status: &ModelPlacementStatus) -> BTreeSet<(String, String)> {
+pub(crate) fn devices_of(status: &ModelPlacementStatus) -> BTreeSet<(String, String)> {
     status
         .assignments
         .iter()

@@ -19,6 +19,7 @@ mod cluster_agent_phantoms;
 mod cluster_basics;
 mod cluster_compat_labels;
 mod cluster_controller;
+mod cluster_controller_holdings;
 mod cluster_controller_scale;
 mod cluster_controller_start;
 mod cluster_disaggregated;

@@ -379,8 +379,8 @@ async fn run_controller(
                 tracing::debug!(error = %err, "controller event");
             }
         });
-    // The label repair and the fleet pass live exactly as long as the controller (they
-    // write, so only while this replica leads).
+    // The label repair, the fleet pass and the prune pass live exactly as long as the
+    // controller (they write, so only while this replica leads).
     let fleet = fleet::pass::run(
         ctx.clone(),
         (config.health_taints, config.taint_check),
@@ -389,8 +389,9 @@ async fn run_controller(
     );
     tokio::select! {
         () = controller => {}
-        () = restore_placement_labels(ctx, relabel_tx, relabel_rx) => {}
+        () = restore_placement_labels(ctx.clone(), relabel_tx, relabel_rx) => {}
         () = fleet => {}
+        () = placement::prune::run(ctx) => {}
     }
     tracing::info!("controller stopped");
     Ok(())

@@ -30,7 +30,7 @@ use super::core::claim_holdings::{
 };
 use super::core::claims::ClaimsReport;
 use super::core::device_health;
-use super::core::ledger::Ledger;
+use super::core::ledger::{Ledger, PlacementKey};
 use crate::controller::context::Context;
 use crate::controller::core::fleet_view::FleetView;
 
@@ -135,6 +135,26 @@ pub async fn release_claims(
         delete(ctx, &api, claim).await?;
     }
     Ok(mine.len())
+}
+
+/// Deletes every claim of the placement `key` as the object `uid` (one that left the watch
+/// cache without a cleanup reconcile: its holding was pruned). The garbage collector would
+/// delete them too, through their ownerReference, but only where one runs and only later;
+/// until then an allocated claim keeps its devices out of every plan.
+pub async fn release_claims_of(
+    ctx: &Context,
+    key: &PlacementKey,
+    uid: &str,
+) -> Result<usize, ClaimError> {
+    let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let theirs: Vec<ResourceClaim> = claims_in_cache(ctx)
+        .into_iter()
+        .filter(|claim| owned_by(claim, &key.namespace, &key.name, uid))
+        .collect();
+    for claim in &theirs {
+        delete(ctx, &api, claim).await?;
+    }
+    Ok(theirs.len())
 }
 
 /// Every claim in the watch cache (none when the cluster serves no DRA).
@@ -249,12 +269,18 @@ pub fn outlived_in_cache(ctx: &Context) -> Vec<OutlivedClaim> {
 }
 
 fn is_owned_by(claim: &ResourceClaim, placement: &ModelPlacement) -> bool {
-    let Some(uid) = placement.uid() else {
+    let (Some(uid), Some(namespace)) = (placement.uid(), placement.meta().namespace.as_deref())
+    else {
         return false;
     };
-    owning_placement(claim).is_some_and(|(namespace, name)| {
-        Some(namespace) == placement.meta().namespace.as_deref() && name == placement.name_any()
-    }) && claim.owner_references().iter().any(|o| o.uid == uid)
+    owned_by(claim, namespace, &placement.name_any(), &uid)
+}
+
+/// True when `claim` is labelled for the placement `namespace/name` and owned by its object
+/// `uid`.
+fn owned_by(claim: &ResourceClaim, namespace: &str, name: &str, uid: &str) -> bool {
+    owning_placement(claim).is_some_and(|(n, p)| n == namespace && p == name)
+        && claim.owner_references().iter().any(|o| o.uid == uid)
 }
 
 /// Devices allocated to claims other than `wanted` in `namespace`, with the holder's name.

@@ -19,6 +19,7 @@ use crate::api::{Lenient, ModelPlacement};
 use super::core::decide::Candidate;
 use super::core::labels::is_placement_label;
 use super::core::ledger::{Holding, PlacementKey, Precedence};
+use super::reconcile::FINALIZER;
 use crate::controller::context::{Context, State};
 use crate::controller::core::fleet_view::{FleetView, names_its_node};
 
@@ -76,15 +77,29 @@ pub fn holding_from_status(placement: &ModelPlacement) -> Option<(PlacementKey, 
     Some((precedence.key, holding))
 }
 
+/// True when the placement carries the cleanup finalizer: its deletion is then seen by a
+/// cleanup reconcile, which frees its devices and removes its Node labels.
+pub fn has_cleanup_finalizer(placement: &impl Resource) -> bool {
+    placement
+        .meta()
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER)
+}
+
 /// The placements other than `me` that may wait for devices: not being deleted, decodable,
-/// and not known to be invalid. [`decide`] picks those older than `me` that hold nothing.
+/// not known to be invalid, and carrying the cleanup finalizer. [`decide`] picks those older
+/// than `me` that hold nothing. One without the finalizer has not had its own first reconcile
+/// (which adds it), or a tenant removed it: given devices on another's turn and then deleted,
+/// it would never get the cleanup that frees them, so it is planned on its own turn only.
 ///
 /// [`decide`]: super::core::decide::decide
 pub fn waiting_placements(ctx: &Context) -> Vec<Arc<Lenient<ModelPlacement>>> {
     ctx.placements
         .state()
         .into_iter()
-        .filter(|p| p.meta().deletion_timestamp.is_none())
+        .filter(|p| p.meta().deletion_timestamp.is_none() && has_cleanup_finalizer(&**p))
         .filter(|p| {
             p.decoded().is_some_and(|p| {
                 p.status.as_ref().and_then(|s| s.state.as_deref()) != Some("Invalid")
@@ -94,13 +109,28 @@ pub fn waiting_placements(ctx: &Context) -> Vec<Arc<Lenient<ModelPlacement>>> {
 }
 
 /// True when the placement `key` is in the watch cache as the object `holding` was planned
-/// for (same uid) and is not being deleted: it may still be given devices. A placement whose
-/// deletion the cache shows may have had its cleanup already, which nothing would repeat.
+/// for (same uid), is not being deleted and carries the cleanup finalizer: it may still be
+/// given devices. A placement whose deletion the cache shows may have had its cleanup
+/// already, which nothing would repeat; one without the finalizer would get no cleanup.
 pub fn still_placeable(ctx: &Context, key: &PlacementKey, holding: &Holding) -> bool {
     let reference = ObjectRef::new(&key.name).within(&key.namespace);
     ctx.placements.get(&reference).is_some_and(|placement| {
         placement.meta().deletion_timestamp.is_none()
+            && has_cleanup_finalizer(&*placement)
             && placement.meta().uid.as_deref().unwrap_or_default() == holding.uid
+    })
+}
+
+/// True when a holding of the placement `key` planned for `uid` may stand: the watch cache
+/// has that object, and if it is being deleted, its cleanup finalizer is still there (the
+/// cleanup reconcile frees it). False for a placement deleted from the cache, replaced by a
+/// namesake (another uid), or being deleted without the finalizer: no reconcile would ever
+/// free what it holds.
+pub fn holding_may_stand(ctx: &Context, key: &PlacementKey, uid: &str) -> bool {
+    let reference = ObjectRef::new(&key.name).within(&key.namespace);
+    ctx.placements.get(&reference).is_some_and(|placement| {
+        placement.meta().uid.as_deref() == Some(uid)
+            && (placement.meta().deletion_timestamp.is_none() || has_cleanup_finalizer(&*placement))
     })
 }
 

@@ -9,6 +9,7 @@
 //! | [`dereference`] | what a decision reads, from the watch caches |
 //! | [`apply`] | placement labels onto Nodes by server-side apply |
 //! | [`claims`] | the ResourceClaims of a `spec.allocation: claims` plan |
+//! | [`prune`] | the prune pass: holdings of placements that no longer exist are freed |
 //! | [`pod_health`] | the pods a plan's claims are reserved for, read for their device health |
 //! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
 //! | [`status`] | the status subresource and Events |
@@ -20,6 +21,7 @@ pub mod claims;
 pub mod core;
 pub mod dereference;
 pub mod pod_health;
+pub mod prune;
 pub mod reconcile;
 #[cfg(test)]
 mod reconcile_claims_tests;

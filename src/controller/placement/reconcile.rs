@@ -62,11 +62,12 @@ use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide, keeps};
 use super::core::desired::state_name;
 use super::core::ledger::{Holding, PlacementKey};
+use super::core::no_match::MAX_NAMED;
 use super::core::outcome::Outcome;
 use super::core::template;
 use super::dereference::{
-    DereferenceError, candidate, fleet_view, missing_nodes, precedence_of, someone_waits,
-    still_placeable, waiting_placements,
+    DereferenceError, candidate, fleet_view, holding_may_stand, missing_nodes, precedence_of,
+    someone_waits, still_placeable, waiting_placements,
 };
 use super::pod_health::consumer_pods;
 use super::status::{StatusError, report_failure, report_undecodable, write_status};
@@ -440,9 +441,23 @@ fn committed(
     ctx: &Context,
     state: &mut State,
     me: &Candidate<'_>,
-    decision: Decision,
+    mut decision: Decision,
     fleet: Arc<FleetView>,
 ) -> Decided {
+    // A refusal made just now names devices still held for placements that no longer exist
+    // (the prune pass frees them within a second; until then they are missing from the plan
+    // for no visible reason). A remembered refusal skips the look: it costs a cache lookup
+    // per holding, and the release that pruning counts makes the refusal stale anyway.
+    if !decision.remembered
+        && !decision.deferred
+        && let Outcome::Unschedulable(status) = &mut decision.outcome
+    {
+        status.reasons.extend(
+            state
+                .ledger
+                .ghost_devices(|key, uid| holding_may_stand(ctx, key, uid), MAX_NAMED),
+        );
+    }
     if !decision.deferred {
         state
             .states
@@ -554,14 +569,14 @@ fn had_template(placement: &ModelPlacement) -> bool {
 
 /// Reconciles again when some placement other than `except` holds nothing, so freed
 /// devices go to the oldest waiter.
-fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
+pub(super) fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
     if someone_waits(ctx, state, except) {
         let _ = ctx.requeue.send(());
     }
 }
 
 /// Placements per state and devices reserved, as gauges.
-fn publish_gauges(ctx: &Context, state: &State) {
+pub(super) fn publish_gauges(ctx: &Context, state: &State) {
     let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
     for name in state.states.values() {
         *counts.entry(name).or_default() += 1;

@@ -66,6 +66,9 @@ pub struct Decision {
     /// True when older placements still wait to be tried, so `me` was not decided on this
     /// turn (the outcome means nothing) and must be reconciled again.
     pub deferred: bool,
+    /// True when the outcome is a refusal remembered from an earlier try ([`Ledger::known_unfit`]):
+    /// nothing was planned on this turn.
+    pub remembered: bool,
 }
 
 /// Older placements one decision tries before its own: bounds the time one reconcile plans
@@ -108,6 +111,7 @@ pub fn decide(
         claims: None,
         template_error: None,
         deferred: false,
+        remembered: false,
     };
     if me.spec.allocation == Some(AllocationMode::ClaimTemplate) {
         decide_template(ledger, me, fleet, &mut decision);
@@ -152,6 +156,7 @@ pub fn decide(
     }
     if let Some(refusal) = ledger.known_unfit(key, &tried(me, fleet)) {
         decision.outcome = refusal.clone();
+        decision.remembered = true;
         return decision;
     }
     let (outcome, nodes) = try_to_plan(ledger, me, fleet);

@@ -222,13 +222,48 @@ impl Ledger {
         }
         self.unfit.remove(&key);
         self.holdings.insert(key, Arc::new(holding));
+        self.debug_check_index();
         Ok(())
     }
 
     /// Forgets what `key` holds; returns it.
     pub fn remove(&mut self, key: &PlacementKey) -> Option<Holding> {
         self.touch(key);
-        self.remove_unlogged(key).map(Arc::unwrap_or_clone)
+        let removed = self.remove_unlogged(key).map(Arc::unwrap_or_clone);
+        self.debug_check_index();
+        removed
+    }
+
+    /// Where `owners` is not exactly the inverse of `holdings` (a device indexed for a
+    /// placement whose holding does not name it, a held device not indexed or indexed for
+    /// another placement), the first such device; `None` when the index is exact.
+    pub fn index_mismatch(&self) -> Option<String> {
+        let mut devices = 0;
+        for (key, holding) in &self.holdings {
+            for (node, device) in holding.devices() {
+                devices += 1;
+                let owner = self.owners.get(&(node.to_string(), device.to_string()));
+                if owner != Some(key) {
+                    return Some(format!(
+                        "{node}/{device} is held by {key} but indexed for {owner:?}"
+                    ));
+                }
+            }
+        }
+        // Every held device is indexed for its holder; with as many entries as held devices
+        // (a device held twice would make fewer), nothing else is indexed.
+        (devices != self.owners.len())
+            .then(|| format!("{} devices indexed, {devices} held", self.owners.len()))
+    }
+
+    /// In debug builds, panics unless `owners` is exactly the inverse of `holdings`: the
+    /// ledger's promise that a device is held by one placement rests on that index.
+    pub(super) fn debug_check_index(&self) {
+        debug_assert_eq!(
+            self.index_mismatch(),
+            None,
+            "the ledger's device index drifted from its holdings"
+        );
     }
 
     /// On a snapshot, remembers what `key` held before its first change.
@@ -273,6 +308,61 @@ impl Ledger {
         self.touch(key);
         self.unfit.remove(key);
         self.remove(key)
+    }
+
+    /// Forgets every placement that holds devices but no longer exists as the object its
+    /// holding was planned for: `exists(key, uid)` says whether the placement `key` is still
+    /// there with that uid (and may keep devices). Returns what each ghost held. Nothing else
+    /// would ever free them: a vanished object gets no reconcile, and so no cleanup.
+    pub fn forget_ghosts(
+        &mut self,
+        exists: impl Fn(&PlacementKey, &str) -> bool,
+    ) -> Vec<(PlacementKey, Holding)> {
+        let ghosts: Vec<PlacementKey> = self
+            .holdings
+            .iter()
+            .filter(|(key, holding)| !exists(key, &holding.uid))
+            .map(|(key, _)| key.clone())
+            .collect();
+        ghosts
+            .into_iter()
+            .filter_map(|key| {
+                let holding = self.forget(&key)?;
+                Some((key, holding))
+            })
+            .collect()
+    }
+
+    /// The devices held by placements that no longer exist (`exists` as for
+    /// [`Ledger::forget_ghosts`]), one `node/device held by namespace/name (uid ...)` line
+    /// each, at most `limit`, then how many more: for a refusal, so that devices kept by a
+    /// holding nothing has freed yet are named rather than silently missing.
+    pub fn ghost_devices(
+        &self,
+        exists: impl Fn(&PlacementKey, &str) -> bool,
+        limit: usize,
+    ) -> Vec<String> {
+        let held: Vec<String> = self
+            .holdings
+            .iter()
+            .filter(|(key, holding)| !exists(key, &holding.uid))
+            .flat_map(|(key, holding)| {
+                holding.devices().map(move |(node, device)| {
+                    format!(
+                        "{node}/{device} is held by {key} (uid {}), which no longer exists",
+                        holding.uid
+                    )
+                })
+            })
+            .collect();
+        let mut lines: Vec<String> = held.iter().take(limit).cloned().collect();
+        if held.len() > limit {
+            lines.push(format!(
+                "and {} more device(s) held by placements that no longer exist",
+                held.len() - limit
+            ));
+        }
+        lines
     }
 
     /// What `key` holds.
@@ -489,6 +579,44 @@ mod tests {
             first.get(&key("empty")).is_none(),
             "nothing held, nothing recorded"
         );
+    }
+
+    #[test]
+    fn ghosts_are_forgotten_and_named_until_then() {
+        let mut ledger = Ledger::new();
+        ledger
+            .insert(key("gone"), holding(1, &[("n1", "gpu-0"), ("n1", "gpu-1")]))
+            .unwrap();
+        ledger
+            .insert(key("here"), holding(2, &[("n1", "gpu-2")]))
+            .unwrap();
+        ledger
+            .insert(key("renamed"), holding(3, &[("n2", "gpu-0")]))
+            .unwrap();
+        // `here` exists as planned; `renamed` exists under another uid; `gone` does not.
+        let exists = |key: &PlacementKey, uid: &str| match key.name.as_str() {
+            "here" => uid == "uid-2",
+            "renamed" => uid == "uid-99",
+            _ => false,
+        };
+        let named = ledger.ghost_devices(exists, 2);
+        assert_eq!(named.len(), 3, "{named:?}");
+        assert!(named[0].contains("n1/gpu-0 is held by ml/gone (uid uid-1)"));
+        assert_eq!(
+            named[2],
+            "and 1 more device(s) held by placements that no longer exist"
+        );
+        let releases = ledger.releases();
+        let forgotten: Vec<PlacementKey> = ledger
+            .forget_ghosts(exists)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(forgotten, vec![key("gone"), key("renamed")]);
+        assert!(ledger.releases() > releases, "a prune is a release");
+        assert_eq!(ledger.devices_reserved(), 1);
+        assert_eq!(ledger.index_mismatch(), None);
+        assert!(ledger.ghost_devices(exists, 2).is_empty());
     }
 
     #[test]

@@ -18,6 +18,12 @@
 //!   even where the copy did not change it (a kept plan whose placement was cleaned up since):
 //!   the status the reconcile writes next must say what the ledger holds.
 //!
+//! An accepted commit frees every holding it replaces before it records any new one: a copy
+//! that re-plans a placement (a spec edit, a new uid, its devices gone) frees its devices and
+//! gives some of them to older waiting placements first, and those may sort before it.
+//! Applied key by key, freeing the re-planned holding after placing the older one would drop
+//! the older one's owner entry, and the device would be handed out again (issue 35).
+//!
 //! On a refusal nothing changed and the caller plans again from a fresh snapshot. Commits
 //! of plans on disjoint devices never refuse each other, which is what lets reconciles plan
 //! in parallel while "no device is handed out twice" stays a property of the ledger alone.
@@ -116,29 +122,33 @@ impl Ledger {
         }
         // No release between snapshot and commit: refusals made on the snapshot hold here.
         let quiet = self.releases == log.releases;
-        let mut changes: Vec<(&PlacementKey, Option<Arc<Holding>>)> = Vec::new();
-        let mut handed_out: BTreeSet<(&str, &str)> = BTreeSet::new();
+        let mut changes: BTreeMap<&PlacementKey, Option<Arc<Holding>>> = BTreeMap::new();
         for (key, before) in &log.before {
             if !same(self.holdings.get(key), before.as_ref()) {
                 return Err(CommitConflict::Changed(key.clone()));
             }
             let after = draft.holdings.get(key);
-            if same(after, before.as_ref()) {
-                continue;
+            if !same(after, before.as_ref()) {
+                changes.insert(key, after.cloned());
             }
-            if let Some(holding) = after {
-                if !alive(key, holding) {
-                    return Err(CommitConflict::Gone(key.clone()));
-                }
-                for (node, device) in holding.devices() {
-                    self.check_free(&log, key, node, device, &mut handed_out)?;
-                }
+        }
+        let mut handed_out: BTreeSet<(&str, &str)> = BTreeSet::new();
+        for (key, after) in &changes {
+            let Some(holding) = after else { continue };
+            if !alive(key, holding) {
+                return Err(CommitConflict::Gone((*key).clone()));
             }
-            changes.push((key, after.cloned()));
+            for (node, device) in holding.devices() {
+                self.check_free(&changes, key, node, device, &mut handed_out)?;
+            }
         }
         let committed = changes.len();
-        for (key, after) in changes {
+        // Every replaced holding is freed before any new one is recorded: a device may move
+        // from one changed placement to another in either key order.
+        for key in changes.keys() {
             self.remove_unlogged(key);
+        }
+        for (key, after) in changes {
             if let Some(holding) = after {
                 self.place_unchecked(key.clone(), holding);
             }
@@ -162,6 +172,7 @@ impl Ledger {
                 }
             }
         }
+        self.debug_check_index();
         Ok(Committed {
             changed: committed,
             stale_refusals,
@@ -169,10 +180,11 @@ impl Ledger {
     }
 
     /// Refuses `(node, device)` for `key` unless it is free in this ledger, or held by a
-    /// placement the snapshot also changed (and so gave up), and not handed out twice.
+    /// placement whose holding this commit replaces (and so gives up: if the replacement
+    /// names the device again, `handed_out` catches it), and not handed out twice.
     fn check_free<'a>(
         &self,
-        log: &DraftLog,
+        changes: &BTreeMap<&PlacementKey, Option<Arc<Holding>>>,
         key: &PlacementKey,
         node: &'a str,
         device: &'a str,
@@ -186,7 +198,7 @@ impl Ledger {
             })
         };
         if let Some(holder) = self.holder_of(node, device)
-            && !log.before.contains_key(holder)
+            && !changes.contains_key(holder)
         {
             return Err(taken(holder.clone()));
         }
@@ -203,12 +215,16 @@ impl Ledger {
     }
 
     /// Frees what `key` holds, counting a release, without touching its refusal or the
-    /// snapshot's log; returns the holding.
+    /// snapshot's log; returns the holding. An owner entry naming another placement is left
+    /// alone: the device is that one's now, whatever `key`'s old holding says.
     pub(super) fn remove_unlogged(&mut self, key: &PlacementKey) -> Option<Arc<Holding>> {
         let holding = self.holdings.remove(key)?;
         let mut freed = false;
         for (node, device) in holding.devices() {
-            self.owners.remove(&(node.to_string(), device.to_string()));
+            let pair = (node.to_string(), device.to_string());
+            if self.owners.get(&pair) == Some(key) {
+                self.owners.remove(&pair);
+            }
             freed = true;
         }
         // A holding without devices (a claim-template placement) frees nothing, so what did

@@ -1,20 +1,26 @@
 //! A model test of concurrent reconciles on the ledger: several simulated workers take
-//! snapshots, plan on them (older waiting placements first, as `decide` does), and commit in
-//! any interleaving with status writes that fail, deletions, cleanups, re-creations,
-//! foreign claims and controller restarts that rebuild the ledger from the statuses written.
+//! snapshots, plan on them (re-planning a holding whose spec or uid changed, older waiting
+//! placements first, as `decide` does), and commit in any interleaving with status writes
+//! that fail, spec edits, deletions with and without the cleanup finalizer (a tenant may
+//! remove it), cleanups, re-creations under a new uid, prune passes, foreign claims and
+//! controller restarts that rebuild the ledger from the statuses stored.
 //!
 //! A property test rather than loom: what can go wrong is the order of whole ledger
-//! operations (snapshot, commit, forget, rebuild) across workers, each of which runs under
-//! the one lock; loom explores thread interleavings inside one lock-free structure, which
-//! the ledger is not. Proptest drives thousands of such orders and shrinks a failure to the
-//! shortest one.
+//! operations (snapshot, commit, forget, prune, rebuild) across workers, each of which runs
+//! under the one lock; loom explores thread interleavings inside one lock-free structure,
+//! which the ledger is not. Proptest drives thousands of such orders and shrinks a failure
+//! to the shortest one. Cases follow `PROPTEST_CASES` (256 unless set);
+//! `PROPTEST_CASES=20000 cargo test --lib commit_model` is the long run.
 //!
-//! After every step: no device is held by two placements (recomputed from the holdings, not
-//! trusted from the ledger's own index), none is held by a placement that was cleaned up or
-//! by a claim outside the ledger, and a status written after a commit says what the ledger
-//! holds. At the end, with every placement reconciled one at a time until nothing changes,
-//! no device is lost: no waiting placement fits in the devices nobody holds, which also shows
-//! that no stale "did not fit" memo survived a race.
+//! After every step: the ledger's device index is exactly the inverse of its holdings (issue
+//! 35: a commit that re-planned a holding placement and gave one of its devices to an older
+//! placement sorting before it dropped that device's owner entry), no device is held by two
+//! placements (recomputed from the holdings, not trusted from the index), none by a
+//! placement and a claim outside the ledger, and a status written after a commit says what
+//! the ledger holds. After a prune pass, nothing is held for a placement that no longer
+//! exists. At the end, with every placement reconciled one at a time until nothing changes,
+//! no device is lost: no waiting placement fits in the devices nobody holds, which also
+//! shows that no stale "did not fit" memo survived a race and no ghost kept a device.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,20 +36,30 @@ const NODES: usize = 2;
 const DEVICES_PER_NODE: usize = 4;
 const PLACEMENTS: usize = 5;
 const WORKERS: usize = 3;
+const MAX_WANTS: usize = 5;
 
-/// One step of the simulated controller.
+/// One step of the simulated controller, apiserver and tenants.
 #[derive(Debug, Clone)]
 enum Step {
-    /// A worker takes a snapshot and plans placement `placement` on it (its reconcile).
+    /// A worker reconciles placement `placement`: the first reconcile only adds the cleanup
+    /// finalizer; later ones take a snapshot and plan on it.
     Plan { worker: usize, placement: usize },
     /// A worker commits its plan, then writes the status (or the write fails).
     Commit { worker: usize, write_ok: bool },
-    /// The watch sees the placement's deletion timestamp.
+    /// A tenant edits the spec: a new generation asking for `wants` devices.
+    Edit { placement: usize, wants: usize },
+    /// A tenant deletes the placement: with the finalizer it waits for its cleanup, without
+    /// it it is gone at once.
     Delete { placement: usize },
-    /// The placement's cleanup reconcile frees its devices; it is then created again (a
-    /// new uid, the youngest of all).
+    /// A tenant removes the cleanup finalizer (a placement being deleted is then gone).
+    DropFinalizer { placement: usize },
+    /// The placement's cleanup reconcile frees its devices and removes the finalizer.
     Cleanup { placement: usize },
-    /// The controller restarts: the ledger is rebuilt from the statuses written.
+    /// A placement that is gone is created again under its name (a new uid, the youngest).
+    Create { placement: usize },
+    /// The prune pass: holdings of placements that no longer exist are forgotten.
+    Prune,
+    /// The controller restarts: the ledger is rebuilt from the statuses stored.
     Restart,
     /// A foreign claim is allocated on a free device, or released.
     Foreign { node: usize, device: usize },
@@ -51,10 +67,14 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (0..WORKERS, 0..PLACEMENTS).prop_map(|(worker, placement)| Step::Plan { worker, placement }),
-        4 => (0..WORKERS, prop::bool::weighted(0.75)).prop_map(|(worker, write_ok)| Step::Commit { worker, write_ok }),
+        5 => (0..WORKERS, 0..PLACEMENTS).prop_map(|(worker, placement)| Step::Plan { worker, placement }),
+        5 => (0..WORKERS, prop::bool::weighted(0.75)).prop_map(|(worker, write_ok)| Step::Commit { worker, write_ok }),
+        2 => (0..PLACEMENTS, 1..=MAX_WANTS).prop_map(|(placement, wants)| Step::Edit { placement, wants }),
         1 => (0..PLACEMENTS).prop_map(|placement| Step::Delete { placement }),
+        1 => (0..PLACEMENTS).prop_map(|placement| Step::DropFinalizer { placement }),
         1 => (0..PLACEMENTS).prop_map(|placement| Step::Cleanup { placement }),
+        1 => (0..PLACEMENTS).prop_map(|placement| Step::Create { placement }),
+        1 => Just(Step::Prune),
         1 => Just(Step::Restart),
         1 => (0..NODES, 0..DEVICES_PER_NODE).prop_map(|(node, device)| Step::Foreign { node, device }),
     ]
@@ -63,16 +83,27 @@ fn step() -> impl Strategy<Value = Step> {
 /// A placement as the apiserver has it.
 #[derive(Debug, Clone)]
 struct Placement {
-    /// Devices it asks for.
+    /// Devices its current generation asks for.
     wants: usize,
+    generation: i64,
     created: i64,
     incarnation: u32,
+    /// In the apiserver (and the watch cache) at all.
+    exists: bool,
+    /// Deletion requested; it stays until its cleanup removes the finalizer.
     deleting: bool,
+    /// Carries the cleanup finalizer.
+    finalizer: bool,
 }
 
 impl Placement {
     fn uid(&self, index: usize) -> String {
         format!("uid-{index}-{}", self.incarnation)
+    }
+
+    /// May be given devices (the commit's `alive`, `still_placeable` in the driver).
+    fn placeable(&self) -> bool {
+        self.exists && !self.deleting && self.finalizer
     }
 }
 
@@ -87,7 +118,7 @@ struct InFlight {
 struct Sim {
     placements: Vec<Placement>,
     ledger: Ledger,
-    /// `.status` of each placement as last written: what a restart rebuilds from.
+    /// `.status` of each existing placement as last written: what a restart rebuilds from.
     statuses: BTreeMap<usize, Holding>,
     workers: Vec<Option<InFlight>>,
     foreign: Reservations,
@@ -105,12 +136,21 @@ fn index_of(key: &PlacementKey) -> usize {
         .unwrap_or(usize::MAX)
 }
 
-/// The placement exists as `holding` was planned for, and is not being deleted.
+/// The placement exists as `holding` was planned for and may be given devices.
 fn alive(placements: &[Placement], key: &PlacementKey, holding: &Holding) -> bool {
     let index = index_of(key);
     placements
         .get(index)
-        .is_some_and(|p| !p.deleting && p.uid(index) == holding.uid)
+        .is_some_and(|p| p.placeable() && p.uid(index) == holding.uid)
+}
+
+/// A holding of `key` planned for `uid` may stand: its object is there, and if it is being
+/// deleted, its cleanup is still to come (`holding_may_stand` in the driver).
+fn may_stand(placements: &[Placement], key: &PlacementKey, uid: &str) -> bool {
+    let index = index_of(key);
+    placements
+        .get(index)
+        .is_some_and(|p| p.exists && p.uid(index) == uid && (!p.deleting || p.finalizer))
 }
 
 fn all_devices() -> Vec<(String, String)> {
@@ -126,9 +166,12 @@ impl Sim {
             .enumerate()
             .map(|(i, wants)| Placement {
                 wants: *wants,
+                generation: 1,
                 created: i64::try_from(i).unwrap_or(0),
                 incarnation: 0,
+                exists: true,
                 deleting: false,
+                finalizer: false,
             })
             .collect();
         Self {
@@ -141,14 +184,11 @@ impl Sim {
         }
     }
 
-    fn alive(&self, key: &PlacementKey, holding: &Holding) -> bool {
-        alive(&self.placements, key, holding)
-    }
-
     fn tried(&self, index: usize) -> Tried {
+        let placement = &self.placements[index];
         Tried {
-            uid: self.placements[index].uid(index),
-            generation: 1,
+            uid: placement.uid(index),
+            generation: placement.generation,
             fleet: 0,
         }
     }
@@ -188,7 +228,7 @@ impl Sim {
         let holding = Holding {
             created: placement.created,
             uid: placement.uid(index),
-            generation: 1,
+            generation: placement.generation,
             status: ModelPlacementStatus {
                 assignments,
                 ..ModelPlacementStatus::default()
@@ -198,18 +238,21 @@ impl Sim {
         assert!(planned.is_ok(), "planned on reserved devices: {planned:?}");
     }
 
-    /// `decide` in miniature: keep a held plan; else older waiting placements first, then
-    /// `index`, each skipped while known not to fit.
+    /// `decide` in miniature: keep a plan held for this uid and generation; otherwise free
+    /// what the placement held (a spec edit, a namesake's holding), then plan the older
+    /// waiting placements (only those with the finalizer, as the driver's
+    /// `waiting_placements` hands them over), then `index`, each skipped while known not to
+    /// fit.
     fn decide(&self, ledger: &mut Ledger, index: usize, offset: usize) {
         let me = &self.placements[index];
-        if ledger
-            .get(&key(index))
-            .is_some_and(|h| h.uid == me.uid(index))
-        {
-            return;
+        if let Some(held) = ledger.get(&key(index)) {
+            if held.uid == me.uid(index) && held.generation == me.generation {
+                return;
+            }
+            ledger.remove(&key(index));
         }
         let mut order: Vec<usize> = (0..self.placements.len())
-            .filter(|i| !self.placements[*i].deleting)
+            .filter(|i| self.placements[*i].placeable())
             .filter(|i| (self.placements[*i].created, key(*i)) < (me.created, key(index)))
             .collect();
         order.sort_by_key(|i| (self.placements[*i].created, key(*i)));
@@ -225,11 +268,26 @@ impl Sim {
         }
     }
 
-    fn apply(&mut self, step: &Step) {
+    /// The placement leaves the apiserver: its status goes with it.
+    fn vanish(&mut self, placement: usize) {
+        let gone = &mut self.placements[placement];
+        gone.exists = false;
+        gone.deleting = false;
+        gone.finalizer = false;
+        self.statuses.remove(&placement);
+    }
+
+    fn apply(&mut self, step: &Step) -> Result<(), TestCaseError> {
         match *step {
             Step::Plan { worker, placement } => {
-                if self.workers[worker].is_some() || self.placements[placement].deleting {
-                    return;
+                let p = &self.placements[placement];
+                if self.workers[worker].is_some() || !p.exists || p.deleting {
+                    return Ok(());
+                }
+                if !p.finalizer {
+                    // kube-runtime's finalizer helper spends the first reconcile on it.
+                    self.placements[placement].finalizer = true;
+                    return Ok(());
                 }
                 let mut draft = self.ledger.snapshot();
                 self.decide(&mut draft, placement, worker * 3);
@@ -237,40 +295,84 @@ impl Sim {
             }
             Step::Commit { worker, write_ok } => {
                 let Some(InFlight { placement, draft }) = self.workers[worker].take() else {
-                    return;
+                    return Ok(());
                 };
                 let planned = draft.get(&key(placement)).cloned();
                 let placements = &self.placements;
                 let alive = |key: &PlacementKey, holding: &Holding| alive(placements, key, holding);
                 let Ok(committed) = self.ledger.commit(draft, &key(placement), alive) else {
-                    return;
+                    return Ok(());
                 };
-                if committed.stale_refusals.contains(&key(placement)) || !write_ok {
-                    return;
+                let p = &self.placements[placement];
+                // A status write needs the object; one deleted meanwhile takes none.
+                let writable = p.exists && !p.deleting;
+                if committed.stale_refusals.contains(&key(placement)) || !write_ok || !writable {
+                    return Ok(());
                 }
                 // The reconcile writes the outcome it committed for its own placement.
                 match planned {
                     Some(holding) => self.statuses.insert(placement, holding),
                     None => self.statuses.remove(&placement),
                 };
-                assert_eq!(
+                prop_assert_eq!(
                     self.ledger.get(&key(placement)),
                     self.statuses.get(&placement),
                     "the status written says what the ledger holds"
                 );
             }
-            Step::Delete { placement } => self.placements[placement].deleting = true,
-            Step::Cleanup { placement } => {
-                if !self.placements[placement].deleting {
-                    return;
+            Step::Edit { placement, wants } => {
+                let p = &mut self.placements[placement];
+                if p.exists && !p.deleting {
+                    p.generation += 1;
+                    p.wants = wants;
                 }
+            }
+            Step::Delete { placement } => {
+                let p = &mut self.placements[placement];
+                if p.exists && p.finalizer {
+                    p.deleting = true;
+                } else if p.exists {
+                    self.vanish(placement);
+                }
+            }
+            Step::DropFinalizer { placement } => {
+                let p = &mut self.placements[placement];
+                p.finalizer = false;
+                if p.exists && p.deleting {
+                    self.vanish(placement);
+                }
+            }
+            Step::Cleanup { placement } => {
+                let p = &self.placements[placement];
+                if !(p.exists && p.deleting && p.finalizer) {
+                    return Ok(());
+                }
+                // The driver forgets only the holding of the object being cleaned up; a
+                // namesake's is not there while this one exists.
                 self.ledger.forget(&key(placement));
-                self.statuses.remove(&placement);
+                self.vanish(placement);
+            }
+            Step::Create { placement } => {
+                if self.placements[placement].exists {
+                    return Ok(());
+                }
                 self.clock += 1;
-                let recreated = &mut self.placements[placement];
-                recreated.deleting = false;
-                recreated.incarnation += 1;
-                recreated.created = self.clock;
+                let p = &mut self.placements[placement];
+                p.exists = true;
+                p.incarnation += 1;
+                p.generation = 1;
+                p.created = self.clock;
+            }
+            Step::Prune => {
+                let placements = &self.placements;
+                self.ledger
+                    .forget_ghosts(|key, uid| may_stand(placements, key, uid));
+                for (key, holding) in self.ledger.iter() {
+                    prop_assert!(
+                        may_stand(&self.placements, key, &holding.uid),
+                        "{key} holds devices for a placement that no longer exists after a prune"
+                    );
+                }
             }
             Step::Restart => {
                 self.workers.iter_mut().for_each(|w| *w = None);
@@ -301,20 +403,31 @@ impl Sim {
                 }
             }
         }
+        Ok(())
     }
 
     /// Every invariant that holds between steps.
     fn check(&self) -> Result<(), TestCaseError> {
+        prop_assert_eq!(
+            self.ledger.index_mismatch(),
+            None,
+            "the ledger's device index is not the inverse of its holdings"
+        );
         let mut owners: BTreeMap<(String, String), PlacementKey> = BTreeMap::new();
         for (key, holding) in self.ledger.iter() {
-            prop_assert!(
-                self.alive(key, holding) || self.placements[index_of(key)].deleting,
-                "{key} holds devices after its cleanup"
-            );
+            // A restart rebuilds holdings from statuses, and a status whose re-plan was not
+            // written (the write failed) still names the devices of the plan before, which
+            // may have gone to a foreign claim since. Such a holding was made for an older
+            // generation (or another uid), so it is not kept: the placement's next reconcile
+            // plans it again, around the claim.
+            let index = index_of(key);
+            let current = self.placements.get(index).is_some_and(|p| {
+                p.exists && p.uid(index) == holding.uid && p.generation == holding.generation
+            });
             for (node, device) in holding.devices() {
                 let pair = (node.to_string(), device.to_string());
                 prop_assert!(
-                    !self.foreign.contains(node, device),
+                    !current || !self.foreign.contains(node, device),
                     "{node}/{device} is held by {key} and by a foreign claim"
                 );
                 let other = owners.insert(pair, key.clone());
@@ -328,40 +441,46 @@ impl Sim {
         Ok(())
     }
 
-    /// Reconciles every placement one at a time, writes succeeding, until nothing changes.
-    fn settle(&mut self) {
-        for _ in 0..=PLACEMENTS {
+    /// Reconciles every placement one at a time, writes succeeding, with a prune pass
+    /// before each round, until nothing changes.
+    fn settle(&mut self) -> Result<(), TestCaseError> {
+        for _ in 0..=2 * PLACEMENTS {
+            self.apply(&Step::Prune)?;
             let mut order: Vec<usize> = (0..self.placements.len()).collect();
             order.sort_by_key(|i| (self.placements[*i].created, key(*i)));
             for placement in order {
-                self.apply(&Step::Plan {
-                    worker: 0,
-                    placement,
-                });
-                self.apply(&Step::Commit {
-                    worker: 0,
-                    write_ok: true,
-                });
+                // Twice: a first reconcile may only add the finalizer.
+                for _ in 0..2 {
+                    self.apply(&Step::Plan {
+                        worker: 0,
+                        placement,
+                    })?;
+                    self.apply(&Step::Commit {
+                        worker: 0,
+                        write_ok: true,
+                    })?;
+                }
             }
         }
+        Ok(())
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn no_device_is_committed_twice_or_lost(
-        wants in prop::collection::vec(1..=5usize, PLACEMENTS),
-        steps in prop::collection::vec(step(), 1..60),
+        wants in prop::collection::vec(1..=MAX_WANTS, PLACEMENTS),
+        steps in prop::collection::vec(step(), 1..80),
     ) {
         let mut sim = Sim::new(&wants);
         for step in &steps {
-            sim.apply(step);
+            sim.apply(step)?;
             sim.check()?;
         }
         sim.workers.iter_mut().for_each(|w| *w = None);
-        sim.settle();
+        sim.settle()?;
         sim.check()?;
         let held: BTreeSet<(String, String)> = sim.ledger.owners.keys().cloned().collect();
         let free = all_devices()
@@ -369,13 +488,17 @@ proptest! {
             .filter(|(n, d)| !held.contains(&(n.clone(), d.clone())) && !sim.foreign.contains(n, d))
             .count();
         for (index, placement) in sim.placements.iter().enumerate() {
-            let holds = sim.ledger.get(&key(index)).is_some();
+            let holds = sim.ledger.get(&key(index));
+            if !placement.exists {
+                prop_assert!(holds.is_none(), "p{index} is gone but holds {holds:?}");
+                continue;
+            }
             prop_assert!(
-                holds || placement.deleting || placement.wants > free,
+                holds.is_some() || placement.deleting || placement.wants > free,
                 "p{index} wants {} of {free} free devices and waits", placement.wants
             );
             if !placement.deleting {
-                prop_assert_eq!(sim.ledger.get(&key(index)), sim.statuses.get(&index));
+                prop_assert_eq!(holds, sim.statuses.get(&index));
             }
         }
     }
