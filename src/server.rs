@@ -8,8 +8,10 @@
 //! - the **metrics** port: `/metrics` (Prometheus/OpenMetrics text), behind the Services.
 //!
 //! Both ports are reachable by peers that should not be there, so each bounds what a client can
-//! hold: a fixed number of connections (more are closed at once, not queued), a deadline for
-//! the request head, a small header buffer and a longest connection life. 5,000 idle half-sent
+//! hold: a fixed number of connections (a newcomer over the budget closes the connection that
+//! has waited longest for a request, or is closed itself when every connection is answering
+//! one; nothing is queued), a deadline for the request head, a small header buffer, a longest
+//! connection life, and a few held `/readyz` answers at a time. 5,000 idle half-sent
 //! requests once took the agent from 14 to 99 MB; see `docs/benchmarks.md` for the figures now.
 //! Each port has its own budget: one client holding the metrics port's 128 connections used to
 //! fail every probe, since `/healthz` shared them (issue 27 item 3).
@@ -35,7 +37,15 @@ pub use readiness::{READY_HOLD, Readiness};
 struct HealthState {
     readiness: Arc<Readiness>,
     liveness: Liveness,
+    /// Permits to hold a `/readyz` answer; see [`HELD_READYZ`].
+    holds: Arc<tokio::sync::Semaphore>,
 }
+
+/// `/readyz` answers held at once while the process is not ready. The kubelet holds one; a
+/// held answer is a busy connection the port will not close for a newcomer, so a peer sending
+/// whole `/readyz` requests could otherwise fill the connection budget for [`READY_HOLD`] at a
+/// time. Past this many, a not-ready `/readyz` answers 503 at once.
+pub const HELD_READYZ: usize = 4;
 
 /// The health port's router: `/healthz` and `/readyz`.
 pub fn health_router(readiness: Arc<Readiness>, liveness: Liveness) -> Router {
@@ -45,6 +55,7 @@ pub fn health_router(readiness: Arc<Readiness>, liveness: Liveness) -> Router {
         .with_state(HealthState {
             readiness,
             liveness,
+            holds: Arc::new(tokio::sync::Semaphore::new(HELD_READYZ)),
         })
 }
 
@@ -71,7 +82,12 @@ async fn healthz(State(state): State<HealthState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<HealthState>) -> impl IntoResponse {
-    if state.readiness.ready_within(READY_HOLD).await {
+    let ready = state.readiness.is_ready()
+        || match state.holds.try_acquire() {
+            Ok(_hold) => state.readiness.ready_within(READY_HOLD).await,
+            Err(_) => false,
+        };
+    if ready {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
@@ -223,6 +239,14 @@ pub async fn serve_both(
 
 /// Serves `app` on `listener` within `limits` until `shutdown` completes; open connections are
 /// then dropped (they are probes and scrapes, which simply retry).
+///
+/// A full budget does not turn a newcomer away while some connection sits idle: the connection
+/// that has been waiting longest for a request head (half-sent, or kept alive between requests)
+/// is closed to make room (issue 35: 32 half-open connections failed 15/15 probes when the
+/// newcomer was the one closed). A request that arrives whole is answered at once, so a peer
+/// flooding the port with half-sent requests only evicts its own connections; only when every
+/// slot is busy answering is a newcomer closed, and answers are short (a held `/readyz` at
+/// most [`READY_HOLD`], and few of those, see `readyz`).
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -234,7 +258,8 @@ pub async fn serve_on(
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(limits.max_header_bytes.max(MIN_BUF_SIZE))
         .max_header_size(limits.max_header_bytes);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let open = Arc::new(OpenConnections::default());
+    let mut next_id: u64 = 0;
     // Owning the connection tasks here means they all end when this function returns.
     let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -254,23 +279,152 @@ pub async fn serve_on(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            // Full: close it now. Queueing would let a peer hold memory and file descriptors
-            // without limit; a closed connection costs it nothing to retry.
-            tracing::debug!(%peer, "connection limit reached; closing");
+        if !open.make_room(limits.max_connections) {
+            // Every slot is answering a request. Queueing would let a peer hold memory and
+            // file descriptors without limit; a closed connection costs it nothing to retry.
+            tracing::debug!(%peer, "connection limit reached, every connection busy; closing");
             drop(stream);
             continue;
-        };
+        }
+        next_id += 1;
+        let id = next_id;
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let io = hyper_util::rt::TokioIo::new(stream);
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let service = hyper_util::service::TowerToHyperService::new(CountInFlight {
+            inner: app.clone(),
+            in_flight: Arc::clone(&in_flight),
+        });
         let connection = http.serve_connection(io, service);
         let life = limits.max_connection_life;
-        connections.spawn(async move {
+        let registration = Registration {
+            open: Arc::clone(&open),
+            id,
+        };
+        // Registered under the lock it is spawned in, so a task that ends at once cannot
+        // remove its entry before the entry is there.
+        let mut by_id = open.lock();
+        let close = connections.spawn(async move {
+            let _registration = registration;
             if let Ok(Err(err)) = tokio::time::timeout(life, connection).await {
                 tracing::debug!(%peer, error = %err, "connection ended with an error");
             }
-            drop(slot);
         });
+        by_id.insert(id, OpenConnection { in_flight, close });
+    }
+}
+
+/// The connections a port is serving, oldest first (ids grow with each accept), each with the
+/// number of requests it is answering now and the handle that closes it.
+#[derive(Default)]
+struct OpenConnections {
+    by_id: std::sync::Mutex<std::collections::BTreeMap<u64, OpenConnection>>,
+}
+
+struct OpenConnection {
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    close: tokio::task::AbortHandle,
+}
+
+impl OpenConnections {
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Whether one more connection fits within `max`, closing the connection idle the longest
+    /// if that makes room.
+    fn make_room(&self, max: usize) -> bool {
+        let evicted = {
+            let mut by_id = self.lock();
+            if by_id.len() < max {
+                return true;
+            }
+            let idle = by_id.iter().find_map(|(id, connection)| {
+                (connection
+                    .in_flight
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    == 0)
+                    .then_some(*id)
+            });
+            match idle.and_then(|id| by_id.remove(&id)) {
+                Some(connection) => connection,
+                None => return false,
+            }
+        };
+        // Outside the lock: the aborted task's registration takes it when dropped.
+        evicted.close.abort();
+        true
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, OpenConnection>> {
+        // No code panics while holding the lock; a poisoned map is still consistent.
+        self.by_id
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Removes a connection from [`OpenConnections`] when its task ends, however it ends.
+struct Registration {
+    open: Arc<OpenConnections>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.open.remove(self.id);
+    }
+}
+
+/// The router, counting the requests a connection is answering: a connection answering none
+/// is waiting for a request head and may be closed for a newcomer.
+#[derive(Clone)]
+struct CountInFlight {
+    inner: Router,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tower::Service<axum::http::Request<hyper::body::Incoming>> for CountInFlight {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        // A Router is always ready.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+        let answering = InFlight::start(Arc::clone(&self.in_flight));
+        // A Router is always ready (its `poll_ready` returns at once), so calling it without
+        // polling first is within its contract.
+        let mut router = self.inner.clone();
+        let response = tower::Service::call(&mut router, request.map(axum::body::Body::new));
+        Box::pin(async move {
+            let response = response.await;
+            drop(answering);
+            response
+        })
+    }
+}
+
+/// One request being answered on a connection, for as long as it lives.
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn start(count: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(count)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -437,20 +591,46 @@ mod tests {
         }
 
         #[tokio::test]
-        async fn connections_over_the_cap_are_closed_at_once_and_idle_ones_after_the_header_timeout()
-         {
+        async fn a_newcomer_over_the_cap_closes_the_connection_that_waited_longest() {
+            let limits = small(Duration::from_secs(30), Duration::from_secs(30));
+            let (addr, _stop) = start(limits).await;
+            let mut holding = Vec::new();
+            for _ in 0..limits.max_connections {
+                holding.push(half_sent(addr).await);
+                // Accepted in this order, so the first is the one waiting longest.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _newcomer = half_sent(addr).await;
+            assert!(
+                closed_within(&mut holding[0], Duration::from_secs(2))
+                    .await
+                    .is_some(),
+                "the connection waiting longest was kept open"
+            );
+            for stream in &mut holding[1..] {
+                assert_eq!(
+                    closed_within(stream, Duration::from_millis(200)).await,
+                    None,
+                    "a younger connection was closed"
+                );
+            }
+            // A whole request gets its answer in the full budget, at the next one's expense.
+            let response = healthz(addr).await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            assert!(
+                closed_within(&mut holding[1], Duration::from_secs(2))
+                    .await
+                    .is_some()
+            );
+        }
+
+        #[tokio::test]
+        async fn idle_connections_are_closed_after_the_header_timeout() {
             let limits = small(Duration::from_millis(400), Duration::from_secs(30));
             let (addr, _stop) = start(limits).await;
             let mut holding = Vec::new();
             for _ in 0..limits.max_connections {
                 holding.push(half_sent(addr).await);
-            }
-            // Give the accept loop time to take the first ones before the next arrive.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            for _ in 0..8 {
-                let mut extra = half_sent(addr).await;
-                let closed = closed_within(&mut extra, Duration::from_secs(2)).await;
-                assert!(closed.is_some(), "a connection over the cap was kept open");
             }
             for stream in &mut holding {
                 let closed = closed_within(stream, Duration::from_secs(5))
@@ -458,34 +638,140 @@ mod tests {
                     .expect("a half-sent request outlived the header timeout");
                 assert!(closed < Duration::from_secs(3), "closed after {closed:?}");
             }
-            // The slots are free again.
             let response = healthz(addr).await;
             assert!(response.starts_with("HTTP/1.1 200"), "{response}");
             assert!(response.ends_with("ok"), "{response}");
         }
 
         #[tokio::test]
-        async fn health_answers_while_the_cap_is_full_once_a_slot_frees() {
-            let limits = small(Duration::from_millis(300), Duration::from_secs(30));
-            let (addr, _stop) = start(limits).await;
-            let mut holding = Vec::new();
-            for _ in 0..limits.max_connections * 3 {
-                holding.push(half_sent(addr).await);
+        async fn a_newcomer_is_closed_while_every_connection_is_answering() {
+            let limits = small(Duration::from_secs(30), Duration::from_secs(30));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind 127.0.0.1");
+            let addr = listener.local_addr().expect("local address");
+            let app = Router::new()
+                .route(
+                    "/slow",
+                    get(|| async {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                        "slow"
+                    }),
+                )
+                .route("/healthz", get(|| async { "ok" }));
+            let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(serve_on(listener, app, limits, async move {
+                let _ = stopped.await;
+            }));
+            let busy: Vec<_> = (0..limits.max_connections)
+                .map(|_| tokio::spawn(async move { probe(addr, "/slow").await }))
+                .collect();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Nothing idle to close: the newcomer is refused, and no answer is cut off.
+            let refused = probe(addr, "/healthz").await;
+            assert!(!refused.starts_with("HTTP/1.1 200"), "{refused}");
+            for answer in busy {
+                let answer = answer.await.expect("the slow request ends");
+                assert!(answer.ends_with("slow"), "{answer}");
             }
-            // Within a bounded time the idle ones are gone and a probe gets through.
-            let started = Instant::now();
-            loop {
-                let response = healthz(addr).await;
-                if response.starts_with("HTTP/1.1 200") {
-                    break;
+            let response = probe(addr, "/healthz").await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        }
+
+        /// Serves the health router with the health port's real limits; the readiness it
+        /// reports.
+        async fn start_health(
+            ready: bool,
+        ) -> (SocketAddr, Arc<Readiness>, tokio::sync::oneshot::Sender<()>) {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind 127.0.0.1");
+            let addr = listener.local_addr().expect("local address");
+            let readiness = Arc::new(Readiness::default());
+            readiness.set(ready);
+            let app = health_router(readiness.clone(), Liveness::default());
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(serve_on(listener, app, Limits::health(), async move {
+                let _ = stopped.await;
+            }));
+            (addr, readiness, stop)
+        }
+
+        /// Issue 35: 32 half-open connections on the health port failed 15/15 liveness probes.
+        #[tokio::test]
+        async fn half_open_connections_fail_no_probe() {
+            for flood in [Limits::health().max_connections, 300] {
+                let (addr, _readiness, _stop) = start_health(true).await;
+                let mut holding = Vec::new();
+                for _ in 0..flood {
+                    holding.push(half_sent(addr).await);
                 }
-                assert!(
-                    started.elapsed() < Duration::from_secs(5),
-                    "no answer while idle connections hold the server: {response:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                for attempt in 0..15 {
+                    for path in ["/healthz", "/readyz"] {
+                        let response = probe(addr, path).await;
+                        assert!(
+                            response.starts_with("HTTP/1.1 200"),
+                            "{flood} half-open, probe {attempt} of {path}: {response:?}"
+                        );
+                    }
+                    // The flood renews itself between probes.
+                    for _ in 0..4 {
+                        holding.push(half_sent(addr).await);
+                    }
+                }
             }
-            drop(holding);
+        }
+
+        #[tokio::test]
+        async fn probes_are_answered_during_a_running_half_open_flood() {
+            let (addr, _readiness, _stop) = start_health(true).await;
+            let flood = tokio::spawn(async move {
+                // Bounded: 2,000 connections, 300 held at a time.
+                let mut holding = std::collections::VecDeque::new();
+                for _ in 0..2_000 {
+                    let Ok(mut stream) = TcpStream::connect(addr).await else {
+                        continue;
+                    };
+                    let _ = stream.write_all(HALF_SENT).await;
+                    holding.push_back(stream);
+                    if holding.len() > 300 {
+                        holding.pop_front();
+                    }
+                    tokio::task::yield_now().await;
+                }
+            });
+            for attempt in 0..15 {
+                let response = probe(addr, "/healthz").await;
+                assert!(
+                    response.starts_with("HTTP/1.1 200"),
+                    "probe {attempt}: {response:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            flood.abort();
+        }
+
+        #[tokio::test]
+        async fn only_a_few_not_ready_answers_are_held_at_once() {
+            let (addr, readiness, _stop) = start_health(false).await;
+            let held: Vec<_> = (0..HELD_READYZ)
+                .map(|_| tokio::spawn(async move { probe(addr, "/readyz").await }))
+                .collect();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Past the holds, an answer comes at once: 503, long before READY_HOLD.
+            let started = Instant::now();
+            let response = probe(addr, "/readyz").await;
+            assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+            assert!(started.elapsed() < Duration::from_secs(2));
+            // Liveness is never held.
+            let response = probe(addr, "/healthz").await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            readiness.set(true);
+            for answer in held {
+                let answer = answer.await.expect("the held request ends");
+                assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            }
         }
 
         /// A GET with `Connection: close` on `addr`; the response, empty on a refusal.
@@ -542,9 +828,10 @@ mod tests {
                 holding.push(stream);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
-            // The metrics port is full: a scrape now is refused.
+            // The metrics port is full of half-sent requests: a whole scrape still gets its
+            // answer, in place of the one that waited longest.
             let scrape = probe(metrics_addr, "/metrics").await;
-            assert!(!scrape.starts_with("HTTP/1.1 200"), "{scrape}");
+            assert!(scrape.starts_with("HTTP/1.1 200"), "{scrape}");
             // Every probe still answers, for as long as the peer holds the port.
             for _ in 0..20 {
                 for path in ["/healthz", "/readyz"] {

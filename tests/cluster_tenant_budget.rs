@@ -266,3 +266,87 @@ async fn a_controller_restarted_under_the_most_a_namespace_stores_stays_under_it
     );
     Ok(())
 }
+
+/// Labels on each grown object (issue 35 High 3: the most that fit the apiserver's object size
+/// limit with the managedFields that name each of them).
+const GROWN_LABELS: usize = 55_000;
+/// Objects of each kind in the grown test.
+const GROWN_OBJECTS: usize = 40;
+
+/// `GROWN_LABELS` short labels (key `kNNNNN`, empty value), plus the test's own.
+fn grown_labels(cluster: &TestCluster) -> BTreeMap<String, String> {
+    let mut labels: BTreeMap<String, String> = (0..GROWN_LABELS)
+        .map(|i| (format!("k{i:05}"), String::new()))
+        .collect();
+    labels.insert(TEST_LABEL.to_string(), cluster.prefix().to_string());
+    labels
+}
+
+/// Issue 35 High 3: 40 placements with 55,000 labels each took a fresh controller to 331 MB,
+/// and 40 ResourceClaims (anyone's: no hwaccel rights, only the ordinary DRA right to create
+/// claims) with 55,000 labels and a 255 KiB annotation to 546 MB, over the chart's 256 MiB
+/// limit on every start. The caches now keep only what the controller reads of them.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn placements_and_foreign_claims_grown_by_labels_keep_a_fresh_controller_under_its_limit()
+-> Result<()> {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
+    let placements = api(&cluster);
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    let labels = grown_labels(&cluster);
+    let blob = "a".repeat(255 * 1024);
+    let started = Instant::now();
+    futures::stream::iter(0..GROWN_OBJECTS)
+        .map(|i| {
+            let placement = json!({
+                "apiVersion": "hwaccel.io/v1alpha1",
+                "kind": "ModelPlacement",
+                "metadata": {"name": format!("grown-{i:02}"), "labels": labels},
+                "spec": serve(json!({"parameters": "8B"})),
+            });
+            let claim: ResourceClaim = serde_json::from_value(json!({
+                "metadata": {
+                    "name": format!("foreign-{i:02}"),
+                    "labels": labels,
+                    "annotations": {"tenant.example.com/blob": blob},
+                },
+                "spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}
+                ]}},
+            }))
+            .expect("a claim");
+            let (placements, claims) = (placements.clone(), claims.clone());
+            async move {
+                create(&placements, placement).await?;
+                claims.create(&PostParams::default(), &claim).await?;
+                Ok::<(), kube::Error>(())
+            }
+        })
+        .buffer_unordered(4)
+        .try_collect::<Vec<()>>()
+        .await
+        .context("creating the grown placements and claims")?;
+    println!(
+        "grown objects: {GROWN_OBJECTS} placements and {GROWN_OBJECTS} claims with \
+         {GROWN_LABELS} labels each created in {:.1?}",
+        started.elapsed()
+    );
+
+    let port = free_port()?;
+    let controller = start_controller(&cluster, port)?;
+    reconciled(port, GROWN_OBJECTS as u64).await?;
+    let peak = peak_rss_kib(controller.0.id()).context("VmHWM")?;
+    let limit = chart_memory_limit_mib();
+    println!(
+        "grown objects: fresh controller peak RSS {:.1} MiB after reconciling all \
+         {GROWN_OBJECTS} placements (chart limit {limit} MiB)",
+        peak as f64 / 1024.0
+    );
+    assert!(
+        peak < limit * 1024,
+        "peak RSS {peak} KiB over the chart's {limit} MiB"
+    );
+    Ok(())
+}

@@ -17,6 +17,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
+use crate::api::projection::{Projection, project};
+
 /// An object of kind `K`, or the metadata of one that could not be decoded as `K`.
 // The watch caches keep each object behind an `Arc` already; boxing the large variant would
 // add a second allocation per object for the rare undecodable one's sake.
@@ -59,38 +61,23 @@ struct MetadataOnly {
     metadata: ObjectMeta,
 }
 
-/// What a reader keeps of an object it decodes: every field it reads, and nothing that a
-/// writer can grow at will (issue 27 item 1: the controller's caches held every byte tenants
-/// stored in their placements). Applied to each object as it is decoded, so a list or watch
-/// never keeps the rest.
-pub trait Trim {
-    /// Drops what readers of this kind never look at.
-    fn trim(&mut self);
-}
-
-impl Trim for crate::api::ModelPlacement {
-    /// Field ownership and annotations (`kubectl apply` keeps a whole second copy of the
-    /// object in one) are never read from a placement; the inline config is already cut to
-    /// what the planner reads as it decodes ([`crate::api::placement::InlineJson`]).
-    fn trim(&mut self) {
-        self.metadata.managed_fields = None;
-        self.metadata.annotations = None;
-    }
-}
-
-impl Trim for crate::api::AcceleratorInventory {
-    /// Field ownership is never read from an inventory by its readers.
-    fn trim(&mut self) {
-        self.metadata.managed_fields = None;
-    }
-}
-
-impl<'de, K: DeserializeOwned + Trim> Deserialize<'de> for Lenient<K> {
+impl<'de, K: DeserializeOwned + Projection + Resource> Deserialize<'de> for Lenient<K> {
+    /// Decodes the object's projection ([`crate::api::projection`]): only the metadata its
+    /// readers read is ever built (issue 27 item 1 and issue 35 High 3: the controller's
+    /// caches held every byte tenants stored in their objects' labels and annotations).
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let raw = Box::<RawValue>::deserialize(deserializer)?;
-        let mut decoded = decode::<K>(raw.get());
-        if let Lenient::Decoded(object) = &mut decoded {
-            object.trim();
+        let projected = project::<K>(raw.get());
+        let mut decoded = decode::<K>(projected.as_deref().unwrap_or(raw.get()));
+        // Where the text could not be projected (not an object with metadata), the decoded
+        // object still keeps nothing unread.
+        let metadata = match &mut decoded {
+            Lenient::Decoded(object) => object.meta_mut(),
+            Lenient::Undecodable { metadata, .. } => metadata,
+        };
+        metadata.managed_fields = None;
+        if !K::KEEPS_ANNOTATIONS {
+            metadata.annotations = None;
         }
         Ok(decoded)
     }

@@ -13,6 +13,7 @@ pub mod dra;
 mod inventory;
 pub mod lenient;
 pub mod placement;
+pub mod projection;
 pub mod quantity;
 
 pub use convert::{PlannerDeviceIds, planner_node_from_object};

@@ -339,7 +339,7 @@ async fn list_all<K>(client: kube::Client, notes: &mut Vec<String>) -> anyhow::R
 where
     K: kube::Resource<DynamicType = ()>
         + DeserializeOwned
-        + crate::api::lenient::Trim
+        + crate::api::projection::Projection
         + Clone
         + std::fmt::Debug,
 {

@@ -11,6 +11,7 @@
 //! before a restart, or by anyone) is never re-pointed: an allocation is immutable, so a
 //! changed plan gets new claims and the old ones are deleted.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -65,7 +66,7 @@ pub async fn sync_claims(
     let mine: BTreeMap<String, &ResourceClaim> = cached
         .iter()
         .filter(|claim| is_owned_by(claim, placement))
-        .filter_map(|claim| Some((claim.metadata.name.clone()?, claim)))
+        .filter_map(|claim| Some((claim.metadata.name.clone()?, &**claim)))
         .collect();
     let wanted: BTreeSet<&str> = plans.iter().map(|p| p.name.as_str()).collect();
     let held_elsewhere = held_by_other_claims(&cached, &namespace, &wanted);
@@ -74,8 +75,8 @@ pub async fn sync_claims(
     let mut blocked = Vec::new();
     for plan in plans {
         let existing = match mine.get(&plan.name) {
-            Some(claim) => (*claim).clone(),
-            None => create(ctx, &api, plan, owner.clone()).await?,
+            Some(claim) => Cow::Borrowed(*claim),
+            None => Cow::Owned(create(ctx, &api, plan, owner.clone()).await?),
         };
         if is_allocated(&existing) {
             if allocated_devices(&existing) == plan.devices {
@@ -127,7 +128,7 @@ pub async fn release_claims(
 ) -> Result<usize, ClaimError> {
     let namespace = placement.namespace().unwrap_or_default();
     let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mine: Vec<ResourceClaim> = claims_in_cache(ctx)
+    let mine: Vec<Arc<ResourceClaim>> = claims_in_cache(ctx)
         .into_iter()
         .filter(|claim| is_owned_by(claim, placement))
         .collect();
@@ -147,7 +148,7 @@ pub async fn release_claims_of(
     uid: &str,
 ) -> Result<usize, ClaimError> {
     let api: Api<ResourceClaim> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let theirs: Vec<ResourceClaim> = claims_in_cache(ctx)
+    let theirs: Vec<Arc<ResourceClaim>> = claims_in_cache(ctx)
         .into_iter()
         .filter(|claim| owned_by(claim, &key.namespace, &key.name, uid))
         .collect();
@@ -158,10 +159,12 @@ pub async fn release_claims_of(
 }
 
 /// Every claim in the watch cache (none when the cluster serves no DRA).
-fn claims_in_cache(ctx: &Context) -> Vec<ResourceClaim> {
+/// Shared with the cache, not copied: a claim sync used to deep-clone every claim in the
+/// cluster (issue 35 High 3).
+fn claims_in_cache(ctx: &Context) -> Vec<Arc<ResourceClaim>> {
     ctx.claims
         .as_ref()
-        .map(|store| store.state().iter().map(|c| (**c).clone()).collect())
+        .map(|store| store.state())
         .unwrap_or_default()
 }
 
@@ -285,7 +288,7 @@ fn owned_by(claim: &ResourceClaim, namespace: &str, name: &str, uid: &str) -> bo
 
 /// Devices allocated to claims other than `wanted` in `namespace`, with the holder's name.
 fn held_by_other_claims(
-    claims: &[ResourceClaim],
+    claims: &[Arc<ResourceClaim>],
     namespace: &str,
     wanted: &BTreeSet<&str>,
 ) -> BTreeMap<DeviceRef, String> {
@@ -307,7 +310,7 @@ fn held_by_other_claims(
 /// why: allocating one would over-commit its counter set, which the scheduler never does.
 fn blocked_by_other_claims(
     ctx: &Context,
-    claims: &[ResourceClaim],
+    claims: &[Arc<ResourceClaim>],
     namespace: &str,
     wanted: &BTreeSet<&str>,
 ) -> BTreeMap<DeviceRef, String> {
@@ -318,7 +321,7 @@ fn blocked_by_other_claims(
             let name = claim.metadata.name.as_deref().unwrap_or_default();
             claim.metadata.namespace.as_deref() != Some(namespace) || !wanted.contains(name)
         })
-        .flat_map(devices_with_holder);
+        .flat_map(|claim| devices_with_holder(claim));
     blocked_by_counters(slices.iter().map(|slice| &**slice), allocated)
 }
 
