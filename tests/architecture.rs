@@ -180,3 +180,199 @@ fn the_checker_sees_each_kind_of_reference() {
     assert!(!names_root("fn is_kube(x: u8) {}", "kube"));
     assert!(!names_root("use crate::plan::tokio_like::X;", "tokio"));
 }
+
+/// One line of code: its file, its number, the code before any comment, and whether it is
+/// part of an attribute (`#[...]`, over as many lines as its brackets take).
+struct CodeLine {
+    file: String,
+    number: usize,
+    code: String,
+    in_attribute: bool,
+}
+
+/// The non-comment lines of the Rust files under `dir` that are not test code: files named
+/// `tests.rs` or `*_tests.rs` are skipped, and a file's lines stop at its inline
+/// `#[cfg(test)] mod` (test modules close the file, by this codebase's convention).
+fn production_lines(dir: &str) -> Vec<CodeLine> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut lines = Vec::new();
+    for file in rust_files(&root) {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        let shown = file
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        let text = fs::read_to_string(&file).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        // Open brackets of the attribute being read, 0 outside one.
+        let mut attribute_depth: i64 = 0;
+        for (number, line) in all.iter().enumerate() {
+            let next = all.get(number + 1).map_or("", |l| l.trim());
+            if line.trim() == "#[cfg(test)]" && next.contains("mod ") {
+                break;
+            }
+            let code = line.split("//").next().unwrap_or_default();
+            let starts_attribute = attribute_depth == 0 && code.trim_start().starts_with("#[");
+            let in_attribute = starts_attribute || attribute_depth > 0;
+            if in_attribute {
+                attribute_depth += code.matches('[').count() as i64;
+                attribute_depth -= code.matches(']').count() as i64;
+                attribute_depth = attribute_depth.max(0);
+            }
+            if !code.trim().is_empty() {
+                lines.push(CodeLine {
+                    file: shown.clone(),
+                    number: number + 1,
+                    code: code.to_string(),
+                    in_attribute,
+                });
+            }
+        }
+    }
+    lines
+}
+
+/// True when `code` names the module path `path` itself (not one that only starts with it,
+/// like `controller::fleet_loop` for `controller::fleet`).
+fn names_module(code: &str, path: &str) -> bool {
+    code.match_indices(path).any(|(at, _)| {
+        !code[at + path.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// The lines under `dir` (tests included: a test that reaches into another loop ties the two
+/// as much as code does) that name one of `paths`.
+fn naming(dir: &str, paths: &[&str]) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut found = Vec::new();
+    for file in rust_files(&root) {
+        let text = fs::read_to_string(&file).unwrap_or_default();
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if let Some(path) = paths.iter().find(|p| names_module(code, p)) {
+                let shown = file
+                    .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                    .unwrap_or(&file);
+                found.push(format!(
+                    "{}:{}: names `{path}`: {}",
+                    shown.display(),
+                    number + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_controller_loops_do_not_import_each_other() {
+    // The fleet loop's figures reach the taint pass through `controller/fleet_loop.rs`, and
+    // Node Events through `controller/node_events.rs`; a test across loops sits above them.
+    let mut found = naming(
+        "src/controller/placement",
+        &["controller::fleet", "controller::taints"],
+    );
+    found.extend(naming("src/controller/fleet", &["controller::taints"]));
+    found.extend(naming(
+        "src/controller/taints",
+        &["controller::fleet", "controller::placement"],
+    ));
+    assert!(
+        found.is_empty(),
+        "a controller loop imports another:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_planners_answer_and_its_layer_stay_below_the_search_and_the_fleet_view() {
+    // `plan/report.rs` is the answer as data: the search builds it, never the reverse. The
+    // planner sits below the fleet view (`src/fleet`), which calls it; the device-state rule
+    // both read lives in `hardware/`.
+    let mut found = naming("src/plan/report.rs", &["plan::search", "super::search"]);
+    found.extend(naming("src/plan", &["crate::fleet"]));
+    assert!(
+        found.is_empty(),
+        "the planner imports upward:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn wire_names_are_written_only_in_the_registry() {
+    // Every `hwaccel.io` name the operator writes or matches comes from `names::keys`; a
+    // literal elsewhere is a key that can drift from the admission policies and the docs.
+    // Attributes are exempt (a derive's `group = "..."` must be a literal; a test in `api`
+    // checks it against the registry).
+    let found: Vec<String> = production_lines("src")
+        .into_iter()
+        .filter(|line| {
+            !line.file.starts_with("src/names/")
+                && !line.file.starts_with("src/testing/")
+                && !line.file.starts_with("src/fuzz_tests/")
+                && !line.in_attribute
+                && line.code.contains("hwaccel.io")
+        })
+        .map(|line| format!("{}:{}: {}", line.file, line.number, line.code.trim()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "hwaccel.io names outside src/names/keys.rs:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_chart_admission_policies_name_only_registered_keys() {
+    let policy = fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/hwaccel-operator/templates/admission-policy.yaml"
+    ))
+    .expect("the admission policies");
+    let mut names = Vec::new();
+    for (at, _) in policy.match_indices("hwaccel.io") {
+        let start = policy[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-'))
+            .map_or(0, |i| i + 1);
+        let end = policy[at..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "./-_".contains(c)))
+            .map_or(policy.len(), |i| at + i);
+        names.push(policy[start..end].trim_end_matches('.').to_string());
+    }
+    assert!(names.len() > 20, "the policies name our keys: {names:?}");
+    let unregistered: Vec<&String> = names
+        .iter()
+        .filter(|name| !hwaccel::names::keys::is_registered(name))
+        .collect();
+    assert!(
+        unregistered.is_empty(),
+        "the admission policies name keys the registry does not list: {unregistered:?}"
+    );
+}
+
+#[test]
+fn the_module_checker_tells_a_module_from_one_that_starts_like_it() {
+    assert!(names_module(
+        "use crate::controller::fleet::pass;",
+        "controller::fleet"
+    ));
+    assert!(names_module(
+        "use crate::controller::fleet;",
+        "controller::fleet"
+    ));
+    assert!(!names_module(
+        "use crate::controller::fleet_loop::run;",
+        "controller::fleet"
+    ));
+}

@@ -18,7 +18,7 @@ use clap::Parser;
 use hwaccel::api::{AcceleratorInventory, AcceleratorInventoryStatus, PlannerDeviceIds};
 use hwaccel::cli::fleet::{FleetArgs, answer};
 use hwaccel::cli::fleet_input::from_files;
-use hwaccel::controller::fleet::core::fleet_figures::{FleetTotals, NodeStats};
+use hwaccel::controller::core::fleet_figures::{FleetTotals, NodeStats};
 use hwaccel::controller::fleet::metrics::FleetMetrics;
 use hwaccel::detect::Report;
 use hwaccel::fleet::health::Holdings;

@@ -715,11 +715,11 @@ fn exported_series_names(registry: &prometheus_client::registry::Registry) -> BT
 #[test]
 fn the_contract_is_exactly_what_the_agent_and_controller_export() {
     use hwaccel::agent::metrics::{AgentMetrics, DeviceRow, NodeCounts, StageLabel, WriteLabel};
-    use hwaccel::controller::fleet::core::fleet_figures::FleetTotals;
+    use hwaccel::controller::core::fleet_figures::FleetTotals;
     use hwaccel::controller::fleet::metrics::{FleetMetrics, PlacementFigures};
     use hwaccel::controller::placement::core::ledger::PlacementKey;
-    use hwaccel::fleet::device_state::Counts;
     use hwaccel::fleet::expected::{Expected, ExpectedSource};
+    use hwaccel::hardware::device_state::Counts;
 
     let mut registry = prometheus_client::registry::Registry::default();
     // A family shows in the exposition once it has a series: give each one.

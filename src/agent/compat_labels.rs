@@ -21,7 +21,7 @@ use crate::hardware::Report;
 use crate::labels::compat::{compat_labels, without_foreign_groups};
 
 /// The field manager of the compatibility labels.
-pub const FIELD_MANAGER: &str = "hwaccel-compat-labels";
+pub use crate::names::keys::COMPAT_LABELS_FIELD_MANAGER as FIELD_MANAGER;
 
 /// Keeps one Node's compatibility labels in step with its devices.
 #[derive(Debug, Clone)]

@@ -71,7 +71,7 @@ use crate::server::Readiness;
 use std::collections::BTreeSet;
 
 /// The agent's field manager.
-pub const FIELD_MANAGER: &str = "hwaccel-agent";
+pub use crate::names::keys::AGENT_FIELD_MANAGER as FIELD_MANAGER;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -393,7 +393,7 @@ impl Agent {
         let status = self.next_status(detected, &published, &stale, &missing);
         if self.applied_status.as_ref() != Some(&status) {
             let patch = json!({
-                "apiVersion": "hwaccel.io/v1alpha1",
+                "apiVersion": crate::names::keys::API_VERSION,
                 "kind": "AcceleratorInventory",
                 "status": status,
             });

@@ -24,9 +24,9 @@ use super::inventory::{
 };
 use super::{bounds, quantity};
 use crate::detect::pci::canonical_bus_id;
-use crate::fleet::device_state::{Counts, DeviceFacts, DeviceState};
 use crate::fleet::health::{NodeInput, UNKNOWN_PRODUCT};
 use crate::hardware::Report;
+use crate::hardware::device_state::{Counts, DeviceFacts, DeviceState};
 use crate::hardware::{
     CpuInfo, Device, Family, Health, HealthStatus, InterconnectGroup, NodeFacts, NumaNode,
     Partition, PcieLink, Precision, Vendor,
@@ -94,7 +94,7 @@ impl AcceleratorInventory {
 impl AcceleratorInventory {
     /// This inventory as the fleet roll-up reads it: the planner's node (devices named as in
     /// the inventory), every accelerator's facts for the one device-state rule
-    /// (`fleet::device_state`), and the count the node should have. The command line and the
+    /// (`hardware::device_state`), and the count the node should have. The command line and the
     /// controller both count through this, so they count the same.
     pub fn fleet_node(&self) -> (NodeInput, Vec<String>) {
         let (node, notes) = self.planner_node(PlannerDeviceIds::InventoryNames);

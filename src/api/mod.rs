@@ -27,8 +27,25 @@ pub use lenient::Lenient;
 pub use placement::ModelPlacement;
 
 /// The API group.
-pub const GROUP: &str = "hwaccel.io";
+pub const GROUP: &str = crate::names::keys::DOMAIN;
 /// The API version within the group.
 pub const VERSION: &str = "v1alpha1";
 /// `group/version`, as written in `apiVersion`.
-pub const API_VERSION: &str = "hwaccel.io/v1alpha1";
+pub const API_VERSION: &str = crate::names::keys::API_VERSION;
+
+#[cfg(test)]
+mod tests {
+    use kube::Resource as _;
+
+    use super::*;
+
+    /// The `group = "..."` in the CRD derives must be a literal; it is checked against the
+    /// registry here instead.
+    #[test]
+    fn the_crds_are_in_the_registered_domain() {
+        assert_eq!(ModelPlacement::group(&()), crate::names::keys::DOMAIN);
+        assert_eq!(AcceleratorInventory::group(&()), crate::names::keys::DOMAIN);
+        assert_eq!(ModelPlacement::api_version(&()), API_VERSION);
+        assert_eq!(AcceleratorInventory::api_version(&()), API_VERSION);
+    }
+}

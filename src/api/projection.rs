@@ -31,7 +31,7 @@ pub trait Projection {
 }
 
 /// The prefix of the label keys the operator writes and reads on its own and DRA objects.
-const OWN_PREFIX: &str = "hwaccel.io/";
+const OWN_PREFIX: &str = crate::names::keys::LABEL_PREFIX;
 
 impl Projection for crate::api::ModelPlacement {}
 

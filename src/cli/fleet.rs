@@ -227,7 +227,7 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
         for device in node
             .attention
             .iter()
-            .filter(|d| crate::fleet::device_state::needs_attention(d.health))
+            .filter(|d| crate::hardware::device_state::needs_attention(d.health))
         {
             parts.push(format!("{} {}", device.name, device.describe()));
         }

@@ -28,7 +28,7 @@ use super::metrics::ControllerMetrics;
 use super::placement::core::ledger::{Ledger, PlacementKey, Precedence};
 
 /// The field manager of every write the controller makes.
-pub const FIELD_MANAGER: &str = "hwaccel-controller";
+pub use crate::names::keys::CONTROLLER_FIELD_MANAGER as FIELD_MANAGER;
 
 /// Mutable controller state, behind one lock.
 #[derive(Debug, Default)]

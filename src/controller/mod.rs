@@ -20,6 +20,8 @@
 //! over ModelPlacements that reconciles all of them again (debounced) whenever an inventory
 //! changes. See `docs/controller.md`.
 
+#[cfg(test)]
+mod claims_in_loops_tests;
 pub mod context;
 pub mod core;
 pub mod crds;
@@ -28,10 +30,12 @@ pub mod events;
 #[cfg(test)]
 pub(crate) mod fake_apiserver;
 pub mod fleet;
+mod fleet_loop;
 pub mod inventory_changes;
 pub mod leader;
 pub mod metrics;
 pub mod node_changes;
+pub(crate) mod node_events;
 mod passes;
 pub mod placement;
 #[cfg(test)]
@@ -381,7 +385,7 @@ async fn run_controller(
         });
     // The label repair, the fleet pass and the prune pass live exactly as long as the
     // controller (they write, so only while this replica leads).
-    let fleet = fleet::pass::run(
+    let fleet = fleet_loop::run(
         ctx.clone(),
         (config.health_taints, config.taint_check),
         config.selector.clone(),

@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use serde_json::{Value, json};
 
-use crate::controller::fleet::pass::{Memory, pass};
+use crate::controller::fleet::pass::Memory;
+use crate::controller::fleet_loop::fleet_and_taints;
 use crate::controller::placement::reconcile_tests::{Harness, placement};
 use crate::controller::taints::core::HealthTaints;
 use crate::controller::taints::sync::Taints;
@@ -70,7 +71,7 @@ async fn a_fleet_pass_names_the_node_each_line_is_about() {
     .await;
 
     let capture = Capture::start(OURS);
-    pass(&harness.ctx, &mut Memory::default(), &mut taints).await;
+    fleet_and_taints(&harness.ctx, &mut Memory::default(), &mut taints).await;
     let lines = capture.lines();
 
     let refused: Vec<&Value> = lines

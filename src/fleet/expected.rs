@@ -14,7 +14,7 @@
 use std::fmt;
 
 /// The Node annotation that states the expected accelerator count outright.
-pub const EXPECTED_DEVICES_ANNOTATION: &str = "hwaccel.io/expected-devices";
+pub use crate::names::keys::EXPECTED_DEVICES_ANNOTATION;
 /// The well-known Node label naming the cloud instance type.
 pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
 /// The largest count the annotation may state; no node has more accelerators than this, so a

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use super::device_state::Counts;
-use super::device_state::{DeviceFacts, DeviceState, Holder};
+pub use crate::hardware::device_state::Counts;
+use crate::hardware::device_state::{DeviceFacts, DeviceState, Holder};
 use crate::hardware::{Family, HealthStatus, Vendor};
 use crate::plan::units::Bytes;
 use crate::plan::{NodeSpec, Reservations};
@@ -272,7 +272,7 @@ pub fn roll_up(nodes: &[NodeInput], held: &Holdings<'_>) -> FleetHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::device_state::Use;
+    use crate::hardware::device_state::Use;
     use crate::plan::shorthand::parse_hardware;
 
     fn nodes(hardware: &str) -> Vec<NodeInput> {

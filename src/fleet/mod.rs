@@ -6,6 +6,5 @@
 //! controller feed it core types and turn its answers into tables, conditions and metrics.
 
 pub mod capacity;
-pub mod device_state;
 pub mod expected;
 pub mod health;

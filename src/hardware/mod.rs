@@ -5,6 +5,7 @@
 //! Pure data: nothing here does I/O or knows about Kubernetes.
 
 mod device;
+pub mod device_state;
 mod family;
 mod node;
 mod precision;

@@ -24,7 +24,7 @@ use crate::names::{
 };
 
 /// The prefix of every label this crate owns (and the only one the agent ever writes).
-pub const LABEL_PREFIX: &str = "hwaccel.io/";
+pub use crate::names::keys::LABEL_PREFIX;
 
 /// The labels for one node, and what could not become a label.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl Labels {
 
 const DEVICES_MISSING_NAME: &str = "devices-missing";
 /// Accelerators the node should have but the last detection did not see; absent when none.
-pub const DEVICES_MISSING_LABEL: &str = "hwaccel.io/devices-missing";
+pub use crate::names::keys::DEVICES_MISSING_LABEL;
 
 /// The full key for a name under our prefix; a name over 63 characters keeps a readable head
 /// and a hash suffix. The flag says whether it was shortened.

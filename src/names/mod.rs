@@ -7,6 +7,8 @@
 //! optional DNS-subdomain prefix (≤253) and `/` and a name (≤63); a name or a non-empty value
 //! is `[A-Za-z0-9]` at both ends and `[-_.A-Za-z0-9]` inside, at most 63 characters.
 
+pub mod keys;
+
 use sha2::{Digest, Sha256};
 
 /// The longest label name (the part after the prefix) or value.

@@ -269,9 +269,9 @@ impl NodeSpec {
 }
 
 /// The device's memory, or why it cannot be planned on: the one rule of
-/// `fleet::device_state`, so the planner's free set is what every view counts free.
+/// `hardware::device_state`, so the planner's free set is what every view counts free.
 fn usable(device: &Device) -> Result<Bytes, &'static str> {
-    match crate::fleet::device_state::unplannable(device) {
+    match crate::hardware::device_state::unplannable(device) {
         Some(why) => Err(why),
         None => Ok(Bytes(device.memory_bytes.unwrap_or(0))),
     }

@@ -24,15 +24,15 @@ use super::DeviceRef;
 /// The one device request in every claim the controller writes; pods name the claim, not
 /// the request, so the name only has to be stable.
 pub const CLAIM_REQUEST: &str = "accelerators";
+/// Annotation carrying the node the claim's devices are on.
+pub use crate::names::keys::NODE_ANNOTATION;
 /// Label on every claim the controller owns; its value is the placement's name (the claim
 /// lives in the placement's namespace).
-pub const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
+pub use crate::names::keys::PLACEMENT_LABEL;
 /// Label carrying the replica index.
-pub const REPLICA_LABEL: &str = "hwaccel.io/replica";
+pub use crate::names::keys::REPLICA_LABEL;
 /// Label carrying the pipeline stage index.
-pub const STAGE_LABEL: &str = "hwaccel.io/stage";
-/// Annotation carrying the node the claim's devices are on.
-pub const NODE_ANNOTATION: &str = "hwaccel.io/node";
+pub use crate::names::keys::STAGE_LABEL;
 /// DRA's limit on devices in one allocation result.
 pub const MAX_DEVICES_PER_CLAIM: usize = 32;
 /// The longest object name Kubernetes accepts.

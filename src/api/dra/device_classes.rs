@@ -28,7 +28,7 @@ use crate::plan::products::{PRODUCTS, Product, name_matches};
 use super::drivers::{KNOWN_DRIVERS, KnownDriver};
 
 /// The domain every class name ends in.
-pub const CLASS_DOMAIN: &str = "hwaccel.io";
+pub const CLASS_DOMAIN: &str = crate::names::keys::DOMAIN;
 
 /// Memory steps in (marketing) GB: each is the nominal size of a product in the table
 /// (A100 40GB, H100/A100 80GB, H200 141GB, MI300X 192GB); a test keeps it so.
@@ -42,13 +42,13 @@ const MEMORY_THRESHOLD_PERCENT: u64 = 95;
 
 /// The domain of the extended resource names the classes get when asked for
 /// ([`with_extended_resource_names`]): `hwaccel.io/gpu` for `gpu.hwaccel.io`.
-pub const EXTENDED_RESOURCE_DOMAIN: &str = "hwaccel.io";
+pub const EXTENDED_RESOURCE_DOMAIN: &str = crate::names::keys::DOMAIN;
 
 /// The chart value that gives every class its extended resource name.
 pub const EXTENDED_RESOURCE_VALUE: &str = ".Values.dra.deviceClasses.extendedResourceNames";
 
 /// Annotation carrying a class's one-line description (DeviceClass has no such field).
-pub const DESCRIPTION_ANNOTATION: &str = "hwaccel.io/description";
+pub use crate::names::keys::DESCRIPTION_ANNOTATION;
 
 /// The line the chart file starts with.
 pub const CHART_HEADER: &str =

@@ -30,7 +30,7 @@ use crate::detect::pci::canonical_bus_id;
 use crate::names::shorten_with_hash;
 
 /// Our driver name in `spec.driver` of the slices the agent writes.
-pub const OWN_DRIVER: &str = "hwaccel.io";
+pub const OWN_DRIVER: &str = crate::names::keys::DOMAIN;
 
 /// DRA's limit on devices in one slice (1.36, devices without taints or counters).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -222,7 +222,7 @@ pub struct OwnSlice {
 
 /// The name of `node`'s own slice: `<node>-hwaccel.io`, shortened with a hash when long.
 pub fn own_slice_name(node: &str) -> String {
-    let name = format!("{node}-{OWN_DRIVER}");
+    let name = format!("{node}{}", crate::names::keys::OWN_SLICE_SUFFIX);
     if name.len() <= MAX_NAME {
         name
     } else {

@@ -17,8 +17,8 @@ use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PC
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
-use crate::fleet::device_state::plannable_health;
 use crate::hardware::HealthStatus;
+use crate::hardware::device_state::plannable_health;
 use crate::names::truncate_at_char_boundary;
 
 /// At most this many devices are kept per node; a real node has tens (MIG and partitions
@@ -240,7 +240,7 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
     let health = driver.health.map_or(HealthStatus::Unknown, |source| {
         health(driver, device, source)
     });
-    // The one plannability rule of `fleet::device_state`, applied to what the driver says.
+    // The one plannability rule of `hardware::device_state`, applied to what the driver says.
     let unhealthy =
         (!plannable_health(health)).then(|| "the driver reports it unhealthy".to_string());
     let product = match driver.product {

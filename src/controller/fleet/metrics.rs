@@ -15,8 +15,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::core::fleet_figures::FleetTotals;
 use super::core::model_capacity::ModelCount;
+use crate::controller::core::fleet_figures::FleetTotals;
 use crate::controller::placement::core::ledger::PlacementKey;
 
 /// The states `hwaccel_placement_state` has a series for, per placement.
@@ -297,7 +297,7 @@ fn gauge(value: impl Into<u64>) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::device_state::Counts;
+    use crate::hardware::device_state::Counts;
 
     fn exposition(registry: &Registry) -> String {
         let mut text = String::new();

@@ -2,9 +2,9 @@
 //! controller asks `src/fleet` for the fleet's numbers once ([`fleet_figures`]: the one
 //! device-state rule, never re-counted here) and from them publishes the
 //! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
-//! Events on `DevicesMissing` transitions and keeps the health taints
-//! ([`health_taints`](crate::controller::taints::sync)) in line. At most once per capacity interval it
-//! also counts the replicas of each `--capacity-model` the free devices hold
+//! Events on `DevicesMissing` transitions, and returns what it counted ([`Figures`]) for the
+//! health taints, which `controller::fleet_loop` runs after it (this loop names no other).
+//! At most once per capacity interval it also counts the replicas of each `--capacity-model` the free devices hold
 //! ([`model_capacity`]): dozens of plans per model, so on a blocking thread and never in a
 //! reconcile's way.
 //!
@@ -12,7 +12,7 @@
 //! every inventory (milliseconds), which a reconcile must not pay. A slow resync catches what
 //! a missed trigger would leave behind.
 //!
-//! [`fleet_figures`]: super::core::fleet_figures
+//! [`fleet_figures`]: crate::controller::core::fleet_figures
 //! [`model_capacity`]: super::core::model_capacity
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -20,29 +20,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
 use tracing::Instrument;
 
 use crate::api::AcceleratorInventory;
 use crate::fleet::health::Holdings;
 use crate::plan::Reservations;
 
-use super::core::fleet_figures::{FleetTotals, NodeStats};
 use super::core::model_capacity::{self, CountedModel};
 use super::metrics::PlacementFigures;
 use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::fleet_figures::{FleetTotals, NodeStats};
 use crate::controller::core::fleet_view::{FleetView, names_its_node};
+use crate::controller::node_events::{cut, node_span, publish_node_event};
 use crate::controller::placement::claims::{
     any_allocated, any_published, claimed_in_cache, outlived_in_cache,
 };
 use crate::controller::placement::core::claim_holdings::OutlivedClaim;
 use crate::controller::placement::core::ledger::PlacementKey;
 use crate::controller::placement::dereference::fleet_view;
-use crate::controller::taints::core::HealthTaints;
-use crate::controller::taints::sync::Taints;
 
 /// How long changes are gathered before a pass.
 const GATHER: Duration = Duration::from_secs(1);
@@ -75,30 +73,28 @@ pub struct CapacityCounting {
     pub interval: Duration,
 }
 
-/// Runs fleet passes until the future is dropped (it lives as long as the controller).
-pub(crate) async fn run(
-    ctx: Arc<Context>,
-    (mode, taint_check): (HealthTaints, Duration),
-    selector: Option<String>,
-    counting: CapacityCounting,
-) {
-    let mut memory = Memory::default();
-    let mut taints = Taints::new(&ctx, mode, selector, taint_check).await;
-    loop {
-        pass(&ctx, &mut memory, &mut taints).await;
-        count_models(&ctx, &mut memory, &counting).await;
-        tokio::select! {
-            () = ctx.fleet_changed.notified() => {}
-            () = tokio::time::sleep(RESYNC) => {}
-        }
-        tokio::time::sleep(GATHER).await;
+/// Waits for the next pass: a change in the fleet (gathered for [`GATHER`]) or the resync.
+pub(crate) async fn next_pass(ctx: &Context) {
+    tokio::select! {
+        () = ctx.fleet_changed.notified() => {}
+        () = tokio::time::sleep(RESYNC) => {}
     }
+    tokio::time::sleep(GATHER).await;
 }
 
-/// One pass: numbers, gauges, freeDevices, Events, taints. In a `fleet_pass` span; the work
-/// on one node runs in a `node` span inside it.
+/// What one pass counted, for the passes that follow it (the health taints).
+pub(crate) struct Figures {
+    /// Per node, from the one device-state rule.
+    pub stats: Vec<NodeStats>,
+    /// The planner's view of the fleet, when the pass needed it or was asked for it.
+    pub view: Option<Arc<FleetView>>,
+}
+
+/// One pass: numbers, gauges, freeDevices, Events. In a `fleet_pass` span; the work on one
+/// node runs in a `node` span inside it. `needs_view`: a later pass reads the planner's view
+/// (which devices DRA publishes), so build it even when nothing here needs it.
 #[tracing::instrument(name = "fleet_pass", skip_all)]
-pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints) {
+pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -> Figures {
     let (ours, claimed, placements, view) = {
         let mut state = ctx.state.lock().await;
         // Health taints need the planner's view (which devices DRA publishes), and so do
@@ -106,9 +102,8 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
         // makes a reconcile pay for rebuilding it.
         // So do published devices: the counts leave out what the planner's merged node
         // leaves out (a shared device, one published only in parts), and only the view knows.
-        let view: Option<Arc<FleetView>> =
-            (taints.active() || any_allocated(ctx) || any_published(ctx))
-                .then(|| fleet_view(ctx, &mut state));
+        let view: Option<Arc<FleetView>> = (needs_view || any_allocated(ctx) || any_published(ctx))
+            .then(|| fleet_view(ctx, &mut state));
         // A device an allocated claim names is taken whoever holds the claim (a tenant may
         // keep one after its placement is gone). Refreshed here as well as in a reconcile:
         // with no placement left, nothing reconciles, and model counting reads the ledger.
@@ -174,15 +169,13 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, taints: &mut Taints
     write_free_devices(ctx, memory, &stats).await;
     node_events(ctx, memory, &stats);
     report_outlived(ctx, memory, &outlived_in_cache(ctx));
-    if let Some(view) = view.filter(|_| taints.active()) {
-        taints.sync(ctx, &stats, &view).await;
-    }
+    Figures { stats, view }
 }
 
 /// Counts the replicas of each model the free devices hold and publishes them, unless the
 /// last count is more recent than the interval.
 #[tracing::instrument(name = "model_capacity", skip_all)]
-async fn count_models(ctx: &Context, memory: &mut Memory, counting: &CapacityCounting) {
+pub(crate) async fn count_models(ctx: &Context, memory: &mut Memory, counting: &CapacityCounting) {
     if counting.models.is_empty()
         || memory
             .counted_at
@@ -373,44 +366,4 @@ fn report_outlived(ctx: &Context, memory: &mut Memory, outlived: &[OutlivedClaim
             }
         });
     }
-}
-
-/// The reference of Node `name` (with its uid when the cache knows it, so `kubectl
-/// describe node` shows the Event).
-pub(crate) fn node_reference(ctx: &Context, name: &str) -> ObjectReference {
-    let uid = ctx
-        .nodes
-        .get(&ObjectRef::<kube::api::PartialObjectMeta<Node>>::new(name))
-        .and_then(|node| node.metadata.uid.clone());
-    ObjectReference {
-        api_version: Some("v1".to_string()),
-        kind: Some("Node".to_string()),
-        name: Some(name.to_string()),
-        uid,
-        ..ObjectReference::default()
-    }
-}
-
-/// Publishes an Event on a Node in the background (Events are informational).
-pub(crate) fn publish_node_event(ctx: &Context, node: &str, event: Event) {
-    let reference = node_reference(ctx, node);
-    let recorder = ctx.recorder.clone();
-    let metrics = ctx.metrics.clone();
-    let publish = async move {
-        if let Err(err) = recorder.publish(&event, &reference).await {
-            metrics.failed("event");
-            tracing::warn!(error = %err, "publishing a Node event failed");
-        }
-    };
-    tokio::spawn(publish.instrument(node_span(node)));
-}
-
-/// The span of work on one node: every line logged in it names the node.
-pub(crate) fn node_span(node: &str) -> tracing::Span {
-    tracing::info_span!("node", node = %node)
-}
-
-/// An Event note cut to the API's limit.
-pub(crate) fn cut(text: &str) -> String {
-    text.chars().take(1000).collect()
 }

@@ -21,7 +21,7 @@ use super::claims::delete_exactly;
 use crate::controller::context::{Context, FIELD_MANAGER};
 
 /// The annotation holding the hash of the spec the controller wrote.
-pub const SPEC_HASH_ANNOTATION: &str = "hwaccel.io/spec-hash";
+pub use crate::names::keys::SPEC_HASH_ANNOTATION;
 
 /// A template write that failed.
 #[derive(Debug, thiserror::Error)]

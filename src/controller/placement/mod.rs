@@ -24,8 +24,6 @@ pub mod pod_health;
 pub mod prune;
 pub mod reconcile;
 #[cfg(test)]
-mod reconcile_claims_tests;
-#[cfg(test)]
 pub(crate) mod reconcile_tests;
 pub mod status;
 pub mod step;

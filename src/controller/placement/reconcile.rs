@@ -76,7 +76,7 @@ use crate::controller::context::{Context, State, lock};
 use crate::controller::core::fleet_view::FleetView;
 
 /// The finalizer that lets the controller remove a placement's Node labels.
-pub const FINALIZER: &str = "hwaccel.io/placement-cleanup";
+pub use crate::names::keys::PLACEMENT_FINALIZER as FINALIZER;
 /// How often a plan that holds is re-checked without any trigger.
 const PLANNED_RESYNC: Duration = Duration::from_secs(600);
 /// How often a placement that does not fit tries again without any trigger.

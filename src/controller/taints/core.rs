@@ -22,17 +22,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::dra::DeviceRef;
 
-/// The key of the Node taint and of every DeviceTaintRule's taint.
-pub const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
 /// The label on every DeviceTaintRule the controller writes (value `hwaccel-controller`),
 /// so it lists and deletes only its own.
-pub const MANAGED_BY_LABEL: &str = "hwaccel.io/managed-by";
+pub use crate::names::keys::MANAGED_BY_LABEL;
+/// The key of the Node taint and of every DeviceTaintRule's taint.
+pub use crate::names::keys::TAINT_KEY;
 /// That label's value.
 pub const MANAGED_BY: &str = "hwaccel-controller";
 /// The label naming the scope of the controller that wrote a DeviceTaintRule: `all` for a
 /// controller watching every node, else a hash of its `--selector`. Each controller lists,
 /// keeps and deletes only its own scope's rules, so a canary never deletes the fleet's.
-pub const SCOPE_LABEL: &str = "hwaccel.io/scope";
+pub use crate::names::keys::SCOPE_LABEL;
 /// The scope of a controller watching every node.
 pub const WHOLE_CLUSTER: &str = "all";
 /// Longest object name (DNS subdomain).

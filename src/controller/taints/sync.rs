@@ -29,9 +29,9 @@ use super::core::{
     scope_of,
 };
 use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::fleet_figures::{NodeStats, Unhealthy};
 use crate::controller::core::fleet_view::FleetView;
-use crate::controller::fleet::core::fleet_figures::{NodeStats, Unhealthy};
-use crate::controller::fleet::pass::{cut, node_span, publish_node_event};
+use crate::controller::node_events::{cut, node_span, publish_node_event};
 
 /// Page size of the start-up Node list.
 const LIST_PAGE: u32 = 500;

@@ -8,103 +8,13 @@
 //! [`CONTEXT_STEP`] tokens at least one step shorter, or below two steps a power of two at
 //! most half the asked context ([`context_steps`]).
 
-use serde::Serialize;
-
-use crate::hardware::Precision;
-use crate::plan::kv::{BLOCK_TOKENS, KvDtype};
+use crate::plan::kv::BLOCK_TOKENS;
 use crate::plan::report::Plan;
 
 /// The granularity of a suggested context, in tokens.
 pub const CONTEXT_STEP: u64 = 1024;
 
-/// What a suggestion changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "change", rename_all = "snake_case")]
-pub enum Change {
-    /// Serve shorter requests (`--context`).
-    Context {
-        /// Tokens per request.
-        context: u64,
-    },
-    /// Hold fewer requests at once (`--concurrency`).
-    Concurrency {
-        /// Concurrent full-context requests.
-        concurrency: u64,
-    },
-    /// Pin another weight precision (`--precision`).
-    Precision {
-        /// The precision.
-        precision: Precision,
-    },
-    /// Another KV-cache type (`--kv-dtype`).
-    KvDtype {
-        /// The KV-cache type.
-        kv_dtype: KvDtype,
-    },
-    /// Allow more nodes (`--max-nodes`).
-    MaxNodes {
-        /// The node cap.
-        max_nodes: u32,
-    },
-    /// Place another number of replicas (`--replicas`).
-    Replicas {
-        /// Replicas.
-        replicas: u32,
-    },
-    /// Add nodes to the fleet: `count` copies of node `like` holding its `devices` devices of
-    /// `product` (its other devices are not needed), all free; with `max_nodes`, raise the
-    /// node cap to it as well (rendered `with --max-nodes M`, which the controller rewrites to
-    /// `spec.constraints.maxNodes=M`).
-    AddNodes {
-        /// The node to copy.
-        like: String,
-        /// The device product the copies carry.
-        product: String,
-        /// Devices of `product` on each copy.
-        devices: u32,
-        /// Copies to add.
-        count: u32,
-        /// The node cap the enlarged fleet needs, when the asked one is too low.
-        max_nodes: Option<u32>,
-    },
-}
-
-/// A change that makes the goal fit, and the line that explains it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Suggestion {
-    /// The change.
-    #[serde(flatten)]
-    pub change: Change,
-    /// What users read (also in the plan's `suggestions`).
-    pub text: String,
-}
-
-impl Suggestion {
-    /// A suggestion whose line is the change's flag followed by `why`.
-    pub fn new(change: Change, why: impl std::fmt::Display) -> Self {
-        let text = match &change {
-            Change::Context { context } => format!("--context {context}: {why}"),
-            Change::Concurrency { concurrency } => format!("--concurrency {concurrency}: {why}"),
-            Change::Precision { precision } => format!("--precision {precision}: {why}"),
-            Change::KvDtype { kv_dtype } => {
-                format!("--kv-dtype {}: {why}", kv_dtype.resolved_name())
-            }
-            Change::MaxNodes { max_nodes } => format!("--max-nodes {max_nodes}: {why}"),
-            Change::Replicas { replicas } => format!("--replicas {replicas}: {why}"),
-            Change::AddNodes {
-                like,
-                product,
-                devices,
-                count,
-                max_nodes,
-            } => format!(
-                "add {count} more node(s) like {like} ({devices} x {product}){}: {why}",
-                max_nodes.map_or(String::new(), |m| format!(" with --max-nodes {m}"))
-            ),
-        };
-        Self { change, text }
-    }
-}
+pub use crate::plan::report::{Change, Suggestion};
 
 /// Records `suggestion` in both the typed list and the lines people read.
 pub(super) fn push(plan: &mut Plan, suggestion: Suggestion) {

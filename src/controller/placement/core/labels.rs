@@ -12,13 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash};
 
 /// The prefix of every placement label; the controller writes no other Node label.
-pub const PLACEMENT_LABEL_PREFIX: &str = "placement.hwaccel.io/";
+pub use crate::names::keys::PLACEMENT_LABEL_PREFIX;
 
 /// The prefix of the role label on the nodes of a disaggregated placement's prefill pool.
-pub const PREFILL_LABEL_PREFIX: &str = "prefill.placement.hwaccel.io/";
+pub use crate::names::keys::PREFILL_LABEL_PREFIX;
 
 /// The prefix of the role label on the nodes of a disaggregated placement's decode pool.
-pub const DECODE_LABEL_PREFIX: &str = "decode.placement.hwaccel.io/";
+pub use crate::names::keys::DECODE_LABEL_PREFIX;
 
 /// Every prefix the controller owns (the chart's admission policy lists the same).
 pub const OWNED_LABEL_PREFIXES: [&str; 3] = [

@@ -51,9 +51,10 @@ pub fn invalid_constraints(
                 format!(" (did you mean {}?)", quoted(&hint))
             };
             reasons.push(format!(
-                "constraints.products: {} is not a product slug as the hwaccel.io/product label \
+                "constraints.products: {} is not a product slug as the {}product label \
                  spells it, like \"nvidia-h100-80gb-hbm3\"{hint}",
-                quoted(product)
+                quoted(product),
+                crate::names::keys::LABEL_PREFIX
             ));
         }
     }

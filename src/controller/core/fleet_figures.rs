@@ -1,6 +1,6 @@
 //! The fleet's numbers as the controller publishes them, asked of `src/fleet/` rather than
 //! counted here: per inventory, the state of each accelerator by the one device-state rule
-//! (`fleet::device_state`, through `AcceleratorInventory::device_facts`), summed into counts
+//! (`hardware::device_state`, through `AcceleratorInventory::device_facts`), summed into counts
 //! per node and per (product, vendor) label; which nodes are unhealthy and why.
 //!
 //! What is the controller's own is only what it publishes: label values cut and bounded for
@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use crate::api::{AcceleratorInventory, attribute, conditions};
-use crate::fleet::device_state::{Counts, health_name, tainted};
 use crate::fleet::health::{Holdings, states_of};
+use crate::hardware::device_state::{Counts, health_name, tainted};
 
 /// Longest product or vendor label value; longer ones are cut (label values are read by
 /// people on dashboards, and a hostile inventory must not bloat every scrape).

@@ -1,4 +1,5 @@
-//! The fast tier for ResourceClaims nobody plans by (issue 27): an allocated claim takes its
+//! The fast tier for ResourceClaims nobody plans by (issue 27), across the placement loop
+//! and the fleet loop (which is why it sits above both): an allocated claim takes its
 //! devices, whoever holds it, in planning and in the fleet's numbers, and a claim kept past
 //! its placement is reported. On the fake apiserver, with `n1`'s GPUs published by the
 //! NVIDIA driver's vendor-shaped slice.
@@ -11,12 +12,13 @@ use kube::Resource;
 use kube::runtime::watcher;
 use prometheus_client::encoding::text::encode;
 
-use super::dereference::fleet_view;
-use super::reconcile_tests::{Harness, placement, status_writes_of};
 use crate::api::dra::claims::ClaimPlan;
 use crate::api::placement::AllocationMode;
 use crate::api::{ModelPlacement, attribute};
-use crate::controller::fleet::pass::{Memory, pass};
+use crate::controller::fleet::pass::Memory;
+use crate::controller::fleet_loop::fleet_and_taints;
+use crate::controller::placement::dereference::fleet_view;
+use crate::controller::placement::reconcile_tests::{Harness, placement, status_writes_of};
 use crate::controller::taints::core::HealthTaints;
 use crate::controller::taints::sync::Taints;
 
@@ -93,9 +95,9 @@ async fn a_claim_kept_past_its_placement_is_reserved_in_the_gauges_and_reported(
         .filter_map(|i| i.decoded().cloned())
         .flat_map(|i| i.spec.devices)
         .filter(|d| {
-            crate::fleet::device_state::plannable_health(crate::fleet::device_state::parse_health(
-                d.text(attribute::HEALTH).as_deref(),
-            ))
+            crate::hardware::device_state::plannable_health(
+                crate::hardware::device_state::parse_health(d.text(attribute::HEALTH).as_deref()),
+            )
         })
         .filter(|d| d.text(attribute::FAMILY).as_deref() != Some("cpu"))
         .map(|d| d.name)
@@ -116,7 +118,7 @@ async fn a_claim_kept_past_its_placement_is_reserved_in_the_gauges_and_reported(
     )
     .await;
     let mut memory = Memory::default();
-    pass(&harness.ctx, &mut memory, &mut taints).await;
+    fleet_and_taints(&harness.ctx, &mut memory, &mut taints).await;
 
     let free: Vec<_> = harness
         .fake
@@ -150,7 +152,7 @@ async fn a_claim_kept_past_its_placement_is_reserved_in_the_gauges_and_reported(
 
     // Reported once, not on every pass.
     harness.fake.clear();
-    pass(&harness.ctx, &mut memory, &mut taints).await;
+    fleet_and_taints(&harness.ctx, &mut memory, &mut taints).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         harness.fake.requests().iter().all(|r| r.method != "POST"),
