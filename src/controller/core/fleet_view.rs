@@ -67,6 +67,13 @@ impl NodePart {
         }
         let (node, _skipped) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
         let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
+        // Why, from the one device-state rule (a healthy GPU split into MIG instances used to
+        // read "not plannable, health healthy").
+        let reasons: BTreeMap<String, String> = inventory
+            .device_facts()
+            .into_iter()
+            .filter_map(|facts| Some((facts.name, facts.unplannable?)))
+            .collect();
         for entry in &inventory.spec.devices {
             let health = entry
                 .attributes
@@ -79,10 +86,11 @@ impl NodePart {
                 .and_then(|a| a.as_str())
                 .unwrap_or("");
             if family != "cpu" && !usable.contains(entry.name.as_str()) {
-                unusable.insert(
-                    entry.name.clone(),
-                    format!("not plannable, health {health}"),
-                );
+                let why = match reasons.get(&entry.name).map(String::as_str) {
+                    Some("unhealthy") | None => format!("not plannable, health {health}"),
+                    Some(reason) => format!("not plannable, {reason}"),
+                };
+                unusable.insert(entry.name.clone(), why);
             }
         }
         Self {
@@ -452,6 +460,16 @@ mod tests {
             1,
             "a's part is dropped with its inventory"
         );
+    }
+
+    #[test]
+    fn a_device_the_planner_cannot_use_says_why_in_the_rules_words() {
+        // A healthy A100 split into MIG instances read "not plannable, health healthy".
+        let part = NodePart::new(&inventory("a100-mig", "m", "1"));
+        assert!(!part.unusable.is_empty(), "the MIG-split GPU is unusable");
+        for why in part.unusable.values() {
+            assert_eq!(why, "not plannable, split into MIG instances");
+        }
     }
 
     #[test]
