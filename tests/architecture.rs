@@ -192,7 +192,8 @@ struct CodeLine {
 
 /// The non-comment lines of the Rust files under `dir` that are not test code: files named
 /// `tests.rs` or `*_tests.rs` are skipped, and a file's lines stop at its inline
-/// `#[cfg(test)] mod` (test modules close the file, by this codebase's convention).
+/// `#[cfg(test)] mod tests {` (inline test modules close the file, by this codebase's
+/// convention).
 fn production_lines(dir: &str) -> Vec<CodeLine> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut lines = Vec::new();
@@ -215,7 +216,9 @@ fn production_lines(dir: &str) -> Vec<CodeLine> {
         let mut attribute_depth: i64 = 0;
         for (number, line) in all.iter().enumerate() {
             let next = all.get(number + 1).map_or("", |l| l.trim());
-            if line.trim() == "#[cfg(test)]" && next.contains("mod ") {
+            // An inline test module (`mod tests {`), not a declaration of a test file
+            // (`mod reconcile_tests;`), which other modules follow.
+            if line.trim() == "#[cfg(test)]" && next.contains("mod ") && next.ends_with('{') {
                 break;
             }
             let code = line.split("//").next().unwrap_or_default();

@@ -3,7 +3,8 @@
 //! device-state rule, never re-counted here) and from them publishes the
 //! fleet gauges, writes each inventory's `status.freeDevices` where it changed, records Node
 //! Events on `DevicesMissing` transitions, and returns what it counted ([`Figures`]) for the
-//! health taints, which `controller::fleet_loop` runs after it (this loop names no other).
+//! health taints, which `controller::fleet_loop` runs after it (this loop never names the
+//! taint loop; it still reads the placement loop's cache readers and ledger, issue 37).
 //! At most once per capacity interval it also counts the replicas of each `--capacity-model` the free devices hold
 //! ([`model_capacity`]): dozens of plans per model, so on a blocking thread and never in a
 //! reconcile's way.
