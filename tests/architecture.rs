@@ -298,6 +298,49 @@ fn the_controller_loops_do_not_import_each_other() {
     );
 }
 
+/// The controller's shared files that name no loop: what every loop builds on. `context.rs`
+/// (the ledger) and `metrics.rs` (each loop's metrics) still do (docs/architecture.md), and
+/// `mod.rs` and `fleet_loop.rs` run the loops.
+const SHARED_CONTROLLER_FILES: &[&str] = &[
+    "src/controller/core",
+    "src/controller/crds.rs",
+    "src/controller/dra_watch.rs",
+    "src/controller/events.rs",
+    "src/controller/inventory_changes.rs",
+    "src/controller/leader.rs",
+    "src/controller/node_changes.rs",
+    "src/controller/node_events.rs",
+    "src/controller/passes.rs",
+];
+
+#[test]
+fn the_controllers_shared_files_name_no_loop() {
+    let mut found = Vec::new();
+    for file in SHARED_CONTROLLER_FILES {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        assert!(
+            path.exists(),
+            "{file} is gone: update SHARED_CONTROLLER_FILES"
+        );
+        found.extend(naming(
+            file,
+            &[
+                "controller::placement",
+                "controller::fleet",
+                "controller::taints",
+                "super::placement",
+                "super::fleet",
+                "super::taints",
+            ],
+        ));
+    }
+    assert!(
+        found.is_empty(),
+        "a shared controller file reads a loop:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_planners_answer_and_its_layer_stay_below_the_search_and_the_fleet_view() {
     // `plan/report.rs` is the answer as data: the search builds it, never the reverse. The

@@ -120,6 +120,12 @@ impl<'de: 'a, 'a, K: Projection> Visitor<'de> for KeptLabelsVisitor<'a, K> {
     }
 }
 
+/// Drops an object's field ownership, which no cache reader reads: for the watches of kinds
+/// decoded whole (Nodes' metadata, ResourceSlices), where a projection is not needed.
+pub fn drop_managed_fields<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
 /// An object decoded from its projection ([`project`]); for caches of kinds whose every
 /// object decodes (built-in kinds the apiserver validates), where [`crate::api::Lenient`]'s
 /// per-object errors are not needed.

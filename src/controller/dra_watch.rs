@@ -17,8 +17,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
 use tokio::sync::mpsc;
 
-use super::drop_managed_fields;
-use crate::api::projection::Projected;
+use crate::api::projection::{Projected, drop_managed_fields};
 
 /// The DRA caches, and the future that keeps them filled (pending forever when DRA is off).
 pub(super) struct DraWatches {

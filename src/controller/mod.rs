@@ -68,11 +68,13 @@ pub use self::fleet::CapacityCounting;
 use self::inventory_changes::InventoryChanges;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
+use self::placement::apply;
 use self::placement::core::ledger::Ledger;
 use self::placement::dereference::{self, holding_from_status};
 use self::placement::reconcile::{error_policy, reconcile};
-use self::placement::{apply, core::labels::is_placement_label};
 pub use self::taints::HealthTaints;
+use crate::api::projection::drop_managed_fields;
+use crate::names::keys::is_placement_label;
 
 /// How long a graceful shutdown may take before the controller is dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -490,13 +492,6 @@ async fn clean_stale_labels(ctx: &Context) -> anyhow::Result<()> {
     drop(state);
     apply::sync_node_labels(ctx, &affected).await?;
     Ok(())
-}
-
-/// managedFields are the largest part of an object the agents write by server-side apply,
-/// and the controller never reads them: not keeping them in the caches saves most of their
-/// memory.
-fn drop_managed_fields<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
 }
 
 /// Shutdown, but not before the controller's own cache has synced: kube-runtime's runner

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::PartialObjectMeta;
 use kube::runtime::watcher::Event;
 
-use super::placement::core::labels::is_placement_label;
+use crate::names::keys::is_placement_label;
 
 type Labels = BTreeMap<String, String>;
 

@@ -55,6 +55,21 @@ pub const PREFILL_LABEL_PREFIX: &str = concat!("prefill.placement.", domain!(), 
 /// Node label prefix of a disaggregated placement's decode nodes.
 pub const DECODE_LABEL_PREFIX: &str = concat!("decode.placement.", domain!(), "/");
 
+/// Every Node label prefix the controller owns (the chart's admission policy lists the same).
+pub const OWNED_LABEL_PREFIXES: [&str; 3] = [
+    PLACEMENT_LABEL_PREFIX,
+    PREFILL_LABEL_PREFIX,
+    DECODE_LABEL_PREFIX,
+];
+
+/// Whether `key` is a Node label the controller owns (under one of
+/// [`OWNED_LABEL_PREFIXES`]); every loop and watch that tells ours from others' asks this.
+pub fn is_placement_label(key: &str) -> bool {
+    OWNED_LABEL_PREFIXES
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+}
+
 /// The finalizer on a ModelPlacement that releases its labels and claims.
 pub const PLACEMENT_FINALIZER: &str = key!("placement-cleanup");
 

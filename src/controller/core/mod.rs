@@ -7,9 +7,11 @@
 //! |---|---|
 //! | [`fleet_figures`] | the fleet's numbers per node and product label, asked of `src/fleet` (the one device-state rule), never counted here; unhealthy nodes. The fleet loop publishes them and hands them to the taint loop |
 //! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
+//! | [`placement_key`] | a placement's identity, `namespace/name` |
 //!
 //! `tests/architecture.rs` keeps this module and every loop's core free of `kube`, `tokio`
 //! and `clap`.
 
 pub mod fleet_figures;
 pub mod fleet_view;
+pub mod placement_key;

@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 
 use super::core::model_capacity::ModelCount;
 use crate::controller::core::fleet_figures::FleetTotals;
-use crate::controller::placement::core::ledger::PlacementKey;
+use crate::controller::core::placement_key::PlacementKey;
 
 /// The states `hwaccel_placement_state` has a series for, per placement.
 pub const PLACEMENT_STATES: [&str; 3] = ["Planned", "Pending", "Invalid"];

@@ -20,12 +20,7 @@ pub use crate::names::keys::PREFILL_LABEL_PREFIX;
 /// The prefix of the role label on the nodes of a disaggregated placement's decode pool.
 pub use crate::names::keys::DECODE_LABEL_PREFIX;
 
-/// Every prefix the controller owns (the chart's admission policy lists the same).
-pub const OWNED_LABEL_PREFIXES: [&str; 3] = [
-    PLACEMENT_LABEL_PREFIX,
-    PREFILL_LABEL_PREFIX,
-    DECODE_LABEL_PREFIX,
-];
+pub use crate::names::keys::{OWNED_LABEL_PREFIXES, is_placement_label};
 
 /// The value every placement label carries.
 pub const PLACEMENT_LABEL_VALUE: &str = "true";
@@ -84,13 +79,6 @@ pub fn node_selector(namespace: &str, name: &str) -> BTreeMap<String, String> {
         placement_label_key(namespace, name),
         PLACEMENT_LABEL_VALUE.to_string(),
     )])
-}
-
-/// True for a label key the controller owns (the placement key and the role keys).
-pub fn is_placement_label(key: &str) -> bool {
-    OWNED_LABEL_PREFIXES
-        .iter()
-        .any(|prefix| key.starts_with(prefix))
 }
 
 /// The nodes one placement holds, and for a disaggregated one, each pool's.
