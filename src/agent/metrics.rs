@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use crate::api::quantity;
 use crate::api::{DeviceAttribute, InventoryDevice, attribute};
 use crate::fleet::expected::Expected;
+use crate::hardware::HealthStatus;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -136,10 +137,12 @@ impl DeviceRow {
         };
         Some(Self {
             info,
-            healthy: match text(attribute::HEALTH).as_str() {
-                "healthy" => Some(true),
-                "" | "unknown" => None,
-                _ => Some(false),
+            healthy: match crate::hardware::device_state::parse_health(Some(&text(
+                attribute::HEALTH,
+            ))) {
+                HealthStatus::Healthy => Some(true),
+                HealthStatus::Unknown => None,
+                HealthStatus::Degraded | HealthStatus::Unhealthy => Some(false),
             },
             memory_bytes: device
                 .capacity

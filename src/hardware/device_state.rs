@@ -53,15 +53,21 @@ pub fn tainted(health: HealthStatus) -> bool {
     !plannable_health(health)
 }
 
-/// The health an inventory's `health` attribute states; absent or unrecognised text is
-/// `unknown`.
+/// The health a text states (an inventory's `health` attribute, a DRA driver's health
+/// attribute), in any letter case; absent or unrecognised text is `unknown`. The one parser
+/// of health text: the inventory, the DRA merge and the agent's metrics all read through it.
 pub fn parse_health(text: Option<&str>) -> HealthStatus {
-    match text {
-        Some("healthy") => HealthStatus::Healthy,
-        Some("degraded") => HealthStatus::Degraded,
-        Some("unhealthy") => HealthStatus::Unhealthy,
-        _ => HealthStatus::Unknown,
-    }
+    let Some(text) = text else {
+        return HealthStatus::Unknown;
+    };
+    [
+        HealthStatus::Healthy,
+        HealthStatus::Degraded,
+        HealthStatus::Unhealthy,
+    ]
+    .into_iter()
+    .find(|health| text.eq_ignore_ascii_case(health_name(*health)))
+    .unwrap_or(HealthStatus::Unknown)
 }
 
 /// The lowercase name of a health (`degraded`).
@@ -332,6 +338,32 @@ mod tests {
             health,
             health_reasons: Vec::new(),
             unplannable: unplannable.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn health_text_is_read_in_any_case_and_anything_else_is_unknown() {
+        for (text, health) in [
+            (Some("healthy"), HealthStatus::Healthy),
+            (Some("Healthy"), HealthStatus::Healthy),
+            (Some("DEGRADED"), HealthStatus::Degraded),
+            (Some("unhealthy"), HealthStatus::Unhealthy),
+            (Some("Unhealthy"), HealthStatus::Unhealthy),
+            (Some("unknown"), HealthStatus::Unknown),
+            (Some("sick"), HealthStatus::Unknown),
+            (Some(""), HealthStatus::Unknown),
+            (None, HealthStatus::Unknown),
+        ] {
+            assert_eq!(parse_health(text), health, "{text:?}");
+        }
+        // Every name the rule writes reads back as itself.
+        for health in [
+            HealthStatus::Unknown,
+            HealthStatus::Healthy,
+            HealthStatus::Degraded,
+            HealthStatus::Unhealthy,
+        ] {
+            assert_eq!(parse_health(Some(health_name(health))), health);
         }
     }
 

@@ -295,16 +295,9 @@ fn health(driver: &KnownDriver, device: &Device, source: HealthSource) -> Health
             Some(false) => HealthStatus::Unhealthy,
             None => HealthStatus::Unknown,
         },
-        HealthSource::Text(name) => {
-            match string_attribute(driver, device, name)
-                .map(|t| t.to_ascii_lowercase())
-                .as_deref()
-            {
-                Some("healthy") => HealthStatus::Healthy,
-                Some("unhealthy") => HealthStatus::Unhealthy,
-                _ => HealthStatus::Unknown,
-            }
-        }
+        HealthSource::Text(name) => crate::hardware::device_state::parse_health(
+            string_attribute(driver, device, name).as_deref(),
+        ),
     }
 }
 
