@@ -849,6 +849,27 @@ mod tests {
             let _ = stop.send(());
         }
 
+        /// The real-node tier scrapes with busybox `nc`, which may shut its write side as soon
+        /// as the request is sent.
+        #[tokio::test]
+        async fn a_client_that_shuts_its_write_side_after_the_request_gets_the_answer() {
+            let (addr, _stop) = start(Limits::metrics()).await;
+            for _ in 0..50 {
+                let mut stream = TcpStream::connect(addr).await.expect("connect");
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+                    .await
+                    .expect("write");
+                stream.shutdown().await.expect("shut the write side");
+                let mut response = String::new();
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+                    .await
+                    .expect("an answer in time")
+                    .expect("read");
+                assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
+            }
+        }
+
         #[tokio::test]
         async fn serve_refuses_one_address_for_both_ports() {
             let addr: SocketAddr = "127.0.0.1:18081".parse().expect("address");

@@ -610,12 +610,27 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
         .and_then(|p| p.first())
         .map(|p| p.port)
         .context("no agent port")?;
-    let scraped = fetch_from_a_pod(
-        &cluster,
-        &node,
-        &[(cluster_ip.clone(), port), (agent_ip.clone(), agent_port)],
-    )
-    .await?;
+    // Up to three scrapes, as Prometheus would retry at its next interval: once (CI,
+    // 2026-11-29) the first scrape through the controller's ClusterIP, moments after the pods
+    // turned Ready, came back empty while the agent's answered; the next run passed. Every
+    // attempt that misses is printed, so a pattern would show.
+    let mut scraped = String::new();
+    for attempt in 1..=3 {
+        scraped = fetch_from_a_pod(
+            &cluster,
+            &node,
+            &[(cluster_ip.clone(), port), (agent_ip.clone(), agent_port)],
+        )
+        .await?;
+        if !scraped.contains("FAILED")
+            && scraped.contains("hwaccel_controller_")
+            && scraped.contains("hwaccel_agent_")
+        {
+            break;
+        }
+        println!("scrape {attempt} of 3 missed:\n{scraped}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     ensure!(!scraped.contains("FAILED"), "a scrape failed:\n{scraped}");
     ensure!(
         scraped.contains("hwaccel_controller_"),
