@@ -76,26 +76,21 @@ fn names_root(code: &str, root: &str) -> bool {
     })
 }
 
-/// The lines under `dir` that name one of `crates` or one of the crate's `modules`.
-fn violations(dir: &str, crates: &[&str], modules: &[&str]) -> Vec<String> {
+/// The lines under `dir` (comments cut) that `hit` finds naming something, each as
+/// `file:line: names `what`: line`.
+fn lines_naming(dir: &str, hit: impl Fn(&str) -> Option<String>) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut found = Vec::new();
     for file in rust_files(&root) {
         let text = fs::read_to_string(&file).unwrap_or_default();
         for (number, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or_default();
-            let crate_hit = crates.iter().find(|c| names_root(code, c));
-            let module_hit = modules.iter().find(|m| {
-                code.contains(&format!("crate::{m}::"))
-                    || code.contains(&format!("crate::{m};"))
-                    || code.contains(&format!("hwaccel::{m}::"))
-            });
-            if let Some(hit) = crate_hit.or(module_hit) {
+            if let Some(what) = hit(code) {
                 let shown = file
                     .strip_prefix(env!("CARGO_MANIFEST_DIR"))
                     .unwrap_or(&file);
                 found.push(format!(
-                    "{}:{}: names `{hit}`: {}",
+                    "{}:{}: names `{what}`: {}",
                     shown.display(),
                     number + 1,
                     line.trim()
@@ -104,6 +99,19 @@ fn violations(dir: &str, crates: &[&str], modules: &[&str]) -> Vec<String> {
         }
     }
     found
+}
+
+/// The lines under `dir` that name one of `crates` or one of the crate's `modules`.
+fn violations(dir: &str, crates: &[&str], modules: &[&str]) -> Vec<String> {
+    lines_naming(dir, |code| {
+        let crate_hit = crates.iter().find(|c| names_root(code, c));
+        let module_hit = modules.iter().find(|m| {
+            code.contains(&format!("crate::{m}::"))
+                || code.contains(&format!("crate::{m};"))
+                || code.contains(&format!("hwaccel::{m}::"))
+        });
+        crate_hit.or(module_hit).map(|hit| hit.to_string())
+    })
 }
 
 #[test]
@@ -256,26 +264,12 @@ fn names_module(code: &str, path: &str) -> bool {
 /// The lines under `dir` (tests included: a test that reaches into another loop ties the two
 /// as much as code does) that name one of `paths`.
 fn naming(dir: &str, paths: &[&str]) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
-    let mut found = Vec::new();
-    for file in rust_files(&root) {
-        let text = fs::read_to_string(&file).unwrap_or_default();
-        for (number, line) in text.lines().enumerate() {
-            let code = line.split("//").next().unwrap_or_default();
-            if let Some(path) = paths.iter().find(|p| names_module(code, p)) {
-                let shown = file
-                    .strip_prefix(env!("CARGO_MANIFEST_DIR"))
-                    .unwrap_or(&file);
-                found.push(format!(
-                    "{}:{}: names `{path}`: {}",
-                    shown.display(),
-                    number + 1,
-                    line.trim()
-                ));
-            }
-        }
-    }
-    found
+    lines_naming(dir, |code| {
+        paths
+            .iter()
+            .find(|path| names_module(code, path))
+            .map(|path| path.to_string())
+    })
 }
 
 #[test]

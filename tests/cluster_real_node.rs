@@ -253,14 +253,34 @@ async fn fetch_from_a_pod(
     Ok(api.logs(&name, &Default::default()).await?)
 }
 
-/// The Warning events in the test's namespace, as "<kind>/<name>: <reason>: <message>".
+/// The kubelet's own transient on a loaded node: the service-account token volume
+/// (`kube-api-access-*`) waited longer than the kubelet allows for its ConfigMap watch to
+/// sync, and the next try mounted it (the pods turn Ready). Nothing the chart asks for; seen
+/// once in CI on the 2-core machine (2026-11-29), on all three pods at once.
+fn is_kubelet_cache_transient(event: &Event) -> bool {
+    event.reason.as_deref() == Some("FailedMount")
+        && event.message.as_deref().is_some_and(|m| {
+            m.contains("volume \"kube-api-access-")
+                && m.contains("failed to sync configmap cache: timed out waiting for the condition")
+        })
+}
+
+/// The Warning events in the test's namespace, as "<kind>/<name>: <reason>: <message>",
+/// less the kubelet's cache transient (printed, not counted).
 async fn warnings(cluster: &TestCluster) -> Result<Vec<String>> {
     let api: Api<Event> = Api::namespaced(cluster.client(), cluster.namespace());
     let list = api.list(&ListParams::default()).await?;
+    for event in list.items.iter().filter(|e| is_kubelet_cache_transient(e)) {
+        println!(
+            "kubelet transient, not counted: {}: {}",
+            event.involved_object.name.clone().unwrap_or_default(),
+            event.message.clone().unwrap_or_default()
+        );
+    }
     Ok(list
         .items
         .iter()
-        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter(|e| e.type_.as_deref() == Some("Warning") && !is_kubelet_cache_transient(e))
         .map(|e| {
             format!(
                 "{}/{}: {}: {}",

@@ -8,7 +8,6 @@
 //! decodes it on its own; an object that does not decode keeps its metadata and the error,
 //! so the controller can skip it, count it and say so in an Event.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -122,24 +121,7 @@ fn without_managed_fields(text: &str) -> Option<String> {
 }
 
 impl<K: Resource<DynamicType = ()>> Resource for Lenient<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
+    crate::api::wrapper_resource_statics!();
 
     fn meta(&self) -> &ObjectMeta {
         match self {

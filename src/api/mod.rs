@@ -5,6 +5,32 @@
 //! on the pure core (`hardware`, its `Report`, `labels` for product slugs), never the
 //! other way round.
 
+/// The static half of `kube::Resource` for a wrapper around a kind `K` (`Lenient<K>`,
+/// `Projected<K>`): the wrapper is listed and watched as `K` itself.
+macro_rules! wrapper_resource_statics {
+    () => {
+        type DynamicType = ();
+        type Scope = K::Scope;
+
+        fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+            K::kind(dt)
+        }
+
+        fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+            K::group(dt)
+        }
+
+        fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+            K::version(dt)
+        }
+
+        fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+            K::plural(dt)
+        }
+    };
+}
+pub(crate) use wrapper_resource_statics;
+
 pub mod bounds;
 pub mod conditions;
 mod convert;

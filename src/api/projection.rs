@@ -152,24 +152,7 @@ impl<'de, K: DeserializeOwned + Projection> Deserialize<'de> for Projected<K> {
 }
 
 impl<K: kube::Resource<DynamicType = ()>> kube::Resource for Projected<K> {
-    type DynamicType = ();
-    type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
+    crate::api::wrapper_resource_statics!();
 
     fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         self.0.meta()

@@ -19,7 +19,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 use serde::Serialize;
 
 use super::drivers::{self, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID, STANDARD_PCIE_ROOT};
-use super::slices::published_devices;
+use super::slices::{attribute, published_devices};
 use crate::api::attribute::NUMA_NODE;
 use crate::names::{is_valid_dns_label, is_valid_dns_subdomain, truncate_at_char_boundary};
 
@@ -699,17 +699,6 @@ fn check_known_driver(driver: &KnownDriver, slice: &ResourceSlice, found: &mut S
 /// True when the device has `name` as written or in the driver's own domain.
 fn has_attribute(driver: &KnownDriver, device: &Device, name: &str) -> bool {
     attribute(driver, device, name).is_some()
-}
-
-fn attribute<'a>(
-    driver: &KnownDriver,
-    device: &'a Device,
-    name: &str,
-) -> Option<&'a DeviceAttribute> {
-    let attributes = device.attributes.as_ref()?;
-    attributes
-        .get(name)
-        .or_else(|| attributes.get(&format!("{}/{name}", driver.name)))
 }
 
 fn int_attribute(driver: &KnownDriver, device: &Device, name: &str) -> Option<i64> {

@@ -354,8 +354,9 @@ fn blocking_taint(device: &Device) -> Option<String> {
 }
 
 /// An attribute by name: `name` as written (standard names are fully qualified), else
-/// qualified with the driver's domain, which is what an unqualified name means.
-fn attribute<'a>(
+/// qualified with the driver's domain, which is what an unqualified name means. The one
+/// lookup of a device's attribute by name: the merge and the linter both read through it.
+pub(super) fn attribute<'a>(
     driver: &KnownDriver,
     device: &'a Device,
     name: &str,
