@@ -36,7 +36,6 @@ use crate::cluster_controller::{
     Running, add_node, create_placement, devices_of, metrics, scoped_config, start_controller,
     wait_state,
 };
-use crate::cluster_dra::{SLICES, add_dra_node, ensure_driver_class};
 use crate::support::{DEFAULT_TIMEOUT, TestCluster, install_crds, wait_for};
 
 /// Waiting placements in the spec-edit test, as many as the live reproduction had.
@@ -240,15 +239,9 @@ async fn a_spec_edit_of_a_holding_placement_never_hands_a_device_out_twice() -> 
 #[ignore = "needs cluster"]
 async fn a_spec_edit_of_a_holding_placement_never_hands_a_device_out_twice_in_claims_mode()
 -> Result<()> {
-    let _turn = SLICES.lock().await;
-    let cluster = TestCluster::new().await?;
-    if !cluster.full() {
-        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+    let Some((_turn, cluster, node, gpus)) = crate::cluster_dra::h100_dra_node().await? else {
         return Ok(());
-    }
-    install_crds(&cluster.client()).await?;
-    ensure_driver_class(&cluster).await?;
-    let (node, gpus) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    };
     assert_eq!(gpus, 8, "the fixture publishes 8 GPUs");
     let _controller = start_controller(&cluster);
     a_spec_edit_never_hands_a_device_out_twice(&cluster, &node, AllocationMode::Claims).await

@@ -50,6 +50,30 @@ pub(crate) const DRIVER: &str = "gpu.nvidia.com";
 pub(crate) static SLICES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const PLACEMENT_LABEL: &str = "hwaccel.io/placement";
 
+/// The set-up of a test that plans against the scheduler on one DRA node: its turn at the
+/// slices, a full-tier cluster with the CRDs and the NVIDIA DeviceClass, and an 8x H100 node
+/// published by its driver's slice (name, GPUs published). `None` (said on stderr) where the
+/// tier has no kube-scheduler or kwok.
+pub(crate) async fn h100_dra_node() -> Result<
+    Option<(
+        tokio::sync::MutexGuard<'static, ()>,
+        TestCluster,
+        String,
+        usize,
+    )>,
+> {
+    let turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(None);
+    }
+    install_crds(&cluster.client()).await?;
+    ensure_driver_class(&cluster).await?;
+    let (node, gpus) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    Ok(Some((turn, cluster, node, gpus)))
+}
+
 /// A kwok Node (kube-scheduler can place pods on it) with the fixture host's inventory, and
 /// an NVIDIA-shaped ResourceSlice publishing its GPUs under the driver's own names
 /// (`gpu-<index>`), matched to the inventory by PCI bus id. Returns the node name and the
@@ -273,15 +297,9 @@ async fn scheduling_failure(cluster: &TestCluster, pod: &str) -> Result<Option<S
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn claims_hold_exactly_the_planned_devices_against_the_scheduler() -> Result<()> {
-    let _turn = SLICES.lock().await;
-    let cluster = TestCluster::new().await?;
-    if !cluster.full() {
-        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+    let Some((_turn, cluster, node, gpus)) = h100_dra_node().await? else {
         return Ok(());
-    }
-    install_crds(&cluster.client()).await?;
-    ensure_driver_class(&cluster).await?;
-    let (node, gpus) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    };
     assert!(gpus >= 2, "fixture has {gpus} NVIDIA GPUs");
     let controller = start_controller(&cluster);
     create_placement(
@@ -441,15 +459,9 @@ async fn free_devices(cluster: &TestCluster, node: &str) -> Result<Option<u32>> 
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn a_claim_kept_past_its_placement_keeps_its_device_out_of_free_devices() -> Result<()> {
-    let _turn = SLICES.lock().await;
-    let cluster = TestCluster::new().await?;
-    if !cluster.full() {
-        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+    let Some((_turn, cluster, node, _)) = h100_dra_node().await? else {
         return Ok(());
-    }
-    install_crds(&cluster.client()).await?;
-    ensure_driver_class(&cluster).await?;
-    let (node, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    };
     let _controller = start_controller(&cluster);
     let free_at_first = wait_for(DEFAULT_TIMEOUT, "freeDevices written", || async {
         free_devices(&cluster, &node).await

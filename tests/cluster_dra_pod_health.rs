@@ -24,11 +24,10 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
+use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, wait_for};
 
 use crate::cluster_dra::{
-    DRIVER, SLICES, add_dra_node, allocated, claims_of, create_placement, create_pod,
-    degraded_when, ensure_driver_class, wait_ready,
+    DRIVER, allocated, claims_of, create_placement, create_pod, degraded_when, wait_ready,
 };
 
 struct Running(tokio::task::JoinHandle<Result<()>>);
@@ -89,15 +88,9 @@ async fn report_health(
 #[ignore = "needs cluster"]
 async fn a_device_the_pods_kubelet_reports_unhealthy_degrades_the_placement_until_it_recovers()
 -> Result<()> {
-    let _turn = SLICES.lock().await;
-    let cluster = TestCluster::new().await?;
-    if !cluster.full() {
-        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+    let Some((_turn, cluster, node, _)) = crate::cluster_dra::h100_dra_node().await? else {
         return Ok(());
-    }
-    install_crds(&cluster.client()).await?;
-    ensure_driver_class(&cluster).await?;
-    let (node, _) = add_dra_node(&cluster, "h100-8x-nvswitch").await?;
+    };
     let _controller = start_controller(&cluster);
     create_placement(
         &cluster,
