@@ -40,6 +40,8 @@ pub mod cli;
 #[cfg(feature = "kubernetes")]
 pub mod controller;
 pub mod detect;
+#[cfg(feature = "kubernetes")]
+pub mod dra;
 pub mod duration;
 pub mod fleet;
 #[cfg(test)]

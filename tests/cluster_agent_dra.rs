@@ -16,7 +16,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use hwaccel::api::AcceleratorInventory;
-use hwaccel::api::dra::own_slices::{OWN_DRIVER, OwnFamily, own_slice_name};
+use hwaccel::dra::own_slices::{OWN_DRIVER, OwnFamily, own_slice_name};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

@@ -637,7 +637,7 @@ async fn add_amd_slice_node(cluster: &TestCluster) -> Result<String> {
 /// The hwaccel DeviceClasses (a claim template's subrequests name the family class).
 async fn apply_hwaccel_classes(cluster: &TestCluster) -> Result<()> {
     let api: Api<DeviceClass> = Api::all(cluster.client());
-    for class in hwaccel::api::dra::device_classes::device_classes() {
+    for class in hwaccel::dra::device_classes::device_classes() {
         let name = class.metadata.name.clone().unwrap_or_default();
         let mut body = serde_json::to_value(&class)?;
         body["apiVersion"] = json!("resource.k8s.io/v1");

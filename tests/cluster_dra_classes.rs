@@ -16,8 +16,8 @@ use crate::helm;
 use crate::support;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use hwaccel::api::dra::claim_template::{Alternative, REQUEST_NAME, claim_template};
-use hwaccel::api::dra::device_classes::{
+use hwaccel::dra::claim_template::{Alternative, REQUEST_NAME, claim_template};
+use hwaccel::dra::device_classes::{
     device_classes, extended_resource_name, with_extended_resource_names,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};

@@ -23,13 +23,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
-use hwaccel::api::dra::DeviceRef;
-use hwaccel::api::dra::claims::allocated_devices;
-use hwaccel::api::dra::counters::blocked_by_counters;
 use hwaccel::api::placement::{AllocationMode, ModelPlacementStatus};
 use hwaccel::api::{AcceleratorInventory, ModelPlacement, attribute, conditions};
 use hwaccel::controller::metrics::ControllerMetrics;
 use hwaccel::controller::{self, Config};
+use hwaccel::dra::DeviceRef;
+use hwaccel::dra::claims::allocated_devices;
+use hwaccel::dra::counters::blocked_by_counters;
 use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};

@@ -12,8 +12,8 @@
 use crate::support;
 
 use anyhow::{Context as _, Result};
-use hwaccel::api::dra::lint::{Class, lint};
 use hwaccel::cli::plan_dra::load_resource_slices;
+use hwaccel::dra::lint::{Class, lint};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};

@@ -17,9 +17,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
 
 use super::watched::Cached;
-use crate::api::dra::PublishedDevice;
-use crate::api::dra::slices::published_devices;
 use crate::detect::pci::canonical_bus_id;
+use crate::dra::PublishedDevice;
+use crate::dra::slices::published_devices;
 use crate::hardware::Device;
 use crate::hardware::Report;
 

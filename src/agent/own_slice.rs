@@ -2,7 +2,7 @@
 //!
 //! Off unless families are given (`--own-slice-families`). Each cycle, after the inventory,
 //! the agent reads its node's slices and allocatable, computes the slice with
-//! [`crate::api::dra::own_slices`] and writes it by server-side apply only when its devices
+//! [`crate::dra::own_slices`] and writes it by server-side apply only when its devices
 //! changed (bumping the pool generation, as DRA asks of a driver). With no family, or no
 //! device that qualifies, an existing slice is deleted. Nothing here is fatal: a failure is
 //! logged and retried next cycle, the inventory and labels go out regardless.
@@ -14,7 +14,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
 use crate::api::InventoryDevice;
-use crate::api::dra::own_slices::{
+use crate::dra::own_slices::{
     Exposed, OWN_DRIVER, OwnFamily, own_slice_name, own_slice_with_notes, same_content,
 };
 

@@ -57,10 +57,10 @@ use super::own_slice::OwnSlicePublisher;
 use super::presence::PresenceTracker;
 use super::watched::Timing;
 use crate::api::conditions::{self, DEGRADED, DEVICES_MISSING, READY};
-use crate::api::dra::own_slices::OwnFamily;
 use crate::api::{AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus};
 use crate::backoff::{Backoff, Retries};
 use crate::detect::{BackendSelection, CommandRunner, Detector, HostRoot, ProcessView};
+use crate::dra::own_slices::OwnFamily;
 use crate::fleet::expected::{
     EXPECTED_DEVICES_ANNOTATION, ExpectedInputs, INSTANCE_TYPE_LABEL, next_seen_most,
 };
@@ -232,7 +232,7 @@ impl Agent {
     }
 
     /// Publishes an own `hwaccel.io` ResourceSlice for devices of `families` that no driver
-    /// or device plugin exposes (see [`crate::api::dra::own_slices`]); empty keeps it off.
+    /// or device plugin exposes (see [`crate::dra::own_slices`]); empty keeps it off.
     pub fn with_own_slices(mut self, families: BTreeSet<OwnFamily>) -> Self {
         self.own_slices.set_families(families);
         self

@@ -35,7 +35,7 @@ pub mod bounds;
 pub mod conditions;
 mod convert;
 pub mod crds;
-pub mod dra;
+mod device_ref;
 mod inventory;
 pub mod lenient;
 pub mod placement;
@@ -43,6 +43,7 @@ pub mod projection;
 pub mod quantity;
 
 pub use convert::{PlannerDeviceIds, planner_node_from_object};
+pub use device_ref::DeviceRef;
 pub use inventory::{
     AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus, DeviceAttribute,
     InventoryCpu, InventoryDevice, InventoryNodeFacts, InventoryNumaNode, InventoryPartition,

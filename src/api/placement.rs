@@ -546,7 +546,7 @@ pub struct PlacementClaim {
     pub node: String,
     /// The devices it is allocated to.
     #[schemars(length(max = 32))]
-    pub devices: Vec<crate::api::dra::DeviceRef>,
+    pub devices: Vec<crate::api::DeviceRef>,
     /// True once the allocation is written (the devices are then held).
     pub allocated: bool,
     /// What to copy into the pod template of the workload for this replica and stage.

@@ -43,7 +43,7 @@ pub(super) struct AgentArgs {
     /// (`qualcomm-ai100`, `xdna`, `vulkan`; comma-separated). Empty: off, and an old slice
     /// of this node is deleted.
     #[arg(long, value_delimiter = ',')]
-    own_slice_families: Vec<crate::api::dra::own_slices::OwnFamily>,
+    own_slice_families: Vec<crate::dra::own_slices::OwnFamily>,
     /// Also write the vendor labels other tools read (`nvidia.com/gpu.product`, `.count`,
     /// `.memory`, `.family`, `amd.com/gpu.product-name`) on nodes where no other labeler holds
     /// them, as field manager `hwaccel-compat-labels`. Off releases labels an earlier run wrote.

@@ -21,9 +21,9 @@ pub(super) struct DeviceClassesArgs {
 /// Runs `hwaccel deviceclasses`.
 pub(super) fn run(args: DeviceClassesArgs) -> anyhow::Result<ExitCode> {
     let text = if args.chart {
-        crate::api::dra::device_classes::chart_template()?
+        crate::dra::device_classes::chart_template()?
     } else {
-        crate::api::dra::device_classes::all_yaml(args.extended_resource_names)?
+        crate::dra::device_classes::all_yaml(args.extended_resource_names)?
     };
     write_stdout(&text)?;
     Ok(ExitCode::SUCCESS)

@@ -3,7 +3,7 @@
 //!
 //! Reads the same files as `hwaccel plan --resource-slices` (a `List`, a
 //! `ResourceSliceList`, several YAML documents, or one slice, as YAML or JSON) and prints the
-//! findings of [`crate::api::dra::lint`]: slices the apiserver refuses, empty slices, and per
+//! findings of [`crate::dra::lint`]: slices the apiserver refuses, empty slices, and per
 //! known driver unknown values, missing facts, deprecated and driver-scoped names.
 //!
 //! Exit codes: 0 when nothing is an error (warnings and information are printed), 2 when a
@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::plan_dra::load_resource_slices;
 use super::write_stdout;
-use crate::api::dra::lint::{Finding, Severity, lint};
+use crate::dra::lint::{Finding, Severity, lint};
 use crate::output::{self, Format, Table};
 
 #[derive(Debug, clap::Args)]

@@ -14,11 +14,11 @@ use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::dra::merge::merge_node;
-use crate::api::dra::slices::{PublishedFleet, published_devices};
-use crate::api::dra::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds};
 use crate::detect::pci::canonical_bus_id;
+use crate::dra::merge::merge_node;
+use crate::dra::slices::{PublishedFleet, published_devices};
+use crate::dra::{DeviceRef, PublishedDevice};
 use crate::plan::error::{PlanError, Result};
 use crate::plan::inventory::NodeSpec;
 use crate::plan::load::read_text;

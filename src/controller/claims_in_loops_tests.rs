@@ -12,7 +12,6 @@ use kube::Resource;
 use kube::runtime::watcher;
 use prometheus_client::encoding::text::encode;
 
-use crate::api::dra::claims::ClaimPlan;
 use crate::api::placement::AllocationMode;
 use crate::api::{ModelPlacement, attribute};
 use crate::controller::fleet::pass::Memory;
@@ -21,6 +20,7 @@ use crate::controller::placement::dereference::fleet_view;
 use crate::controller::placement::reconcile_tests::{Harness, placement, status_writes_of};
 use crate::controller::taints::core::HealthTaints;
 use crate::controller::taints::sync::Taints;
+use crate::dra::claims::ClaimPlan;
 
 const INVENTORY_STATUS: &str = "/apis/hwaccel.io/v1alpha1/acceleratorinventories/n1/status";
 

@@ -26,7 +26,7 @@
 //! memory size ([`unplannable_reason`]). Nor one its DRA driver publishes in a way no placement
 //! can hold: shared (`allowMultipleAllocations`: claims take shares of it, so it is neither
 //! free nor taken), published only in parts, tainted, or needing counters its pool can never
-//! give. The merge of an inventory with its node's published devices (`api::dra::merge`) says
+//! give. The merge of an inventory with its node's published devices (`dra::merge`) says
 //! which; every view that reads slices passes that verdict in
 //! ([`DeviceFacts::with_published_verdict`]), so such a device is never counted free. Pure: no
 //! Kubernetes types; each caller converts its own input (an inventory, a detection report)

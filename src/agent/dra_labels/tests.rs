@@ -144,7 +144,7 @@ async fn a_hung_apiserver_costs_at_most_the_timeout() {
 fn published(bus: Option<&str>, uuid: Option<&str>, unusable: Option<&str>) -> PublishedDevice {
     PublishedDevice {
         node: "n1".into(),
-        reference: crate::api::dra::DeviceRef {
+        reference: crate::dra::DeviceRef {
             driver: "gpu.nvidia.com".into(),
             pool: "n1".into(),
             device: "gpu-0".into(),

@@ -291,8 +291,8 @@ mod tests {
     fn a_gpu_its_driver_publishes_as_shared_is_not_free_as_the_planner_does_not_plan_it() {
         use std::sync::Arc;
 
-        use crate::api::dra::slices::{SHARED, published_devices};
         use crate::controller::core::fleet_view::{FleetView, NodePart};
+        use crate::dra::slices::{SHARED, published_devices};
         use crate::hardware::Family;
 
         // AMD's AutoPartition publishes every layout of a GPU as shared

@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::api::dra::merge::merge_node;
-use crate::api::dra::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
+use crate::dra::merge::merge_node;
+use crate::dra::{DeviceRef, PublishedDevice};
 use crate::plan::NodeSpec;
 
 use crate::api::placement::Assignment;
@@ -545,7 +545,7 @@ mod tests {
         slices: &[k8s_openapi::api::resource::v1::ResourceSlice],
         nodes: &[&str],
     ) -> FleetView {
-        let fleet = crate::api::dra::slices::published_devices(slices);
+        let fleet = crate::dra::slices::published_devices(slices);
         let parts = nodes.iter().map(|node| {
             let inventory = inventories.iter().find(|i| i.spec.node_name == *node);
             Arc::new(NodePart::with_published(node, inventory, fleet.node(node)))

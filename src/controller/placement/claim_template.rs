@@ -13,8 +13,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 
 use crate::api::ModelPlacement;
-use crate::api::dra::claim_template::{Alternative, TemplateError, claim_template};
-use crate::api::dra::claims::PLACEMENT_LABEL;
+use crate::dra::claim_template::{Alternative, TemplateError, claim_template};
+use crate::dra::claims::PLACEMENT_LABEL;
 use crate::names::hash_hex;
 
 use super::claims::delete_exactly;

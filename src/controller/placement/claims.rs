@@ -4,7 +4,7 @@
 //!
 //! The double-booking rule: a device is allocated to one of our claims only when no other
 //! ResourceClaim in the watch cache holds it, nor used up the DRA counters it consumes (a
-//! whole GPU one of whose MIG slices a pod has, [`crate::api::dra::counters`]). The scheduler allocates claims for other pods
+//! whole GPU one of whose MIG slices a pod has, [`crate::dra::counters`]). The scheduler allocates claims for other pods
 //! from its own cache, so the window between its allocation and our watch seeing it cannot be
 //! closed from outside the scheduler; what this step guarantees is that it never writes an
 //! allocation over a device it can see taken, and that a claim it finds allocated (by itself
@@ -22,9 +22,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::{Resource, ResourceExt};
 
 use crate::api::ModelPlacement;
-use crate::api::dra::DeviceRef;
-use crate::api::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
-use crate::api::dra::counters::blocked_by_counters;
+use crate::dra::DeviceRef;
+use crate::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
+use crate::dra::counters::blocked_by_counters;
 
 use super::core::claim_holdings::{
     HeldOutside, OutlivedClaim, devices_with_holder, held_outside, outlived_claims,

@@ -12,9 +12,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use crate::api::dra::slices::published_devices;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
+use crate::dra::slices::published_devices;
 
 use super::core::decide::Candidate;
 use super::core::labels::is_placement_label;

@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1beta2::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::api::dra::DeviceRef;
+use crate::dra::DeviceRef;
 
 /// The label on every DeviceTaintRule the controller writes (value `hwaccel-controller`),
 /// so it lists and deletes only its own.

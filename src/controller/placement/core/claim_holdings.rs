@@ -16,7 +16,7 @@
 //! a claim kept past its placement showed its device free.
 //!
 //! A device no claim names is taken too when the counters it consumes are used up
-//! (partitionable devices, [`crate::api::dra::counters`]): the whole GPU once the scheduler
+//! (partitionable devices, [`crate::dra::counters`]): the whole GPU once the scheduler
 //! gave one of its MIG slices to a pod. [`held_outside`] is the one place both are added up,
 //! for the controller's planning and fleet pass and for `hwaccel fleet`.
 
@@ -24,9 +24,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
-use crate::api::dra::DeviceRef;
-use crate::api::dra::claims::{allocated_devices, owning_placement};
-use crate::api::dra::counters::blocked_by_counters;
+use crate::dra::DeviceRef;
+use crate::dra::claims::{allocated_devices, owning_placement};
+use crate::dra::counters::blocked_by_counters;
 use crate::plan::Reservations;
 
 use super::ledger::{Ledger, PlacementKey};

@@ -7,11 +7,11 @@ use k8s_openapi::api::resource::v1::ResourceClaimStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 
 use super::*;
-use crate::api::dra::claims::ClaimPlan;
-use crate::api::dra::slices::published_devices;
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::controller::core::fleet_view::NodePart;
 use crate::controller::placement::core::ledger::Holding;
+use crate::dra::claims::ClaimPlan;
+use crate::dra::slices::published_devices;
 use crate::testing::dra::fixture_slices;
 
 const NODE: &str = "h100-8x-nvswitch";

@@ -8,10 +8,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::api::dra::claims::{CLAIM_REQUEST, ClaimPlan};
 use crate::api::placement::{
     AllocationMode, ModelPlacementStatus, PlacementClaim, PodClaimFragment, PodResourceClaimRef,
 };
+use crate::dra::claims::{CLAIM_REQUEST, ClaimPlan};
 
 use crate::controller::core::fleet_view::FleetView;
 

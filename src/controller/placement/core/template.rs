@@ -14,12 +14,12 @@
 
 use std::collections::BTreeSet;
 
-use crate::api::dra::claim_template::{Alternative, MAX_ALTERNATIVES, REQUEST_NAME};
-use crate::api::dra::drivers::known;
 use crate::api::placement::{
     AllocationMode, ModelPlacementSpec, ModelPlacementStatus, PodResourceClaimTemplateRef,
     PodTemplateClaimFragment,
 };
+use crate::dra::claim_template::{Alternative, MAX_ALTERNATIVES, REQUEST_NAME};
+use crate::dra::drivers::known;
 use crate::plan::{NodeSpec, Reservations};
 
 use super::outcome::{Outcome, outcome_of};

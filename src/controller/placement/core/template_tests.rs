@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::api::dra::slices::published_devices;
 use crate::api::placement::PrecisionChoice;
 use crate::controller::core::fleet_view::NodePart;
 use crate::controller::placement::core::decide::decide;
 use crate::controller::placement::core::decide::tests::candidate;
 use crate::controller::placement::core::ledger::Ledger;
 use crate::controller::placement::core::outcome::evaluate;
+use crate::dra::slices::published_devices;
 use crate::testing::PlacementBuilder;
 use crate::testing::dra::fixture_slices;
 
@@ -153,7 +153,7 @@ fn the_status_names_the_template_and_holds_nothing() {
     );
     // Every alternative makes a valid template.
     let alternatives: Vec<Alternative> = choices.into_iter().map(|c| c.alternative).collect();
-    crate::api::dra::claim_template::claim_template("ml", "llama", None, &alternatives).unwrap();
+    crate::dra::claim_template::claim_template("ml", "llama", None, &alternatives).unwrap();
 
     // In the ledger it holds nothing: a labels placement can still have every device.
     let mut ledger = Ledger::new();

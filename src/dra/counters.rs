@@ -23,7 +23,7 @@ use k8s_openapi::api::resource::v1::{Counter, ResourceSlice};
 
 use super::DeviceRef;
 use super::drivers;
-use super::slices::complete_generation;
+use super::pools::complete_generation;
 use crate::api::quantity;
 use crate::names::truncate_at_char_boundary;
 

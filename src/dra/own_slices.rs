@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::drivers::STANDARD_PCI_BUS_ID;
 use super::slices::published_devices;
-use crate::api::inventory::{DeviceAttribute, InventoryDevice, attribute};
+use crate::api::{DeviceAttribute, InventoryDevice, attribute};
 use crate::detect::pci::canonical_bus_id;
 use crate::names::shorten_with_hash;
 

@@ -14,6 +14,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 
 use super::counters::PoolCounters;
 use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID};
+use super::pools::complete_generation;
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
@@ -28,10 +29,6 @@ pub const MAX_DEVICES_PER_NODE: usize = 1024;
 /// Strings copied from a slice are cut to this many bytes. DRA itself allows 64 for
 /// attribute values; a file read by the CLI is not validated by an apiserver.
 const MAX_TEXT: usize = 253;
-
-/// A pool claiming more slices than this is treated as malformed (DRA has no hard limit,
-/// but one node's pool never needs thousands).
-const MAX_SLICES_PER_POOL: i64 = 4096;
 
 /// DRA's standard NUMA node attribute (the same name the inventory uses).
 const STANDARD_NUMA_NODE: &str = crate::api::attribute::NUMA_NODE;
@@ -166,48 +163,6 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
         devices.dedup_by(|a, b| a.reference == b.reference);
     }
     PublishedFleet { nodes, notes }
-}
-
-/// The slices of a pool's highest generation when all of them are present, else `None`
-/// with a note. Slices are told apart by object name, so a file listing one twice does not
-/// complete a pool.
-pub(super) fn complete_generation<'a>(
-    driver: &str,
-    pool: &str,
-    slices: &[&'a ResourceSlice],
-    notes: &mut Vec<String>,
-) -> Option<Vec<&'a ResourceSlice>> {
-    let generation = slices.iter().map(|s| s.spec.pool.generation).max()?;
-    let current: Vec<&ResourceSlice> = slices
-        .iter()
-        .filter(|s| s.spec.pool.generation == generation)
-        .copied()
-        .collect();
-    let expected = current
-        .iter()
-        .map(|s| s.spec.pool.resource_slice_count)
-        .max()
-        .unwrap_or(0);
-    if !(1..=MAX_SLICES_PER_POOL).contains(&expected) {
-        notes.push(format!(
-            "pool {driver}/{pool}: resourceSliceCount {expected} is not usable, pool skipped"
-        ));
-        return None;
-    }
-    let mut names = BTreeSet::new();
-    let distinct: Vec<&ResourceSlice> = current
-        .into_iter()
-        .filter(|s| names.insert(s.metadata.name.clone().unwrap_or_default()))
-        .collect();
-    let seen = i64::try_from(distinct.len()).unwrap_or(i64::MAX);
-    if seen < expected {
-        notes.push(format!(
-            "pool {driver}/{pool}: {seen} of {expected} slices of generation {generation} seen, \
-             pool skipped until it is complete"
-        ));
-        return None;
-    }
-    Some(distinct)
 }
 
 /// One device of a known driver, reduced.

@@ -4,6 +4,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`drivers`] | the vendor DRA drivers we know: names, attribute keys, family |
+//! | `pools` | a pool's complete highest generation, where slices and counters both start |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`lint`] | what is wrong with slices: the apiserver's rules, empty slices, the dictionary's facts |
 //! | [`merge`] | an inventory + published devices → one planner node, one device each |
@@ -17,11 +18,6 @@
 //! device seen by our agent and by a vendor driver is one device, matched by PCI bus id or
 //! UUID ([`merge`]).
 
-use std::fmt;
-
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 use crate::hardware::{Family, HealthStatus, Vendor};
 
 pub mod claim_template;
@@ -32,33 +28,12 @@ pub mod drivers;
 pub mod lint;
 pub mod merge;
 pub mod own_slices;
+mod pools;
 pub mod slices;
 #[cfg(test)]
 mod vendor_tests;
 
-/// A device as DRA names it: the driver, the pool within the driver and the device within
-/// the pool. Exactly what an allocation result carries.
-#[derive(
-    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
-)]
-#[serde(rename_all = "camelCase")]
-pub struct DeviceRef {
-    /// The DRA driver (`gpu.nvidia.com`).
-    #[schemars(length(max = 63))]
-    pub driver: String,
-    /// The pool (usually the node name).
-    #[schemars(length(max = 253))]
-    pub pool: String,
-    /// The device's name within the pool (`gpu-0`).
-    #[schemars(length(max = 63))]
-    pub device: String,
-}
-
-impl fmt::Display for DeviceRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
-    }
-}
+pub use crate::api::DeviceRef;
 
 /// One device a DRA driver publishes for a node, reduced to what merging and planning need.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::api::dra::slices::{SHARED, published_devices};
+use crate::dra::slices::{SHARED, published_devices};
 use crate::testing::dra::fixture_slices;
 
 fn fixture(name: &str) -> Vec<ResourceSlice> {
