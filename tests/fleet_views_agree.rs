@@ -19,7 +19,7 @@ use hwaccel::api::{AcceleratorInventory, AcceleratorInventoryStatus, PlannerDevi
 use hwaccel::cli::fleet::{FleetArgs, answer};
 use hwaccel::cli::fleet_input::from_files;
 use hwaccel::controller::core::fleet_figures::{FleetTotals, NodeStats};
-use hwaccel::controller::fleet::metrics::FleetMetrics;
+use hwaccel::controller::metrics::fleet::FleetMetrics;
 use hwaccel::detect::Report;
 use hwaccel::fleet::health::Holdings;
 use hwaccel::hardware::{Family, HealthStatus};

@@ -716,8 +716,8 @@ fn exported_series_names(registry: &prometheus_client::registry::Registry) -> BT
 fn the_contract_is_exactly_what_the_agent_and_controller_export() {
     use hwaccel::agent::metrics::{AgentMetrics, DeviceRow, NodeCounts, StageLabel, WriteLabel};
     use hwaccel::controller::core::fleet_figures::FleetTotals;
-    use hwaccel::controller::fleet::metrics::{FleetMetrics, PlacementFigures};
-    use hwaccel::controller::placement::core::ledger::PlacementKey;
+    use hwaccel::controller::core::ledger::PlacementKey;
+    use hwaccel::controller::metrics::fleet::{FleetMetrics, PlacementFigures};
     use hwaccel::fleet::expected::{Expected, ExpectedSource};
     use hwaccel::hardware::device_state::Counts;
 
@@ -796,15 +796,13 @@ fn the_contract_is_exactly_what_the_agent_and_controller_export() {
             },
         )]),
     );
-    fleet.publish_models(&[
-        hwaccel::controller::fleet::core::model_capacity::ModelCount {
-            model: "llama-3.1-70b".into(),
-            context: 8192,
-            precision: "bf16".into(),
-            replicas: 3,
-            stranded_devices: 0,
-        },
-    ]);
+    fleet.publish_models(&[hwaccel::controller::core::fleet_figures::ModelCount {
+        model: "llama-3.1-70b".into(),
+        context: 8192,
+        precision: "bf16".into(),
+        replicas: 3,
+        stranded_devices: 0,
+    }]);
     let exported = exported_series_names(&registry);
     let documented: BTreeSet<String> = Contract::from_repository()
         .metrics
@@ -836,7 +834,7 @@ fn placement_states_selected_are_states_the_controller_reports() {
         for (at, _) in text.match_indices("state=\"") {
             let value: String = text[at + 7..].chars().take_while(|c| *c != '"').collect();
             assert!(
-                hwaccel::controller::fleet::metrics::PLACEMENT_STATES.contains(&value.as_str()),
+                hwaccel::controller::metrics::fleet::PLACEMENT_STATES.contains(&value.as_str()),
                 "{}: state=\"{value}\" is never reported",
                 path.display()
             );

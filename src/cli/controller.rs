@@ -71,7 +71,7 @@ pub(super) struct ControllerArgs {
 
 fn parse_health_taints(text: &str) -> Result<crate::controller::HealthTaints, String> {
     text.parse()
-        .map_err(|err: crate::controller::taints::core::UnknownMode| err.to_string())
+        .map_err(|err: crate::controller::UnknownMode| err.to_string())
 }
 
 fn parse_placement_workers(text: &str) -> Result<u16, String> {
@@ -93,9 +93,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| format!("hwaccel-controller-{}", std::process::id()));
     // Resolved before anything starts: a typo in a preset key fails here, with a hint.
-    let capacity_models = crate::controller::fleet::core::model_capacity::CountedModel::parse_all(
-        &args.capacity_models,
-    )?;
+    let capacity_models = crate::controller::CountedModel::parse_all(&args.capacity_models)?;
     let runtime = process::runtime()?;
     let flags = args.process;
     let outcome = runtime.block_on(async move {

@@ -23,10 +23,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
+use crate::controller::core::claim_holdings::held_outside;
 use crate::controller::core::fleet_view::{FleetView, NodePart};
-use crate::controller::placement::core::claim_holdings::held_outside;
-use crate::controller::placement::core::ledger::Ledger;
-use crate::controller::placement::dereference::holding_from_status;
+use crate::controller::core::ledger::Ledger;
+use crate::controller::core::ledger::rebuild::holding_from_status;
 use crate::dra::slices::published_devices;
 use crate::fleet::health::NodeInput;
 use crate::plan::Reservations;

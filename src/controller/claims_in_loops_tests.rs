@@ -14,9 +14,9 @@ use prometheus_client::encoding::text::encode;
 
 use crate::api::placement::AllocationMode;
 use crate::api::{ModelPlacement, attribute};
+use crate::controller::cache::fleet_view;
 use crate::controller::fleet::pass::Memory;
 use crate::controller::fleet_loop::fleet_and_taints;
-use crate::controller::placement::dereference::fleet_view;
 use crate::controller::placement::reconcile_tests::{Harness, placement, status_writes_of};
 use crate::controller::taints::core::HealthTaints;
 use crate::controller::taints::sync::Taints;

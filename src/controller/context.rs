@@ -3,7 +3,7 @@
 //!
 //! Reconciles run in parallel (`--placement-workers`) and hold that lock only for moments:
 //! to take a snapshot of the ledger and the fleet view, and to commit what they planned on
-//! it ([`Ledger::commit`](super::placement::core::ledger::Ledger::commit) decides, atomically,
+//! it ([`Ledger::commit`](super::core::ledger::Ledger::commit) decides, atomically,
 //! whether the plan still stands). Planning and every apiserver write happen outside it. Node
 //! label writes are serialised per Node instead ([`NodeWriteLocks`]).
 
@@ -24,8 +24,8 @@ use tokio::sync::{Mutex, MutexGuard, Notify, mpsc};
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use super::core::fleet_view::{FleetView, PartCache};
+use super::core::ledger::{Ledger, PlacementKey, Precedence};
 use super::metrics::ControllerMetrics;
-use super::placement::core::ledger::{Ledger, PlacementKey, Precedence};
 
 /// The field manager of every write the controller makes.
 pub use crate::names::keys::CONTROLLER_FIELD_MANAGER as FIELD_MANAGER;

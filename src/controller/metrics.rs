@@ -16,7 +16,9 @@ const RECONCILE_BUCKETS: [f64; 18] = [
 ];
 use prometheus_client::registry::Registry;
 
-use super::placement::step::Step;
+use super::core::step::Step;
+
+pub mod fleet;
 
 fn step_label(step: Step) -> StepLabel {
     StepLabel {
@@ -109,7 +111,7 @@ pub struct ControllerMetrics {
     /// Stored objects the controller skipped, by kind and reason.
     pub skipped: Family<SkipLabel, Counter>,
     /// The fleet's gauges (`hwaccel_fleet_*`, `hwaccel_placement_*`).
-    pub fleet: super::fleet::metrics::FleetMetrics,
+    pub fleet: fleet::FleetMetrics,
     /// Nodes and devices health taints cover (`enforce`) or would cover (`dryRun`): Node
     /// taints plus DeviceTaintRules.
     pub health_taint_targets: Gauge,
@@ -134,7 +136,7 @@ impl ControllerMetrics {
             api_writes: Family::default(),
             api_write_seconds: Family::new_with_constructor(reconcile_histogram),
             skipped: Family::default(),
-            fleet: super::fleet::metrics::FleetMetrics::register(registry),
+            fleet: fleet::FleetMetrics::register(registry),
             health_taint_targets: Gauge::default(),
             startup_seconds: Family::default(),
         };

@@ -20,6 +20,7 @@
 //! over ModelPlacements that reconciles all of them again (debounced) whenever an inventory
 //! changes. See `docs/controller.md`.
 
+pub mod cache;
 #[cfg(test)]
 mod claims_in_loops_tests;
 pub mod context;
@@ -62,17 +63,19 @@ use tracing::Instrument;
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::context::{Context, State};
+use self::core::ledger::Ledger;
+use self::core::ledger::rebuild::holding_from_status;
 use self::dra_watch::dra_watches;
 use self::events::Recorder;
 pub use self::fleet::CapacityCounting;
+pub use self::fleet::core::model_capacity::CountedModel;
 use self::inventory_changes::InventoryChanges;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
 use self::placement::apply;
-use self::placement::core::ledger::Ledger;
-use self::placement::dereference::{self, holding_from_status};
 use self::placement::reconcile::{error_policy, reconcile};
 pub use self::taints::HealthTaints;
+pub use self::taints::core::UnknownMode;
 use crate::api::projection::drop_managed_fields;
 use crate::names::keys::is_placement_label;
 
@@ -369,7 +372,7 @@ async fn run_controller(
         scope: config.namespace.clone(),
     });
     clean_stale_labels(&ctx).await?;
-    dereference::warm_up(&ctx).await;
+    cache::warm_up(&ctx).await;
     ctx.metrics.started("ready", started);
     let reconciles = config.reconciles.clone();
     let controller = controller

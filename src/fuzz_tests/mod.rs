@@ -11,7 +11,7 @@
 //! | device ids | PCI classification and names, AMD/Intel/Gaudi/TPU/Neuron/NPU/XDNA catalogs, KFD properties | `detect::device_ids` |
 //! | a whole host tree | every backend through `Detector` over a fixture tree whose files were replaced by arbitrary bytes | `detect::mutated_host_tree` |
 //! | planner input | Hugging Face `config.json` (text and JSON values), `--hardware` shorthand, parameter counts, byte sizes, Kubernetes quantities, inventory files | `plan::*` |
-//! | a ModelPlacement | arbitrary spec (inline config JSON, numbers for the goal and constraints) through `controller::placement::core::outcome::evaluate` (spec → request → planner → status) | `plan::model_placement_to_plan` |
+//! | a ModelPlacement | arbitrary spec (inline config JSON, numbers for the goal and constraints) through `controller::placement::core::evaluate::evaluate` (spec → request → planner → status) | `plan::model_placement_to_plan` |
 //!
 //! Case counts follow `PROPTEST_CASES` (proptest's default, 256); the whole-tree and
 //! ModelPlacement properties run a fraction of that, as each case costs far more. The CI run is

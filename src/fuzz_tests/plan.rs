@@ -13,7 +13,7 @@ use super::{cases, text};
 use crate::api::placement::ModelPlacementSpec;
 use crate::api::quantity;
 use crate::controller::core::fleet_view::FleetView;
-use crate::controller::placement::core::outcome::evaluate;
+use crate::controller::placement::core::evaluate::evaluate;
 use crate::plan::Reservations;
 use crate::plan::load::{interpret, parse_bytes};
 use crate::plan::model::config::{parse_config, parse_config_text};

@@ -208,6 +208,22 @@ fn label_value(text: Option<&str>) -> String {
     }
 }
 
+/// One model's capacity now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCount {
+    /// The preset key.
+    pub model: String,
+    /// Tokens per request.
+    pub context: u64,
+    /// The precision asked for.
+    pub precision: String,
+    /// Replicas (one full-context request each) the free devices hold, every device class
+    /// packed in turn.
+    pub replicas: u32,
+    /// Free devices left that no further replica can use.
+    pub stranded_devices: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,6 @@
 //! | [`metrics`] | the fleet gauges: devices per product, per placement, per model |
 
 pub mod core;
-pub mod metrics;
 pub(crate) mod pass;
 
 pub use self::pass::CapacityCounting;

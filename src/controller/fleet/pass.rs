@@ -31,17 +31,16 @@ use crate::fleet::health::Holdings;
 use crate::plan::Reservations;
 
 use super::core::model_capacity::{self, CountedModel};
-use super::metrics::PlacementFigures;
+use crate::controller::cache::{
+    any_allocated, any_published, claimed_in_cache, fleet_view, outlived_in_cache,
+};
 use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::claim_holdings::OutlivedClaim;
 use crate::controller::core::fleet_figures::{FleetTotals, NodeStats};
 use crate::controller::core::fleet_view::{FleetView, names_its_node};
 use crate::controller::core::placement_key::PlacementKey;
+use crate::controller::metrics::fleet::PlacementFigures;
 use crate::controller::node_events::{cut, node_span, publish_node_event};
-use crate::controller::placement::claims::{
-    any_allocated, any_published, claimed_in_cache, outlived_in_cache,
-};
-use crate::controller::placement::core::claim_holdings::OutlivedClaim;
-use crate::controller::placement::dereference::fleet_view;
 
 /// How long changes are gathered before a pass.
 const GATHER: Duration = Duration::from_secs(1);

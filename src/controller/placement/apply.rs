@@ -19,9 +19,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::core::decide::Decision;
-use super::core::labels::{HeldNodes, is_placement_label, labels_by_node, placement_label_key};
-use super::core::ledger::PlacementKey;
+use super::core::labels::{is_placement_label, labels_by_node, placement_label_key};
 use crate::controller::context::{Context, FIELD_MANAGER, State};
+use crate::controller::core::ledger::HeldNodes;
+use crate::controller::core::ledger::PlacementKey;
 
 /// How long the Node watch cache may lag behind a label write of ours before a difference
 /// means someone else changed the labels.

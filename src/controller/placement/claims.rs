@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
@@ -26,14 +26,12 @@ use crate::dra::DeviceRef;
 use crate::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
 use crate::dra::counters::blocked_by_counters;
 
-use super::core::claim_holdings::{
-    HeldOutside, OutlivedClaim, devices_with_holder, held_outside, outlived_claims,
-};
 use super::core::claims::ClaimsReport;
 use super::core::device_health;
-use super::core::ledger::{Ledger, PlacementKey};
+use crate::controller::cache::{claims_in_cache, own_claims_in_cache, slices_in_cache};
 use crate::controller::context::Context;
-use crate::controller::core::fleet_view::FleetView;
+use crate::controller::core::claim_holdings::devices_with_holder;
+use crate::controller::core::ledger::PlacementKey;
 
 /// A claim write the apiserver refused or never answered.
 #[derive(Debug, thiserror::Error)]
@@ -158,74 +156,6 @@ pub async fn release_claims_of(
     Ok(theirs.len())
 }
 
-/// Every claim in the watch cache (none when the cluster serves no DRA).
-/// Shared with the cache, not copied: a claim sync used to deep-clone every claim in the
-/// cluster (issue 35 High 3).
-fn claims_in_cache(ctx: &Context) -> Vec<Arc<ResourceClaim>> {
-    ctx.claims
-        .as_ref()
-        .map(|store| store.state())
-        .unwrap_or_default()
-}
-
-/// The devices the allocated claims in the cache hold beyond what the ledger counts for their
-/// own placements, whoever holds them, and those whose DRA counters they used up
-/// ([`held_outside`]); none when the cluster serves no DRA or nothing is allocated, and then
-/// the fleet view is never asked for.
-pub fn claimed_in_cache(
-    ctx: &Context,
-    ledger: &Ledger,
-    fleet: impl FnOnce() -> Arc<FleetView>,
-) -> HeldOutside {
-    let Some(store) = &ctx.claims else {
-        return HeldOutside::default();
-    };
-    let claims = store.state();
-    if !claims.iter().any(|claim| is_allocated(claim)) {
-        return HeldOutside::default();
-    }
-    let slices = slices_in_cache(ctx);
-    let claims: Vec<&ResourceClaim> = claims.iter().map(|claim| &**claim).collect();
-    let slices: Vec<&ResourceSlice> = slices.iter().map(|slice| &**slice).collect();
-    held_outside(&claims, &slices, ledger, &fleet())
-}
-
-/// Every slice in the watch cache (none when the cluster serves no DRA).
-fn slices_in_cache(ctx: &Context) -> Vec<Arc<ResourceSlice>> {
-    ctx.slices
-        .as_ref()
-        .map(|store| store.state())
-        .unwrap_or_default()
-}
-
-/// True when some DRA driver publishes devices (a slice is in the cache).
-pub fn any_published(ctx: &Context) -> bool {
-    ctx.slices
-        .as_ref()
-        .is_some_and(|store| store.find(|_| true).is_some())
-}
-
-/// True when some claim in the cache is allocated (and so may hold a device we know).
-pub fn any_allocated(ctx: &Context) -> bool {
-    ctx.claims
-        .as_ref()
-        .is_some_and(|store| store.state().iter().any(|claim| is_allocated(claim)))
-}
-
-/// The placement's own claims (labelled for it) in the cache.
-pub fn own_claims_in_cache(ctx: &Context, placement: &ModelPlacement) -> Vec<Arc<ResourceClaim>> {
-    let Some(store) = &ctx.claims else {
-        return Vec::new();
-    };
-    let namespace = placement.namespace().unwrap_or_default();
-    let name = placement.name_any();
-    store
-        .state()
-        .into_iter()
-        .filter(|claim| owning_placement(claim) == Some((namespace.as_str(), name.as_str())))
-        .collect()
-}
-
 /// What the drivers say in `status.devices` of the placement's own claims (from the cache)
 /// and the kubelets in the `allocatedResourcesStatus` of `pods` (read by
 /// [`super::pod_health::consumer_pods`]) about the devices they hold: a line per device
@@ -243,32 +173,6 @@ pub fn device_health_in_cache(
     problems.sort();
     problems.dedup();
     device_health::lines(&problems)
-}
-
-/// The allocated claims labelled for a placement that is gone ([`outlived_claims`]), in the
-/// namespaces this controller reconciles.
-pub fn outlived_in_cache(ctx: &Context) -> Vec<OutlivedClaim> {
-    let placements: BTreeMap<(String, String), String> = ctx
-        .placements
-        .state()
-        .iter()
-        .filter_map(|p| {
-            let p = p.decoded()?;
-            Some(((p.namespace()?, p.name_any()), p.uid()?))
-        })
-        .collect();
-    let Some(store) = &ctx.claims else {
-        return Vec::new();
-    };
-    outlived_claims(
-        store.state().iter().map(|claim| &**claim),
-        |namespace, name| {
-            placements
-                .get(&(namespace.to_string(), name.to_string()))
-                .map(String::as_str)
-        },
-        |namespace| ctx.scope.as_deref().is_none_or(|scope| scope == namespace),
-    )
 }
 
 fn is_owned_by(claim: &ResourceClaim, placement: &ModelPlacement) -> bool {

@@ -26,4 +26,3 @@ pub mod reconcile;
 #[cfg(test)]
 pub(crate) mod reconcile_tests;
 pub mod status;
-pub mod step;

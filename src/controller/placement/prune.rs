@@ -23,7 +23,7 @@
 //! and every holding would look like a ghost.
 //!
 //! [`waiting_placements`]: super::dereference::waiting_placements
-//! [`Ledger::forget_ghosts`]: super::core::ledger::Ledger::forget_ghosts
+//! [`Ledger::forget_ghosts`]: crate::controller::core::ledger::Ledger::forget_ghosts
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -33,10 +33,10 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::apply::{nodes_labelled_for, sync_node_labels};
 use super::claims::release_claims_of;
-use super::core::ledger::{Holding, PlacementKey};
 use super::dereference::holding_may_stand;
 use super::reconcile::{publish_gauges, requeue_waiting};
 use crate::controller::context::Context;
+use crate::controller::core::ledger::{Holding, PlacementKey};
 
 /// How often the ledger is compared with the placements' watch cache.
 pub const PRUNE_EVERY: Duration = Duration::from_secs(1);

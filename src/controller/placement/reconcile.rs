@@ -35,7 +35,7 @@
 //!
 //! [`InFlightPlans`]: crate::controller::context::InFlightPlans
 //!
-//! [`Ledger::commit`]: super::core::ledger::Ledger::commit
+//! [`Ledger::commit`]: crate::controller::core::ledger::Ledger::commit
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -54,26 +54,25 @@ use crate::backoff::Backoff;
 
 use super::apply::{ApplyError, nodes_labelled_for, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
-use super::claims::{
-    ClaimError, claimed_in_cache, device_health_in_cache, own_claims_in_cache, release_claims,
-    sync_claims,
-};
+use super::claims::{ClaimError, device_health_in_cache, release_claims, sync_claims};
 use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide, keeps};
 use super::core::desired::state_name;
-use super::core::ledger::{Holding, PlacementKey};
 use super::core::no_match::MAX_NAMED;
 use super::core::outcome::Outcome;
 use super::core::template;
 use super::dereference::{
-    DereferenceError, candidate, fleet_view, holding_may_stand, missing_nodes, precedence_of,
-    someone_waits, still_placeable, waiting_placements,
+    DereferenceError, candidate, holding_may_stand, missing_nodes, someone_waits, still_placeable,
+    waiting_placements,
 };
 use super::pod_health::consumer_pods;
 use super::status::{StatusError, report_failure, report_undecodable, write_status};
-use super::step::Step;
+use crate::controller::cache::{claimed_in_cache, fleet_view, own_claims_in_cache};
 use crate::controller::context::{Context, State, lock};
 use crate::controller::core::fleet_view::FleetView;
+use crate::controller::core::ledger::rebuild::precedence_of;
+use crate::controller::core::ledger::{Holding, PlacementKey};
+use crate::controller::core::step::Step;
 
 /// The finalizer that lets the controller remove a placement's Node labels.
 pub use crate::names::keys::PLACEMENT_FINALIZER as FINALIZER;

@@ -25,12 +25,12 @@ use tokio::sync::{Mutex, mpsc};
 
 use super::core::decide::tests::half_node;
 use super::core::labels::placement_label_key;
-use super::core::ledger::PlacementKey;
 use super::reconcile::{Error, FINALIZER, error_policy, reconcile};
-use super::step::Step;
 use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 use crate::controller::context::{Context, FIELD_MANAGER, State};
+use crate::controller::core::ledger::PlacementKey;
+use crate::controller::core::step::Step;
 use crate::controller::events::Recorder;
 use crate::controller::fake_apiserver::{FakeApiserver, Recorded};
 use crate::controller::metrics::ControllerMetrics;

@@ -19,8 +19,8 @@ use crate::api::{Lenient, ModelPlacement};
 
 use super::core::decide::Decision;
 use super::core::desired::{PLANNED, desired_status};
-use super::step::Step;
 use crate::controller::context::{Context, FIELD_MANAGER};
+use crate::controller::core::step::Step;
 
 /// A status write the apiserver refused or never answered.
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@
 //! A model is resolved once, when the controller starts: a typo in a preset key fails the
 //! start-up with the planner's "did you mean" rather than a gauge that never appears.
 
+use crate::controller::core::fleet_figures::ModelCount;
 use crate::fleet::capacity::{self, Question};
 use crate::plan::capability::PrecisionChoice;
 use crate::plan::kv::KvDtype;
@@ -178,22 +179,6 @@ fn precision_name(choice: PrecisionChoice) -> String {
         .ok()
         .and_then(|value| value.as_str().map(str::to_string))
         .unwrap_or_else(|| format!("{choice:?}").to_ascii_lowercase())
-}
-
-/// One model's capacity now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelCount {
-    /// The preset key.
-    pub model: String,
-    /// Tokens per request.
-    pub context: u64,
-    /// The precision asked for.
-    pub precision: String,
-    /// Replicas (one full-context request each) the free devices hold, every device class
-    /// packed in turn.
-    pub replicas: u32,
-    /// Free devices left that no further replica can use.
-    pub stranded_devices: u32,
 }
 
 /// Counts each model on `nodes` with `reserved` held. A model the planner cannot answer for

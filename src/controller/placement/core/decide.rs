@@ -14,9 +14,10 @@ use crate::api::placement::{AllocationMode, ModelPlacementSpec, ModelPlacementSt
 use crate::plan::Reservations;
 
 use super::claims::ClaimsReport;
-use super::ledger::{Holding, Ledger, PlacementKey, Precedence, Tried};
-use super::outcome::{Outcome, evaluate};
+use super::evaluate::evaluate;
+use super::outcome::Outcome;
 use crate::controller::core::fleet_view::FleetView;
+use crate::controller::core::ledger::{Holding, Ledger, PlacementKey, Precedence, Tried};
 
 /// A placement as [`decide`] sees it.
 #[derive(Debug, Clone)]

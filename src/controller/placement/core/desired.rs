@@ -264,9 +264,9 @@ fn claims_not_ready(report: &ClaimsReport) -> (bool, &'static str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::core::ledger::Ledger;
     use crate::controller::placement::core::decide::decide;
     use crate::controller::placement::core::decide::tests::{candidate, fleet, half_node};
-    use crate::controller::placement::core::ledger::Ledger;
 
     #[test]
     fn status_conditions_follow_the_decision() {

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::controller::core::ledger::HeldNodes;
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash};
 
 /// The prefix of every placement label; the controller writes no other Node label.
@@ -79,25 +80,6 @@ pub fn node_selector(namespace: &str, name: &str) -> BTreeMap<String, String> {
         placement_label_key(namespace, name),
         PLACEMENT_LABEL_VALUE.to_string(),
     )])
-}
-
-/// The nodes one placement holds, and for a disaggregated one, each pool's.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeldNodes {
-    /// Every node of the placement.
-    pub all: BTreeSet<String>,
-    /// Disaggregated: (prefill pool's nodes, decode pool's nodes).
-    pub roles: Option<(BTreeSet<String>, BTreeSet<String>)>,
-}
-
-impl HeldNodes {
-    /// An ordinary placement on `nodes`.
-    pub fn plain(nodes: BTreeSet<String>) -> Self {
-        Self {
-            all: nodes,
-            roles: None,
-        }
-    }
 }
 
 /// The complete set of placement labels each node should carry, from the nodes each

@@ -6,10 +6,9 @@
 //! | module | job |
 //! |---|---|
 //! | [`request`] | spec → planner request, and the nodes it may use |
-//! | [`outcome`] | plan → status: what planning a spec concluded |
+//! | [`evaluate`] | a spec on the fleet → its outcome: the one entry to planning |
+//! | [`outcome`] | one request's plan → status |
 //! | [`claims`] | which ResourceClaims hold a plan |
-//! | [`claim_holdings`] | devices every allocated claim holds; claims that outlived their placement |
-//! | [`ledger`] | which placement holds which devices |
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
 //! | [`desired`] | the status and conditions a decision leads to |
 //! | [`device_health`] | held devices that claims' `status.devices` or pods report unhealthy |
@@ -19,13 +18,12 @@
 //!
 //! `tests/architecture.rs` keeps this module free of `kube`, `tokio` and `clap`.
 
-pub mod claim_holdings;
 pub mod claims;
 pub mod decide;
 pub mod desired;
 pub mod device_health;
+pub mod evaluate;
 pub mod labels;
-pub mod ledger;
 pub mod no_match;
 pub mod outcome;
 pub mod request;

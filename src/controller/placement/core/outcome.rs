@@ -1,77 +1,19 @@
-//! Plan → status: what planning a spec on the fleet concluded ([`evaluate`]), and the
-//! `ModelPlacementStatus` that says so. Pure; the spec became a planner request in
-//! [`request`](super::request).
+//! Plan → status: the [`Outcome`] of planning one request, and the `ModelPlacementStatus`
+//! that says so. Pure; the spec became a planner request in [`request`](super::request), and
+//! [`evaluate`](super::evaluate) calls in here.
 
 use std::collections::BTreeSet;
 
 use crate::api::placement::{
-    AllocationMode, Assignment, EngineStatus, MemoryBreakdown, ModelPlacementSpec,
-    ModelPlacementStatus, PlanStatus, PrefillStatus, RoleNodes,
+    Assignment, EngineStatus, MemoryBreakdown, ModelPlacementStatus, PlanStatus, PrefillStatus,
+    RoleNodes,
 };
-use crate::controller::core::fleet_view::FleetView;
+pub use crate::controller::core::outcome::Outcome;
 use crate::plan::report::Plan;
 use crate::plan::{NodeSpec, PlanError, Reservations, plan};
 
-use super::request::{Request, request_from_spec};
-use super::{labels, no_match, template};
-
-/// Why a disaggregated placement with DRA allocation is refused.
-pub const DISAGGREGATED_NEEDS_LABELS: &str = "disaggregated serving supports allocation: labels for now (spec.allocation is claims or claimTemplate)";
-
-/// What planning concluded.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// It fits: the status describes the plan and its assignments.
-    Planned(ModelPlacementStatus),
-    /// Valid, but it does not fit on the free devices now.
-    Unschedulable(ModelPlacementStatus),
-    /// The spec cannot be planned whatever the hardware.
-    Invalid(ModelPlacementStatus),
-}
-
-impl Outcome {
-    /// The status part of the outcome (without conditions).
-    pub fn status(&self) -> &ModelPlacementStatus {
-        match self {
-            Self::Planned(s) | Self::Unschedulable(s) | Self::Invalid(s) => s,
-        }
-    }
-}
-
-/// Plans `spec` for `namespace/name` on `fleet` minus `reserved`.
-pub fn evaluate(
-    spec: &ModelPlacementSpec,
-    namespace: &str,
-    name: &str,
-    fleet: &FleetView,
-    reserved: &Reservations,
-) -> Outcome {
-    let request = match request_from_spec(spec) {
-        Ok(request) => request,
-        Err(reasons) => return Outcome::Invalid(refusal(None, reasons, Vec::new())),
-    };
-    if request.request.disaggregation.is_some()
-        && matches!(
-            spec.allocation,
-            Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
-        )
-    {
-        return Outcome::Invalid(refusal(
-            Some(request.model.name.clone()),
-            vec![DISAGGREGATED_NEEDS_LABELS.to_string()],
-            vec!["set spec.allocation: labels, or drop spec.goal.serve.disaggregated".to_string()],
-        ));
-    }
-    let nodes = request.nodes(fleet);
-    // The planner sees only what is left; the whole fleet says why nothing is.
-    if let Some(why) = no_match::why_nothing_left(fleet, &request.filter, &nodes) {
-        return Outcome::Unschedulable(no_devices(&request, &why));
-    }
-    if spec.allocation == Some(AllocationMode::ClaimTemplate) {
-        return template::evaluate_template(&request, &nodes, fleet, namespace, name);
-    }
-    outcome_of(&request, &nodes, reserved, namespace, name)
-}
+use super::labels;
+use super::request::Request;
 
 /// Plans `request` on `nodes` minus `reserved`: the plan's status, or why there is none.
 pub(super) fn outcome_of(
@@ -104,7 +46,7 @@ pub(super) fn outcome_of(
 }
 
 /// The refusal when no accelerator is left to plan on, saying why.
-fn no_devices(request: &Request, reason: &str) -> ModelPlacementStatus {
+pub(super) fn no_devices(request: &Request, reason: &str) -> ModelPlacementStatus {
     refusal(
         Some(request.model.name.clone()),
         vec![format!("no free accelerator matches: {reason}")],
@@ -114,7 +56,7 @@ fn no_devices(request: &Request, reason: &str) -> ModelPlacementStatus {
     )
 }
 
-fn refusal(
+pub(super) fn refusal(
     model: Option<String>,
     reasons: Vec<String>,
     suggestions: Vec<String>,
@@ -260,7 +202,3 @@ fn prefill_status(prefill: &Plan, namespace: &str, name: &str) -> PrefillStatus 
         engine: pool.2,
     }
 }
-
-#[cfg(test)]
-#[path = "outcome_tests.rs"]
-mod tests;

@@ -29,7 +29,7 @@ use crate::dra::claims::{allocated_devices, owning_placement};
 use crate::dra::counters::blocked_by_counters;
 use crate::plan::Reservations;
 
-use super::ledger::{Ledger, PlacementKey};
+use super::ledger::{HeldOutside, Ledger, PlacementKey};
 use crate::controller::core::fleet_view::FleetView;
 
 /// A claim labelled for a placement (by us, or made to look so), still allocated, whose
@@ -47,16 +47,6 @@ pub struct OutlivedClaim {
     pub placement: String,
     /// Devices its allocation names.
     pub devices: usize,
-}
-
-/// Devices held outside the ledger, as planner reservations on a fleet view's node and device
-/// ids: named by an allocated claim the ledger does not count, or blocked by DRA counters.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HeldOutside {
-    /// Every such device.
-    pub devices: Reservations,
-    /// Why a device no claim names is held: `(node, device)` → the counter set it cannot get.
-    pub blocked: BTreeMap<(String, String), String>,
 }
 
 /// The devices `claim` is allocated, each with the claim as `namespace/name`: what the

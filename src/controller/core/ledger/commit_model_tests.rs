@@ -28,7 +28,7 @@ use proptest::prelude::*;
 
 use super::{Holding, Ledger, PlacementKey, Tried};
 use crate::api::placement::{Assignment, ModelPlacementStatus};
-use crate::controller::placement::core::claim_holdings::HeldOutside;
+use crate::controller::core::ledger::HeldOutside;
 use crate::controller::placement::core::outcome::Outcome;
 use crate::plan::Reservations;
 

@@ -36,24 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{Conflict, Holding, Ledger, PlacementKey};
-
-/// What a snapshot was taken from, and what each placement it changed held then.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct DraftLog {
-    /// The ledger's release count when the snapshot was taken.
-    releases: u64,
-    /// Every placement the snapshot changed (holding or refusal), with its holding at the
-    /// time of the snapshot.
-    before: BTreeMap<PlacementKey, Option<Arc<Holding>>>,
-}
-
-impl DraftLog {
-    /// Records `key`'s holding before its first change; later changes keep the first.
-    pub(super) fn touched(&mut self, key: &PlacementKey, before: Option<Arc<Holding>>) {
-        self.before.entry(key.clone()).or_insert(before);
-    }
-}
+use super::{Conflict, DraftLog, Holding, Ledger, PlacementKey};
 
 /// Why a snapshot's changes were not applied. Nothing was changed; plan again from a fresh
 /// snapshot.

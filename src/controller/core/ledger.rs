@@ -24,17 +24,14 @@ use std::sync::Arc;
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
 
-use super::claim_holdings::HeldOutside;
-use super::labels::HeldNodes;
 use super::outcome::Outcome;
 
 pub mod commit;
 #[cfg(test)]
 mod commit_model_tests;
+pub mod rebuild;
 
-pub use self::commit::{CommitConflict, Committed};
-
-pub use crate::controller::core::placement_key::PlacementKey;
+pub use super::placement_key::PlacementKey;
 
 /// Precedence among placements: older first, then by `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -126,6 +123,52 @@ struct Unfit {
     refusal: Outcome,
 }
 
+/// The nodes one placement holds, and for a disaggregated one, each pool's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldNodes {
+    /// Every node of the placement.
+    pub all: BTreeSet<String>,
+    /// Disaggregated: (prefill pool's nodes, decode pool's nodes).
+    pub roles: Option<(BTreeSet<String>, BTreeSet<String>)>,
+}
+
+impl HeldNodes {
+    /// An ordinary placement on `nodes`.
+    pub fn plain(nodes: BTreeSet<String>) -> Self {
+        Self {
+            all: nodes,
+            roles: None,
+        }
+    }
+}
+
+/// Devices held outside the ledger, as planner reservations on a fleet view's node and device
+/// ids: named by an allocated claim the ledger does not count, or blocked by DRA counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeldOutside {
+    /// Every such device.
+    pub devices: Reservations,
+    /// Why a device no claim names is held: `(node, device)` → the counter set it cannot get.
+    pub blocked: BTreeMap<(String, String), String>,
+}
+
+/// What a snapshot was taken from, and what each placement it changed held then.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct DraftLog {
+    /// The ledger's release count when the snapshot was taken.
+    releases: u64,
+    /// Every placement the snapshot changed (holding or refusal), with its holding at the
+    /// time of the snapshot.
+    before: BTreeMap<PlacementKey, Option<Arc<Holding>>>,
+}
+
+impl DraftLog {
+    /// Records `key`'s holding before its first change; later changes keep the first.
+    fn touched(&mut self, key: &PlacementKey, before: Option<Arc<Holding>>) {
+        self.before.entry(key.clone()).or_insert(before);
+    }
+}
+
 /// Every placement's devices.
 ///
 /// Holdings and refusals are shared (`Arc`) so that a [`Ledger::snapshot`] copies pointers,
@@ -144,7 +187,7 @@ pub struct Ledger {
     external: HeldOutside,
     /// On a snapshot only: what it was taken from and what it changed since, for
     /// [`Ledger::commit`].
-    draft: Option<commit::DraftLog>,
+    draft: Option<DraftLog>,
 }
 
 impl Ledger {

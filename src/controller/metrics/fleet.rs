@@ -15,8 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::core::model_capacity::ModelCount;
-use crate::controller::core::fleet_figures::FleetTotals;
+use crate::controller::core::fleet_figures::{FleetTotals, ModelCount};
 use crate::controller::core::placement_key::PlacementKey;
 
 /// The states `hwaccel_placement_state` has a series for, per placement.

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use super::*;
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::controller::core::fleet_view::NodePart;
-use crate::controller::placement::core::ledger::Holding;
+use crate::controller::core::ledger::Holding;
 use crate::dra::claims::ClaimPlan;
 use crate::dra::slices::published_devices;
 use crate::testing::dra::fixture_slices;

@@ -4,9 +4,13 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use std::collections::BTreeSet;
+
+use crate::api::placement::{Assignment, ModelPlacementSpec};
 use crate::api::placement::{
     Constraints, Goal as ApiGoal, ModelSource as ApiModel, PrecisionChoice, TrainMethod,
 };
+use crate::controller::placement::core::labels;
 use crate::plan::Goal;
 use crate::testing::PlacementBuilder;
 use crate::testing::inventory::fixture_inventory as inventory;
