@@ -504,7 +504,7 @@ async fn a_dry_run_taints_nothing_and_names_the_pods_on_the_node() -> Result<()>
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Result<()> {
-    use hwaccel::api::PlannerDeviceIds;
+    use hwaccel::dra::inventory_node::{PlannerDeviceIds, planner_node};
     use hwaccel::hardware::{Family, HealthStatus};
     use hwaccel::testing::fixture::fixture_report;
     use std::collections::{BTreeMap, BTreeSet};
@@ -568,7 +568,7 @@ async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Res
     let planner_free: BTreeMap<String, u32> = inventories
         .iter()
         .map(|inventory| {
-            let (node, _) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
+            let (node, _) = planner_node(&inventory, PlannerDeviceIds::InventoryNames);
             let free = node
                 .devices
                 .iter()

@@ -15,12 +15,13 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use clap::Parser;
-use hwaccel::api::{AcceleratorInventory, AcceleratorInventoryStatus, PlannerDeviceIds};
+use hwaccel::api::{AcceleratorInventory, AcceleratorInventoryStatus};
 use hwaccel::cli::fleet::{FleetArgs, answer};
 use hwaccel::cli::fleet_input::from_files;
 use hwaccel::controller::core::fleet_figures::{FleetTotals, NodeStats};
 use hwaccel::controller::metrics::fleet::FleetMetrics;
 use hwaccel::detect::Report;
+use hwaccel::dra::inventory_node::{PlannerDeviceIds, planner_node};
 use hwaccel::fleet::health::Holdings;
 use hwaccel::hardware::{Family, HealthStatus};
 use hwaccel::plan::Reservations;
@@ -246,7 +247,7 @@ fn planner_free(
     inventories
         .iter()
         .map(|inventory| {
-            let (node, _) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
+            let (node, _) = planner_node(&inventory, PlannerDeviceIds::InventoryNames);
             let free = node
                 .devices
                 .iter()

@@ -1,7 +1,8 @@
 //! Conversions between the CRD types and the core types: a detection [`Report`] to and from
-//! an [`AcceleratorInventory`], an inventory to the planner's [`NodeSpec`] (the one conversion
-//! the controller's fleet view and `hwaccel plan --inventory` share), and, in [`placement`],
-//! a ModelPlacement spec to the planner's input.
+//! an [`AcceleratorInventory`], and an inventory's devices as the device-state rule's facts.
+//! An inventory as the planner's node is `dra::inventory_node`, a ModelPlacement spec as the
+//! planner's input `controller::placement::core::plan_input`: the API names nothing of the
+//! planner.
 //!
 //! `from_report` is a pure function of the report: the same report gives the same object,
 //! byte for byte, because every map is a `BTreeMap`, every list is sorted, and nothing
@@ -9,8 +10,6 @@
 //! `to_report` / `to_devices` read an inventory back into the core types the planner works
 //! on; for reports within the limits (strings up to 64 bytes are kept whole, longer ones come
 //! back from `fullValues`), `to_report(from_report(r))` is `r` again.
-
-mod placement;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,7 +23,7 @@ use super::inventory::{
 };
 use super::{bounds, quantity};
 use crate::detect::pci::canonical_bus_id;
-use crate::fleet::health::{NodeInput, UNKNOWN_PRODUCT};
+use crate::fleet::health::UNKNOWN_PRODUCT;
 use crate::hardware::Report;
 use crate::hardware::device_state::{Counts, DeviceFacts, DeviceState};
 use crate::hardware::{
@@ -33,7 +32,6 @@ use crate::hardware::{
 };
 use crate::labels::{product_label_value, product_slug};
 use crate::names::{hash_hex, shorten_with_hash, slugify, truncate_at_char_boundary};
-use crate::plan::NodeSpec;
 
 /// The longest DNS label, the limit on a device name.
 const MAX_DEVICE_NAME_LENGTH: usize = 63;
@@ -56,64 +54,11 @@ impl AcceleratorInventory {
     pub fn to_devices(&self) -> Vec<Device> {
         self.spec.to_devices()
     }
-
-    /// This inventory as a planner node named after `spec.nodeName`, with notes about the
-    /// devices the planner cannot use.
-    pub fn planner_node(&self, ids: PlannerDeviceIds) -> (NodeSpec, Vec<String>) {
-        let (mut node, notes) = NodeSpec::from_report(&self.to_report(), &self.spec.node_name);
-        let names: BTreeMap<String, &str> = self
-            .spec
-            .devices
-            .iter()
-            .map(|entry| {
-                let id = entry
-                    .text(attribute::ID)
-                    .unwrap_or_else(|| entry.name.clone());
-                (id, entry.name.as_str())
-            })
-            .collect();
-        for device in &mut node.devices {
-            let Some(name) = names.get(&device.id) else {
-                continue;
-            };
-            // Whichever names the planner uses, the other one (and the UUID, set by the
-            // conversion) is an alias: a user may type any name an inventory prints.
-            let other = if ids == PlannerDeviceIds::InventoryNames {
-                std::mem::replace(&mut device.id, (*name).to_string())
-            } else {
-                (*name).to_string()
-            };
-            if other != device.id {
-                device.aliases.insert(0, other);
-            }
-        }
-        (node, notes)
-    }
-}
-
-impl AcceleratorInventory {
-    /// This inventory as the fleet roll-up reads it: the planner's node (devices named as in
-    /// the inventory), every accelerator's facts for the one device-state rule
-    /// (`hardware::device_state`), and the count the node should have. The command line and the
-    /// controller both count through this, so they count the same.
-    pub fn fleet_node(&self) -> (NodeInput, Vec<String>) {
-        let (node, notes) = self.planner_node(PlannerDeviceIds::InventoryNames);
-        let devices = self.device_facts();
-        let expected = self.status.as_ref().and_then(|s| s.expected_devices);
-        (
-            NodeInput {
-                node,
-                devices,
-                expected,
-            },
-            notes,
-        )
-    }
 }
 
 impl AcceleratorInventory {
     /// Every accelerator's facts (never the host CPU), named as in the inventory, for the one
-    /// device-state rule; the cheap half of [`AcceleratorInventory::fleet_node`], for a
+    /// device-state rule; the cheap half of `dra::inventory_node::fleet_node`, for a
     /// caller that counts without planning (the controller's fleet pass).
     pub fn device_facts(&self) -> Vec<DeviceFacts> {
         self.spec
@@ -131,31 +76,6 @@ impl AcceleratorInventory {
             })
             .collect()
     }
-}
-
-/// How a planner node made from an inventory names its devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlannerDeviceIds {
-    /// By detection id (a PCI bus id), as `hwaccel plan --inventory` prints them.
-    Detection,
-    /// By the inventory's DNS-label device name (`gpu-0000-18-00-0`), the names statuses,
-    /// reservations and the controller's ledger use.
-    InventoryNames,
-}
-
-/// Reads an `AcceleratorInventory` object (as `kubectl get accinv -o yaml` or `hwaccel detect
-/// --as-inventory NODE` print it) for the planner's inventory files: `None` for any other
-/// `kind`, an error saying what is wrong with a malformed one. The planner's file loader
-/// takes it as its reader of Kubernetes objects, which keeps `plan` free of the CRD types.
-pub fn planner_node_from_object(
-    kind: &str,
-    object: &serde_json::Value,
-) -> Option<Result<(NodeSpec, Vec<String>), String>> {
-    (kind == "AcceleratorInventory").then(|| {
-        let inventory: AcceleratorInventory = serde_json::from_value(object.clone())
-            .map_err(|err| format!("AcceleratorInventory: {err}"))?;
-        Ok(inventory.planner_node(PlannerDeviceIds::Detection))
-    })
 }
 
 impl InventoryDevice {

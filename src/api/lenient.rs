@@ -71,7 +71,10 @@ impl<'de, K: DeserializeOwned + Projection + Resource> Deserialize<'de> for Leni
         // Where the text could not be projected (not an object with metadata), the decoded
         // object still keeps nothing unread.
         let metadata = match &mut decoded {
-            Lenient::Decoded(object) => object.meta_mut(),
+            Lenient::Decoded(object) => {
+                object.settle();
+                object.meta_mut()
+            }
             Lenient::Undecodable { metadata, .. } => metadata,
         };
         metadata.managed_fields = None;

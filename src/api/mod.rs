@@ -42,7 +42,6 @@ pub mod placement;
 pub mod projection;
 pub mod quantity;
 
-pub use convert::{PlannerDeviceIds, planner_node_from_object};
 pub use device_ref::DeviceRef;
 pub use inventory::{
     AcceleratorInventory, AcceleratorInventorySpec, AcceleratorInventoryStatus, DeviceAttribute,

@@ -19,11 +19,66 @@ use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-/// Weight precision choice: the planner's own type, whose wire names are the CRD's enum.
-pub use crate::plan::capability::PrecisionChoice;
-/// Fine-tuning method: the planner's own type, whose wire names are the CRD's enum.
-pub use crate::plan::training::Method as TrainMethod;
-pub use crate::plan::training::OptimizerStates;
+// The enums below are the API's own, not the planner's: a variant the planner adds (a
+// precision only `hwaccel plan` offers, say) must not change the CRD. Their wire names are
+// the planner's flag names; `controller::placement::core::request` converts them, and a test
+// there checks every variant against the planner's parser.
+
+// The doc line below is the CRD field's description: keep it as is.
+/// Weight precision choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PrecisionChoice {
+    /// Let the planner choose: the highest precision that fits.
+    #[default]
+    Auto,
+    /// bfloat16.
+    Bf16,
+    /// float16.
+    Fp16,
+    /// 8-bit float.
+    Fp8,
+    /// 8-bit integer.
+    Int8,
+    /// 4-bit integer (AWQ/GPTQ).
+    Int4,
+    /// 4-bit NormalFloat (QLoRA).
+    Nf4,
+    /// 4-bit float (MXFP4/NVFP4).
+    Fp4,
+}
+
+/// A fine-tuning method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainMethod {
+    /// Every parameter trained.
+    Full,
+    /// Low-rank adapters on a frozen 16-bit base.
+    Lora,
+    /// Low-rank adapters on a frozen NF4 base.
+    Qlora,
+    /// Direct preference optimisation: full fine-tuning plus a frozen reference model.
+    Dpo,
+}
+
+// The doc line below is the CRD field's description.
+/// Precision of the optimizer's states: `fp32` (the default: mixed precision, FP32 master
+/// weights and Adam moments, 16 bytes per trained parameter), `bf16` (weights, gradients and
+/// moments in BF16, 8 bytes) or `8bit` (8-bit Adam moments, FP32 master, 10 bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OptimizerStates {
+    /// FP32 master weights and Adam moments (mixed precision).
+    #[default]
+    #[serde(rename = "fp32")]
+    Fp32,
+    /// Weights, gradients and Adam moments all in BF16.
+    #[serde(rename = "bf16")]
+    Bf16,
+    /// 8-bit Adam moments (bitsandbytes), FP32 master weights.
+    #[serde(rename = "8bit")]
+    EightBit,
+}
 
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -614,31 +669,34 @@ fn config_text(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// An inline `config.json`: the JSON text a tenant wrote, reduced as it is decoded to the
-/// fields the planner reads ([`crate::plan::model::subset`]).
+/// An inline `config.json`: the JSON text a tenant wrote.
 ///
-/// Whoever decodes a placement (the controller's caches above all) keeps a bounded model
-/// description, not what the tenant stored: the subset of a real config is about 1 KiB. Text
-/// that is not a JSON object (malformed, nested too deeply to decode, an array) is kept as it
-/// is, within the CRD's bound, so the planner reports its own error for it and that
-/// placement alone becomes `Invalid`.
-#[derive(Clone, Debug, Serialize)]
+/// Whoever keeps many placements (the controller's caches above all) keeps a bounded model
+/// description, not what the tenant stored: its projection of a placement calls
+/// [`InlineJson::reduce_with`] with the planner's subset (`controller::cache`), about 1 KiB of
+/// a real config. Text that is not a JSON object (malformed, nested too deeply to decode, an
+/// array) is kept as it is, within the CRD's bound, so the planner reports its own error for
+/// it and that placement alone becomes `Invalid`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct InlineJson(String);
 
 impl InlineJson {
-    /// Keeps the planner's subset of `text` when it is a JSON object, else `text` itself.
-    pub fn reduced(text: String) -> Self {
-        let subset = serde_json::from_str::<serde_json::Value>(&text)
+    /// Keeps `subset` of the text when it is a JSON object and `subset` gives one, else the
+    /// text as it is.
+    pub fn reduce_with(
+        &mut self,
+        subset: impl FnOnce(&serde_json::Value) -> Option<serde_json::Value>,
+    ) {
+        let kept = serde_json::from_str::<serde_json::Value>(&self.0)
             .ok()
-            .and_then(|value| crate::plan::model::subset::planning_subset(&value));
-        match subset {
-            Some(subset) => Self(subset.to_string()),
-            None => Self(text),
+            .and_then(|value| subset(&value));
+        if let Some(kept) = kept {
+            self.0 = kept.to_string();
         }
     }
 
-    /// The JSON text (the planner's subset, see above).
+    /// The JSON text.
     pub fn text(&self) -> &str {
         &self.0
     }
@@ -649,18 +707,12 @@ impl InlineJson {
     }
 }
 
-impl<'de> Deserialize<'de> for InlineJson {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Self::reduced)
-    }
-}
-
 impl TryFrom<serde_json::Value> for InlineJson {
     type Error = serde_json::Error;
 
     /// The value's JSON text (a test and tool convenience; never fails for a `Value`).
     fn try_from(value: serde_json::Value) -> Result<Self, Self::Error> {
-        serde_json::to_string(&value).map(Self::reduced)
+        serde_json::to_string(&value).map(Self)
     }
 }
 

@@ -28,12 +28,16 @@ pub trait Projection {
 
     /// Whether readers read annotations at all. By default they do not.
     const KEEPS_ANNOTATIONS: bool = false;
+
+    /// Cuts the decoded body to what readers read (by default, nothing is cut).
+    fn settle(&mut self) {}
 }
 
 /// The prefix of the label keys the operator writes and reads on its own and DRA objects.
 const OWN_PREFIX: &str = crate::names::keys::LABEL_PREFIX;
 
-impl Projection for crate::api::ModelPlacement {}
+// A ModelPlacement's projection (it keeps only the planner's subset of an inline config) is in
+// `controller::cache`: only a layer above the planner may name what the planner reads.
 
 impl Projection for crate::api::AcceleratorInventory {}
 
@@ -145,9 +149,9 @@ impl<'de, K: DeserializeOwned + Projection> Deserialize<'de> for Projected<K> {
         let raw = Box::<RawValue>::deserialize(deserializer)?;
         let projected = project::<K>(raw.get());
         let text = projected.as_deref().unwrap_or(raw.get());
-        serde_json::from_str(text)
-            .map(Projected)
-            .map_err(serde::de::Error::custom)
+        let mut object: K = serde_json::from_str(text).map_err(serde::de::Error::custom)?;
+        object.settle();
+        Ok(Projected(object))
     }
 }
 

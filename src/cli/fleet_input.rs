@@ -27,6 +27,7 @@ use crate::controller::core::claim_holdings::held_outside;
 use crate::controller::core::fleet_view::{FleetView, NodePart};
 use crate::controller::core::ledger::Ledger;
 use crate::controller::core::ledger::rebuild::holding_from_status;
+use crate::dra::inventory_node::fleet_node;
 use crate::dra::slices::published_devices;
 use crate::fleet::health::NodeInput;
 use crate::plan::Reservations;
@@ -56,9 +57,9 @@ pub struct FleetInput {
     pub notes: Vec<String>,
 }
 
-/// One inventory as a roll-up node: the one conversion, `AcceleratorInventory::fleet_node`.
+/// One inventory as a roll-up node: the one conversion, `dra::inventory_node::fleet_node`.
 pub fn node_input(inventory: &AcceleratorInventory) -> (NodeInput, Vec<String>) {
-    inventory.fleet_node()
+    fleet_node(inventory)
 }
 
 /// Reads `--inventory` paths with the planner's loader; inventory objects keep their

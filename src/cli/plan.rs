@@ -327,8 +327,10 @@ fn hardware_from_args(args: &PlanArgs) -> Result<Hardware> {
         return Ok((parse_hardware(spec)?, Vec::new(), None));
     }
     if args.resource_slices.is_empty() {
-        let (nodes, notes) =
-            load_inventories(&args.inventory, &crate::api::planner_node_from_object)?;
+        let (nodes, notes) = load_inventories(
+            &args.inventory,
+            &crate::dra::inventory_node::planner_node_from_object,
+        )?;
         return Ok((nodes, notes, None));
     }
     // The inventories are kept whole so their nodes merge with the slices the way the

@@ -14,8 +14,9 @@ use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::api::{AcceleratorInventory, PlannerDeviceIds};
+use crate::api::AcceleratorInventory;
 use crate::detect::pci::canonical_bus_id;
+use crate::dra::inventory_node::{PlannerDeviceIds, planner_node};
 use crate::dra::merge::merge_node;
 use crate::dra::slices::{PublishedFleet, published_devices};
 use crate::dra::{DeviceRef, PublishedDevice};
@@ -272,7 +273,7 @@ pub fn keep_inventory(
     (kind == "AcceleratorInventory").then(|| {
         let inventory: AcceleratorInventory = serde_json::from_value(object.clone())
             .map_err(|err| format!("AcceleratorInventory: {err}"))?;
-        let node = inventory.planner_node(PlannerDeviceIds::Detection);
+        let node = planner_node(&inventory, PlannerDeviceIds::Detection);
         kept.borrow_mut().push(inventory);
         Ok(node)
     })

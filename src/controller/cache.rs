@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::ModelPlacement;
+use crate::api::projection::Projection;
 use crate::dra::claims::{is_allocated, owning_placement};
 use crate::dra::slices::published_devices;
 use crate::names::keys::is_placement_label;
@@ -226,4 +227,15 @@ fn awaited_inventories(
         .keys()
         .map(|node| (node.clone(), why.clone()))
         .collect()
+}
+
+/// A placement as the caches keep it: of an inline `config.json` only what the planner reads
+/// ([`crate::plan::model::subset`]), so a tenant's 64 KiB config costs the controller about
+/// 1 KiB per placement, and plans read exactly as from the whole.
+impl Projection for ModelPlacement {
+    fn settle(&mut self) {
+        if let Some(config) = self.spec.model.hugging_face_config.as_mut() {
+            config.reduce_with(crate::plan::model::subset::planning_subset);
+        }
+    }
 }

@@ -16,8 +16,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::inventory_node::{PlannerDeviceIds, planner_node};
 use super::{DeviceRef, PublishedDevice};
-use crate::api::{AcceleratorInventory, InventoryDevice, PlannerDeviceIds, attribute};
+use crate::api::{AcceleratorInventory, InventoryDevice, attribute};
 use crate::detect::pci::canonical_bus_id;
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
 use crate::plan::products::{self, CONSERVATIVE_PRECISIONS};
@@ -68,7 +69,7 @@ pub fn merge_node(
     let mut by_bus = BTreeMap::new();
     let mut by_uuid = BTreeMap::new();
     if let Some(inventory) = inventory {
-        merged.node = inventory.planner_node(PlannerDeviceIds::InventoryNames).0;
+        merged.node = planner_node(&inventory, PlannerDeviceIds::InventoryNames).0;
         merged.node.name = node.to_string();
         for entry in &inventory.spec.devices {
             merged.present.insert(entry.name.clone());

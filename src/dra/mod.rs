@@ -7,6 +7,7 @@
 //! | `pools` | a pool's complete highest generation, where slices and counters both start |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`lint`] | what is wrong with slices: the apiserver's rules, empty slices, the dictionary's facts |
+//! | [`inventory_node`] | an inventory → the planner's node and the fleet roll-up's, before any merge |
 //! | [`merge`] | an inventory + published devices → one planner node, one device each |
 //! | [`own_slices`] | driverless devices → the agent's own `hwaccel.io` slice, never double-exposed |
 //! | [`counters`] | shared counters (partitionable devices): which devices the allocated ones block |
@@ -25,6 +26,7 @@ pub mod claims;
 pub mod counters;
 pub mod device_classes;
 pub mod drivers;
+pub mod inventory_node;
 pub mod lint;
 pub mod merge;
 pub mod own_slices;

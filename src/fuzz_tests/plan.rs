@@ -321,8 +321,8 @@ proptest! {
         json_value().prop_map(|v| json!({"kind": "AcceleratorInventory", "spec": v}).to_string()),
     ]) {
         let path = Path::new("fuzz.yaml");
-        let once = format!("{:?}", interpret(path, &s, &crate::api::planner_node_from_object));
-        prop_assert_eq!(once, format!("{:?}", interpret(path, &s, &crate::api::planner_node_from_object)));
+        let once = format!("{:?}", interpret(path, &s, &crate::dra::inventory_node::planner_node_from_object));
+        prop_assert_eq!(once, format!("{:?}", interpret(path, &s, &crate::dra::inventory_node::planner_node_from_object)));
     }
 }
 

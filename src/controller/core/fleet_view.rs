@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::api::{AcceleratorInventory, PlannerDeviceIds, attribute};
+use crate::api::{AcceleratorInventory, attribute};
+use crate::dra::inventory_node::{PlannerDeviceIds, planner_node};
 use crate::dra::merge::merge_node;
 use crate::dra::{DeviceRef, PublishedDevice};
 use crate::plan::NodeSpec;
@@ -65,7 +66,7 @@ impl NodePart {
             }
             present.insert(entry.name.clone());
         }
-        let (node, _skipped) = inventory.planner_node(PlannerDeviceIds::InventoryNames);
+        let (node, _skipped) = planner_node(&inventory, PlannerDeviceIds::InventoryNames);
         let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
         // Why, from the one device-state rule (a healthy GPU split into MIG instances used to
         // read "not plannable, health healthy").

@@ -5,6 +5,7 @@
 //!
 //! | module | job |
 //! |---|---|
+//! | [`plan_input`] | a spec's shapes and the API's enums → the planner's input; where the API meets the planner |
 //! | [`request`] | spec → planner request, and the nodes it may use |
 //! | [`evaluate`] | a spec on the fleet → its outcome: the one entry to planning |
 //! | [`outcome`] | one request's plan → status |
@@ -26,5 +27,6 @@ pub mod evaluate;
 pub mod labels;
 pub mod no_match;
 pub mod outcome;
+pub mod plan_input;
 pub mod request;
 pub mod template;

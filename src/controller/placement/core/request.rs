@@ -52,7 +52,7 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
     if !invalid.is_empty() {
         return Err(invalid);
     }
-    let input = spec.plan_input().map_err(|reason| vec![reason])?;
+    let input = super::plan_input::plan_input(spec).map_err(|reason| vec![reason])?;
     let prepared = prepare(input).map_err(|err| vec![err.to_string()])?;
     Ok(Request {
         model: prepared.model,
