@@ -10,8 +10,11 @@
 //! the controller's cores, which that build cannot (they sit inside a Kubernetes-facing
 //! module).
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+mod imports;
 
 /// Crates the pure core must not name.
 const CLUSTER_CRATES: &[&str] = &["kube", "k8s_openapi", "tokio", "clap"];
@@ -280,7 +283,10 @@ fn the_controller_loops_do_not_import_each_other() {
         "src/controller/placement",
         &["controller::fleet", "controller::taints"],
     );
-    found.extend(naming("src/controller/fleet", &["controller::taints"]));
+    found.extend(naming(
+        "src/controller/fleet",
+        &["controller::taints", "controller::placement"],
+    ));
     found.extend(naming(
         "src/controller/taints",
         &["controller::fleet", "controller::placement"],
@@ -292,16 +298,19 @@ fn the_controller_loops_do_not_import_each_other() {
     );
 }
 
-/// The controller's shared files that name no loop: what every loop builds on. `context.rs`
-/// (the ledger) and `metrics.rs` (each loop's metrics) still do (docs/architecture.md), and
-/// `mod.rs` and `fleet_loop.rs` run the loops.
+/// The controller's shared files, which name no loop: what every loop builds on. Only
+/// `mod.rs` and `fleet_loop.rs` (which run the loops) and the tests across loops name them.
 const SHARED_CONTROLLER_FILES: &[&str] = &[
+    "src/controller/cache.rs",
+    "src/controller/context.rs",
     "src/controller/core",
     "src/controller/crds.rs",
     "src/controller/dra_watch.rs",
     "src/controller/events.rs",
     "src/controller/inventory_changes.rs",
     "src/controller/leader.rs",
+    "src/controller/metrics",
+    "src/controller/metrics.rs",
     "src/controller/node_changes.rs",
     "src/controller/node_events.rs",
     "src/controller/passes.rs",
@@ -415,4 +424,147 @@ fn the_module_checker_tells_a_module_from_one_that_starts_like_it() {
         "use crate::controller::fleet_loop::run;",
         "controller::fleet"
     ));
+}
+
+#[test]
+fn the_api_names_nothing_of_the_planner() {
+    // The CRD types keep their own enums (`api::placement::PrecisionChoice`, ...): a planner
+    // change must not change the CRD. Where the API meets the planner is above both:
+    // `dra::inventory_node` and `controller::placement::core::plan_input`.
+    let found = naming("src/api", &["crate::plan", "hwaccel::plan"]);
+    assert!(
+        found.is_empty(),
+        "the API names the planner:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn no_import_circle_spans_more_than_two_files_and_none_is_inside_the_controller() {
+    let graph = imports::Graph::of_src();
+    assert!(
+        graph.edges.len() > 200,
+        "the import reader found only {} files",
+        graph.edges.len()
+    );
+    let arrows: usize = graph.edges.values().map(|targets| targets.len()).sum();
+    assert!(arrows > 600, "the import reader found only {arrows} arrows");
+    let bad: Vec<String> = graph
+        .circles()
+        .into_iter()
+        .filter(|circle| {
+            circle.len() > 2
+                || circle
+                    .iter()
+                    .any(|file| file.starts_with("src/controller/"))
+        })
+        .map(|circle| circle.into_iter().collect::<Vec<_>>().join(" <-> "))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "import circles (of more than two files, or inside the controller):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_import_reader_sees_use_trees_reexports_and_known_circles() {
+    assert_eq!(
+        imports::expand("crate::plan::{engine::{self, EngineSettings}, report::Plan as P}"),
+        [
+            "crate::plan::engine",
+            "crate::plan::engine::EngineSettings",
+            "crate::plan::report::Plan",
+        ]
+    );
+    let graph = imports::Graph::of_src();
+    let imports_of = |file: &str| graph.edges.get(file).cloned().unwrap_or_default();
+    // A path through a re-export reaches the file that defines the item: `crate::plan::Plan`
+    // is `plan/report.rs`, which the plan's entry point re-exports.
+    assert!(imports_of("src/cli/plan.rs").contains("src/plan/report.rs"));
+    // `use super::...` in a child reaches its parent.
+    assert!(imports_of("src/dra/counters.rs").contains("src/dra/pools.rs"));
+    // A two-file circle the planner still has is seen (the rule allows it).
+    assert!(
+        graph
+            .circles()
+            .iter()
+            .any(|circle| circle.contains("src/plan/inventory.rs")
+                && circle.contains("src/plan/products.rs")),
+        "{:?}",
+        graph.circles()
+    );
+}
+
+/// The top-level modules, lowest first: a module may name only modules in earlier rows (and
+/// its own). A row holds modules that name none of each other. `DESIGN.md` and
+/// docs/architecture.md draw the same order.
+const LAYERS: &[&[&str]] = &[
+    &["hardware", "names", "output", "duration", "backoff"],
+    &["detect"],
+    &["labels"],
+    &["plan"],
+    &["fleet"],
+    &["api"],
+    &["dra"],
+    &["health", "kube_client", "signals", "telemetry"],
+    &["server", "shutdown"],
+    &["agent"],
+    &["controller"],
+    &["cleanup"],
+    &["cli"],
+    &["main"],
+];
+
+#[test]
+fn no_module_imports_one_above_it() {
+    let layer_of = |module: &str| LAYERS.iter().position(|row| row.contains(&module));
+    let mut found = Vec::new();
+    let mut unknown = BTreeSet::new();
+    for line in production_lines("src") {
+        let module = line
+            .file
+            .trim_start_matches("src/")
+            .split(['/', '.'])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if matches!(module.as_str(), "lib" | "testing" | "fuzz_tests") {
+            continue;
+        }
+        let Some(own) = layer_of(&module) else {
+            unknown.insert(module);
+            continue;
+        };
+        for (at, _) in line.code.match_indices("crate::") {
+            let named: String = line.code[at + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if named == module || named.is_empty() {
+                continue;
+            }
+            match layer_of(&named) {
+                Some(layer) if layer < own => {}
+                Some(_) => found.push(format!(
+                    "{}:{}: {module} names {named}: {}",
+                    line.file,
+                    line.number,
+                    line.code.trim()
+                )),
+                None => {
+                    unknown.insert(named);
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "modules missing from LAYERS: {unknown:?}"
+    );
+    assert!(
+        found.is_empty(),
+        "a module imports one beside or above it:\n{}",
+        found.join("\n")
+    );
 }

@@ -568,7 +568,7 @@ async fn every_view_of_the_demo_fleet_counts_the_same_after_a_placement() -> Res
     let planner_free: BTreeMap<String, u32> = inventories
         .iter()
         .map(|inventory| {
-            let (node, _) = planner_node(&inventory, PlannerDeviceIds::InventoryNames);
+            let (node, _) = planner_node(inventory, PlannerDeviceIds::InventoryNames);
             let free = node
                 .devices
                 .iter()

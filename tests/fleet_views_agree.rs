@@ -247,7 +247,7 @@ fn planner_free(
     inventories
         .iter()
         .map(|inventory| {
-            let (node, _) = planner_node(&inventory, PlannerDeviceIds::InventoryNames);
+            let (node, _) = planner_node(inventory, PlannerDeviceIds::InventoryNames);
             let free = node
                 .devices
                 .iter()

@@ -1,10 +1,10 @@
 //! Where `hwaccel fleet` gets the fleet: inventory and placement files, or the cluster.
 //!
 //! Inventories become planner nodes through the one conversion
-//! (`AcceleratorInventory::planner_node`, devices named as in the inventory, the names
+//! (`dra::inventory_node::planner_node`, devices named as in the inventory, the names
 //! placements hold them by), read by the planner's own bounded file loader; what the
 //! conversion leaves out (unhealthy or unplannable devices, the expected count) is kept beside
-//! each node for the health roll-up (`AcceleratorInventory::fleet_node`, the conversion the
+//! each node for the health roll-up (`dra::inventory_node::fleet_node`, the conversion the
 //! controller counts through too). A placement's held devices are read the way the
 //! controller rebuilds its ledger at start-up (`holding_from_status`, then `Ledger::rebuild`),
 //! so two placements claiming one device count it once. From the cluster, where DRA is

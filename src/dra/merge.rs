@@ -69,7 +69,7 @@ pub fn merge_node(
     let mut by_bus = BTreeMap::new();
     let mut by_uuid = BTreeMap::new();
     if let Some(inventory) = inventory {
-        merged.node = planner_node(&inventory, PlannerDeviceIds::InventoryNames).0;
+        merged.node = planner_node(inventory, PlannerDeviceIds::InventoryNames).0;
         merged.node.name = node.to_string();
         for entry in &inventory.spec.devices {
             merged.present.insert(entry.name.clone());

@@ -5,7 +5,7 @@
 //! Every figure is a count of [`DeviceState`]s, the one definition of device state
 //! (`device_state`): the command line builds each node from inventory objects and the
 //! controller from the inventories it watches, both through the one conversion
-//! (`AcceleratorInventory::fleet_node`), so both count the same way, and the free count is
+//! (`dra::inventory_node::fleet_node`), so both count the same way, and the free count is
 //! the planner's free set (plannable devices nobody holds).
 //!
 //! A node's missing devices (`expected − present`, never below zero, when the node states an

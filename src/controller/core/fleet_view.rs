@@ -66,7 +66,7 @@ impl NodePart {
             }
             present.insert(entry.name.clone());
         }
-        let (node, _skipped) = planner_node(&inventory, PlannerDeviceIds::InventoryNames);
+        let (node, _skipped) = planner_node(inventory, PlannerDeviceIds::InventoryNames);
         let usable: BTreeSet<&str> = node.devices.iter().map(|d| d.id.as_str()).collect();
         // Why, from the one device-state rule (a healthy GPU split into MIG instances used to
         // read "not plannable, health healthy").

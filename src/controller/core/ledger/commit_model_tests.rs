@@ -29,7 +29,7 @@ use proptest::prelude::*;
 use super::{Holding, Ledger, PlacementKey, Tried};
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::controller::core::ledger::HeldOutside;
-use crate::controller::placement::core::outcome::Outcome;
+use crate::controller::core::outcome::Outcome;
 use crate::plan::Reservations;
 
 const NODES: usize = 2;
