@@ -46,7 +46,7 @@ static GLOBAL: Counting = Counting;
 
 fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
     let mut spec = match products::lookup(product, None) {
-        Some(p) => p.device_spec(format!("gpu{id}"), None),
+        Some(p) => DeviceSpec::of_product(p, format!("gpu{id}"), None),
         None => DeviceSpec {
             id: format!("cpu{id}"),
             product: "Intel Xeon".into(),

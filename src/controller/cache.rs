@@ -1,7 +1,7 @@
 //! The controller's watch caches, read: every question more than one loop asks of them
 //! (the planner's view of the fleet, the claims and slices, what allocated claims hold), so
 //! no loop reaches into another's files for them. Reads only; the watches that fill the
-//! caches are in [`super::dra_watch`] and [`super::run`](super).
+//! caches are in `dra_watch.rs` and the controller's `run`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -21,7 +21,7 @@ use super::{DeviceRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, InventoryDevice, attribute};
 use crate::detect::pci::canonical_bus_id;
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
-use crate::plan::products::{self, CONSERVATIVE_PRECISIONS};
+use crate::plan::products::{self};
 use crate::plan::units::Bytes;
 use crate::plan::{DeviceSpec, NodeSpec};
 
@@ -207,21 +207,11 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
     }
     let memory = device.memory_bytes.map(Bytes);
     let name = device.product.as_deref().unwrap_or("");
-    let memory_gb = device.memory_bytes.map(|b| b as f64 / 1e9);
-    let mut spec = match (products::lookup(name, memory_gb), memory) {
-        (Some(product), _) => product.device_spec(id.clone(), memory),
-        (None, Some(memory)) => DeviceSpec {
-            id: id.clone(),
-            product: name.to_string(),
-            vendor: device.vendor,
-            family: device.family,
-            memory,
-            precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
-            domain: None,
-            bandwidth_tbps: None,
-            aliases: Vec::new(),
-            driver_version: None,
-        },
+    let mut spec = match (products::lookup_sized(name, memory), memory) {
+        (Some(product), _) => DeviceSpec::of_product(product, id.clone(), memory),
+        (None, Some(memory)) => {
+            DeviceSpec::of_unknown_product(id.clone(), name, device.vendor, device.family, memory)
+        }
         (None, None) => {
             let why = format!("an unknown product ({name}) without a memory capacity");
             merged

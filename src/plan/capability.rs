@@ -220,9 +220,11 @@ mod tests {
     use crate::plan::products;
 
     fn device(product: &str) -> DeviceSpec {
-        products::lookup(product, None)
-            .unwrap()
-            .device_spec("d0".to_string(), None)
+        DeviceSpec::of_product(
+            products::lookup(product, None).unwrap(),
+            "d0".to_string(),
+            None,
+        )
     }
 
     /// Issue 23: `auto` never plans a quantised checkpoint wider than it ships.

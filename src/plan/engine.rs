@@ -33,85 +33,14 @@
 
 use std::sync::OnceLock;
 
-use serde::Serialize;
-
 use crate::hardware::Precision;
 
 use self::choice::{EngineChoice, EngineKind, EngineVersion};
 use super::memory::{Engine, scheduler_defaults};
 use super::model::presets;
 use super::products;
-use super::report::Plan;
+use super::report::{EngineSettings, Plan};
 use crate::hardware::{Family, Vendor};
-
-/// The engines' arguments for one plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EngineSettings {
-    /// The engine the plan's memory was accounted for (`vllm`, `sglang`); the other engine's
-    /// arguments are rendered too, converted to the same weights and KV pool.
-    pub engine: String,
-    /// Its version or generation (`current` when none was given).
-    pub version: String,
-    /// The container image that runs this engine on the plan's devices
-    /// ([`images::image_for`]); `None` when none does (`image_refusal` says why).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// Why no image runs the engine on the plan's devices.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub image_refusal: Option<String>,
-    /// The extended resource a pod asks for to get one of the plan's devices from the
-    /// vendor's device plugin (`nvidia.com/gpu`, `amd.com/gpu`...,
-    /// [`images::device_plugin_resource`]); `None` when no known plugin serves them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_resource: Option<String>,
-    /// The name to pass the engine (a preset's Hugging Face repository); `None` when the plan
-    /// came from a file or a parameter count, whose repository the planner does not know.
-    pub model: Option<String>,
-    /// Arguments after `vllm serve <model>`.
-    pub vllm: Vec<String>,
-    /// Arguments after `python -m sglang.launch_server --model-path <model>`.
-    pub sglang: Vec<String>,
-    /// What the arguments cannot say (a pre-quantized checkpoint is needed...).
-    pub notes: Vec<String>,
-}
-
-impl EngineSettings {
-    /// `vllm serve <model> <args>` as one shell line.
-    pub fn vllm_command(&self, fallback_model: &str) -> String {
-        command(
-            &["vllm", "serve"],
-            self.model.as_deref().unwrap_or(fallback_model),
-            &self.vllm,
-        )
-    }
-
-    /// `python -m sglang.launch_server --model-path <model> <args>` as one shell line.
-    pub fn sglang_command(&self, fallback_model: &str) -> String {
-        command(
-            &["python", "-m", "sglang.launch_server", "--model-path"],
-            self.model.as_deref().unwrap_or(fallback_model),
-            &self.sglang,
-        )
-    }
-}
-
-fn command(head: &[&str], model: &str, args: &[String]) -> String {
-    let mut words: Vec<String> = head.iter().map(|w| (*w).to_string()).collect();
-    words.push(quoted(model));
-    words.extend(args.iter().map(|a| quoted(a)));
-    words.join(" ")
-}
-
-/// `word` as one shell word: single-quoted when it holds anything but plain characters (the
-/// JSON of `--kv-transfer-config`).
-fn quoted(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "._/=:,@+-".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
 
 /// The settings for `plan` on today's vLLM with its defaults: `None` unless it is a serving
 /// plan that fits.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::hardware::Report;
 use crate::hardware::{Device, Family, InterconnectKind, NicKind, Precision, Vendor};
 
-use super::products::{self, CONSERVATIVE_PRECISIONS};
+use super::products::{self, CONSERVATIVE_PRECISIONS, Product};
 use super::units::Bytes;
 
 /// One accelerator.
@@ -49,6 +49,46 @@ pub struct DeviceSpec {
 }
 
 impl DeviceSpec {
+    /// A device of `product` (the table's name, maker, kind, precisions and bandwidth);
+    /// `memory` overrides the table's size.
+    pub fn of_product(product: &Product, id: String, memory: Option<Bytes>) -> Self {
+        Self {
+            id,
+            product: product.name.to_string(),
+            vendor: product.vendor,
+            family: product.family,
+            memory: memory.unwrap_or_else(|| product.memory()),
+            precisions: product.precisions.iter().copied().collect(),
+            domain: None,
+            bandwidth_tbps: Some(product.bandwidth_tbps),
+            aliases: Vec::new(),
+            driver_version: None,
+        }
+    }
+
+    /// A device of a product the table does not know, named `product`: only what the
+    /// conservative precisions run on ([`CONSERVATIVE_PRECISIONS`]), no bandwidth.
+    pub fn of_unknown_product(
+        id: String,
+        product: &str,
+        vendor: Vendor,
+        family: Family,
+        memory: Bytes,
+    ) -> Self {
+        Self {
+            id,
+            product: product.to_string(),
+            vendor,
+            family,
+            memory,
+            precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
+            domain: None,
+            bandwidth_tbps: None,
+            aliases: Vec::new(),
+            driver_version: None,
+        }
+    }
+
     /// The memory an engine can allocate on this device: the reported total less what the
     /// driver keeps ([`super::runtime_memory`]). Every serving and training budget starts
     /// from this; `memory` stays what the inventory and the vendor tool say.
@@ -278,7 +318,7 @@ fn usable(device: &Device) -> Result<Bytes, &'static str> {
 }
 
 fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> DeviceSpec {
-    let product = products::lookup(&device.model, Some(memory.as_gib()));
+    let product = products::lookup_sized(&device.model, Some(memory));
     let precisions = if device.precisions.is_empty() {
         product.map_or_else(
             || CONSERVATIVE_PRECISIONS.iter().copied().collect(),
@@ -387,11 +427,11 @@ mod tests {
     fn node_specs_round_trip_through_json() {
         let node = NodeSpec {
             name: "a".into(),
-            devices: vec![
-                products::lookup("L4", None)
-                    .unwrap()
-                    .device_spec("gpu0".into(), None),
-            ],
+            devices: vec![DeviceSpec::of_product(
+                products::lookup("L4", None).unwrap(),
+                "gpu0".into(),
+                None,
+            )],
             fabric: None,
             labels: BTreeMap::new(),
         };

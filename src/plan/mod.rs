@@ -15,10 +15,11 @@
 //! | [`training`] | fine-tuning memory per method and ZeRO stage |
 //! | [`capability`] | which precisions a device and a model allow |
 //! | [`inventory`], [`products`], [`shorthand`] | hardware input |
-//! | [`fleet`] | device classes and placement on nodes |
+//! | [`packing`] | the free devices as classes and bins; packing replicas onto nodes |
 //! | [`search`] | the search over precision, TP, PP and replicas; refusals |
 //! | [`throughput`] | decode-throughput estimate |
-//! | [`report`] | the plan as JSON and as a table |
+//! | [`report`] | the answer as plain data: the plan (its JSON), engine settings, suggestions |
+//! | [`render`] | the plan as a table, the engines' command lines |
 //! | [`engine`] | the serving engines' arguments (vLLM, SGLang) for a plan that fits |
 //! | [`request`] | one way in: a [`request::PlanInput`] to a model and a [`PlanRequest`] |
 //! | [`load`] | model configs and inventory files (Kubernetes objects via the caller's reader) |
@@ -26,14 +27,15 @@
 pub mod capability;
 pub mod engine;
 pub mod error;
-pub mod fleet;
 pub mod inventory;
 pub mod kv;
 pub mod layout;
 pub mod load;
 pub mod memory;
 pub mod model;
+pub mod packing;
 pub mod products;
+pub mod render;
 pub mod report;
 pub mod request;
 pub mod runtime_memory;

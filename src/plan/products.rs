@@ -18,11 +18,8 @@
 //! Precisions follow the architecture (Hopper: FP8; Ada: FP8; Ampere: no FP8; Blackwell and
 //! MI355X: FP4), as the detection backends fill them.
 
-use std::collections::BTreeSet;
-
 use crate::hardware::{Family, InterconnectKind, MIB, Precision, Vendor};
 
-use super::inventory::DeviceSpec;
 use super::units::Bytes;
 
 use Precision::{Bf16, Fp8, Fp16, Fp32, Int4, Int8, Mxfp4, Nvfp4, Tf32};
@@ -409,6 +406,13 @@ pub fn lookup(name: &str, memory_gb: Option<f64>) -> Option<&'static Product> {
     sized.or_else(|| candidates.first().copied())
 }
 
+/// [`lookup`] with a device's memory as the tools report it: in bytes, compared in GiB (the
+/// table's nominal "80 GB" of an H100 is what vendor tools show as 79.6 GiB). Every device the
+/// planner describes, detected or published, is looked up through this one unit.
+pub fn lookup_sized(name: &str, memory: Option<Bytes>) -> Option<&'static Product> {
+    lookup(name, memory.map(Bytes::as_gib))
+}
+
 /// The table's matching rule on a display name: every pattern occurs in the normalised name
 /// and none is the prefix of a longer model number. Other encodings of the table (the DRA
 /// DeviceClasses' CEL) are tested against this.
@@ -435,22 +439,6 @@ impl Product {
     /// Memory in bytes.
     pub fn memory(&self) -> Bytes {
         Bytes(self.memory_mib * MIB)
-    }
-
-    /// A device of this product; `memory` overrides the table's size.
-    pub fn device_spec(&self, id: String, memory: Option<Bytes>) -> DeviceSpec {
-        DeviceSpec {
-            id,
-            product: self.name.to_string(),
-            vendor: self.vendor,
-            family: self.family,
-            memory: memory.unwrap_or_else(|| self.memory()),
-            precisions: self.precisions.iter().copied().collect::<BTreeSet<_>>(),
-            domain: None,
-            bandwidth_tbps: Some(self.bandwidth_tbps),
-            aliases: Vec::new(),
-            driver_version: None,
-        }
     }
 }
 

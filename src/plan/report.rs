@@ -1,20 +1,16 @@
 //! The plan as the planner reports it: one serialisable [`Plan`] for `-o json` (and for the
 //! controller's status), and a table that explains the memory behind the decision.
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 
 use crate::hardware::Precision;
-use crate::output::Table;
 
 use super::capability::Execution;
-use super::engine::EngineSettings;
-use super::fleet::Assignment;
 use super::kv::KvDtype;
 use super::memory::DeviceMemory;
 use super::model::rope::RopeScaling;
 use super::model::{Model, ModelSource};
+use super::packing::Assignment;
 use super::throughput::ThroughputEstimate;
 use super::training::{Method, OptimizerStates, ZeroStage};
 use super::units::Bytes;
@@ -189,138 +185,37 @@ impl Plan {
             prefill: None,
         }
     }
-
-    /// The table people read: the decision, the memory behind it, where it runs, and why. A
-    /// disaggregated plan shows the decode pool, then the prefill pool, each with its memory.
-    pub fn to_table(&self) -> String {
-        let mut out = String::new();
-        let verdict = if self.fits { "FITS" } else { "DOES NOT FIT" };
-        let _ = writeln!(
-            out,
-            "{verdict}: {} {} ({:.1}B params){}",
-            self.goal,
-            self.model.name,
-            self.model.params as f64 / 1e9,
-            if self.prefill.is_some() {
-                ", disaggregated"
-            } else {
-                ""
-            }
-        );
-        match &self.prefill {
-            Some(prefill) => {
-                out.push_str("\n== decode pool ==\n");
-                self.pool_table(&mut out);
-                out.push_str("\n== prefill pool ==\n");
-                prefill.pool_table(&mut out);
-                if !prefill.reasons.is_empty() {
-                    let _ = writeln!(out, "\nwhy (prefill pool):");
-                    for line in &prefill.reasons {
-                        let _ = writeln!(out, "  - {line}");
-                    }
-                }
-            }
-            None => self.pool_table(&mut out),
-        }
-        for (title, lines) in [("why", &self.reasons), ("try", &self.suggestions)] {
-            if !lines.is_empty() {
-                let _ = writeln!(out, "\n{title}:");
-                for line in lines {
-                    let _ = writeln!(out, "  - {line}");
-                }
-            }
-        }
-        out
-    }
-
-    /// One pool's layout, memory, context, throughput, engine line and assignments.
-    fn pool_table(&self, out: &mut String) {
-        if let (Some(device), Some(precision)) = (&self.device, self.precision) {
-            let layout = format!(
-                "{} x {} | precision {precision}{} | TP {} x PP {} x {} replica(s) on {} node(s)",
-                self.devices.unwrap_or(0),
-                device,
-                if self.execution == Some(Execution::WeightOnly) {
-                    " (weight-only)"
-                } else {
-                    ""
-                },
-                self.tp.unwrap_or(0),
-                self.pp.unwrap_or(0),
-                self.replicas.unwrap_or(0),
-                self.nodes.unwrap_or(0),
-            );
-            let _ = writeln!(out, "{layout}");
-        }
-        if let Some(memory) = &self.per_device {
-            out.push('\n');
-            out.push_str(&memory_table(memory, self.fits));
-        }
-        if let (Some(context), Some(max)) = (self.context, self.max_concurrency) {
-            let _ = writeln!(
-                out,
-                "\ncontext {context} tokens, {max} concurrent full-context request(s) fit{}",
-                self.kv_tokens
-                    .map_or(String::new(), |kv| format!(" ({kv} KV tokens per replica)"))
-            );
-        }
-        if let Some(t) = &self.throughput {
-            let _ = writeln!(
-                out,
-                "decode estimate (bandwidth roofline, per replica): {:.0} tok/s single stream, {:.0} tok/s at {} streams",
-                t.single_stream_tokens_per_s, t.batched_tokens_per_s, t.batch
-            );
-        }
-        if let Some(engine) = &self.engine {
-            let _ = writeln!(out, "run with: {}", engine.vllm_command(&self.model.name));
-        }
-        if !self.assignments.is_empty() {
-            out.push('\n');
-            let mut table = Table::new(["REPLICA", "STAGE", "NODE", "DEVICES"]);
-            for a in &self.assignments {
-                table.row([
-                    a.replica.to_string(),
-                    a.stage.to_string(),
-                    a.node.clone(),
-                    a.devices.join(","),
-                ]);
-            }
-            out.push_str(&table.render());
-        }
-    }
 }
 
-fn memory_table(memory: &DeviceMemory, fits: bool) -> String {
-    let mut table = Table::new(["PER DEVICE", "BYTES", ""]);
-    let rows = [
-        ("weights", memory.weights),
-        ("kv cache", memory.kv_cache),
-        ("activations", memory.activations),
-        ("overhead", memory.overhead),
-        ("total", memory.total),
-        ("budget", memory.budget),
-        ("capacity", memory.capacity),
-    ];
-    for (name, bytes) in rows {
-        let share = if memory.budget.0 > 0 && name != "capacity" && name != "budget" {
-            format!(
-                "{:.0}% of budget",
-                100.0 * bytes.as_f64() / memory.budget.as_f64()
-            )
-        } else {
-            String::new()
-        };
-        table.row([name.to_string(), bytes.to_string(), share]);
-    }
-    let mut text = table.render();
-    if !fits && memory.total > memory.budget {
-        let _ = writeln!(
-            text,
-            "over budget by {}",
-            memory.total.saturating_sub(memory.budget)
-        );
-    }
-    text
+/// The engines' arguments for one plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineSettings {
+    /// The engine the plan's memory was accounted for (`vllm`, `sglang`); the other engine's
+    /// arguments are rendered too, converted to the same weights and KV pool.
+    pub engine: String,
+    /// Its version or generation (`current` when none was given).
+    pub version: String,
+    /// The container image that runs this engine on the plan's devices
+    /// ([`super::engine::images::image_for`]); `None` when none does (`image_refusal` says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Why no image runs the engine on the plan's devices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_refusal: Option<String>,
+    /// The extended resource a pod asks for to get one of the plan's devices from the
+    /// vendor's device plugin (`nvidia.com/gpu`, `amd.com/gpu`...,
+    /// [`super::engine::images::device_plugin_resource`]); `None` when no known plugin serves them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_resource: Option<String>,
+    /// The name to pass the engine (a preset's Hugging Face repository); `None` when the plan
+    /// came from a file or a parameter count, whose repository the planner does not know.
+    pub model: Option<String>,
+    /// Arguments after `vllm serve <model>`.
+    pub vllm: Vec<String>,
+    /// Arguments after `python -m sglang.launch_server --model-path <model>`.
+    pub sglang: Vec<String>,
+    /// What the arguments cannot say (a pre-quantized checkpoint is needed...).
+    pub notes: Vec<String>,
 }
 
 /// What a suggestion changes.

@@ -202,7 +202,7 @@ fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<Devi
         let exact = memory.filter(|m| {
             (m.as_gib() - product.nominal_gb as f64).abs() > product.nominal_gb as f64 * 0.1
         });
-        return Ok(product.device_spec(String::new(), exact));
+        return Ok(DeviceSpec::of_product(product, String::new(), exact));
     }
     let memory = memory.ok_or_else(|| {
         invalid(

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`core`] | the pure fleet core: fleet stats, model capacity |
 //! | `pass` | the pass: when it runs, what it writes |
-//! | [`metrics`] | the fleet gauges: devices per product, per placement, per model |
+//! | `controller::metrics::fleet` | the fleet gauges: devices per product, per placement, per model (shared, beside the other loops' metrics) |
 
 pub mod core;
 pub(crate) mod pass;

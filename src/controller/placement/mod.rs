@@ -13,7 +13,6 @@
 //! | [`pod_health`] | the pods a plan's claims are reserved for, read for their device health |
 //! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
 //! | [`status`] | the status subresource and Events |
-//! | [`step`] | the steps that can fail, named once for metrics, Events and logs |
 
 pub mod apply;
 pub mod claim_template;

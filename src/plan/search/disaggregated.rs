@@ -26,9 +26,9 @@ use std::collections::BTreeSet;
 
 use crate::hardware::Precision;
 use crate::plan::capability::PrecisionChoice;
-use crate::plan::fleet::Fleet;
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::model::Model;
+use crate::plan::packing::FreeDevices;
 use crate::plan::products;
 use crate::plan::report::Plan;
 
@@ -104,7 +104,7 @@ pub(super) fn plan(
     disaggregation: Disaggregation,
     verify_suggestions: bool,
 ) -> Plan {
-    let fleet = Fleet::new(nodes, reserved);
+    let fleet = FreeDevices::new(nodes, reserved);
     let mut decode = serving::plan(
         model,
         &fleet,
@@ -113,7 +113,6 @@ pub(super) fn plan(
         concurrency,
         (nodes, reserved),
     );
-    decode.engine = crate::plan::engine::settings_for(&decode, &request.engine);
     let offered = std::mem::take(&mut decode.suggested_changes);
     decode.suggestions.clear();
     if !decode.fits {
@@ -144,9 +143,7 @@ pub(super) fn plan(
         disaggregation.prefill_replicas,
     );
     match prefill {
-        Ok(mut pool) => {
-            pool.engine = crate::plan::engine::settings_for(&pool, &request.engine);
-            crate::plan::engine::disaggregation::apply(&mut decode, &mut pool);
+        Ok(pool) => {
             decode.reasons.push(format!(
                 "disaggregated: this plan is the decode pool; the prefill pool ({} x {}, TP {} x PP {} x {} replica(s)) is in `prefill`, on other devices",
                 pool.devices.unwrap_or(0),
@@ -162,7 +159,6 @@ pub(super) fn plan(
         }
         Err(reasons) => {
             decode.fits = false;
-            decode.engine = None;
             let taken = decode.devices.unwrap_or(0);
             if reasons.is_empty() {
                 decode.reasons.push(format!(
@@ -205,7 +201,7 @@ fn prefill_pool(
     (context, precision): (u64, Option<Precision>),
     replicas: u32,
 ) -> Result<Plan, Vec<String>> {
-    let fleet = Fleet::new(nodes, held);
+    let fleet = FreeDevices::new(nodes, held);
     if fleet.classes.is_empty() {
         return Err(Vec::new());
     }
@@ -242,7 +238,7 @@ fn prefill_pool(
                 }
             }
         }
-        let group_fleet = Fleet::new(nodes, &only);
+        let group_fleet = FreeDevices::new(nodes, &only);
         if group_fleet.classes.is_empty() {
             continue;
         }

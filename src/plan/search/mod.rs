@@ -24,11 +24,11 @@ use crate::hardware::Precision;
 use super::capability::PrecisionChoice;
 use super::engine::choice::EngineChoice;
 use super::error::{PlanError, Result};
-use super::fleet::Fleet;
 use super::inventory::{NodeSpec, Reservations};
 use super::kv::KvDtype;
 use super::memory::DEFAULT_GPU_UTIL;
 use super::model::Model;
+use super::packing::FreeDevices;
 use super::report::Plan;
 use super::training::TrainingTarget;
 
@@ -135,7 +135,7 @@ fn plan_checked(
     verify: bool,
 ) -> Result<Plan> {
     validate(request)?;
-    let fleet = Fleet::new(nodes, reserved);
+    let fleet = FreeDevices::new(nodes, reserved);
     if fleet.classes.is_empty() {
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()
@@ -159,6 +159,7 @@ fn plan_checked(
                     disaggregation,
                     verify,
                 );
+                attach_engine(&mut plan, &request.engine);
                 plan.reasons.extend(context_note);
                 plan.reasons.push(request.engine.assumption());
                 return Ok(plan);
@@ -172,12 +173,24 @@ fn plan_checked(
                 (nodes, reserved),
             );
             sglang_default_fraction(&mut plan, request);
-            plan.engine = super::engine::settings_for(&plan, &request.engine);
+            attach_engine(&mut plan, &request.engine);
             plan.reasons.extend(context_note);
             plan.reasons.push(request.engine.assumption());
             Ok(plan)
         }
         Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
+    }
+}
+
+/// The engines' arguments for a finished serving plan and its prefill pool, if any: the
+/// search decides the layout and memory, and the arguments (and image) follow from them, here
+/// and only here.
+fn attach_engine(plan: &mut Plan, engine: &super::engine::choice::EngineChoice) {
+    plan.engine = super::engine::settings_for(plan, engine);
+    if let Some(mut prefill) = plan.prefill.take() {
+        prefill.engine = super::engine::settings_for(&prefill, engine);
+        super::engine::disaggregation::apply(plan, &mut prefill);
+        plan.prefill = Some(prefill);
     }
 }
 

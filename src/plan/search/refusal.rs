@@ -15,11 +15,11 @@ use super::serving::{
 use super::suggest::{self, Change, Suggestion, context_steps, largest_fitting};
 use crate::hardware::Precision;
 use crate::plan::capability::{PrecisionChoice, serving_candidates, serving_support};
-use crate::plan::fleet::{DeviceClass, Fleet, Placement};
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::kv::KvDtype;
 use crate::plan::memory::{DeviceMemory, ServingFit, ServingTarget, serving_fit};
 use crate::plan::model::Model;
+use crate::plan::packing::{DeviceClass, FreeDevices, Placement};
 use crate::plan::report::Plan;
 use crate::plan::units::Bytes;
 use crate::plan::weights::WeightBytes;
@@ -34,14 +34,14 @@ const MAX_VIRTUAL_DEVICES: usize = 1 << 16;
 /// Most device classes a refusal explains and tries alternatives on. Real fleets have a
 /// handful of classes; an inventory claiming thousands (every device a different memory size)
 /// must not multiply the cost of a refusal, which re-plans per class. Beyond this only the
-/// roomiest classes are explained ([`Fleet::roomiest`]); the search itself sees them all.
+/// roomiest classes are explained ([`FreeDevices::roomiest`]); the search itself sees them all.
 pub(super) const MAX_EXPLAINED_CLASSES: usize = 32;
 
 /// The fleet a refusal explains, with a reason saying so when classes were left out.
 pub(super) fn explained<'f, 'a>(
     plan: &mut Plan,
-    fleet: &'f Fleet<'a>,
-) -> std::borrow::Cow<'f, Fleet<'a>> {
+    fleet: &'f FreeDevices<'a>,
+) -> std::borrow::Cow<'f, FreeDevices<'a>> {
     let explained = fleet.roomiest(MAX_EXPLAINED_CLASSES);
     if explained.classes.len() < fleet.classes.len() {
         plan.reasons.push(format!(
@@ -221,7 +221,7 @@ impl Ask<'_> {
     /// The best placement of the class's candidates for `demand` under `max_nodes`.
     fn place_class(
         &self,
-        fleet: &Fleet<'_>,
+        fleet: &FreeDevices<'_>,
         index: usize,
         ladder: &[(Precision, WeightBytes)],
         demand: Demand,
@@ -242,7 +242,11 @@ impl Ask<'_> {
     }
 
     /// The binding constraint of one class, and the memory of its nearest miss.
-    fn bind(&self, fleet: &Fleet<'_>, index: usize) -> Result<(Binding, DeviceMemory), String> {
+    fn bind(
+        &self,
+        fleet: &FreeDevices<'_>,
+        index: usize,
+    ) -> Result<(Binding, DeviceMemory), String> {
         let class = &fleet.classes[index];
         let choice = self.request.precision;
         let ladder = ladder(self.model, choice);
@@ -332,7 +336,7 @@ impl Ask<'_> {
     }
 
     /// Whether the goal fits `fleet` with `change` made to the request.
-    fn fits(&self, fleet: &Fleet<'_>, change: &Change) -> Option<(Candidate, Placement)> {
+    fn fits(&self, fleet: &FreeDevices<'_>, change: &Change) -> Option<(Candidate, Placement)> {
         let mut choice = self.request.precision;
         let mut target = *self.target;
         let mut demand = self.demand;
@@ -383,7 +387,7 @@ fn largest_below<T>(below: u64, attempt: impl Fn(u64) -> Option<T>) -> Option<(u
 }
 
 /// How a placed candidate reads in a suggestion.
-fn fits_at(fleet: &Fleet<'_>, (c, p): &(Candidate, Placement)) -> String {
+fn fits_at(fleet: &FreeDevices<'_>, (c, p): &(Candidate, Placement)) -> String {
     format!(
         "fits at {} on {} x {} (TP {} x PP {} x {} replica(s), {} node(s))",
         c.precision,
@@ -400,7 +404,7 @@ fn fits_at(fleet: &Fleet<'_>, (c, p): &(Candidate, Placement)) -> String {
 pub(super) fn serving(
     plan: &mut Plan,
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     request: &PlanRequest,
     target: &ServingTarget,
     outcome: &Outcome,
@@ -414,7 +418,7 @@ pub(super) fn serving(
             .filter(|r| seen.insert((*r).clone()))
             .cloned(),
     );
-    let fleet: &Fleet<'_> = &explained(plan, fleet);
+    let fleet: &FreeDevices<'_> = &explained(plan, fleet);
     let ask = Ask {
         model,
         request,
@@ -455,7 +459,7 @@ pub(super) fn serving(
 fn suggest_all(
     plan: &mut Plan,
     ask: &Ask<'_>,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     bindings: &[Binding],
     inventory: (&[NodeSpec], &Reservations),
 ) {
@@ -595,7 +599,7 @@ fn fewest_nodes<T>(max: u32, attempt: impl Fn(u32) -> Option<T>) -> Option<(u32,
 fn suggest_more_nodes(
     plan: &mut Plan,
     ask: &Ask<'_>,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     (nodes, reserved): (&[NodeSpec], &Reservations),
 ) {
     let mut best: Option<(u64, Suggestion)> = None;
@@ -652,7 +656,7 @@ fn suggest_more_nodes(
             let virtual_nodes = &virtual_nodes;
             move |count: u32| {
                 let slice = &virtual_nodes[..existing + count as usize];
-                let fleet = Fleet::new(slice, &Reservations::none());
+                let fleet = FreeDevices::new(slice, &Reservations::none());
                 search(
                     ask.model,
                     &fleet,

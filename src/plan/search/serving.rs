@@ -12,12 +12,12 @@ use super::parallel::{
 use super::refusal;
 use super::suggest::{self, Change, Suggestion};
 use crate::plan::capability::{Execution, PrecisionChoice, serving_candidates, serving_support};
-use crate::plan::fleet::{DeviceClass, Fleet, Placement, Shape};
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::kv::{KvDtype, KvLayout};
 use crate::plan::layout::Sharding;
 use crate::plan::memory::{ServingFit, ServingTarget, scheduler_defaults, serving_fit};
 use crate::plan::model::Model;
+use crate::plan::packing::{DeviceClass, FreeDevices, Placement, Shape};
 use crate::plan::report::Plan;
 use crate::plan::throughput;
 use crate::plan::weights::WeightBytes;
@@ -58,7 +58,7 @@ impl Candidate {
 
     /// Ranking after nodes, precision and devices: the layout the interconnect favours, then
     /// class and sizes for determinism.
-    fn preference(&self, fleet: &Fleet<'_>) -> (u32, usize, u32, u32) {
+    fn preference(&self, fleet: &FreeDevices<'_>) -> (u32, usize, u32, u32) {
         let fast_tp = fleet.classes[self.class].largest_fast_domain >= self.tp;
         // With an NVLink-class domain, TP beats PP; over PCIe, PP beats TP (vLLM docs).
         let layout = if fast_tp { self.pp } else { self.tp };
@@ -67,7 +67,7 @@ impl Candidate {
 
     /// The fewest nodes the candidate could occupy: its devices over the most free devices of
     /// its class on one node.
-    fn fewest_nodes(&self, fleet: &Fleet<'_>) -> u64 {
+    fn fewest_nodes(&self, fleet: &FreeDevices<'_>) -> u64 {
         let per_node = u64::from(fleet.classes[self.class].largest_node.max(1));
         self.devices().div_ceil(per_node).max(1)
     }
@@ -76,7 +76,7 @@ impl Candidate {
     /// (see [`layouts`]), then fewest nodes, then the widest precision, then fewest devices,
     /// then [`Self::preference`]. `nodes` is the placement's count, or before
     /// placing, [`Self::fewest_nodes`] (a lower bound, so a sorted list can stop early).
-    fn rank(&self, fleet: &Fleet<'_>, nodes: u64) -> Rank {
+    fn rank(&self, fleet: &FreeDevices<'_>, nodes: u64) -> Rank {
         (
             self.fallback,
             nodes,
@@ -123,7 +123,7 @@ pub(super) fn ladder(model: &Model, choice: PrecisionChoice) -> Vec<(Precision, 
 /// supports; the reasons a rung is unsupported go to `refusals` when given.
 pub(super) fn class_candidates(
     model: &Model,
-    (fleet, index): (&Fleet<'_>, usize),
+    (fleet, index): (&FreeDevices<'_>, usize),
     ladder: &[(Precision, WeightBytes)],
     choice: PrecisionChoice,
     target: &ServingTarget,
@@ -160,7 +160,7 @@ pub(super) fn class_candidates(
 /// Searches `fleet` for the cheapest plan.
 pub(super) fn search(
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     choice: PrecisionChoice,
     target: &ServingTarget,
     demand: Demand,
@@ -201,7 +201,7 @@ pub(super) fn search(
 /// The best-ranked candidate of `sorted` (in [`Candidate::rank`] order of its lower bound)
 /// that the fleet can place.
 pub(super) fn place_best(
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     sorted: &[Candidate],
     max_nodes: Option<u32>,
 ) -> Option<(Candidate, Placement)> {
@@ -226,7 +226,7 @@ pub(super) fn place_best(
 }
 
 /// Sorts candidates into the order [`place_best`] expects.
-pub(super) fn sort_candidates(fleet: &Fleet<'_>, candidates: &mut [Candidate]) {
+pub(super) fn sort_candidates(fleet: &FreeDevices<'_>, candidates: &mut [Candidate]) {
     candidates.sort_by_cached_key(|c| c.rank(fleet, c.fewest_nodes(fleet)));
 }
 
@@ -410,7 +410,7 @@ pub(crate) fn serving_target(request: &PlanRequest, context: u64) -> ServingTarg
 /// Plans serving and explains the result.
 pub(super) fn plan(
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     request: &PlanRequest,
     context: u64,
     concurrency: u64,
@@ -494,7 +494,7 @@ fn describe_moe(plan: &mut Plan, candidate: &Candidate, concurrency: u64) {
 fn describe(
     plan: &mut Plan,
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     candidate: &Candidate,
     placement: &Placement,
     target: &ServingTarget,
@@ -678,7 +678,7 @@ fn explain_memory(
 /// Why this layout and not a cheaper one, and how it sits on the fleet.
 fn explain_choice(
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     c: &Candidate,
     placement: &Placement,
     target: &ServingTarget,

@@ -4,8 +4,8 @@
 use super::PlanRequest;
 use crate::hardware::Precision;
 use crate::plan::capability::{PrecisionChoice, serving_support};
-use crate::plan::fleet::{Fleet, Placement};
 use crate::plan::model::Model;
+use crate::plan::packing::{FreeDevices, Placement};
 use crate::plan::report::{Plan, TrainingSummary};
 use crate::plan::training::{
     Method, OptimizerStates, TrainingMemory, TrainingTarget, ZeroStage, training_memory,
@@ -51,7 +51,7 @@ pub(super) fn check_precision(method: Method, choice: PrecisionChoice) -> Result
 /// The precision the method trains in on a device, or why it cannot.
 fn training_precision(
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     class: usize,
     method: Method,
     choice: PrecisionChoice,
@@ -110,7 +110,7 @@ fn cheapest(
 /// Plans fine-tuning and explains it.
 pub(super) fn plan(
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     request: &PlanRequest,
     target: &TrainingTarget,
 ) -> Plan {
@@ -170,7 +170,7 @@ fn summary(target: &TrainingTarget, memory: &TrainingMemory) -> TrainingSummary 
 
 fn describe(
     plan: &mut Plan,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     target: &TrainingTarget,
     c: Candidate,
     placement: Placement,
@@ -215,11 +215,11 @@ fn describe(
 fn refuse(
     plan: &mut Plan,
     model: &Model,
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     request: &PlanRequest,
     target: &TrainingTarget,
 ) {
-    let fleet: &Fleet<'_> = &super::refusal::explained(plan, fleet);
+    let fleet: &FreeDevices<'_> = &super::refusal::explained(plan, fleet);
     let mut closest = None;
     for (index, class) in fleet.classes.iter().enumerate() {
         if training_precision(model, fleet, index, target.method, request.precision).is_err() {

@@ -2,7 +2,7 @@
 //! changes under the lock only if nothing they depend on moved in between.
 //!
 //! A reconcile takes a [`Ledger::snapshot`] under the lock (cheap: holdings are shared),
-//! lets [`decide`](super::super::decide::decide) change that copy as it always has, and
+//! lets `decide` (`placement::core::decide`) change that copy as it always has, and
 //! hands it to [`Ledger::commit`]. The snapshot records, for every placement it changed,
 //! what that placement held when the snapshot was taken. The commit is all or nothing and
 //! refuses ([`CommitConflict`]) when:

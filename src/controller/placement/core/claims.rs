@@ -3,7 +3,7 @@
 //! A planned placement is held by claims when its spec asks for them (`allocation: claims`)
 //! or, with `auto`, when a DRA driver publishes every chosen device; otherwise by Node labels
 //! alone. Devices that other ResourceClaims hold are taken:
-//! [`claim_holdings`](super::claim_holdings) turns them into reservations so the planner
+//! [`claim_holdings`](crate::controller::core::claim_holdings) turns them into reservations so the planner
 //! plans around them.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -6,20 +6,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Assignment, Bin, ClassKey, DeviceClass, Fleet, Group, Placement, Shape};
+use super::{Assignment, Bin, ClassKey, DeviceClass, FreeDevices, Group, Placement, Shape};
 use crate::hardware::Family;
 use crate::plan::inventory::{NodeSpec, Reservations};
 use crate::plan::units::Bytes;
 
 /// Indexes `nodes`, leaving out `reserved` devices.
-pub(super) fn new<'a>(nodes: &'a [NodeSpec], reserved: &Reservations) -> Fleet<'a> {
+pub(super) fn new<'a>(nodes: &'a [NodeSpec], reserved: &Reservations) -> FreeDevices<'a> {
     let order = super::name_order(nodes);
     let mut by_key: BTreeMap<ClassKey<'a>, DeviceClass<'a>> = BTreeMap::new();
     for &node_index in &order {
         let node = &nodes[node_index as usize];
         index_node(node, node_index, reserved, &mut by_key);
     }
-    Fleet {
+    FreeDevices {
         nodes,
         classes: by_key.into_values().collect(),
     }
@@ -27,7 +27,7 @@ pub(super) fn new<'a>(nodes: &'a [NodeSpec], reserved: &Reservations) -> Fleet<'
 
 /// Places `shape` on devices of `class`, using at most `max_nodes` nodes.
 pub(super) fn place(
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     class: usize,
     shape: Shape,
     max_nodes: Option<u32>,
@@ -77,7 +77,7 @@ pub(super) fn place(
 /// Places `count` data-parallel devices (training): one node when one has room, else as
 /// few nodes as possible. Devices on one node form one assignment.
 pub(super) fn place_devices(
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     class: usize,
     count: u32,
     max_nodes: Option<u32>,
@@ -196,7 +196,7 @@ pub(super) fn index_node<'a>(
 /// Mutable state of one placement: free devices per bin and an ordered index of node
 /// capacities (in TP groups).
 pub(super) struct PlacementState<'f, 'a> {
-    fleet: &'f Fleet<'a>,
+    fleet: &'f FreeDevices<'a>,
     class: &'f DeviceClass<'a>,
     tp: u32,
     free: Vec<Vec<(bool, Vec<u16>)>>,
@@ -206,7 +206,7 @@ pub(super) struct PlacementState<'f, 'a> {
 }
 
 impl<'f, 'a> PlacementState<'f, 'a> {
-    pub(super) fn new(fleet: &'f Fleet<'a>, class: &'f DeviceClass<'a>, tp: u32) -> Self {
+    pub(super) fn new(fleet: &'f FreeDevices<'a>, class: &'f DeviceClass<'a>, tp: u32) -> Self {
         let by_capacity = class
             .bins
             .iter()

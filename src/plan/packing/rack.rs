@@ -15,7 +15,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Assignment, DeviceClass, Fleet, Placement, Shape};
+use super::{Assignment, DeviceClass, FreeDevices, Placement, Shape};
 use crate::plan::inventory::NodeSpec;
 
 /// Sets `class.largest_rack` (and widens `largest_fast_domain` to it) from the nodes' clique
@@ -37,7 +37,7 @@ pub(super) fn measure(nodes: &[NodeSpec], class: &mut DeviceClass<'_>) {
 /// the class has no domain that holds a group, too few free devices, or it would take more
 /// than `max_nodes` nodes.
 pub(super) fn place(
-    fleet: &Fleet<'_>,
+    fleet: &FreeDevices<'_>,
     class: &DeviceClass<'_>,
     shape: Shape,
     max_nodes: Option<u32>,
@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn a_tp_group_of_16_spans_four_trays_of_one_rack() {
         let nodes = parse_hardware("36x4xGB200+nvl72").unwrap();
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let class = &fleet.classes[0];
         assert_eq!((class.largest_node, class.largest_rack), (4, 72));
         assert_eq!(class.largest_tp_group(), 72);
@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn nodes_without_a_clique_never_form_wide_groups() {
         let nodes = parse_hardware("18x4xGB200").unwrap();
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         assert_eq!(fleet.classes[0].largest_rack, 0);
         let shape = Shape {
             tp: 8,

@@ -1,4 +1,4 @@
-//! Fleet placement: which nodes and which device indices a plan uses.
+//! Packing replicas onto nodes: which nodes and which device indices a plan uses.
 //!
 //! The fleet is indexed once per plan: free devices are grouped into *classes* (identical
 //! product, memory and precisions — a TP group or a data-parallel job must not mix them) and,
@@ -8,7 +8,7 @@
 //! Placing `replicas` replicas of `pp` stages of `tp` devices:
 //! * a TP group stays inside one node, and inside one NVLink/XGMI domain when one is big
 //!   enough (best fit among the node's domains); a group wider than any node goes to a
-//!   multi-node NVLink domain (`fleet/rack.rs`: GB200 NVL72 racks);
+//!   multi-node NVLink domain (`packing/rack.rs`: GB200 NVL72 racks);
 //! * a replica goes to a single node when one can hold all its stages — the node that leaves
 //!   the fewest groups unused (best fit), ties broken by node name;
 //! * otherwise its stages span nodes, largest first so as few nodes as possible are used,
@@ -111,7 +111,7 @@ pub struct DeviceClass<'a> {
 
 /// The indexed fleet.
 #[derive(Debug, Clone)]
-pub struct Fleet<'a> {
+pub struct FreeDevices<'a> {
     nodes: &'a [NodeSpec],
     /// Device classes, ordered by family, product and memory.
     pub classes: Vec<DeviceClass<'a>>,
@@ -180,7 +180,7 @@ pub struct Shape {
     pub replicas: u32,
 }
 
-impl<'a> Fleet<'a> {
+impl<'a> FreeDevices<'a> {
     /// Indexes `nodes`, leaving out `reserved` devices.
     pub fn new(nodes: &'a [NodeSpec], reserved: &Reservations) -> Self {
         let order = name_order(nodes);
@@ -200,7 +200,7 @@ impl<'a> Fleet<'a> {
     /// The fleet cut down to the `max` device classes with the most memory on one node
     /// (memory per device times the most free devices of the class on one node; ties by class
     /// order), kept in class order; the fleet itself when it has no more classes than that.
-    pub fn roomiest(&self, max: usize) -> Cow<'_, Fleet<'a>> {
+    pub fn roomiest(&self, max: usize) -> Cow<'_, FreeDevices<'a>> {
         if self.classes.len() <= max {
             return Cow::Borrowed(self);
         }
@@ -209,7 +209,7 @@ impl<'a> Fleet<'a> {
         order.sort_by_key(|&i| (Reverse(room(&self.classes[i])), i));
         order.truncate(max);
         order.sort_unstable();
-        Cow::Owned(Fleet {
+        Cow::Owned(FreeDevices {
             nodes: self.nodes,
             classes: order.into_iter().map(|i| self.classes[i].clone()).collect(),
         })
@@ -460,7 +460,7 @@ type Group = (usize, Vec<u16>);
 /// Mutable state of one placement: what is left of each bin it touched, and ordered indexes of
 /// node capacities (in TP groups).
 struct PlacementState<'f, 'a> {
-    fleet: &'f Fleet<'a>,
+    fleet: &'f FreeDevices<'a>,
     class: &'f DeviceClass<'a>,
     tp: u32,
     /// The bins devices were taken from; the others are as indexed.
@@ -564,7 +564,7 @@ impl<'a> Spanning<'a> {
 }
 
 impl<'f, 'a> PlacementState<'f, 'a> {
-    fn new(fleet: &'f Fleet<'a>, class: &'f DeviceClass<'a>, tp: u32) -> Self {
+    fn new(fleet: &'f FreeDevices<'a>, class: &'f DeviceClass<'a>, tp: u32) -> Self {
         let by_capacity = class
             .bins
             .iter()
@@ -755,7 +755,7 @@ mod tests {
     #[test]
     fn classes_group_identical_devices() {
         let nodes = fleet_of("2x8xH100,1x4xL4,1x2xA100-40GB");
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         assert_eq!(fleet.classes.len(), 3);
         let h100 = fleet
             .classes
@@ -775,7 +775,7 @@ mod tests {
         for d in 0..6 {
             reserved.insert("small", format!("gpu{d}"));
         }
-        let fleet = Fleet::new(&nodes, &reserved);
+        let fleet = FreeDevices::new(&nodes, &reserved);
         let placement = fleet
             .place(
                 0,
@@ -794,7 +794,7 @@ mod tests {
     #[test]
     fn ties_go_to_the_first_name() {
         let nodes = fleet_of("3x8xH100");
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let placement = fleet
             .place(
                 0,
@@ -813,7 +813,7 @@ mod tests {
     fn pipeline_spans_nodes_on_one_fabric() {
         let mut nodes = fleet_of("2x8xH100+ib,2x8xH100");
         nodes[2].fabric = Some("other".into());
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let placement = fleet
             .place(
                 0,
@@ -858,7 +858,7 @@ mod tests {
                 "nvlink:b".into()
             });
         }
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let four = fleet
             .place(
                 0,
@@ -892,7 +892,7 @@ mod tests {
     #[test]
     fn placement_never_reuses_a_device_and_respects_capacity() {
         let nodes = fleet_of("3x8xH100,2x4xH100");
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let placement = fleet
             .place(
                 0,
@@ -930,7 +930,7 @@ mod tests {
     #[test]
     fn training_devices_merge_per_node() {
         let nodes = fleet_of("2x8xH100+ib");
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let placement = fleet.place_devices(0, 12, None).unwrap();
         assert_eq!(placement.assignments.len(), 2);
         assert_eq!(
@@ -957,8 +957,11 @@ mod tests {
                         .map(|(position, (product, memory, domain, id, taken))| {
                             let product = products::lookup(["H100", "L4"][product], None)
                                 .expect("a known product");
-                            let mut spec =
-                                product.device_spec(format!("gpu{id:02}-{position}"), None);
+                            let mut spec = DeviceSpec::of_product(
+                                product,
+                                format!("gpu{id:02}-{position}"),
+                                None,
+                            );
                             spec.memory = Bytes(spec.memory.0 + memory * (1 << 20));
                             spec.domain = [None, Some("nvlink:a"), Some("nvlink:b"), None][domain]
                                 .map(str::to_string);
@@ -1015,7 +1018,7 @@ mod tests {
             (nodes, reserved) in random_fleet(),
             shapes in prop::collection::vec((1u32..5, 1u32..5, 1u32..5, prop::option::of(1u32..4)), 1..8),
         ) {
-            let fleet = Fleet::new(&nodes, &reserved);
+            let fleet = FreeDevices::new(&nodes, &reserved);
             let old = reference::new(&nodes, &reserved);
             // Devices are told apart by node name and id: only with unique names.
             let names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
@@ -1046,7 +1049,7 @@ mod tests {
         let h100 = products::lookup("H100", None).unwrap();
         let devices = (0..3000u64)
             .map(|i| {
-                let mut spec = h100.device_spec(format!("gpu{i}"), None);
+                let mut spec = DeviceSpec::of_product(h100, format!("gpu{i}"), None);
                 spec.memory = Bytes(spec.memory.0 - i * (1 << 20));
                 spec
             })
@@ -1057,7 +1060,7 @@ mod tests {
             fabric: None,
             labels: BTreeMap::new(),
         }];
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         assert_eq!(fleet.classes.len(), 3000);
         assert!(fleet.classes.iter().all(|c| c.free == 1 && c.nodes == 1));
         let one = Shape {
@@ -1082,7 +1085,7 @@ mod tests {
                 ..template.clone()
             })
             .collect();
-        let fleet = Fleet::new(&nodes, &Reservations::none());
+        let fleet = FreeDevices::new(&nodes, &Reservations::none());
         let placement = fleet
             .place(
                 0,
