@@ -43,7 +43,7 @@ pub mod placement;
 mod spans_tests;
 pub mod taints;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,20 +51,17 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
-use kube::runtime::{Controller, WatchStreamExt};
-use kube::{Client, Resource};
 use tokio::sync::{Mutex, mpsc};
-use tracing::Instrument;
 
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
-use self::context::{Context, State};
-use self::core::ledger::Ledger;
-use self::core::ledger::rebuild::holding_from_status;
+use self::context::Context;
 use self::dra_watch::dra_watches;
 use self::events::Recorder;
 pub use self::fleet::CapacityCounting;
@@ -72,15 +69,11 @@ pub use self::fleet::core::model_capacity::CountedModel;
 use self::inventory_changes::InventoryChanges;
 use self::metrics::ControllerMetrics;
 use self::node_changes::NodeChanges;
-use self::placement::apply;
-use self::placement::reconcile::{error_policy, reconcile};
 pub use self::taints::HealthTaints;
 pub use self::taints::core::UnknownMode;
 use crate::api::projection::drop_managed_fields;
-use crate::names::keys::is_placement_label;
 
-/// How long a graceful shutdown may take before the controller is dropped.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+use self::placement::run::SHUTDOWN_GRACE;
 
 /// Placements reconciled at once unless configured (`--placement-workers`).
 pub const DEFAULT_PLACEMENT_WORKERS: u16 = 4;
@@ -148,12 +141,6 @@ impl Config {
         }
     }
 }
-
-/// Placements per page when the controller lists them. A page's body is held whole (twice,
-/// while it is read and decoded), and a placement may be stored as large as the apiserver
-/// takes (about 1.5 MiB: 55,000 labels, issue 35), so a page costs at most a few tens of MiB;
-/// at 50 a page 40 such placements were one 57 MB body.
-const PLACEMENT_PAGE: u32 = 16;
 
 /// Runs the controller until `shutdown` resolves (or a watch fails for good). Fails at once
 /// when the apiserver does not serve our CRDs ([`crds::ensure_served`]).
@@ -328,23 +315,18 @@ async fn run_controller(
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
     };
-    let state = initial_state(&api).await?;
+    let state = placement::run::initial_state(&api).await?;
     tracing::info!(
         placements = state.ledger.len(),
         devices = state.ledger.devices_reserved(),
         "reservation ledger rebuilt from placement statuses"
     );
     metrics.started("ledger", started);
-    // Small pages: the first list of a large namespace is decoded a page at a time.
-    let controller = Controller::new(api, watcher::Config::default().page_size(PLACEMENT_PAGE))
-        .with_config(
-            kube::runtime::controller::Config::default()
-                .debounce(config.debounce)
-                // Reconciles plan in parallel and serialise only their commits; a bounded
-                // window keeps graceful shutdown short (only these finish) and memory flat.
-                .concurrency(config.placement_workers.clamp(1, MAX_PLACEMENT_WORKERS)),
-        );
-    let placements_store = controller.store();
+    let controller = placement::run::controller(
+        api,
+        config.debounce,
+        config.placement_workers.clamp(1, MAX_PLACEMENT_WORKERS),
+    );
     let ctx = Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -371,28 +353,21 @@ async fn run_controller(
         fleet_changed,
         scope: config.namespace.clone(),
     });
-    clean_stale_labels(&ctx).await?;
+    placement::run::clean_stale_labels(&ctx).await?;
     cache::warm_up(&ctx).await;
     ctx.metrics.started("ready", started);
-    let reconciles = config.reconciles.clone();
-    let controller = controller
-        .reconcile_all_on(passes::spaced(
-            inventory_changes,
-            passes::gap_for(config.debounce),
-        ))
-        .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
-        .run(
-            move |placement, ctx| reconciles.track(reconcile(placement, ctx)),
-            error_policy,
-            ctx.clone(),
-        )
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "controller event");
-            }
-        });
-    // The label repair, the fleet pass and the prune pass live exactly as long as the
-    // controller (they write, so only while this replica leads).
+    let placements = placement::run::run(
+        controller,
+        ctx.clone(),
+        placement::run::Triggers {
+            reconcile_all: passes::spaced(inventory_changes, passes::gap_for(config.debounce)),
+            relabel: (relabel_tx, relabel_rx),
+        },
+        config.reconciles.clone(),
+        shutdown,
+    );
+    // The fleet loop lives exactly as long as the placement loop (both write, so only while
+    // this replica leads).
     let fleet = fleet_loop::run(
         ctx.clone(),
         (config.health_taints, config.taint_check),
@@ -400,116 +375,11 @@ async fn run_controller(
         config.capacity.clone(),
     );
     tokio::select! {
-        () = controller => {}
-        () = restore_placement_labels(ctx.clone(), relabel_tx, relabel_rx) => {}
+        () = placements => {}
         () = fleet => {}
-        () = placement::prune::run(ctx) => {}
     }
     tracing::info!("controller stopped");
     Ok(())
-}
-
-/// Puts back placement labels someone else removed or edited, as soon as the Node watch
-/// shows it, instead of on the placement's next periodic reconcile.
-async fn restore_placement_labels(
-    ctx: Arc<Context>,
-    again: mpsc::UnboundedSender<String>,
-    mut changed: mpsc::UnboundedReceiver<String>,
-) {
-    while let Some(first) = changed.recv().await {
-        let mut nodes = BTreeSet::from([first]);
-        while let Ok(node) = changed.try_recv() {
-            nodes.insert(node);
-        }
-        let span = tracing::info_span!("label_repair", nodes = ?nodes);
-        match apply::sync_node_labels(&ctx, &nodes)
-            .instrument(span.clone())
-            .await
-        {
-            // A Node the controller wrote moments ago may show an older label set because
-            // the watch lags; look again once the write must have arrived.
-            Ok(unconfirmed) => {
-                for node in unconfirmed {
-                    let again = again.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(apply::CACHE_LAG).await;
-                        let _ = again.send(node);
-                    });
-                }
-            }
-            Err(err) => span.in_scope(|| {
-                tracing::warn!(error = %err, "restoring placement labels failed; the periodic reconcile retries");
-            }),
-        }
-    }
-}
-
-/// The ledger, from every placement's own status.
-async fn initial_state(api: &Api<Lenient<ModelPlacement>>) -> anyhow::Result<State> {
-    // Page by page, keeping only the holdings: the whole list at once is every byte tenants
-    // stored, decoded at the same moment as the watch's own first list.
-    let mut holdings = Vec::new();
-    let mut params = ListParams::default().limit(PLACEMENT_PAGE);
-    loop {
-        let page = api.list(&params).await?;
-        holdings.extend(
-            page.items
-                .iter()
-                .filter_map(Lenient::decoded)
-                .filter_map(holding_from_status),
-        );
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
-    let (ledger, dropped) = Ledger::rebuild(holdings);
-    for key in dropped {
-        tracing::warn!(placement = %key, "status claims devices another placement holds; re-planning it");
-    }
-    Ok(State {
-        ledger,
-        ..State::default()
-    })
-}
-
-/// Brings every Node that carries a placement label, or should, to the ledger's label set:
-/// labels of placements deleted while no controller ran disappear here.
-async fn clean_stale_labels(ctx: &Context) -> anyhow::Result<()> {
-    let state = ctx.state.lock().await;
-    let mut affected: BTreeSet<String> = ctx
-        .nodes
-        .state()
-        .iter()
-        .filter(|node| {
-            node.meta()
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.keys().any(|k| is_placement_label(k)))
-        })
-        .filter_map(|node| node.meta().name.clone())
-        .collect();
-    let held: Vec<String> = state
-        .ledger
-        .iter()
-        .flat_map(|(_, holding)| holding.nodes())
-        .collect();
-    affected.extend(held);
-    drop(state);
-    apply::sync_node_labels(ctx, &affected).await?;
-    Ok(())
-}
-
-/// Shutdown, but not before the controller's own cache has synced: kube-runtime's runner
-/// waits for that cache before it can finish, and a shutdown that cuts its watch first would
-/// wait forever. Bounded, so a cache that cannot sync does not block shutdown either (the
-/// caller then drops the controller).
-async fn shutdown_after_sync(
-    placements: Store<Lenient<ModelPlacement>>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    shutdown.await;
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, placements.wait_until_ready()).await;
 }
 
 /// Runs the controller only while this replica holds the Lease. Returns an error when

@@ -37,6 +37,16 @@ pub struct DeviceFilter {
     pub dra_only: bool,
 }
 
+impl DeviceFilter {
+    /// True when `node` carries every label of the node selector: the one node test of the
+    /// planner's view and of the explanation when nothing is left.
+    pub fn selects_node(&self, node: &NodeSpec) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(key, value)| node.labels.get(key) == Some(value))
+    }
+}
+
 /// One inventory as the planner sees it.
 #[derive(Debug, Clone)]
 pub struct NodePart {
@@ -273,12 +283,7 @@ impl FleetView {
         let nodes = self
             .nodes
             .iter()
-            .filter(|node| {
-                filter
-                    .node_selector
-                    .iter()
-                    .all(|(k, v)| node.labels.get(k) == Some(v))
-            })
+            .filter(|node| filter.selects_node(node))
             .filter_map(|node| {
                 let products = &self.parts.get(&node.name)?.products;
                 let mut node = node.clone();

@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
 
 use crate::api::ModelPlacement;
 use crate::dra::claim_template::{Alternative, TemplateError, claim_template};
@@ -18,6 +18,7 @@ use crate::dra::claims::PLACEMENT_LABEL;
 use crate::names::hash_hex;
 
 use super::claims::delete_exactly;
+use super::owner::{made_for, non_blocking_owner};
 use crate::controller::context::{Context, FIELD_MANAGER};
 
 /// The annotation holding the hash of the spec the controller wrote.
@@ -58,11 +59,7 @@ pub async fn sync_template(
 ) -> Result<(), TemplateWriteError> {
     let name = placement.name_any();
     let namespace = placement.namespace().unwrap_or_default();
-    let mut owner = placement
-        .controller_owner_ref(&())
-        .ok_or(TemplateWriteError::NoUid)?;
-    // The finalizer deletes the template itself; it must not hold up the placement.
-    owner.block_owner_deletion = None;
+    let owner = non_blocking_owner(placement).ok_or(TemplateWriteError::NoUid)?;
     let mut template =
         claim_template(&namespace, &name, Some(owner), alternatives).map_err(|source| {
             TemplateWriteError::Build {
@@ -121,10 +118,9 @@ pub async fn release_template(
     else {
         return Ok(());
     };
-    let ours = existing.labels().get(PLACEMENT_LABEL) == Some(&name)
-        && placement
-            .uid()
-            .is_some_and(|uid| existing.owner_references().iter().any(|o| o.uid == uid));
+    let ours = placement
+        .uid()
+        .is_some_and(|uid| made_for(&existing, &name, &uid));
     if ours {
         delete(ctx, &api, &existing).await?;
     }

@@ -23,11 +23,12 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::ModelPlacement;
 use crate::dra::DeviceRef;
-use crate::dra::claims::{ClaimPlan, allocated_devices, is_allocated, owning_placement};
+use crate::dra::claims::{ClaimPlan, allocated_devices, is_allocated};
 use crate::dra::counters::blocked_by_counters;
 
 use super::core::claims::ClaimsReport;
 use super::core::device_health;
+use super::owner::{made_for, non_blocking_owner};
 use crate::controller::cache::{claims_in_cache, own_claims_in_cache, slices_in_cache};
 use crate::controller::context::Context;
 use crate::controller::core::claim_holdings::devices_with_holder;
@@ -183,11 +184,10 @@ fn is_owned_by(claim: &ResourceClaim, placement: &ModelPlacement) -> bool {
     owned_by(claim, namespace, &placement.name_any(), &uid)
 }
 
-/// True when `claim` is labelled for the placement `namespace/name` and owned by its object
-/// `uid`.
+/// True when `claim` is in `namespace` and made for the placement `name` there, whose object
+/// is `uid` ([`made_for`]).
 fn owned_by(claim: &ResourceClaim, namespace: &str, name: &str, uid: &str) -> bool {
-    owning_placement(claim).is_some_and(|(n, p)| n == namespace && p == name)
-        && claim.owner_references().iter().any(|o| o.uid == uid)
+    claim.metadata.namespace.as_deref() == Some(namespace) && made_for(claim, name, uid)
 }
 
 /// Devices allocated to claims other than `wanted` in `namespace`, with the holder's name.
@@ -230,12 +230,7 @@ fn blocked_by_other_claims(
 }
 
 fn owner_reference(placement: &ModelPlacement) -> Result<OwnerReference, ClaimError> {
-    let mut owner = placement
-        .controller_owner_ref(&())
-        .ok_or(ClaimError::NoUid)?;
-    // The claim must not block the placement's deletion: the finalizer deletes claims itself.
-    owner.block_owner_deletion = None;
-    Ok(owner)
+    non_blocking_owner(placement).ok_or(ClaimError::NoUid)
 }
 
 async fn create(

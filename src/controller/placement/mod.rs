@@ -10,8 +10,10 @@
 //! | [`apply`] | placement labels onto Nodes by server-side apply |
 //! | [`claims`] | the ResourceClaims of a `spec.allocation: claims` plan |
 //! | [`prune`] | the prune pass: holdings of placements that no longer exist are freed |
+//! | [`owner`] | what ties a placement's claims and template to it: owner reference, ownership test |
 //! | [`pod_health`] | the pods a plan's claims are reserved for, read for their device health |
 //! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
+//! | [`run`] | the loop's run: ledger rebuild, the Controller, label repair, prune pass |
 //! | [`status`] | the status subresource and Events |
 
 pub mod apply;
@@ -19,9 +21,11 @@ pub mod claim_template;
 pub mod claims;
 pub mod core;
 pub mod dereference;
+pub mod owner;
 pub mod pod_health;
 pub mod prune;
 pub mod reconcile;
 #[cfg(test)]
 pub(crate) mod reconcile_tests;
+pub mod run;
 pub mod status;

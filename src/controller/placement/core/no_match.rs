@@ -91,12 +91,7 @@ pub fn why_nothing_left(
     }
     let selected: Vec<&NodeSpec> = all
         .iter()
-        .filter(|node| {
-            filter
-                .node_selector
-                .iter()
-                .all(|(k, v)| node.labels.get(k) == Some(v))
-        })
+        .filter(|node| filter.selects_node(node))
         .collect();
     if selected.is_empty() {
         return Some(format!(
