@@ -5,6 +5,7 @@
 //! ([`presets`]), a Hugging Face `config.json` ([`config`]), or a bare parameter count
 //! ([`Model::from_param_count`]), for which a Llama-like shape is assumed and said so.
 
+pub mod bounds;
 pub mod config;
 mod count;
 pub mod params;

@@ -126,7 +126,7 @@ impl std::str::FromStr for RopeRequest {
                     .trim()
                     .parse::<u64>()
                     .ok()
-                    .filter(|n| *n > 0 && *n <= super::config::MAX_CONTEXT)
+                    .filter(|n| *n > 0 && *n <= super::bounds::MAX_CONTEXT)
                     .ok_or_else(bad)?,
             ),
             None => None,
@@ -203,7 +203,7 @@ pub fn from_config(
         (RopeKind::Yarn, Some(value)) => Some(
             value
                 .as_u64()
-                .filter(|n| *n > 0 && *n <= super::config::MAX_CONTEXT)
+                .filter(|n| *n > 0 && *n <= super::bounds::MAX_CONTEXT)
                 .ok_or_else(|| {
                     error(format!(
                         "original_max_position_embeddings {value} is not a context length"

@@ -32,8 +32,8 @@ use crate::plan::packing::FreeDevices;
 use crate::plan::products;
 use crate::plan::report::Plan;
 
+use super::PlanRequest;
 use super::suggest::Change;
-use super::{PlanRequest, serving};
 
 /// The largest `prefill_replicas` a request may ask for (the CRD caps it the same).
 pub const MAX_PREFILL_REPLICAS: u32 = 64;
@@ -105,7 +105,7 @@ pub(super) fn plan(
     verify_suggestions: bool,
 ) -> Plan {
     let fleet = FreeDevices::new(nodes, reserved);
-    let mut decode = serving::plan(
+    let mut decode = super::serve::plan(
         model,
         &fleet,
         request,
@@ -242,7 +242,7 @@ fn prefill_pool(
         if group_fleet.classes.is_empty() {
             continue;
         }
-        let pool = serving::plan(
+        let pool = super::serve::plan(
             model,
             &group_fleet,
             &asked,
@@ -255,7 +255,7 @@ fn prefill_pool(
         }
     }
     // Nowhere: the whole remaining fleet's refusal says why.
-    let refusal = serving::plan(model, &fleet, &asked, context, concurrency, (nodes, held));
+    let refusal = super::serve::plan(model, &fleet, &asked, context, concurrency, (nodes, held));
     let notes = model.notes.len().min(refusal.reasons.len());
     let reasons: Vec<String> = refusal.reasons[notes..].to_vec();
     Err(if reasons.is_empty() {

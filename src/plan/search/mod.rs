@@ -15,6 +15,7 @@ mod disaggregated;
 mod overflow;
 mod parallel;
 mod refusal;
+mod serve;
 mod serving;
 mod suggest;
 mod train;
@@ -164,7 +165,7 @@ fn plan_checked(
                 plan.reasons.push(request.engine.assumption());
                 return Ok(plan);
             }
-            let mut plan = serving::plan(
+            let mut plan = serve::plan(
                 model,
                 &fleet,
                 request,
