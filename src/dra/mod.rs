@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`drivers`] | the vendor DRA drivers we know: names, attribute keys, family |
 //! | `pools` | a pool's complete highest generation, where slices and counters both start |
+//! | [`share`] | a shareable capacity's request policy and how the scheduler rounds a request (for fractions, not yet planned on) |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`lint`] | what is wrong with slices: the apiserver's rules, empty slices, the dictionary's facts |
 //! | [`inventory_node`] | an inventory → the planner's node and the fleet roll-up's, before any merge |
@@ -31,6 +32,7 @@ pub mod lint;
 pub mod merge;
 pub mod own_slices;
 mod pools;
+pub mod share;
 pub mod slices;
 #[cfg(test)]
 mod vendor_tests;
