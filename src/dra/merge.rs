@@ -189,6 +189,15 @@ fn add_shadow(merged: &mut MergedNode, matched_name: &str, device: &PublishedDev
     add_published(merged, &shadow);
 }
 
+/// A published device the inventory lacks, present under `id` but never planned, with why.
+fn not_planned(merged: &mut MergedNode, id: String, device: &PublishedDevice, why: String) {
+    merged
+        .notes
+        .push(format!("{} not planned: {why}", device.reference));
+    merged.unusable.insert(id.clone(), why);
+    merged.dra.insert(id, device.reference.clone());
+}
+
 /// A published device the inventory lacks: a planner device of its own, when what it is
 /// can be told.
 fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
@@ -198,11 +207,7 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
         merged.numa.insert(id.clone(), numa);
     }
     if let Some(why) = not_plannable(device) {
-        merged
-            .notes
-            .push(format!("{} not planned: {why}", device.reference));
-        merged.unusable.insert(id.clone(), why);
-        merged.dra.insert(id, device.reference.clone());
+        not_planned(merged, id, device, why);
         return;
     }
     let memory = device.memory_bytes.map(Bytes);
@@ -214,11 +219,7 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
         }
         (None, None) => {
             let why = format!("an unknown product ({name}) without a memory capacity");
-            merged
-                .notes
-                .push(format!("{} not planned: {why}", device.reference));
-            merged.unusable.insert(id.clone(), why);
-            merged.dra.insert(id, device.reference.clone());
+            not_planned(merged, id, device, why);
             return;
         }
     };

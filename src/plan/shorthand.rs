@@ -17,7 +17,7 @@ use crate::hardware::{Family, GIB, InterconnectKind, Vendor};
 
 use super::error::{PlanError, Result};
 use super::inventory::{DeviceSpec, NVLINK_CLIQUE_LABEL, NodeSpec};
-use super::products::{self, CONSERVATIVE_PRECISIONS};
+use super::products;
 use super::units::Bytes;
 
 /// Upper bounds that keep a typo from allocating millions of devices.
@@ -197,7 +197,7 @@ fn split_memory<'a>(spec: &str, text: &'a str) -> Result<(&'a str, Option<Bytes>
 }
 
 fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<DeviceSpec> {
-    if let Some(product) = products::lookup(name, memory.map(Bytes::as_gib)) {
+    if let Some(product) = products::lookup_sized(name, memory) {
         // The table's exact size when the given one is the nominal size of this product.
         let exact = memory.filter(|m| {
             (m.as_gib() - product.nominal_gb as f64).abs() > product.nominal_gb as f64 * 0.1
@@ -210,18 +210,13 @@ fn device_template(spec: &str, name: &str, memory: Option<Bytes>) -> Result<Devi
             format!("unknown product {name:?}: give its memory, e.g. {name}-48GB"),
         )
     })?;
-    Ok(DeviceSpec {
-        id: String::new(),
-        product: name.to_string(),
-        vendor: Vendor::Other,
-        family: Family::Gpu,
+    Ok(DeviceSpec::of_unknown_product(
+        String::new(),
+        name,
+        Vendor::Other,
+        Family::Gpu,
         memory,
-        precisions: CONSERVATIVE_PRECISIONS.iter().copied().collect(),
-        domain: None,
-        bandwidth_tbps: None,
-        aliases: Vec::new(),
-        driver_version: None,
-    })
+    ))
 }
 
 fn slug(name: &str) -> String {
