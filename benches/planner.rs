@@ -58,6 +58,7 @@ fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
             bandwidth_tbps: None,
             aliases: Vec::new(),
             driver_version: None,
+            share: None,
         },
     };
     spec.domain = domain.map(str::to_string);

@@ -1557,3 +1557,76 @@ fn rope_scaling_lengthens_the_context_and_reaches_the_engine() {
         "--rope-scaling",
     );
 }
+
+/// Issue 39: GPUs a driver publishes shareable by memory (`fixtures/dra/nvidia-h100-shareable.yaml`,
+/// 80Gi in 8Gi steps) give a small model a share sized to it, rounded to the policy, with the
+/// engine's budget sized to the share; the same model planned from an inventory alone (no
+/// driver says the GPUs are shareable) takes a whole device as before, and so does a model
+/// that needs more than one device.
+#[test]
+fn shareable_slices_give_a_small_model_a_share_and_an_inventory_alone_a_whole_device() {
+    let small = |source: &str, path: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--model",
+            "llama-3.1-8b",
+            "--precision",
+            "bf16",
+            "--context",
+            "8192",
+            "--concurrency",
+            "4",
+            source,
+            path,
+        ];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let shareable = "fixtures/dra/nvidia-h100-shareable.yaml";
+    let (code, plan) = small("--resource-slices", shareable, &[]);
+    assert_eq!(code, 0, "{plan}");
+    let fraction = &plan["fraction"];
+    assert_eq!(fraction["kind"], "share", "{plan}");
+    assert_eq!(fraction["device_bytes"], 80u64 << 30);
+    let share = fraction["bytes"].as_u64().unwrap();
+    let total = plan["per_device"]["total"].as_u64().unwrap();
+    assert_eq!(share % (8 << 30), 0, "a multiple of the policy's 8Gi step");
+    assert!(share >= total + (512 << 20) && share < total + (512 << 20) + (8 << 30));
+    let util = plan["gpu_memory_utilization"].as_f64().unwrap();
+    assert!(util < 0.5, "{util}");
+    let vllm = plan["engine"]["vllm"].as_array().unwrap();
+    assert!(
+        vllm.windows(2)
+            .any(|w| w[0] == "--gpu-memory-utilization" && w[1] == format!("{util:.3}").as_str()),
+        "{vllm:?}"
+    );
+    assert!(plan["max_concurrency"].as_u64().unwrap() >= 4);
+    let out = hwaccel(&["--model", "llama-3.1-8b", "--resource-slices", shareable]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("FRACTION share: "), "{table}");
+
+    // Whole devices when asked, for a model that spans devices, and from an inventory alone.
+    let (code, plan) = small("--resource-slices", shareable, &["--whole-devices"]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["fraction"]["kind"], "device", "{plan}");
+    assert_eq!(plan["fraction"]["bytes"], 80u64 << 30);
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-70b",
+        "--precision",
+        "bf16",
+        "--context",
+        "8192",
+        "--resource-slices",
+        shareable,
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["fraction"]["kind"], "device", "{plan}");
+    let (code, plan) = small(
+        "--inventory",
+        "fixtures/golden/h100-8x-nvswitch.inventory.yaml",
+        &[],
+    );
+    assert_eq!(code, 0, "{plan}");
+    assert!(plan.get("fraction").is_none(), "{plan}");
+    assert!(plan["gpu_memory_utilization"].as_f64().unwrap() > 0.85);
+}

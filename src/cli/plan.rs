@@ -49,6 +49,10 @@ pub struct GoalArgs {
     /// Concurrent full-context requests to hold; replicas are added to reach it.
     #[arg(long, default_value_t = 1)]
     pub concurrency: u64,
+    /// Plan whole devices even where a DRA driver publishes them shareable by memory
+    /// (--resource-slices); without it a small model gets a share of a device.
+    #[arg(long)]
+    pub whole_devices: bool,
     /// Plan fine-tuning with this method.
     #[arg(long, value_enum)]
     pub train: Option<Method>,
@@ -290,6 +294,7 @@ impl GoalArgs {
                 .map(str::parse)
                 .transpose()
                 .map_err(|err: String| PlanError::constraint(format!("--rope-scaling: {err}")))?,
+            whole_devices: self.whole_devices,
         })
     }
 

@@ -251,6 +251,8 @@ fn merge_by_bus_id(
                 "{id} not planned: {} publishes it as {why}",
                 device.reference
             ));
+        } else if let Some(spec) = node.devices.iter_mut().find(|d| d.id == id) {
+            spec.share = device.shareable();
         }
         names.insert((node.name.clone(), id), device.reference.clone());
     }

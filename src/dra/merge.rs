@@ -165,6 +165,9 @@ fn merge_matched(
     if let Some(numa) = device.numa_node {
         merged.numa.entry(name.clone()).or_insert(numa);
     }
+    if let Some(spec) = merged.node.devices.iter_mut().find(|d| d.id == name) {
+        spec.share = device.shareable();
+    }
     merged.dra.insert(name, device.reference.clone());
 }
 
@@ -224,6 +227,7 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
         }
     };
     spec.domain = device.domain.clone();
+    spec.share = device.shareable();
     merged.products.insert(
         id.clone(),
         product_slug(

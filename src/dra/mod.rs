@@ -5,7 +5,7 @@
 //! |---|---|
 //! | [`drivers`] | the vendor DRA drivers we know: names, attribute keys, family |
 //! | `pools` | a pool's complete highest generation, where slices and counters both start |
-//! | [`share`] | a shareable capacity's request policy and how the scheduler rounds a request (for fractions, not yet planned on) |
+//! | [`share`] | a shareable device's `memory` capacity and request policy, read from its slice |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`lint`] | what is wrong with slices: the apiserver's rules, empty slices, the dictionary's facts |
 //! | [`inventory_node`] | an inventory → the planner's node and the fleet roll-up's, before any merge |
@@ -21,6 +21,7 @@
 //! UUID ([`merge`]).
 
 use crate::hardware::{Family, HealthStatus, Vendor};
+use crate::plan::share::{SharePolicy, Shareable};
 
 pub mod claim_template;
 pub mod claims;
@@ -79,4 +80,18 @@ pub struct PublishedDevice {
     /// rather than a whole device, a shared device, counters it can never get), or `None`
     /// when it is usable.
     pub unusable: Option<String>,
+    /// For a device published shareable (`allowMultipleAllocations`) whose `memory` capacity a
+    /// claim can take a share of: the policy, checked. `None` for every other device.
+    pub share: Option<SharePolicy>,
+}
+
+impl PublishedDevice {
+    /// Its share policy as the planner takes it, nothing consumed yet: what claims consume
+    /// is the controller's to add.
+    pub fn shareable(&self) -> Option<Shareable> {
+        self.share.clone().map(|policy| Shareable {
+            policy,
+            consumed: 0,
+        })
+    }
 }

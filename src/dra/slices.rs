@@ -3,9 +3,10 @@
 //! Follows DRA's consumer rules: per `(driver, pool)` only the highest `pool.generation`
 //! counts, and only once all `resourceSliceCount` slices of it are seen (a pool being
 //! rewritten is skipped, not half-read). Only node-local slices (`spec.nodeName`) are read,
-//! and only for the drivers in [`super::drivers`]. A shared device (`allowMultipleAllocations`)
-//! and one whose counters its pool can never give ([`super::counters`]) are published but not
-//! plannable. Slices are written by other parties, so
+//! and only for the drivers in [`super::drivers`]. A shareable device (`allowMultipleAllocations`)
+//! carries its memory share policy ([`super::share`]) and is planned on whole or in shares; one
+//! that cannot be shared by memory, and one whose counters its pool can never give
+//! ([`super::counters`]), are published but not plannable. Slices are written by other parties, so
 //! every count and string is bounded and nothing in them can make this panic.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,12 +16,14 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 use super::counters::PoolCounters;
 use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID};
 use super::pools::complete_generation;
+use super::share::share_policy;
 use super::{DeviceRef, PublishedDevice};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
 use crate::hardware::HealthStatus;
 use crate::hardware::device_state::plannable_health;
 use crate::names::truncate_at_char_boundary;
+use crate::plan::share::SharePolicy;
 
 /// At most this many devices are kept per node; a real node has tens (MIG and partitions
 /// included), so more means a runaway or hostile publisher.
@@ -208,10 +211,16 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         Some(name) => memory(driver, device, name),
         None => (None, None),
     };
+    let (share, not_shareable) = shareable(driver, device);
     let domain = driver
         .interconnect_group
         .and_then(|name| group_attribute(driver, device, name))
         .map(|group| format!("neuronlink:{group}"));
+    let unusable = partition
+        .or(aggregate)
+        .or_else(|| blocking_taint(device))
+        .or(unhealthy)
+        .or(not_shareable);
     PublishedDevice {
         node: node.to_string(),
         reference: DeviceRef {
@@ -233,11 +242,9 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         numa_node: numa_node(driver, device),
         vendor: driver.vendor,
         family: driver.family,
-        unusable: partition
-            .or(aggregate)
-            .or_else(|| blocking_taint(device))
-            .or(unhealthy)
-            .or_else(|| shared(device)),
+        // Only a device a placement may take is one to take a share of.
+        share: share.filter(|_| unusable.is_none()),
+        unusable,
     }
 }
 
@@ -280,13 +287,72 @@ fn group_attribute(driver: &KnownDriver, device: &Device, name: &str) -> Option<
     valid.then_some(text)
 }
 
-/// Why a device that may be allocated to many claims at once (`allowMultipleAllocations`,
-/// its capacity consumable in shares) is not one to plan on: a placement's claim could not
-/// hold it alone, so it is shared, neither free nor taken.
-pub const SHARED: &str = "shared (allowMultipleAllocations: claims take shares of its capacity), not a device one placement can hold";
+/// Why a device that may be allocated to many claims at once (`allowMultipleAllocations`)
+/// is not one to plan on when it cannot be shared by memory: no `memory` capacity to take a
+/// share of, a policy the API would refuse, or another capacity that one allocation uses up
+/// (AMD's `partitions`, whose default request is all of it).
+pub const SHARED: &str = "shared (allowMultipleAllocations), but not by memory: a placement can hold neither all of it nor a share";
 
-fn shared(device: &Device) -> Option<String> {
-    (device.allow_multiple_allocations == Some(true)).then(|| SHARED.to_string())
+/// A device's memory share policy when it is published shareable (`allowMultipleAllocations`),
+/// or why such a device is not plannable; `(None, None)` for a device one claim holds whole.
+/// Only the `memory` capacity is requested by a share's claim, so every other capacity gives
+/// each allocation its policy's default (or all of it, without a policy): one that cannot
+/// give two allocations makes the device exclusive in practice, and it stays out.
+fn shareable(driver: &KnownDriver, device: &Device) -> (Option<SharePolicy>, Option<String>) {
+    if device.allow_multiple_allocations != Some(true) {
+        return (None, None);
+    }
+    let Some(capacities) = device.capacity.as_ref() else {
+        return (None, Some(SHARED.to_string()));
+    };
+    let memory_name = driver.memory.unwrap_or("memory");
+    let is_memory = |name: &str| {
+        name == memory_name
+            || name
+                .strip_prefix(driver.name)
+                .and_then(|n| n.strip_prefix('/'))
+                == Some(memory_name)
+    };
+    let Some((_, memory)) = capacities.iter().find(|(name, _)| is_memory(name)) else {
+        return (None, Some(SHARED.to_string()));
+    };
+    for (name, other) in capacities.iter().filter(|(name, _)| !is_memory(name)) {
+        let Ok(policy) = share_policy(other) else {
+            return (
+                None,
+                Some(format!(
+                    "{SHARED} (its {} capacity is not a valid one)",
+                    bounded(name)
+                )),
+            );
+        };
+        if policy.default.saturating_mul(2) > policy.capacity {
+            return (
+                None,
+                Some(format!(
+                    "{SHARED} (each allocation takes all of its {} capacity)",
+                    bounded(name)
+                )),
+            );
+        }
+    }
+    match share_policy(memory) {
+        Ok(policy) if policy.capacity > 0 && policy.capacity <= MAX_DEVICE_MEMORY => {
+            (Some(policy), None)
+        }
+        Ok(_) => (
+            None,
+            Some(format!(
+                "{SHARED} (its memory capacity is not a plausible size)"
+            )),
+        ),
+        Err(why) => (
+            None,
+            Some(format!(
+                "shared, but its memory capacity's requestPolicy is not valid: {why}"
+            )),
+        ),
+    }
 }
 
 /// The first NoSchedule/NoExecute taint, as a reason.

@@ -12,6 +12,7 @@ use crate::hardware::Report;
 use crate::hardware::{Device, Family, InterconnectKind, NicKind, Precision, Vendor};
 
 use super::products::{self, CONSERVATIVE_PRECISIONS, Product};
+use super::share::Shareable;
 use super::units::Bytes;
 
 /// One accelerator.
@@ -46,6 +47,11 @@ pub struct DeviceSpec {
     /// engine images' minimum driver is checked against it (`engine::images`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
+    /// For a device a DRA driver publishes as shareable (`allowMultipleAllocations` with a
+    /// `memory` capacity): its policy and what is consumed of it. A plan may then take a
+    /// share of it instead of all of it (docs/decisions/0011); `None` for every other device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<Shareable>,
 }
 
 impl DeviceSpec {
@@ -63,6 +69,7 @@ impl DeviceSpec {
             bandwidth_tbps: Some(product.bandwidth_tbps),
             aliases: Vec::new(),
             driver_version: None,
+            share: None,
         }
     }
 
@@ -86,6 +93,7 @@ impl DeviceSpec {
             bandwidth_tbps: None,
             aliases: Vec::new(),
             driver_version: None,
+            share: None,
         }
     }
 
@@ -338,6 +346,7 @@ fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> Device
         bandwidth_tbps: product.map(|p| p.bandwidth_tbps),
         aliases: device.uuid.iter().cloned().collect(),
         driver_version: device.driver_version.clone(),
+        share: None,
     }
 }
 

@@ -12,6 +12,7 @@
 //! | [`layout`] | a replica's layout: pipeline stage split, expert parallelism, DP attention |
 //! | [`memory`] | serving memory budget per device (vLLM's equation) |
 //! | [`runtime_memory`] | what the runtime lets an engine allocate of a device's memory |
+//! | [`share`] | a shareable device's memory policy and how a request for a share is rounded |
 //! | [`training`] | fine-tuning memory per method and ZeRO stage |
 //! | [`capability`] | which precisions a device and a model allow |
 //! | [`inventory`], [`products`], [`shorthand`] | hardware input |
@@ -40,6 +41,7 @@ pub mod report;
 pub mod request;
 pub mod runtime_memory;
 pub mod search;
+pub mod share;
 pub mod shorthand;
 pub mod throughput;
 pub mod training;

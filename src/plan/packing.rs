@@ -371,9 +371,15 @@ fn index_node<'a>(
     runs.clear();
     usable.clear();
     for (index, device) in node.devices.iter().enumerate().take(usize::from(u16::MAX)) {
+        // A shareable device others already hold shares of is no whole device to plan on
+        // (a share of it is chosen after the search, `search::fraction`).
         if device.family == Family::Cpu
             || device.memory == Bytes::ZERO
             || taken.is_some_and(|ids| ids.contains(&device.id))
+            || device
+                .share
+                .as_ref()
+                .is_some_and(|share| share.consumed > 0)
         {
             continue;
         }

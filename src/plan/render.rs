@@ -8,7 +8,7 @@ use crate::output::Table;
 
 use super::capability::Execution;
 use super::memory::DeviceMemory;
-use super::report::{EngineSettings, Plan};
+use super::report::{EngineSettings, FractionKind, Plan};
 
 impl Plan {
     /// The table people read: the decision, the memory behind it, where it runs, and why. A
@@ -72,6 +72,20 @@ impl Plan {
                 self.nodes.unwrap_or(0),
             );
             let _ = writeln!(out, "{layout}");
+        }
+        if let Some(fraction) = &self.fraction {
+            let _ = match fraction.kind {
+                FractionKind::Share => writeln!(
+                    out,
+                    "FRACTION share: {} of a {} device per replica",
+                    fraction.bytes, fraction.device_bytes
+                ),
+                FractionKind::Device => writeln!(
+                    out,
+                    "FRACTION device: all {} of each shareable device",
+                    fraction.device_bytes
+                ),
+            };
         }
         if let Some(memory) = &self.per_device {
             out.push('\n');

@@ -144,6 +144,11 @@ pub struct Plan {
     /// The serving suggestions as typed changes, each checked to fit when applied (its `text`
     /// is also in `suggestions`).
     pub suggested_changes: Vec<Suggestion>,
+    /// How much of each device the plan takes, for plans on devices a DRA driver publishes
+    /// shareable: a share of each (its claim requests `bytes` of the device's memory) or the
+    /// whole of each (its claim requests all of it). Absent for every other plan.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<Fraction>,
     /// Disaggregated serving: the prefill pool (the fields above describe the decode pool).
     /// Absent from the output of an ordinary plan.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -182,7 +187,40 @@ impl Plan {
             reasons: Vec::new(),
             suggestions: Vec::new(),
             suggested_changes: Vec::new(),
+            fraction: None,
             prefill: None,
+        }
+    }
+}
+
+/// How much of a shareable device each of a plan's replicas takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Fraction {
+    /// A share of the device's memory, or the whole device.
+    pub kind: FractionKind,
+    /// What each replica's claim requests of the device's `memory` capacity: the share as the
+    /// driver's policy rounds it, or all of it.
+    pub bytes: Bytes,
+    /// The device's `memory` capacity.
+    pub device_bytes: Bytes,
+}
+
+/// Which fraction of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FractionKind {
+    /// A share of a device others may share too (`capacity.requests.memory`).
+    Share,
+    /// The whole device (a claim for all of its capacity, so no share lands beside it).
+    Device,
+}
+
+impl FractionKind {
+    /// The name the JSON, the table and the CRD status use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Share => "share",
+            Self::Device => "device",
         }
     }
 }

@@ -61,6 +61,8 @@ pub struct PlanInput {
     pub engine: EngineChoice,
     /// Serving: YaRN asked for on top of the model's config (`--rope-scaling yarn:4`).
     pub rope_scaling: Option<RopeRequest>,
+    /// Plan whole devices even where a driver publishes them shareable.
+    pub whole_devices: bool,
 }
 
 /// A question the planner can answer.
@@ -114,6 +116,7 @@ pub fn prepare(input: PlanInput) -> Result<Prepared> {
         replicas: input.replicas.filter(|_| !training),
         disaggregation: input.disaggregation.filter(|_| !training),
         engine,
+        whole_devices: input.whole_devices,
     };
     Ok(Prepared {
         model,
@@ -186,6 +189,7 @@ mod tests {
             disaggregation: None,
             engine: EngineChoice::default(),
             rope_scaling: None,
+            whole_devices: false,
         }
     }
 

@@ -161,6 +161,7 @@ fn published(bus: Option<&str>, uuid: Option<&str>, unusable: Option<&str>) -> P
         vendor: Vendor::Nvidia,
         family: Family::Gpu,
         unusable: unusable.map(str::to_string),
+        share: None,
     }
 }
 

@@ -337,7 +337,11 @@ mod tests {
         let verdicts = view.unplannable_on(node).expect("the node");
         let shared: Vec<&String> = names
             .iter()
-            .filter(|name| verdicts.get(*name).map(String::as_str) == Some(SHARED))
+            .filter(|name| {
+                verdicts
+                    .get(*name)
+                    .is_some_and(|why| why.starts_with(SHARED))
+            })
             .collect();
         assert_eq!(shared, [&names[0], &names[1]], "{verdicts:?}");
         let none = Reservations::none();

@@ -24,6 +24,11 @@ use crate::plan::NodeSpec;
 
 use crate::api::placement::Assignment;
 
+/// Why the controller plans no device a driver publishes as shareable by memory: the
+/// planner can take a share of it (`hwaccel plan --resource-slices`), but the controller's
+/// claims do not request shares nor its accounting read `consumedCapacity` yet (issue 39).
+pub const NOT_YET_SHARED: &str = "shared by memory (allowMultipleAllocations): the controller does not claim shares of a device yet";
+
 /// Which devices and nodes a placement may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceFilter {
@@ -115,6 +120,7 @@ impl NodePart {
     }
 
     /// `node_name` from its inventory (if any) and the devices DRA drivers publish for it.
+    /// Devices published shareable are present but not planned ([`NOT_YET_SHARED`]).
     /// Without published devices this is exactly [`NodePart::new`] (or an empty node).
     pub fn with_published(
         node_name: &str,
@@ -137,6 +143,20 @@ impl NodePart {
         part.unusable.extend(merged.unusable);
         part.dra = merged.dra;
         part.notes = merged.notes;
+        // The controller neither claims shares yet nor counts what other claims consume of a
+        // shareable device (issue 39), so it plans none: a claim naming no capacity would take
+        // only the policy's default and leave the rest to others' pods.
+        let shareable: Vec<String> = part
+            .node
+            .devices
+            .iter()
+            .filter(|device| device.share.is_some())
+            .map(|device| device.id.clone())
+            .collect();
+        for id in shareable {
+            part.node.devices.retain(|device| device.id != id);
+            part.unusable.insert(id, NOT_YET_SHARED.to_string());
+        }
         part
     }
 
@@ -557,6 +577,21 @@ mod tests {
             Arc::new(NodePart::with_published(node, inventory, fleet.node(node)))
         });
         FleetView::from_parts(parts, &BTreeMap::new())
+    }
+
+    /// Until the controller claims shares (issue 39), a GPU published shareable is present
+    /// and never planned, with the reason, though the CLI plans a share of it.
+    #[test]
+    fn the_controller_plans_no_shareable_device_yet_and_says_why() {
+        let slices = crate::testing::dra::fixture_slices(&["nvidia-h100-shareable.yaml"]);
+        let view = view_of(&[], &slices, &["h100-2x-shared"]);
+        assert!(view.nodes()[0].devices.is_empty(), "{:?}", view.nodes());
+        let verdicts = view.unplannable_on("h100-2x-shared").expect("the node");
+        assert_eq!(verdicts.len(), 2);
+        assert!(
+            verdicts.values().all(|why| why == NOT_YET_SHARED),
+            "{verdicts:?}"
+        );
     }
 
     #[test]

@@ -139,7 +139,12 @@ fn amd_autopartition_devices_are_shared_and_one_layout_in_use_blocks_the_others(
         .iter()
         .find(|d| d.reference.device == "gpu-0-spx-nps1")
         .expect("spx");
-    assert_eq!(spx.unusable.as_deref(), Some(SHARED), "whole, but shared");
+    let why = spx.unusable.as_deref().unwrap_or_default();
+    assert!(
+        why.starts_with(SHARED) && why.contains("each allocation takes all of its"),
+        "whole, but shared: {why}"
+    );
+    assert_eq!(spx.share, None);
     // The scheduler gave one CPX share of GPU 0 to a pod: its mutex is taken, so no other
     // layout of GPU 0 (the whole GPU included) may be allocated; the CPX layout in use may
     // take more shares (its counters are already consumed) and GPU 1 is untouched.

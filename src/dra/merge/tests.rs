@@ -48,6 +48,7 @@ fn h100(node: &str, minor: usize) -> PublishedDevice {
         vendor: Vendor::Nvidia,
         family: Family::Gpu,
         unusable: None,
+        share: None,
     }
 }
 
@@ -69,6 +70,31 @@ fn a_device_seen_by_both_is_one_device_with_its_dra_name() {
     // The inventory's topology survives the merge.
     assert!(merged.node.devices.iter().all(|d| d.domain.is_some()));
     assert!(merged.notes.is_empty(), "{:?}", merged.notes);
+}
+
+/// A GPU its driver publishes shareable keeps the inventory's name and gains the policy,
+/// nothing consumed yet; the others stay whole devices.
+#[test]
+fn a_shareable_published_gpu_carries_its_policy_onto_the_inventorys_device() {
+    let inventory = fixture_inventory("h100-8x-nvswitch", "a");
+    let mut published: Vec<PublishedDevice> = (0..8).map(|i| h100("a", i)).collect();
+    let policy = crate::plan::share::SharePolicy::checked(
+        80 << 30,
+        None,
+        crate::plan::share::ShareRule::Any,
+    )
+    .unwrap();
+    published[0].share = Some(policy.clone());
+    let merged = merge_node("a", Some(&inventory), &published);
+    let shared: Vec<_> = merged
+        .node
+        .devices
+        .iter()
+        .filter_map(|d| d.share.as_ref().map(|s| (d.id.as_str(), s)))
+        .collect();
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    assert_eq!(shared[0].0, "gpu-0000-1b-00-0");
+    assert_eq!((&shared[0].1.policy, shared[0].1.consumed), (&policy, 0));
 }
 
 #[test]

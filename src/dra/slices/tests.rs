@@ -338,3 +338,64 @@ fn the_numa_node_is_read_standard_first_then_the_drivers_own() {
         "{read:?}"
     );
 }
+
+/// Issue 39: a GPU published shareable by memory (`allowMultipleAllocations`, the example
+/// driver's 8Gi-step policy) is plannable and carries its policy; one whose policy the API
+/// would refuse, or whose other capacity each allocation takes whole, is not, with the reason.
+#[test]
+fn a_gpu_shareable_by_memory_carries_its_policy_and_a_bad_one_says_why() {
+    let fleet = published_devices(&crate::testing::dra::fixture_slices(&[
+        "nvidia-h100-shareable.yaml",
+    ]));
+    let devices = fleet.node("h100-2x-shared");
+    assert_eq!(devices.len(), 2);
+    for device in devices {
+        assert_eq!(device.unusable, None, "{device:?}");
+        let policy = device.share.as_ref().expect("a share policy");
+        assert_eq!(policy.capacity, 80 << 30);
+        assert_eq!(policy.round(20 << 30), Ok(24 << 30));
+    }
+
+    let shared = |capacity: Value| {
+        let mut device = h100(0, "0000:18:00.0");
+        device["allowMultipleAllocations"] = json!(true);
+        device["capacity"] = capacity;
+        let fleet = published_devices(&[nvidia_slice("s", "n", 1, 1, json!([device]))]);
+        fleet.node("n")[0].clone()
+    };
+    let refused = shared(json!({"memory": {"value": "80Gi", "requestPolicy": {
+        "default": "9Gi", "validRange": {"min": "8Gi", "step": "8Gi"}}}}));
+    assert_eq!(refused.share, None);
+    assert!(
+        refused
+            .unusable
+            .as_deref()
+            .unwrap_or_default()
+            .contains("default"),
+        "{refused:?}"
+    );
+    let exclusive = shared(json!({
+        "memory": {"value": "80Gi"},
+        "multiprocessors": {"value": "132"},
+    }));
+    assert_eq!(exclusive.share, None);
+    let why = exclusive.unusable.unwrap_or_default();
+    assert!(
+        why.starts_with(SHARED) && why.contains("multiprocessors"),
+        "{why}"
+    );
+    let no_memory = shared(
+        json!({"cores": {"value": "8", "requestPolicy": {"default": "1", "validRange": {"min": "1"}}}}),
+    );
+    assert_eq!(no_memory.unusable.as_deref(), Some(SHARED));
+    // A device one claim holds whole has no policy at all.
+    let whole = published_devices(&crate::testing::dra::fixture_slices(&[
+        "nvidia-h100-8x.yaml",
+    ]));
+    assert!(
+        whole
+            .node("h100-8x-nvswitch")
+            .iter()
+            .all(|d| d.share.is_none())
+    );
+}

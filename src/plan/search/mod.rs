@@ -11,6 +11,7 @@
 #[cfg(test)]
 mod checkpoint;
 mod disaggregated;
+mod fraction;
 #[cfg(test)]
 mod overflow;
 mod parallel;
@@ -76,6 +77,8 @@ pub struct PlanRequest {
     pub disaggregation: Option<Disaggregation>,
     /// Serving: the engine and the settings of it that shape memory and its arguments.
     pub engine: EngineChoice,
+    /// Plan whole devices even where a driver publishes them shareable (no share of one).
+    pub whole_devices: bool,
 }
 
 impl PlanRequest {
@@ -93,6 +96,7 @@ impl PlanRequest {
             replicas: None,
             disaggregation: None,
             engine: EngineChoice::default(),
+            whole_devices: false,
         }
     }
 
@@ -160,6 +164,7 @@ fn plan_checked(
                     disaggregation,
                     verify,
                 );
+                fraction::choose(&mut plan, model, (nodes, reserved), request);
                 attach_engine(&mut plan, &request.engine);
                 plan.reasons.extend(context_note);
                 plan.reasons.push(request.engine.assumption());
@@ -174,12 +179,17 @@ fn plan_checked(
                 (nodes, reserved),
             );
             sglang_default_fraction(&mut plan, request);
+            fraction::choose(&mut plan, model, (nodes, reserved), request);
             attach_engine(&mut plan, &request.engine);
             plan.reasons.extend(context_note);
             plan.reasons.push(request.engine.assumption());
             Ok(plan)
         }
-        Goal::Train(target) => Ok(train::plan(model, &fleet, request, target)),
+        Goal::Train(target) => {
+            let mut plan = train::plan(model, &fleet, request, target);
+            fraction::choose(&mut plan, model, (nodes, reserved), request);
+            Ok(plan)
+        }
     }
 }
 

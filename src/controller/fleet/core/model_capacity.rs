@@ -130,6 +130,7 @@ impl CountedModel {
             disaggregation: None,
             engine: crate::plan::engine::choice::EngineChoice::default(),
             rope_scaling: None,
+            whole_devices: true,
         })
         .map_err(|err| refused(err.to_string()))?;
         let context = context

@@ -57,6 +57,8 @@ pub fn plan_input(spec: &ModelPlacementSpec) -> Result<PlanInput, String> {
             .map(str::parse)
             .transpose()
             .map_err(|err: String| format!("model.ropeScaling: {err}"))?,
+        // The controller plans no shareable device yet (`fleet_view::NOT_YET_SHARED`).
+        whole_devices: true,
     })
 }
 

@@ -1,0 +1,480 @@
+//! A fraction of a device for a serving plan that needs less than one (issue 39,
+//! docs/decisions/0011). The search plans whole devices; when its plan lands on devices a DRA
+//! driver publishes shareable by memory, this step decides how much of each a replica takes:
+//! a share sized to the replica (its weights, KV cache for its requests, activations and
+//! runtime memory, plus the CUDA context that sits outside the engine's budget), rounded up
+//! as the scheduler rounds it to the driver's policy, packed best-fit onto the shareable
+//! devices of the node the search chose; else the whole device, and the reason why.
+//!
+//! A share is a vLLM budget: `--gpu-memory-utilization` is per instance ("if you have two vLLM
+//! instances running on the same GPU, you can set the GPU memory utilization to 0.5 for each
+//! instance", vLLM's `CacheConfig` docs), so the share less the CUDA context, as a fraction of
+//! what CUDA reports, is the engine's argument, and the plan's memory is re-fitted to it.
+//! SGLang sizes its pool from the memory free on the device when it starts, which other
+//! tenants of the GPU change, so SGLang plans keep whole devices.
+
+use std::collections::BTreeMap;
+
+use super::PlanRequest;
+use super::serving::serving_target;
+use crate::hardware::MIB;
+use crate::plan::engine::choice::EngineKind;
+use crate::plan::inventory::{DeviceSpec, NodeSpec, Reservations};
+use crate::plan::memory::{ServingDevice, ServingFit, serving_fit};
+use crate::plan::model::Model;
+use crate::plan::report::{Fraction, FractionKind, Plan};
+use crate::plan::units::Bytes;
+use crate::plan::weights::WeightBytes;
+
+/// What a vLLM process holds outside its `--gpu-memory-utilization` budget: the CUDA context
+/// and the libraries' workspaces created before vLLM takes its baseline snapshot. The same
+/// 512 MiB the training planner counts for the CUDA context (`training::BASE_OVERHEAD`); a
+/// share is this much larger than the engine's budget.
+pub const OUTSIDE_BUDGET: Bytes = Bytes(512 * MIB);
+
+/// The fraction each replica of `plan` takes, when its devices are shareable: the plan's
+/// assignments, memory and engine budget re-fitted to a share, or the whole devices with the
+/// reason. Plans on devices no driver publishes shareable are left as they are.
+pub(super) fn choose(
+    plan: &mut Plan,
+    model: &Model,
+    (nodes, reserved): (&[NodeSpec], &Reservations),
+    request: &PlanRequest,
+) {
+    if !plan.fits {
+        return;
+    }
+    let used: Vec<&DeviceSpec> = plan
+        .assignments
+        .iter()
+        .flat_map(|a| a.devices.iter().map(move |id| (a.node.as_str(), id)))
+        .filter_map(|(node, id)| device(nodes, node, id))
+        .collect();
+    let Some(sample) = used.iter().find_map(|d| d.share.as_ref().map(|s| (*d, s))) else {
+        return;
+    };
+    match shares(plan, model, (nodes, reserved), request) {
+        Ok(chosen) => apply(plan, chosen),
+        Err(why) => {
+            let (device, share) = sample;
+            plan.fraction = Some(Fraction {
+                kind: FractionKind::Device,
+                bytes: Bytes(share.policy.capacity),
+                device_bytes: Bytes(share.policy.capacity),
+            });
+            plan.reasons.push(format!(
+                "whole devices: {} is published shareable, but {why}; each replica's claim \
+                 requests all of its memory, so no share lands beside it",
+                device.product
+            ));
+        }
+    }
+}
+
+/// A device of the fleet by node and id.
+fn device<'a>(nodes: &'a [NodeSpec], node: &str, id: &str) -> Option<&'a DeviceSpec> {
+    nodes
+        .iter()
+        .find(|n| n.name == node)?
+        .devices
+        .iter()
+        .find(|d| d.id == id)
+}
+
+/// A plan's replicas moved onto shares.
+#[derive(Debug)]
+struct Shares {
+    /// The device each assignment (in order) takes a share of.
+    devices: Vec<String>,
+    /// The smallest share a replica got (every replica's engine gets this budget).
+    bytes: Bytes,
+    /// The devices' memory capacity.
+    device_bytes: Bytes,
+    /// The memory re-fitted to the share's budget.
+    fit: ServingFit,
+    /// `--gpu-memory-utilization` of the share.
+    util: f64,
+    /// Requests each replica serves.
+    per_replica: u64,
+    /// The policy, in words.
+    policy: String,
+}
+
+/// Shares for every replica of `plan`, or why it keeps whole devices.
+fn shares(
+    plan: &Plan,
+    model: &Model,
+    (nodes, reserved): (&[NodeSpec], &Reservations),
+    request: &PlanRequest,
+) -> Result<Shares, String> {
+    if plan.goal != "serve" {
+        return Err("training plans take whole devices".to_string());
+    }
+    if request.whole_devices {
+        return Err("the request asks for whole devices".to_string());
+    }
+    if request.disaggregation.is_some() {
+        return Err("disaggregated pools are planned on whole devices".to_string());
+    }
+    if request.engine.kind == EngineKind::Sglang {
+        return Err(
+            "SGLang sizes its memory pool from what is free on the device when it \
+                    starts, which other tenants of a shared device change"
+                .to_string(),
+        );
+    }
+    let (tp, pp) = (plan.tp.unwrap_or(1), plan.pp.unwrap_or(1));
+    if tp.saturating_mul(pp) > 1 {
+        return Err(format!(
+            "a replica spans {} devices (TP {tp} x PP {pp}), and shares are planned for \
+             one-device replicas",
+            tp.saturating_mul(pp)
+        ));
+    }
+    let (Some(memory), Some(precision), Some(context)) =
+        (plan.per_device, plan.precision, plan.context)
+    else {
+        return Err("the plan has no memory breakdown".to_string());
+    };
+    let replicas = u64::from(plan.replicas.unwrap_or(1).max(1));
+    let per_replica = plan.concurrency.unwrap_or(1).div_ceil(replicas).max(1);
+    let need = memory.total + OUTSIDE_BUDGET;
+
+    // Best fit, replica by replica, on the node the search chose for it: the shareable
+    // device of the plan's product with the least room left that still holds the share, so
+    // small models fill one device before starting the next.
+    let product = plan.device.as_deref().unwrap_or_default();
+    let mut consumed: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut chosen = Vec::with_capacity(plan.assignments.len());
+    let mut smallest: Option<(u64, &DeviceSpec)> = None;
+    for assignment in &plan.assignments {
+        let node = nodes
+            .iter()
+            .find(|n| n.name == assignment.node)
+            .ok_or_else(|| format!("node {} is not in the fleet", assignment.node))?;
+        let taken = reserved.on_node(&node.name);
+        let mut best: Option<(u64, u64, &DeviceSpec)> = None;
+        let mut last_refusal = None;
+        for device in &node.devices {
+            let Some(share) = &device.share else { continue };
+            if device.product != product || taken.is_some_and(|t| t.contains(&device.id)) {
+                continue;
+            }
+            let mut state = share.clone();
+            state.consumed = state.consumed.saturating_add(
+                consumed
+                    .get(&(node.name.as_str(), device.id.as_str()))
+                    .copied()
+                    .unwrap_or(0),
+            );
+            match state.fit(need.0) {
+                Ok(rounded) if rounded >= state.policy.capacity => {
+                    last_refusal = Some(format!(
+                        "a share that holds a replica ({need}) is all of the device's {}",
+                        Bytes(state.policy.capacity)
+                    ));
+                }
+                Ok(rounded) => {
+                    let left = state.headroom() - rounded;
+                    if best.is_none_or(|(best_left, _, _)| left < best_left) {
+                        best = Some((left, rounded, device));
+                    }
+                }
+                Err(why) => last_refusal = Some(why),
+            }
+        }
+        let Some((_, rounded, device)) = best else {
+            return Err(last_refusal.map_or_else(
+                || format!("no shareable {product} on {} is free", node.name),
+                |why| format!("no share on {} holds a replica ({need}): {why}", node.name),
+            ));
+        };
+        *consumed
+            .entry((node.name.as_str(), device.id.as_str()))
+            .or_default() += rounded;
+        if smallest.is_none_or(|(bytes, _)| rounded < bytes) {
+            smallest = Some((rounded, device));
+        }
+        chosen.push(device.id.clone());
+    }
+    let (bytes, device) = smallest.ok_or("the plan has no replicas")?;
+    let share = device.share.as_ref().ok_or("the device is not shareable")?;
+    let runtime = device.runtime_memory();
+    let budget = Bytes(bytes).saturating_sub(OUTSIDE_BUDGET);
+    // Rounded down to the engine's printed precision, so the budget never grows past the share.
+    let util = (budget.as_f64() / runtime.as_f64() * 1000.0).floor() / 1000.0;
+    let mut target = serving_target(request, context);
+    target.gpu_util = util;
+    target.engine_default_util = false;
+    let weights = WeightBytes::of(model, precision);
+    let serving = ServingDevice::new(device.vendor, runtime, &device.product);
+    let fit = serving_fit(model, &weights, serving, 1, 1, &target);
+    if !fit.fits() || fit.max_concurrency < per_replica {
+        return Err(format!(
+            "a share of {} holds {} of the {per_replica} requests a replica serves",
+            Bytes(bytes),
+            fit.max_concurrency
+        ));
+    }
+    Ok(Shares {
+        devices: chosen,
+        bytes: Bytes(bytes),
+        device_bytes: Bytes(share.policy.capacity),
+        fit,
+        util,
+        per_replica,
+        policy: share.policy.describe(),
+    })
+}
+
+/// Moves `plan` onto `shares`: its devices, memory, engine budget and the fraction.
+fn apply(plan: &mut Plan, shares: Shares) {
+    let Shares {
+        devices,
+        bytes,
+        device_bytes,
+        fit,
+        util,
+        per_replica,
+        policy,
+    } = shares;
+    for (assignment, device) in plan.assignments.iter_mut().zip(devices) {
+        assignment.devices = vec![device];
+    }
+    let distinct: std::collections::BTreeSet<(&str, &str)> = plan
+        .assignments
+        .iter()
+        .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
+        .collect();
+    let replicas = plan.replicas.unwrap_or(1).max(1);
+    plan.devices = u32::try_from(distinct.len()).ok();
+    plan.gpu_memory_utilization = Some(util);
+    plan.per_device = Some(fit.with_concurrency(per_replica.min(fit.max_concurrency)));
+    plan.kv_tokens = Some(fit.kv_tokens);
+    plan.max_concurrency = Some(fit.max_concurrency.saturating_mul(u64::from(replicas)));
+    plan.fraction = Some(Fraction {
+        kind: FractionKind::Share,
+        bytes,
+        device_bytes,
+    });
+    // The whole-device budget line and the suggestions checked against whole devices no
+    // longer describe this plan.
+    let memory = fit.memory;
+    let budget = format!(
+        "budget: the share's {bytes} less {OUTSIDE_BUDGET} of CUDA context = {} ({util:.3} x \
+         {}); activations {}, overhead {}; {} left for KV = {} full-context request(s) per \
+         replica",
+        memory.budget,
+        memory.capacity,
+        memory.activations,
+        memory.overhead,
+        fit.kv_free,
+        fit.max_concurrency
+    );
+    match plan
+        .reasons
+        .iter_mut()
+        .find(|line| line.starts_with("budget: "))
+    {
+        Some(line) => *line = budget,
+        None => plan.reasons.push(budget),
+    }
+    plan.suggestions.clear();
+    plan.suggested_changes.clear();
+    plan.reasons.push(format!(
+        "a share of {bytes} of each device's {device_bytes} per replica ({} replica(s) on {} \
+         device(s)): the replica's memory plus {OUTSIDE_BUDGET} of CUDA context, rounded up \
+         to the driver's policy ({policy}); --gpu-memory-utilization {util:.3} is that share \
+         less the context, and other tenants of the device share its bandwidth, so throughput \
+         may be lower than estimated",
+        replicas,
+        distinct.len()
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::model::presets;
+    use crate::plan::search::plan;
+    use crate::plan::share::{SharePolicy, ShareRule, Shareable};
+    use crate::plan::shorthand::parse_hardware;
+    use crate::plan::training::{LoraTarget, Method, OptimizerStates, TrainingTarget};
+    use crate::plan::{Goal, Model};
+
+    const GI: u64 = 1 << 30;
+
+    fn model(key: &str) -> Model {
+        presets::find(key).expect("presets").expect("preset")
+    }
+
+    /// The example driver's policy: 80Gi, 8Gi to 80Gi in 8Gi steps.
+    fn stepped() -> SharePolicy {
+        let rule = ShareRule::Range {
+            min: 8 * GI,
+            max: Some(80 * GI),
+            step: Some(8 * GI),
+        };
+        SharePolicy::checked(80 * GI, Some(80 * GI), rule).unwrap()
+    }
+
+    /// `count` H100s on one node, shareable under `policy`, with `consumed` bytes of each
+    /// already taken.
+    fn shared_h100s(policy: &SharePolicy, consumed: &[u64]) -> Vec<NodeSpec> {
+        let mut nodes = parse_hardware(&format!("1x{}xH100", consumed.len())).unwrap();
+        for (device, used) in nodes[0].devices.iter_mut().zip(consumed) {
+            device.share = Some(Shareable {
+                policy: policy.clone(),
+                consumed: *used,
+            });
+        }
+        nodes
+    }
+
+    fn serve(concurrency: u64) -> PlanRequest {
+        PlanRequest::serve(Some(8192), concurrency).with_precision(crate::hardware::Precision::Bf16)
+    }
+
+    fn planned(model_key: &str, nodes: &[NodeSpec], request: &PlanRequest) -> Plan {
+        let result = plan(&model(model_key), nodes, &Reservations::none(), request).unwrap();
+        assert!(result.fits, "{:?}", result.reasons);
+        result
+    }
+
+    fn devices_of(plan: &Plan) -> Vec<String> {
+        plan.assignments
+            .iter()
+            .flat_map(|a| a.devices.iter().cloned())
+            .collect()
+    }
+
+    /// The share is the whole-device plan's memory for the replica's requests plus the CUDA
+    /// context, rounded up to the next 8Gi step; the engine's budget is that share less the
+    /// context, and the re-fitted memory still holds every request asked for.
+    #[test]
+    fn a_small_model_takes_the_share_its_memory_rounds_to() {
+        let nodes = shared_h100s(&stepped(), &[0, 0]);
+        let mut whole_request = serve(4);
+        whole_request.whole_devices = true;
+        let whole = planned("llama-3.1-8b", &nodes, &whole_request);
+        let need = whole.per_device.unwrap().total + OUTSIDE_BUDGET;
+        let expected = need.0.div_ceil(8 * GI) * 8 * GI;
+
+        let shared = planned("llama-3.1-8b", &nodes, &serve(4));
+        let fraction = shared.fraction.expect("a fraction");
+        assert_eq!(fraction.kind, FractionKind::Share);
+        assert_eq!(fraction.bytes, Bytes(expected));
+        assert_eq!(fraction.device_bytes, Bytes(80 * GI));
+        let memory = shared.per_device.unwrap();
+        assert!(memory.budget + OUTSIDE_BUDGET <= fraction.bytes);
+        assert!(memory.within_budget(), "{memory:?}");
+        assert!(shared.max_concurrency.unwrap() >= 4);
+        let util = shared.gpu_memory_utilization.unwrap();
+        assert!(util < whole.gpu_memory_utilization.unwrap());
+        let runtime = nodes[0].devices[0].runtime_memory();
+        assert!(util * runtime.as_f64() + OUTSIDE_BUDGET.as_f64() <= expected as f64);
+        let engine = shared.engine.as_ref().expect("engine arguments");
+        assert!(
+            engine.vllm.contains(&format!("{util:.3}")),
+            "{:?}",
+            engine.vllm
+        );
+        assert!(shared.suggestions.is_empty(), "{:?}", shared.suggestions);
+        assert!(
+            shared
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("budget: the share's"))
+        );
+        // The whole-device plan says it holds all of each shareable device.
+        let fraction = whole.fraction.expect("a fraction");
+        assert_eq!(
+            (fraction.kind, fraction.bytes),
+            (FractionKind::Device, Bytes(80 * GI))
+        );
+    }
+
+    /// Best fit: replicas go to the device with the least room that still holds them, so a
+    /// device others already share fills up before an empty one is started, and a share that
+    /// would overflow a device lands on another.
+    #[test]
+    fn replicas_pack_best_fit_and_never_overflow_a_device() {
+        // gpu0 has 32 GiB left, gpu1 is empty: one replica goes to gpu0 (the search itself
+        // only plans on gpu1, the device nobody shares).
+        let nodes = shared_h100s(&stepped(), &[48 * GI, 0]);
+        let shared = planned("llama-3.1-8b", &nodes, &serve(4));
+        assert_eq!(shared.fraction.unwrap().kind, FractionKind::Share);
+        assert_eq!(devices_of(&shared), ["gpu0"]);
+        // With 16 GiB left on gpu0 the share does not fit there.
+        let nodes = shared_h100s(&stepped(), &[64 * GI, 0]);
+        let shared = planned("llama-3.1-8b", &nodes, &serve(4));
+        assert_eq!(devices_of(&shared), ["gpu1"]);
+        // Two replicas of 24 GiB share one empty device.
+        let nodes = shared_h100s(&stepped(), &[0, 0]);
+        let mut two = serve(8);
+        two.replicas = Some(2);
+        let shared = planned("llama-3.1-8b", &nodes, &two);
+        let devices = devices_of(&shared);
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0], devices[1], "both replicas on one device");
+        assert_eq!(shared.devices, Some(1));
+        let share = shared.fraction.unwrap().bytes;
+        assert!(share.0 * 2 <= 80 * GI);
+    }
+
+    /// Whole devices, with the reason, wherever a share would not be honest: a replica of
+    /// several devices, SGLang, a request for whole devices, training, and a policy whose
+    /// largest share is smaller than the replica.
+    #[test]
+    fn whole_devices_where_a_share_does_not_apply_and_the_plan_says_why() {
+        let nodes = shared_h100s(&stepped(), &[0, 0, 0, 0]);
+        let why = |plan: &Plan| {
+            assert_eq!(plan.fraction.map(|f| f.kind), Some(FractionKind::Device));
+            plan.reasons
+                .iter()
+                .find(|r| r.starts_with("whole devices: "))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let big = planned("llama-3.1-70b", &nodes, &serve(1));
+        assert!(why(&big).contains("shares are planned for one-device replicas"));
+
+        let mut sglang = serve(1);
+        sglang.engine.kind = EngineKind::Sglang;
+        assert!(why(&planned("llama-3.1-8b", &nodes, &sglang)).contains("SGLang"));
+
+        let mut whole = serve(1);
+        whole.whole_devices = true;
+        assert!(why(&planned("llama-3.1-8b", &nodes, &whole)).contains("asks for whole"));
+
+        let mut train = serve(1);
+        train.goal = Goal::Train(TrainingTarget {
+            method: Method::Lora,
+            seq_len: 2048,
+            micro_batch: 1,
+            gradient_checkpointing: true,
+            lora_rank: 16,
+            lora_targets: LoraTarget::ALL.to_vec(),
+            optimizer_states: OptimizerStates::Fp32,
+        });
+        assert!(why(&planned("llama-3.2-1b", &nodes, &train)).contains("training"));
+
+        let small_values = SharePolicy::checked(
+            80 * GI,
+            Some(10 * GI),
+            ShareRule::Values(vec![10 * GI, 16 * GI]),
+        )
+        .unwrap();
+        let nodes = shared_h100s(&small_values, &[0]);
+        assert!(why(&planned("llama-3.1-8b", &nodes, &serve(4))).contains("largest valid value"));
+    }
+
+    /// Devices no driver publishes shareable keep every plan as it was: no fraction at all.
+    #[test]
+    fn plans_on_devices_nobody_shares_carry_no_fraction() {
+        let nodes = parse_hardware("1x2xH100").unwrap();
+        let result = planned("llama-3.1-8b", &nodes, &serve(4));
+        assert_eq!(result.fraction, None);
+        assert!(result.gpu_memory_utilization.unwrap() > 0.85);
+    }
+}
