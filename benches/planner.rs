@@ -59,6 +59,7 @@ fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
             aliases: Vec::new(),
             driver_version: None,
             share: None,
+            partitions: Vec::new(),
         },
     };
     spec.domain = domain.map(str::to_string);

@@ -1630,3 +1630,28 @@ fn shareable_slices_give_a_small_model_a_share_and_an_inventory_alone_a_whole_de
     assert!(plan.get("fraction").is_none(), "{plan}");
     assert!(plan["gpu_memory_utilization"].as_f64().unwrap() > 0.85);
 }
+
+/// Issue 39: on a node whose driver publishes MIG partitions (dynamic MIG,
+/// `fixtures/dra/nvidia-h100-dynamic-mig.yaml`) a small model takes the smallest profile that
+/// holds it, named by its DRA device.
+#[test]
+fn a_small_model_takes_the_smallest_mig_profile_that_holds_it() {
+    let (code, plan) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--precision",
+        "bf16",
+        "--context",
+        "8192",
+        "--concurrency",
+        "4",
+        "--resource-slices",
+        "fixtures/dra/nvidia-h100-dynamic-mig.yaml",
+    ]);
+    assert_eq!(code, 0, "{plan}");
+    assert_eq!(plan["fraction"]["kind"], "partition", "{plan}");
+    assert_eq!(plan["fraction"]["profile"], "3g.40gb");
+    let chosen = dra_devices(&plan);
+    assert_eq!(chosen.len(), 1);
+    assert!(chosen[0].2.contains("-mig-3g40gb-"), "{chosen:?}");
+}

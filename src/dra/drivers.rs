@@ -70,10 +70,22 @@ pub struct KnownDriver {
     /// An attribute whose value is the same on every device of one scale-up group (one
     /// NeuronLink-connected set), if the driver publishes one.
     pub interconnect_group: Option<&'static str>,
+    /// How the driver names a partition's profile and its parent, if a partition of it may be
+    /// planned on (a fraction of a device, `plan::search::fraction`).
+    pub partition: Option<PartitionSource>,
     /// Attribute names the driver published once and has dropped or replaced, with what a
     /// reader should use instead: a CEL selector written against one matches nothing on
     /// nodes whose driver was upgraded (`hwaccel lint-slices` reports them).
     pub deprecated: &'static [Deprecated],
+}
+
+/// Where a driver's partition entries say what they are and what they are part of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionSource {
+    /// The attribute naming the partition's profile (`1g.10gb`).
+    pub profile: &'static str,
+    /// The attribute holding the parent device's UUID.
+    pub parent_uuid: &'static str,
 }
 
 /// An attribute name a driver no longer publishes (or publishes only for compatibility).
@@ -106,6 +118,12 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: None,
         interconnect_group: None,
+        // Dynamic MIG (cmd/gpu-kubelet-plugin/partitions.go, mig.go): `profile` (`1g.10gb`)
+        // and `parentUUID` on every MIG device.
+        partition: Some(PartitionSource {
+            profile: "profile",
+            parent_uuid: "parentUUID",
+        }),
         deprecated: &[],
     },
     // ROCm/k8s-gpu-dra-driver docs/driver-attributes.md (2026 layout) and
@@ -128,6 +146,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         health: None,
         interconnect_group: None,
         // Dropped from whole GPUs in the 2026 layout (docs/driver-attributes.md, above).
+        partition: None,
         deprecated: &[
             Deprecated {
                 name: "family",
@@ -157,6 +176,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         health: Some(HealthSource::Text("health")),
         interconnect_group: None,
         // node_state.go marks both deprecated in favour of DRA's standard names.
+        partition: None,
         deprecated: &[
             Deprecated {
                 name: "pciAddress",
@@ -183,6 +203,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: Some(HealthSource::Bool("healthy")),
         interconnect_group: None,
+        partition: None,
         deprecated: &[],
     },
     // aws-neuron/aws-neuron-sdk containers/neuron-dra.rst: devices `neurondevice<N>` in one
@@ -203,6 +224,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: Some(("resourceType", "neuron_node")),
         health: None,
         interconnect_group: Some("resource.aws.com/devicegroup16_id"),
+        partition: None,
         deprecated: &[],
     },
 ];

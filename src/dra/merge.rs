@@ -22,6 +22,7 @@ use crate::api::{AcceleratorInventory, InventoryDevice, attribute};
 use crate::detect::pci::canonical_bus_id;
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
 use crate::plan::products::{self};
+use crate::plan::share::Partition;
 use crate::plan::units::Bytes;
 use crate::plan::{DeviceSpec, NodeSpec};
 
@@ -110,7 +111,59 @@ pub fn merge_node(
         }
     }
     published_only_in_parts(&mut merged, &matched, &by_bus, published);
+    attach_partitions(&mut merged, by_uuid, published);
     merged
+}
+
+/// Partitions a driver publishes of a plannable device (MIG devices, matched to their parent
+/// by its UUID) are listed on that device, smallest first, so a replica may take one instead
+/// of the whole device; each stays unusable as a device of its own.
+fn attach_partitions(
+    merged: &mut MergedNode,
+    mut by_uuid: BTreeMap<String, String>,
+    published: &[PublishedDevice],
+) {
+    let id_of: BTreeMap<&DeviceRef, &String> = merged
+        .dra
+        .iter()
+        .map(|(id, reference)| (reference, id))
+        .collect();
+    for device in published.iter().filter(|d| d.partition.is_none()) {
+        if let (Some(uuid), Some(id)) = (&device.uuid, id_of.get(&device.reference)) {
+            by_uuid
+                .entry(uuid.to_ascii_lowercase())
+                .or_insert_with(|| (*id).clone());
+        }
+    }
+    let mut found: Vec<(String, Partition)> = Vec::new();
+    for device in published {
+        let (Some(part), Some(memory), Some(id)) = (
+            &device.partition,
+            device.memory_bytes,
+            id_of.get(&device.reference),
+        ) else {
+            continue;
+        };
+        if let Some(parent) = by_uuid.get(&part.parent_uuid.to_ascii_lowercase()) {
+            found.push((
+                parent.clone(),
+                Partition {
+                    id: (*id).clone(),
+                    profile: part.profile.clone(),
+                    memory: Bytes(memory),
+                },
+            ));
+        }
+    }
+    for (parent, partition) in found {
+        if let Some(spec) = merged.node.devices.iter_mut().find(|d| d.id == parent) {
+            spec.partitions.push(partition);
+        }
+    }
+    for spec in &mut merged.node.devices {
+        spec.partitions
+            .sort_by(|a, b| (a.memory, &a.id).cmp(&(b.memory, &b.id)));
+    }
 }
 
 /// Inventory devices a driver publishes only as partitions (no whole-device entry, but

@@ -83,6 +83,19 @@ pub struct PublishedDevice {
     /// For a device published shareable (`allowMultipleAllocations`) whose `memory` capacity a
     /// claim can take a share of: the policy, checked. `None` for every other device.
     pub share: Option<SharePolicy>,
+    /// For a partition entry of a driver whose partitions may be planned on (NVIDIA's MIG
+    /// devices): its profile and its parent, when it is healthy, untainted, of known memory
+    /// and its counters can be met. It stays `unusable` as a whole device.
+    pub partition: Option<PublishedPartition>,
+}
+
+/// A partition a placement may take instead of its whole parent device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedPartition {
+    /// The profile as the driver names it (`3g.40gb`).
+    pub profile: String,
+    /// The parent device's UUID.
+    pub parent_uuid: String,
 }
 
 impl PublishedDevice {

@@ -17,7 +17,7 @@ use super::counters::PoolCounters;
 use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID};
 use super::pools::complete_generation;
 use super::share::share_policy;
-use super::{DeviceRef, PublishedDevice};
+use super::{DeviceRef, PublishedDevice, PublishedPartition};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
 use crate::hardware::HealthStatus;
@@ -147,10 +147,12 @@ pub fn published_devices(slices: &[ResourceSlice]) -> PublishedFleet {
                     break;
                 }
                 let mut found = published(driver, pool, node, device);
-                if found.unusable.is_none()
-                    && let Some(why) = counters.get(&device.name)
-                {
-                    found.unusable = Some(format!("its DRA counters cannot be met: {why}"));
+                if let Some(why) = counters.get(&device.name) {
+                    // A partition stays one (not a whole device); it is only no fraction.
+                    found.partition = None;
+                    if found.unusable.is_none() {
+                        found.unusable = Some(format!("its DRA counters cannot be met: {why}"));
+                    }
                 }
                 devices.push(found);
             }
@@ -216,11 +218,20 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         .interconnect_group
         .and_then(|name| group_attribute(driver, device, name))
         .map(|group| format!("neuronlink:{group}"));
-    let unusable = partition
-        .or(aggregate)
+    let blocked = aggregate
         .or_else(|| blocking_taint(device))
         .or(unhealthy)
         .or(not_shareable);
+    let part_of = match (&partition, driver.partition, &blocked, memory_bytes) {
+        (Some(_), Some(source), None, Some(_)) => text(source.profile)
+            .zip(text(source.parent_uuid))
+            .map(|(profile, parent_uuid)| PublishedPartition {
+                profile,
+                parent_uuid,
+            }),
+        _ => None,
+    };
+    let unusable = partition.or(blocked);
     PublishedDevice {
         node: node.to_string(),
         reference: DeviceRef {
@@ -245,6 +256,7 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         // Only a device a placement may take is one to take a share of.
         share: share.filter(|_| unusable.is_none()),
         unusable,
+        partition: part_of,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::hardware::Report;
 use crate::hardware::{Device, Family, InterconnectKind, NicKind, Precision, Vendor};
 
 use super::products::{self, CONSERVATIVE_PRECISIONS, Product};
-use super::share::Shareable;
+use super::share::{Partition, Shareable};
 use super::units::Bytes;
 
 /// One accelerator.
@@ -52,6 +52,10 @@ pub struct DeviceSpec {
     /// share of it instead of all of it (docs/decisions/0011); `None` for every other device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<Shareable>,
+    /// The partitions a driver publishes of this device (MIG devices), smallest first where
+    /// the merge found them; a replica may take one instead of the whole device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<Partition>,
 }
 
 impl DeviceSpec {
@@ -70,6 +74,7 @@ impl DeviceSpec {
             aliases: Vec::new(),
             driver_version: None,
             share: None,
+            partitions: Vec::new(),
         }
     }
 
@@ -94,6 +99,7 @@ impl DeviceSpec {
             aliases: Vec::new(),
             driver_version: None,
             share: None,
+            partitions: Vec::new(),
         }
     }
 
@@ -347,6 +353,7 @@ fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> Device
         aliases: device.uuid.iter().cloned().collect(),
         driver_version: device.driver_version.clone(),
         share: None,
+        partitions: Vec::new(),
     }
 }
 

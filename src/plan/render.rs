@@ -75,6 +75,13 @@ impl Plan {
         }
         if let Some(fraction) = &self.fraction {
             let _ = match fraction.kind {
+                FractionKind::Partition => writeln!(
+                    out,
+                    "FRACTION partition: {} ({}) of a {} device per replica",
+                    fraction.profile.as_deref().unwrap_or("a profile"),
+                    fraction.bytes,
+                    fraction.device_bytes
+                ),
                 FractionKind::Share => writeln!(
                     out,
                     "FRACTION share: {} of a {} device per replica",

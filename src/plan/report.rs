@@ -194,21 +194,26 @@ impl Plan {
 }
 
 /// How much of a shareable device each of a plan's replicas takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Fraction {
-    /// A share of the device's memory, or the whole device.
+    /// A partition, a share of the device's memory, or the whole device.
     pub kind: FractionKind,
-    /// What each replica's claim requests of the device's `memory` capacity: the share as the
-    /// driver's policy rounds it, or all of it.
+    /// What each replica takes of the device's memory: the partition's, the share as the
+    /// driver's policy rounds it (what its claim requests), or all of it.
     pub bytes: Bytes,
-    /// The device's `memory` capacity.
+    /// The device's memory.
     pub device_bytes: Bytes,
+    /// The partition's profile (`3g.40gb`), for a partition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// Which fraction of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FractionKind {
+    /// A partition the driver publishes (an NVIDIA MIG device), held whole.
+    Partition,
     /// A share of a device others may share too (`capacity.requests.memory`).
     Share,
     /// The whole device (a claim for all of its capacity, so no share lands beside it).
@@ -219,6 +224,7 @@ impl FractionKind {
     /// The name the JSON, the table and the CRD status use.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Partition => "partition",
             Self::Share => "share",
             Self::Device => "device",
         }

@@ -1,4 +1,5 @@
-//! A share of a shareable device (KEP-5075, consumable capacity) as plain data: the device's
+//! Fractions of a device as plain data: a published partition, and a share of a shareable
+//! device (KEP-5075, consumable capacity): the device's
 //! `memory` capacity, its request policy, and how the scheduler rounds a request to it. The
 //! planner sizes a fraction of a device with this ([`super::search`]'s fraction step,
 //! docs/decisions/0011); [`crate::dra::share`] reads it from a ResourceSlice.
@@ -56,6 +57,20 @@ pub struct Shareable {
     /// Bytes of it that allocations already consume.
     #[serde(default)]
     pub consumed: u64,
+}
+
+/// A published partition of a device (an NVIDIA MIG device) that a replica may take instead
+/// of the whole device: the planner's id of the partition entry (its DRA name is found by
+/// it), its profile and its memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Partition {
+    /// The planner's id of the partition entry, on the same node.
+    pub id: String,
+    /// The profile as the driver names it (`3g.40gb`).
+    pub profile: String,
+    /// Its memory.
+    pub memory: Bytes,
 }
 
 impl Shareable {

@@ -162,6 +162,7 @@ fn published(bus: Option<&str>, uuid: Option<&str>, unusable: Option<&str>) -> P
         family: Family::Gpu,
         unusable: unusable.map(str::to_string),
         share: None,
+        partition: None,
     }
 }
 

@@ -120,7 +120,8 @@ impl NodePart {
     }
 
     /// `node_name` from its inventory (if any) and the devices DRA drivers publish for it.
-    /// Devices published shareable are present but not planned ([`NOT_YET_SHARED`]).
+    /// Devices published shareable are present but not planned ([`NOT_YET_SHARED`]), and
+    /// published partitions are not offered as fractions.
     /// Without published devices this is exactly [`NodePart::new`] (or an empty node).
     pub fn with_published(
         node_name: &str,
@@ -156,6 +157,10 @@ impl NodePart {
         for id in shareable {
             part.node.devices.retain(|device| device.id != id);
             part.unusable.insert(id, NOT_YET_SHARED.to_string());
+        }
+        // Nor does it claim partitions yet: its plans hold whole devices, as before.
+        for device in &mut part.node.devices {
+            device.partitions.clear();
         }
         part
     }

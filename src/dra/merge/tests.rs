@@ -49,6 +49,7 @@ fn h100(node: &str, minor: usize) -> PublishedDevice {
         family: Family::Gpu,
         unusable: None,
         share: None,
+        partition: None,
     }
 }
 

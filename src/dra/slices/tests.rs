@@ -399,3 +399,40 @@ fn a_gpu_shareable_by_memory_carries_its_policy_and_a_bad_one_says_why() {
             .all(|d| d.share.is_none())
     );
 }
+
+/// Issue 39: NVIDIA's MIG devices stay unusable as devices, but each names its profile and
+/// parent so the planner may take one as a fraction of that GPU.
+#[test]
+fn mig_devices_name_their_profile_and_parent() {
+    let fleet = published_devices(&crate::testing::dra::fixture_slices(&[
+        "nvidia-h100-dynamic-mig.yaml",
+    ]));
+    let devices = fleet.node("h100-mig-node");
+    let migs: Vec<&PublishedDevice> = devices
+        .iter()
+        .filter(|d| d.reference.device.contains("-mig-"))
+        .collect();
+    assert!(!migs.is_empty());
+    for mig in &migs {
+        assert!(
+            mig.unusable
+                .as_deref()
+                .unwrap_or_default()
+                .contains("partition")
+        );
+        let part = mig.partition.as_ref().expect("a partition");
+        let parent = devices
+            .iter()
+            .find(|d| d.uuid.as_deref() == Some(part.parent_uuid.as_str()))
+            .expect("its parent is published");
+        assert!(mig.reference.device.starts_with(&parent.reference.device));
+        let slug = part.profile.replace('.', "");
+        assert!(mig.reference.device.contains(&slug), "{mig:?}");
+    }
+    assert!(
+        devices
+            .iter()
+            .filter(|d| d.partition.is_none())
+            .all(|d| !d.reference.device.contains("-mig-"))
+    );
+}

@@ -17,12 +17,13 @@ use std::collections::BTreeMap;
 
 use super::PlanRequest;
 use super::serving::serving_target;
-use crate::hardware::MIB;
+use crate::hardware::{MIB, Precision};
 use crate::plan::engine::choice::EngineKind;
 use crate::plan::inventory::{DeviceSpec, NodeSpec, Reservations};
-use crate::plan::memory::{ServingDevice, ServingFit, serving_fit};
+use crate::plan::memory::{DeviceMemory, ServingDevice, ServingFit, serving_fit};
 use crate::plan::model::Model;
 use crate::plan::report::{Fraction, FractionKind, Plan};
+use crate::plan::share::Partition;
 use crate::plan::units::Bytes;
 use crate::plan::weights::WeightBytes;
 
@@ -32,9 +33,10 @@ use crate::plan::weights::WeightBytes;
 /// share is this much larger than the engine's budget.
 pub const OUTSIDE_BUDGET: Bytes = Bytes(512 * MIB);
 
-/// The fraction each replica of `plan` takes, when its devices are shareable: the plan's
-/// assignments, memory and engine budget re-fitted to a share, or the whole devices with the
-/// reason. Plans on devices no driver publishes shareable are left as they are.
+/// The fraction each replica of `plan` takes, when its devices are published in partitions
+/// or shareable: a partition, else a share, with the plan's assignments, memory and engine
+/// budget re-fitted to it; else the whole devices, with the reason. Plans on devices no
+/// driver publishes either way are left as they are.
 pub(super) fn choose(
     plan: &mut Plan,
     model: &Model,
@@ -50,25 +52,227 @@ pub(super) fn choose(
         .flat_map(|a| a.devices.iter().map(move |id| (a.node.as_str(), id)))
         .filter_map(|(node, id)| device(nodes, node, id))
         .collect();
-    let Some(sample) = used.iter().find_map(|d| d.share.as_ref().map(|s| (*d, s))) else {
+    let shareable = used.iter().find_map(|d| d.share.as_ref().map(|s| (*d, s)));
+    let partitioned = used.iter().find(|d| !d.partitions.is_empty()).copied();
+    let Some(sample) = shareable.map(|(d, _)| d).or(partitioned) else {
         return;
     };
-    match shares(plan, model, (nodes, reserved), request) {
-        Ok(chosen) => apply(plan, chosen),
-        Err(why) => {
-            let (device, share) = sample;
-            plan.fraction = Some(Fraction {
-                kind: FractionKind::Device,
-                bytes: Bytes(share.policy.capacity),
-                device_bytes: Bytes(share.policy.capacity),
-            });
-            plan.reasons.push(format!(
-                "whole devices: {} is published shareable, but {why}; each replica's claim \
-                 requests all of its memory, so no share lands beside it",
-                device.product
-            ));
+    let mut why_not = Vec::new();
+    match eligible(plan, request) {
+        Err(why) => why_not.push(why),
+        Ok(()) => {
+            if partitioned.is_some() {
+                match partitions(plan, model, nodes, request) {
+                    Ok(chosen) => return apply_partition(plan, chosen),
+                    Err(why) => why_not.push(why),
+                }
+            }
+            if shareable.is_some() {
+                match shares(plan, model, (nodes, reserved), request) {
+                    Ok(chosen) => return apply(plan, chosen),
+                    Err(why) => why_not.push(why),
+                }
+            }
         }
     }
+    let device_bytes = shareable.map_or(sample.memory, |(_, share)| Bytes(share.policy.capacity));
+    plan.fraction = Some(Fraction {
+        kind: FractionKind::Device,
+        bytes: device_bytes,
+        device_bytes,
+        profile: None,
+    });
+    let held = if shareable.is_some() {
+        "each replica's claim requests all of its memory, so no share lands beside it"
+    } else {
+        "each replica holds the whole device"
+    };
+    plan.reasons.push(format!(
+        "whole devices: {} is published {}, but {}; {held}",
+        sample.product,
+        if shareable.is_some() {
+            "shareable"
+        } else {
+            "in partitions"
+        },
+        why_not.join("; ")
+    ));
+}
+
+/// Why no replica of `plan` may take a fraction, whatever the devices publish.
+fn eligible(plan: &Plan, request: &PlanRequest) -> Result<(), String> {
+    if plan.goal != "serve" {
+        return Err("training plans take whole devices".to_string());
+    }
+    if request.whole_devices {
+        return Err("the request asks for whole devices".to_string());
+    }
+    if request.disaggregation.is_some() {
+        return Err("disaggregated pools are planned on whole devices".to_string());
+    }
+    let (tp, pp) = (plan.tp.unwrap_or(1), plan.pp.unwrap_or(1));
+    if tp.saturating_mul(pp) > 1 {
+        return Err(format!(
+            "a replica spans {} devices (TP {tp} x PP {pp}), and fractions are planned for \
+             one-device replicas",
+            tp.saturating_mul(pp)
+        ));
+    }
+    Ok(())
+}
+
+/// The plan's memory, precision, context and requests per replica.
+fn layout(plan: &Plan) -> Result<(DeviceMemory, Precision, u64, u64), String> {
+    let (Some(memory), Some(precision), Some(context)) =
+        (plan.per_device, plan.precision, plan.context)
+    else {
+        return Err("the plan has no memory breakdown".to_string());
+    };
+    let replicas = u64::from(plan.replicas.unwrap_or(1).max(1));
+    let per_replica = plan.concurrency.unwrap_or(1).div_ceil(replicas).max(1);
+    Ok((memory, precision, context, per_replica))
+}
+
+/// A plan's replicas moved onto partitions.
+#[derive(Debug)]
+struct Partitions {
+    /// The partition each assignment (in order) takes, by planner id.
+    devices: Vec<String>,
+    /// The smallest partition chosen (its profile sizes every replica's engine).
+    partition: Partition,
+    /// Its parent's memory.
+    device_bytes: Bytes,
+    /// The memory re-fitted to the partition.
+    fit: ServingFit,
+    /// Requests each replica serves.
+    per_replica: u64,
+    /// The product.
+    product: String,
+}
+
+/// For every replica, the smallest published partition of its device whose memory holds the
+/// replica's requests (the engine sees the partition as its device, so the request's budget
+/// applies to the partition's memory), or why none does.
+fn partitions(
+    plan: &Plan,
+    model: &Model,
+    nodes: &[NodeSpec],
+    request: &PlanRequest,
+) -> Result<Partitions, String> {
+    let (_, precision, context, per_replica) = layout(plan)?;
+    let target = serving_target(request, context);
+    let weights = WeightBytes::of(model, precision);
+    let mut chosen = Vec::with_capacity(plan.assignments.len());
+    let mut smallest: Option<(&Partition, ServingFit, &DeviceSpec)> = None;
+    for assignment in &plan.assignments {
+        let Some(device) = assignment
+            .devices
+            .first()
+            .and_then(|id| device(nodes, &assignment.node, id))
+        else {
+            return Err(format!(
+                "a device of node {} is not in the fleet",
+                assignment.node
+            ));
+        };
+        let pick = device
+            .partitions
+            .iter()
+            .filter(|partition| leaves_room(partition, device))
+            .find_map(|partition| {
+                let serving = ServingDevice::new(device.vendor, partition.memory, &device.product);
+                let fit = serving_fit(model, &weights, serving, 1, 1, &target);
+                (fit.fits() && fit.max_concurrency >= per_replica).then_some((partition, fit))
+            });
+        let Some((partition, fit)) = pick else {
+            return Err(format!(
+                "no published partition of {} on {} holds a replica's {per_replica} request(s) \
+                 of {context} tokens",
+                device.id, assignment.node
+            ));
+        };
+        if smallest.is_none_or(|(best, _, _)| partition.memory < best.memory) {
+            smallest = Some((partition, fit, device));
+        }
+        chosen.push(partition.id.clone());
+    }
+    let (partition, fit, device) = smallest.ok_or("the plan has no replicas")?;
+    Ok(Partitions {
+        devices: chosen,
+        partition: partition.clone(),
+        device_bytes: device.memory,
+        fit,
+        per_replica,
+        product: device.product.clone(),
+    })
+}
+
+/// True when `partition` leaves room on `device` for another: at most 7/8 of its memory (an
+/// NVIDIA GPU has 8 memory slices, and `7g.80gb` takes all of an H100's). A profile that
+/// takes all of the memory is the whole device in another form, so the device is held whole.
+fn leaves_room(partition: &Partition, device: &DeviceSpec) -> bool {
+    u128::from(partition.memory.0) * 8 <= u128::from(device.memory.0) * 7
+}
+
+/// Moves `plan` onto `chosen` partitions: its devices, memory and the fraction.
+fn apply_partition(plan: &mut Plan, chosen: Partitions) {
+    let Partitions {
+        devices,
+        partition,
+        device_bytes,
+        fit,
+        per_replica,
+        product,
+    } = chosen;
+    for (assignment, device) in plan.assignments.iter_mut().zip(devices) {
+        assignment.devices = vec![device];
+    }
+    let replicas = plan.replicas.unwrap_or(1).max(1);
+    let memory = fit.memory;
+    if memory.capacity.0 > 0 {
+        plan.gpu_memory_utilization = Some(memory.budget.as_f64() / memory.capacity.as_f64());
+    }
+    plan.per_device = Some(fit.with_concurrency(per_replica.min(fit.max_concurrency)));
+    plan.kv_tokens = Some(fit.kv_tokens);
+    plan.max_concurrency = Some(fit.max_concurrency.saturating_mul(u64::from(replicas)));
+    plan.throughput = None;
+    replace_budget_line(
+        plan,
+        format!(
+            "budget: {:.2} x the partition's {} = {}; activations {}, overhead {}; {} left for \
+             KV = {} full-context request(s) per replica",
+            memory.budget.as_f64() / memory.capacity.as_f64().max(1.0),
+            memory.capacity,
+            memory.budget,
+            memory.activations,
+            memory.overhead,
+            fit.kv_free,
+            fit.max_concurrency
+        ),
+    );
+    plan.reasons.push(format!(
+        "a {} partition ({}) of each {product} ({device_bytes}) per replica: the smallest \
+         published profile whose memory holds a replica's {per_replica} request(s); its compute \
+         and bandwidth are a part of the device's, so no throughput estimate is given",
+        partition.profile, partition.memory
+    ));
+    plan.fraction = Some(Fraction {
+        kind: FractionKind::Partition,
+        bytes: partition.memory,
+        device_bytes,
+        profile: Some(partition.profile),
+    });
+}
+
+/// Replaces the whole-device budget line with `line`; the suggestions checked against whole
+/// devices no longer describe a plan on a fraction.
+fn replace_budget_line(plan: &mut Plan, line: String) {
+    match plan.reasons.iter_mut().find(|r| r.starts_with("budget: ")) {
+        Some(existing) => *existing = line,
+        None => plan.reasons.push(line),
+    }
+    plan.suggestions.clear();
+    plan.suggested_changes.clear();
 }
 
 /// A device of the fleet by node and id.
@@ -107,15 +311,6 @@ fn shares(
     (nodes, reserved): (&[NodeSpec], &Reservations),
     request: &PlanRequest,
 ) -> Result<Shares, String> {
-    if plan.goal != "serve" {
-        return Err("training plans take whole devices".to_string());
-    }
-    if request.whole_devices {
-        return Err("the request asks for whole devices".to_string());
-    }
-    if request.disaggregation.is_some() {
-        return Err("disaggregated pools are planned on whole devices".to_string());
-    }
     if request.engine.kind == EngineKind::Sglang {
         return Err(
             "SGLang sizes its memory pool from what is free on the device when it \
@@ -123,21 +318,7 @@ fn shares(
                 .to_string(),
         );
     }
-    let (tp, pp) = (plan.tp.unwrap_or(1), plan.pp.unwrap_or(1));
-    if tp.saturating_mul(pp) > 1 {
-        return Err(format!(
-            "a replica spans {} devices (TP {tp} x PP {pp}), and shares are planned for \
-             one-device replicas",
-            tp.saturating_mul(pp)
-        ));
-    }
-    let (Some(memory), Some(precision), Some(context)) =
-        (plan.per_device, plan.precision, plan.context)
-    else {
-        return Err("the plan has no memory breakdown".to_string());
-    };
-    let replicas = u64::from(plan.replicas.unwrap_or(1).max(1));
-    let per_replica = plan.concurrency.unwrap_or(1).div_ceil(replicas).max(1);
+    let (memory, precision, context, per_replica) = layout(plan)?;
     let need = memory.total + OUTSIDE_BUDGET;
 
     // Best fit, replica by replica, on the node the search chose for it: the shareable
@@ -241,13 +422,14 @@ fn apply(plan: &mut Plan, shares: Shares) {
     for (assignment, device) in plan.assignments.iter_mut().zip(devices) {
         assignment.devices = vec![device];
     }
-    let distinct: std::collections::BTreeSet<(&str, &str)> = plan
+    let distinct = plan
         .assignments
         .iter()
         .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
-        .collect();
+        .collect::<std::collections::BTreeSet<(&str, &str)>>()
+        .len();
     let replicas = plan.replicas.unwrap_or(1).max(1);
-    plan.devices = u32::try_from(distinct.len()).ok();
+    plan.devices = u32::try_from(distinct).ok();
     plan.gpu_memory_utilization = Some(util);
     plan.per_device = Some(fit.with_concurrency(per_replica.min(fit.max_concurrency)));
     plan.kv_tokens = Some(fit.kv_tokens);
@@ -256,39 +438,30 @@ fn apply(plan: &mut Plan, shares: Shares) {
         kind: FractionKind::Share,
         bytes,
         device_bytes,
+        profile: None,
     });
-    // The whole-device budget line and the suggestions checked against whole devices no
-    // longer describe this plan.
     let memory = fit.memory;
-    let budget = format!(
-        "budget: the share's {bytes} less {OUTSIDE_BUDGET} of CUDA context = {} ({util:.3} x \
-         {}); activations {}, overhead {}; {} left for KV = {} full-context request(s) per \
-         replica",
-        memory.budget,
-        memory.capacity,
-        memory.activations,
-        memory.overhead,
-        fit.kv_free,
-        fit.max_concurrency
+    replace_budget_line(
+        plan,
+        format!(
+            "budget: the share's {bytes} less {OUTSIDE_BUDGET} of CUDA context = {} ({util:.3} \
+             x {}); activations {}, overhead {}; {} left for KV = {} full-context request(s) \
+             per replica",
+            memory.budget,
+            memory.capacity,
+            memory.activations,
+            memory.overhead,
+            fit.kv_free,
+            fit.max_concurrency
+        ),
     );
-    match plan
-        .reasons
-        .iter_mut()
-        .find(|line| line.starts_with("budget: "))
-    {
-        Some(line) => *line = budget,
-        None => plan.reasons.push(budget),
-    }
-    plan.suggestions.clear();
-    plan.suggested_changes.clear();
     plan.reasons.push(format!(
         "a share of {bytes} of each device's {device_bytes} per replica ({} replica(s) on {} \
          device(s)): the replica's memory plus {OUTSIDE_BUDGET} of CUDA context, rounded up \
          to the driver's policy ({policy}); --gpu-memory-utilization {util:.3} is that share \
          less the context, and other tenants of the device share its bandwidth, so throughput \
          may be lower than estimated",
-        replicas,
-        distinct.len()
+        replicas, distinct
     ));
 }
 
@@ -403,7 +576,7 @@ mod tests {
         // only plans on gpu1, the device nobody shares).
         let nodes = shared_h100s(&stepped(), &[48 * GI, 0]);
         let shared = planned("llama-3.1-8b", &nodes, &serve(4));
-        assert_eq!(shared.fraction.unwrap().kind, FractionKind::Share);
+        assert_eq!(shared.fraction.as_ref().unwrap().kind, FractionKind::Share);
         assert_eq!(devices_of(&shared), ["gpu0"]);
         // With 16 GiB left on gpu0 the share does not fit there.
         let nodes = shared_h100s(&stepped(), &[64 * GI, 0]);
@@ -429,7 +602,10 @@ mod tests {
     fn whole_devices_where_a_share_does_not_apply_and_the_plan_says_why() {
         let nodes = shared_h100s(&stepped(), &[0, 0, 0, 0]);
         let why = |plan: &Plan| {
-            assert_eq!(plan.fraction.map(|f| f.kind), Some(FractionKind::Device));
+            assert_eq!(
+                plan.fraction.as_ref().map(|f| f.kind),
+                Some(FractionKind::Device)
+            );
             plan.reasons
                 .iter()
                 .find(|r| r.starts_with("whole devices: "))
@@ -437,7 +613,7 @@ mod tests {
                 .unwrap_or_default()
         };
         let big = planned("llama-3.1-70b", &nodes, &serve(1));
-        assert!(why(&big).contains("shares are planned for one-device replicas"));
+        assert!(why(&big).contains("fractions are planned for one-device replicas"));
 
         let mut sglang = serve(1);
         sglang.engine.kind = EngineKind::Sglang;
@@ -467,6 +643,74 @@ mod tests {
         .unwrap();
         let nodes = shared_h100s(&small_values, &[0]);
         assert!(why(&planned("llama-3.1-8b", &nodes, &serve(4))).contains("largest valid value"));
+    }
+
+    /// H100s whose driver publishes MIG partitions of them (1g.10gb, 3g.40gb, 7g.80gb, as in
+    /// `fixtures/dra/nvidia-h100-dynamic-mig.yaml`), optionally shareable as well.
+    fn partitioned_h100s(count: usize, share: Option<SharePolicy>) -> Vec<NodeSpec> {
+        let mut nodes = parse_hardware(&format!("1x{count}xH100")).unwrap();
+        for device in &mut nodes[0].devices {
+            device.partitions = [("1g.10gb", 9984), ("3g.40gb", 40320), ("7g.80gb", 80896)]
+                .iter()
+                .map(|(profile, mib)| Partition {
+                    id: format!("{}-mig-{profile}", device.id),
+                    profile: profile.to_string(),
+                    memory: Bytes(mib * MIB),
+                })
+                .collect();
+            device.share = share.clone().map(|policy| Shareable {
+                policy,
+                consumed: 0,
+            });
+        }
+        nodes
+    }
+
+    /// The smallest profile whose memory holds the replica's requests, with the engine's
+    /// budget applied to the partition (the engine sees it as its device); it comes before a
+    /// share of the same device, and each replica takes a partition of its own device.
+    #[test]
+    fn the_smallest_partition_that_holds_a_replica_comes_first() {
+        let nodes = partitioned_h100s(2, Some(stepped()));
+        let on_mig = planned("llama-3.1-8b", &nodes, &serve(4));
+        let fraction = on_mig.fraction.clone().expect("a fraction");
+        assert_eq!(fraction.kind, FractionKind::Partition);
+        assert_eq!(fraction.profile.as_deref(), Some("3g.40gb"));
+        assert_eq!(fraction.bytes, Bytes(40320 * MIB));
+        assert_eq!(devices_of(&on_mig), ["gpu0-mig-3g.40gb"]);
+        let memory = on_mig.per_device.unwrap();
+        assert_eq!(memory.capacity, Bytes(40320 * MIB));
+        assert!(memory.within_budget());
+        assert!(on_mig.max_concurrency.unwrap() >= 4);
+        assert_eq!(on_mig.throughput, None);
+
+        // A 1B model fits the smallest profile; two replicas take one on each GPU.
+        let mut two = PlanRequest::serve(Some(4096), 2);
+        two.replicas = Some(2);
+        let small = planned("llama-3.2-1b", &nodes, &two);
+        assert_eq!(
+            small.fraction.as_ref().unwrap().profile.as_deref(),
+            Some("1g.10gb")
+        );
+        assert_eq!(devices_of(&small), ["gpu0-mig-1g.10gb", "gpu1-mig-1g.10gb"]);
+
+        // No profile that leaves room for another holds 35 requests (70 over two replicas):
+        // a share instead.
+        let busy = planned("llama-3.1-8b", &nodes, &serve(70));
+        let fraction = busy.fraction.unwrap();
+        assert_eq!(fraction.kind, FractionKind::Share, "{:?}", busy.reasons);
+        // Without a share policy the GPU is held whole, and the plan says why.
+        let nodes = partitioned_h100s(1, None);
+        let whole = planned("llama-3.1-8b", &nodes, &serve(50));
+        assert_eq!(whole.fraction.as_ref().unwrap().kind, FractionKind::Device);
+        assert!(
+            whole
+                .reasons
+                .iter()
+                .any(|r| r.contains("no published partition of gpu0")),
+            "{:?}",
+            whole.reasons
+        );
     }
 
     /// Devices no driver publishes shareable keep every plan as it was: no fraction at all.
