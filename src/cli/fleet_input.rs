@@ -226,7 +226,9 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
             nodes = nodes
                 .into_iter()
                 .map(|node| match verdicts.get(&node.node.name) {
-                    Some(verdicts) => node.with_published_verdicts(verdicts),
+                    Some((unusable, notices)) => node
+                        .with_published_verdicts(unusable)
+                        .with_published_notices(notices),
                     None => node,
                 })
                 .collect();
@@ -273,7 +275,9 @@ async fn read_dra(
 
 /// Per node, the devices the planner leaves out for what their DRA driver publishes (shared,
 /// published only in parts...), with why.
-type Verdicts = BTreeMap<String, BTreeMap<String, String>>;
+/// Per node: the devices not plannable with why, and the plannable ones flagged with an
+/// informational taint.
+type Verdicts = BTreeMap<String, (BTreeMap<String, String>, BTreeMap<String, String>)>;
 
 /// The devices of the inventories' nodes held outside the placements, by the controller's
 /// rule: the fleet view merges each inventory with its node's published devices, and
@@ -302,8 +306,9 @@ fn claimed(
         .iter()
         .filter_map(|inventory| {
             let node = &inventory.spec.node_name;
-            let verdicts = fleet.unplannable_on(node)?;
-            Some((node.clone(), verdicts.clone()))
+            let unusable = fleet.unplannable_on(node)?.clone();
+            let notices = fleet.notices_on(node).cloned().unwrap_or_default();
+            Some((node.clone(), (unusable, notices)))
         })
         .collect();
     (

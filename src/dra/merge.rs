@@ -45,6 +45,9 @@ pub struct MergedNode {
     pub numa: BTreeMap<String, u32>,
     /// What was merged away or skipped, one line each.
     pub notes: Vec<String>,
+    /// Devices their driver flags with an informational taint, by planner device id, with
+    /// the taint: plannable, shown degraded.
+    pub notices: BTreeMap<String, String>,
 }
 
 /// Merges `node`'s inventory (if any) with the devices drivers publish for it.
@@ -66,6 +69,7 @@ pub fn merge_node(
         present: BTreeSet::new(),
         numa: BTreeMap::new(),
         notes: Vec::new(),
+        notices: BTreeMap::new(),
     };
     let mut by_bus = BTreeMap::new();
     let mut by_uuid = BTreeMap::new();
@@ -221,6 +225,9 @@ fn merge_matched(
     if let Some(spec) = merged.node.devices.iter_mut().find(|d| d.id == name) {
         spec.share = device.shareable();
     }
+    if let Some(notice) = &device.notice {
+        merged.notices.insert(name.clone(), notice.clone());
+    }
     merged.dra.insert(name, device.reference.clone());
 }
 
@@ -261,6 +268,9 @@ fn add_published(merged: &mut MergedNode, device: &PublishedDevice) {
     merged.present.insert(id.clone());
     if let Some(numa) = device.numa_node {
         merged.numa.insert(id.clone(), numa);
+    }
+    if let Some(notice) = &device.notice {
+        merged.notices.insert(id.clone(), notice.clone());
     }
     if let Some(why) = not_plannable(device) {
         not_planned(merged, id, device, why);

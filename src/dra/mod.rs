@@ -87,6 +87,10 @@ pub struct PublishedDevice {
     /// devices): its profile and its parent, when it is healthy, untainted, of known memory
     /// and its counters can be met. It stays `unusable` as a whole device.
     pub partition: Option<PublishedPartition>,
+    /// An informational taint the driver put on the device (`effect: None`, as NVIDIA's
+    /// driver does for XID events), as a reason: the device stays plannable and is shown
+    /// degraded.
+    pub notice: Option<String>,
 }
 
 /// A partition a placement may take instead of its whole parent device.

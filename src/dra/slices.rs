@@ -257,6 +257,7 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         share: share.filter(|_| unusable.is_none()),
         unusable,
         partition: part_of,
+        notice: informational_taint(device),
     }
 }
 
@@ -365,6 +366,27 @@ fn shareable(driver: &KnownDriver, device: &Device) -> (Option<SharePolicy>, Opt
             )),
         ),
     }
+}
+
+/// The first informational taint (`effect: None`: the driver reports something about the
+/// device without keeping anything off it, as NVIDIA's driver does for XID events), as a
+/// reason. The API says consumers treat an effect they do not know like `None`.
+fn informational_taint(device: &Device) -> Option<String> {
+    let taint = device
+        .taints
+        .iter()
+        .flatten()
+        .find(|t| !BLOCKING_EFFECTS.contains(&t.effect.as_str()))?;
+    let value = taint
+        .value
+        .as_deref()
+        .map(|v| format!("={}", bounded(v)))
+        .unwrap_or_default();
+    Some(format!(
+        "tainted {}{value} by its DRA driver (effect {}: informational)",
+        bounded(&taint.key),
+        bounded(&taint.effect)
+    ))
 }
 
 /// The first NoSchedule/NoExecute taint, as a reason.

@@ -75,6 +75,20 @@ impl NodeInput {
         self
     }
 
+    /// This node with the informational taints its DRA drivers put on devices (device name
+    /// → the taint): such a device counts degraded, still plannable.
+    pub fn with_published_notices(mut self, notices: &BTreeMap<String, String>) -> Self {
+        self.devices = self
+            .devices
+            .into_iter()
+            .map(|facts| {
+                let notice = notices.get(&facts.name).map(String::as_str);
+                facts.with_published_notice(notice)
+            })
+            .collect();
+        self
+    }
+
     /// The state of each device present, with `held` saying who holds what.
     pub fn states(&self, held: &Holdings<'_>) -> Vec<DeviceState> {
         states_of(&self.node.name, &self.devices, held)

@@ -28,7 +28,9 @@
 //! free nor taken), published only in parts, tainted, or needing counters its pool can never
 //! give. The merge of an inventory with its node's published devices (`dra::merge`) says
 //! which; every view that reads slices passes that verdict in
-//! ([`DeviceFacts::with_published_verdict`]), so such a device is never counted free. Pure: no
+//! ([`DeviceFacts::with_published_verdict`]), so such a device is never counted free. A
+//! driver's informational taint (`effect: None`) makes a device degraded, still free
+//! ([`DeviceFacts::with_published_notice`]). Pure: no
 //! Kubernetes types; each caller converts its own input (an inventory, a detection report)
 //! into [`DeviceFacts`].
 
@@ -159,6 +161,21 @@ impl DeviceFacts {
     pub fn with_published_verdict(mut self, verdict: Option<&str>) -> Self {
         if self.unplannable.is_none() {
             self.unplannable = verdict.map(str::to_string);
+        }
+        self
+    }
+}
+
+impl DeviceFacts {
+    /// These facts with an informational notice its DRA driver published (a taint of effect
+    /// `None`, such as NVIDIA's XID events): a healthy or unread device becomes degraded,
+    /// still plannable, and the notice is one of its health reasons.
+    pub fn with_published_notice(mut self, notice: Option<&str>) -> Self {
+        if let Some(notice) = notice {
+            if matches!(self.health, HealthStatus::Healthy | HealthStatus::Unknown) {
+                self.health = HealthStatus::Degraded;
+            }
+            self.health_reasons.push(notice.to_string());
         }
         self
     }

@@ -163,6 +163,7 @@ fn published(bus: Option<&str>, uuid: Option<&str>, unusable: Option<&str>) -> P
         unusable: unusable.map(str::to_string),
         share: None,
         partition: None,
+        notice: None,
     }
 }
 

@@ -87,6 +87,17 @@ impl NodeStats {
         held: &Holdings<'_>,
         published: Option<&BTreeMap<String, String>>,
     ) -> Self {
+        Self::with_notices(inventory, held, published, None)
+    }
+
+    /// [`NodeStats::of`], with the informational taints its DRA drivers put on devices
+    /// (`FleetView::notices_on`): such a device counts degraded, still free.
+    pub fn with_notices(
+        inventory: &AcceleratorInventory,
+        held: &Holdings<'_>,
+        published: Option<&BTreeMap<String, String>>,
+        notices: Option<&BTreeMap<String, String>>,
+    ) -> Self {
         let node = inventory.spec.node_name.clone();
         let facts: Vec<_> = inventory
             .device_facts()
@@ -95,7 +106,10 @@ impl NodeStats {
                 let verdict = published
                     .and_then(|p| p.get(&facts.name))
                     .map(String::as_str);
-                facts.with_published_verdict(verdict)
+                let notice = notices.and_then(|n| n.get(&facts.name)).map(String::as_str);
+                facts
+                    .with_published_verdict(verdict)
+                    .with_published_notice(notice)
             })
             .collect();
         let states = states_of(&node, &facts, held);
@@ -301,6 +315,32 @@ mod tests {
         let summed: u32 = totals.by_product.values().map(|c| c.devices).sum();
         assert_eq!(summed, total);
         assert_eq!(totals.nodes_missing_devices, 0);
+    }
+
+    /// Issue 39 item 4: a GPU its driver marks with an informational taint (`effect: None`)
+    /// counts degraded, with the taint among its reasons, and stays free.
+    #[test]
+    fn a_gpu_with_an_informational_taint_counts_degraded_and_free() {
+        let node = "h100-xid-node";
+        let inv = inventory("h100-8x-nvswitch", node);
+        let names = accelerators(&inv);
+        let first = &names[0];
+        let none = Reservations::none();
+        let held = Holdings::placements(&none);
+        let notices = BTreeMap::from([(
+            first.clone(),
+            "tainted gpu.nvidia.com/xid=79 by its DRA driver (effect None: informational)"
+                .to_string(),
+        )]);
+        let plain = NodeStats::of(&inv, &held, None);
+        let noted = NodeStats::with_notices(&inv, &held, None, Some(&notices));
+        assert_eq!(noted.counts.degraded, plain.counts.degraded + 1);
+        assert_eq!(
+            noted.free_devices(),
+            plain.free_devices(),
+            "degraded is still free"
+        );
+        assert_eq!(noted.counts.devices, plain.counts.devices);
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct NodePart {
     dra: BTreeMap<String, DeviceRef>,
     /// What merging published devices left out, one line each.
     notes: Vec<String>,
+    /// Plannable devices their DRA driver flags with an informational taint, with it.
+    notices: BTreeMap<String, String>,
 }
 
 impl NodePart {
@@ -116,6 +118,7 @@ impl NodePart {
             unusable,
             dra: BTreeMap::new(),
             notes: Vec::new(),
+            notices: BTreeMap::new(),
         }
     }
 
@@ -144,6 +147,7 @@ impl NodePart {
         part.unusable.extend(merged.unusable);
         part.dra = merged.dra;
         part.notes = merged.notes;
+        part.notices = merged.notices;
         // The controller neither claims shares yet nor counts what other claims consume of a
         // shareable device (issue 39), so it plans none: a claim naming no capacity would take
         // only the policy's default and leave the rest to others' pods.
@@ -179,6 +183,7 @@ impl NodePart {
             unusable: BTreeMap::new(),
             dra: BTreeMap::new(),
             notes: Vec::new(),
+            notices: BTreeMap::new(),
         }
     }
 
@@ -274,6 +279,12 @@ impl FleetView {
     /// publishes it.
     pub fn dra_device(&self, node: &str, device: &str) -> Option<&DeviceRef> {
         self.parts.get(node)?.dra.get(device)
+    }
+
+    /// The devices of `node` its DRA drivers flag with an informational taint (`effect:
+    /// None`), each with the taint: plannable, and counted degraded by every view.
+    pub fn notices_on(&self, node: &str) -> Option<&BTreeMap<String, String>> {
+        self.parts.get(node).map(|part| &part.notices)
     }
 
     /// The devices of `node` present but not plannable, each with why (an unhealthy device,
@@ -682,6 +693,20 @@ mod tests {
         let degraded = view.degraded(std::slice::from_ref(&assignment));
         assert_eq!(degraded.len(), 1);
         assert!(degraded[0].contains("NoExecute"), "{degraded:?}");
+    }
+
+    /// Issue 39 item 4: an informational taint (`effect: None`, NVIDIA's XID events) keeps
+    /// the GPU plannable and names it among the node's notices (the counts' test is in
+    /// `fleet_figures`).
+    #[test]
+    fn an_informational_taint_leaves_the_gpu_plannable_with_a_notice() {
+        let a = inventory("h100-8x-nvswitch", "a", "1");
+        let slice = nvidia_slice("a-gpu", "a", 1, 1, &[(0, "0000:1b:00.0", Some("None"))]);
+        let view = view_of(std::slice::from_ref(&a), &[slice], &["a"]);
+        assert_eq!(view.nodes()[0].devices.len(), 8, "still plannable");
+        let notices = view.notices_on("a").expect("the node");
+        let notice = notices.get("gpu-0000-1b-00-0").expect("a notice");
+        assert!(notice.contains("gpu.nvidia.com/xid=79"), "{notice}");
     }
 
     #[test]

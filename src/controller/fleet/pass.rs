@@ -158,10 +158,10 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
         .filter_map(|object| object.decoded())
         .filter(|inventory| names_its_node(inventory))
         .map(|inventory| {
-            let published = view
-                .as_ref()
-                .and_then(|view| view.unplannable_on(&inventory.spec.node_name));
-            NodeStats::of(inventory, &held, published)
+            let node = &inventory.spec.node_name;
+            let published = view.as_ref().and_then(|view| view.unplannable_on(node));
+            let notices = view.as_ref().and_then(|view| view.notices_on(node));
+            NodeStats::with_notices(inventory, &held, published, notices)
         })
         .collect();
     let totals = FleetTotals::of(&stats);

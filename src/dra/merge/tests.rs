@@ -50,6 +50,7 @@ fn h100(node: &str, minor: usize) -> PublishedDevice {
         unusable: None,
         share: None,
         partition: None,
+        notice: None,
     }
 }
 

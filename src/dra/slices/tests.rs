@@ -436,3 +436,33 @@ fn mig_devices_name_their_profile_and_parent() {
             .all(|d| !d.reference.device.contains("-mig-"))
     );
 }
+
+/// An informational taint (`effect: None`) keeps nothing off the device: it stays usable,
+/// carrying the taint as a notice; a blocking taint still makes it unusable.
+#[test]
+fn an_informational_taint_is_a_notice_not_a_reason_to_skip() {
+    let tainted = |effect: &str| {
+        let mut device = h100(0, "0000:18:00.0");
+        device["taints"] = json!([{"key": "gpu.nvidia.com/xid", "value": "48", "effect": effect}]);
+        let fleet = published_devices(&[nvidia_slice("s", "n", 1, 1, json!([device]))]);
+        fleet.node("n")[0].clone()
+    };
+    let informational = tainted("None");
+    assert_eq!(informational.unusable, None);
+    assert!(
+        informational
+            .notice
+            .as_deref()
+            .is_some_and(|n| n.contains("gpu.nvidia.com/xid=48") && n.contains("informational")),
+        "{informational:?}"
+    );
+    // An effect this reader does not know is treated as `None`, as the API asks.
+    assert!(
+        tainted("PreferNoSchedule")
+            .notice
+            .is_some_and(|n| n.contains("PreferNoSchedule"))
+    );
+    let blocking = tainted("NoSchedule");
+    assert!(blocking.unusable.is_some());
+    assert_eq!(blocking.notice, None);
+}
