@@ -1244,3 +1244,183 @@ async fn a_device_its_driver_reports_unhealthy_degrades_the_placement_until_it_r
         .await?;
     Ok(())
 }
+
+/// Issue 39 on the real scheduler: a kwok node whose two H100s the driver publishes shareable
+/// by memory (`fixtures/dra/nvidia-h100-shareable.yaml`: 80Gi, shares in 8Gi steps). Three
+/// claim-template placements of an 8B model each get a share sized to the model; pods made
+/// from their templates are bound by kube-scheduler with that share in their claims'
+/// `consumedCapacity`, two of them on one GPU; pods keep coming until both GPUs are full and
+/// the next one stays Pending; deleting one frees its share and the Pending one is bound. A
+/// 70B placement on the same GPUs asks for all of each (no share lands beside it), and a
+/// placement holding its own claims plans nothing there.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result<()> {
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    apply_hwaccel_classes(&cluster).await?;
+    let node = cluster.unique_name("h100-shared");
+    create_kwok_node(&cluster, &node).await?;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/dra/nvidia-h100-shareable.yaml");
+    for (index, mut slice) in hwaccel::cli::plan_dra::load_resource_slices(&[path])?
+        .into_iter()
+        .enumerate()
+    {
+        slice.metadata = kube::core::ObjectMeta {
+            name: Some(format!("{node}-gpu.nvidia.com-{index}")),
+            ..Default::default()
+        };
+        slice.spec.node_name = Some(node.clone());
+        slice.spec.pool.name = node.clone();
+        Api::<ResourceSlice>::all(cluster.client())
+            .create(&PostParams::default(), &slice)
+            .await?;
+    }
+    let result = shares_on(&cluster, &node).await;
+    let removed = remove_nodes(&cluster, &[&node]).await;
+    result.and(removed)
+}
+
+/// `(device, memory consumed)` of the claim `pod`'s template made, once allocated.
+async fn consumed_by(cluster: &TestCluster, pod: &str) -> Result<(String, String)> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
+    wait_for(DEFAULT_TIMEOUT, &format!("{pod}'s share allocated"), || {
+        let (pods, claims) = (pods.clone(), claims.clone());
+        async move {
+            let Some(claim) = pods
+                .get(pod)
+                .await?
+                .status
+                .and_then(|s| s.resource_claim_statuses)
+                .and_then(|s| s.into_iter().next())
+                .and_then(|s| s.resource_claim_name)
+            else {
+                return Ok(None);
+            };
+            let result = claims
+                .get(&claim)
+                .await?
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .and_then(|d| d.results)
+                .and_then(|r| r.into_iter().next());
+            Ok(result.map(|r| {
+                let memory = r
+                    .consumed_capacity
+                    .and_then(|c| c.get("memory").map(|q| q.0.clone()))
+                    .unwrap_or_default();
+                (r.device, memory)
+            }))
+        }
+    })
+    .await
+}
+
+async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
+    let _controller = start_controller(cluster);
+    let small = || {
+        PlacementBuilder::serve("llama-3.1-8b")
+            .context(8192)
+            .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
+            .spec()
+    };
+    let mut fragments = Vec::new();
+    let mut share = None;
+    for name in ["chat-a", "chat-b", "chat-c"] {
+        create_placement(cluster, name, small(), AllocationMode::ClaimTemplate).await?;
+        let status = wait_ready(cluster, name).await?;
+        let fraction = status
+            .plan
+            .as_ref()
+            .and_then(|p| p.fraction.clone())
+            .expect("a fraction in the status");
+        assert_eq!(fraction.kind, "share", "{status:?}");
+        assert!(
+            status.alternatives[0].contains("memory="),
+            "{:?}",
+            status.alternatives
+        );
+        share = Some(fraction.bytes);
+        fragments.push(status.pod_template.clone().expect("a pod fragment"));
+    }
+    let share = share.expect("three placements");
+    let expected = hwaccel::api::quantity::bytes(share).0;
+    let per_gpu = (80u64 << 30) / share;
+    assert!(per_gpu >= 2, "two shares fit one GPU ({expected})");
+
+    // Pods from the three templates, round robin, until both GPUs are full: every one bound
+    // to the node with the share in its claim, at least two on one GPU.
+    let fitting = usize::try_from(per_gpu * 2)?;
+    let mut on_device: std::collections::BTreeMap<String, u32> = Default::default();
+    for index in 0..fitting {
+        let pod = format!("share-{index}");
+        create_template_pod(cluster, &pod, &fragments[index % 3]).await?;
+        let bound = wait_for(DEFAULT_TIMEOUT, &format!("{pod} scheduled"), || async {
+            scheduled_node(cluster, &pod).await
+        })
+        .await?;
+        assert_eq!(bound, node);
+        let (device, consumed) = consumed_by(cluster, &pod).await?;
+        assert_eq!(consumed, expected, "{pod} on {device}");
+        *on_device.entry(device).or_default() += 1;
+    }
+    assert!(on_device.values().any(|n| *n >= 2), "{on_device:?}");
+    eprintln!("shares of {expected} bound by the scheduler, per GPU: {on_device:?}");
+    // One more does not fit: its share would overflow either GPU.
+    create_template_pod(cluster, "share-overflow", &fragments[0]).await?;
+    let refused = wait_for(DEFAULT_TIMEOUT, "share-overflow refused", || async {
+        scheduling_failure(cluster, "share-overflow").await
+    })
+    .await?;
+    assert!(
+        scheduled_node(cluster, "share-overflow").await?.is_none(),
+        "{refused}"
+    );
+    // Deleting a pod frees its share (its claim goes with it): the waiting pod is bound.
+    Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+        .delete("share-0", &DeleteParams::default().grace_period(0))
+        .await?;
+    let bound = wait_for(DEFAULT_TIMEOUT, "share-overflow scheduled", || async {
+        scheduled_node(cluster, "share-overflow").await
+    })
+    .await?;
+    assert_eq!(bound, node);
+
+    // A 70B model spans both GPUs: whole devices, each asked for in full.
+    let big = PlacementBuilder::serve("llama-3.1-70b")
+        .context(8192)
+        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
+        .spec();
+    create_placement(cluster, "big", big, AllocationMode::ClaimTemplate).await?;
+    let status = wait_ready(cluster, "big").await?;
+    let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
+    assert_eq!(fraction.map(|f| f.kind).as_deref(), Some("device"));
+    assert!(
+        status.alternatives[0].ends_with("memory=80Gi"),
+        "{:?}",
+        status.alternatives
+    );
+    // A placement holding its own claims cannot hold a share: it plans nothing here.
+    create_placement(cluster, "held", small(), AllocationMode::Claims).await?;
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let phase = wait_for(DEFAULT_TIMEOUT, "held evaluated", || {
+        let api = api.clone();
+        async move {
+            let status = api.get("held").await?.status;
+            Ok(status
+                .and_then(|s| conditions::find(&s.conditions, "Planned").cloned())
+                .map(|c| c.status))
+        }
+    })
+    .await?;
+    assert_eq!(phase, "False");
+    Ok(())
+}

@@ -641,6 +641,7 @@ async fn prioritized_list_falls_back_when_the_first_choice_is_taken() -> Result<
                     min_memory_bytes: Some(80_000_000_000),
                     count: 2,
                     same_domain_attribute: Some("resource.kubernetes.io/pcieRoot".to_string()),
+                    memory_request: None,
                 },
                 Alternative {
                     name: "a100".to_string(),
@@ -649,6 +650,7 @@ async fn prioritized_list_falls_back_when_the_first_choice_is_taken() -> Result<
                     min_memory_bytes: None,
                     count: 1,
                     same_domain_attribute: None,
+                    memory_request: None,
                 },
             ],
         )?;

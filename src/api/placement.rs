@@ -353,6 +353,10 @@ pub struct Constraints {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 10 && self <= 100").message("memoryUtilizationPercent must be between 10 and 100"))]
     pub memory_utilization_percent: Option<u32>,
+    /// Plan whole devices only: no share of a device a DRA driver publishes shareable (a
+    /// `claimTemplate` placement may otherwise ask for a share sized to the model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whole_devices: Option<bool>,
 }
 
 /// Observed state, written by the controller.
@@ -507,6 +511,27 @@ pub struct PlanStatus {
     /// Estimated decode tokens per second per replica (memory-bandwidth roofline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_tokens_per_second: Option<u64>,
+    /// How much of each device a replica takes, on devices a DRA driver publishes shareable:
+    /// a share (its claim requests `bytes` of the device's memory) or the whole device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<FractionStatus>,
+}
+
+/// How much of a device each replica takes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FractionStatus {
+    /// `partition`, `share` or `device`.
+    #[schemars(length(max = 16))]
+    pub kind: String,
+    /// Bytes of the device's memory each replica takes (what a share's claim requests).
+    pub bytes: u64,
+    /// The device's memory, in bytes.
+    pub device_bytes: u64,
+    /// The partition's profile (`3g.40gb`), for a partition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub profile: Option<String>,
 }
 
 /// The arguments that make a serving engine run the plan (`hwaccel plan -o yaml` prints the

@@ -15,13 +15,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, DeviceClaim, DeviceConstraint, DeviceRequest, DeviceSelector,
-    DeviceSubRequest, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+    CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceConstraint, DeviceRequest,
+    DeviceSelector, DeviceSubRequest, ResourceClaimSpec, ResourceClaimTemplate,
+    ResourceClaimTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::device_classes::{attributes, capacity, family_class_name};
 use super::drivers::known;
+use super::slices::MAX_DEVICE_MEMORY;
 
 /// The name of the template's one request, which pods and constraints refer to.
 pub const REQUEST_NAME: &str = "accelerators";
@@ -54,6 +56,11 @@ pub struct Alternative {
     /// A qualified attribute all `count` devices must share (`resource.kubernetes.io/pcieRoot`,
     /// `gpu.nvidia.com/...`); only applied when `count` > 1.
     pub same_domain_attribute: Option<String>,
+    /// Bytes of each device's memory capacity to request (`capacity.requests`): a share of a
+    /// device published shareable (the scheduler rounds it to the driver's policy and lets
+    /// other claims share the rest), or all of it, so that no share lands beside a replica
+    /// that holds the whole device. `None` asks for no amount (the policy's default).
+    pub memory_request: Option<u64>,
 }
 
 /// Why a template could not be built.
@@ -112,6 +119,16 @@ pub enum TemplateError {
         alternative: String,
         /// The driver.
         driver: String,
+    },
+    /// A memory request of 0 or beyond any device's memory.
+    #[error("alternative {alternative:?}: memory request {bytes} is not between 1 and {max}")]
+    BadMemoryRequest {
+        /// The alternative.
+        alternative: String,
+        /// The bytes asked for.
+        bytes: u64,
+        /// The most a request may ask.
+        max: u64,
     },
     /// The product value could never match an attribute.
     #[error("alternative {alternative:?}: product {product:?} is invalid: {reason}")]
@@ -234,9 +251,34 @@ fn subrequest(alternative: &Alternative) -> Result<DeviceSubRequest, TemplateErr
             "'{key}' in {cap} && {cap}.{key}.compareTo(quantity('{bytes}')) >= 0"
         ));
     }
+    let capacity = match alternative.memory_request {
+        None => None,
+        Some(bytes) => {
+            let key = driver
+                .memory
+                .ok_or_else(|| TemplateError::NoMemoryCapacity {
+                    alternative: label.clone(),
+                    driver: driver.name.to_string(),
+                })?;
+            if bytes == 0 || bytes > MAX_DEVICE_MEMORY {
+                return Err(TemplateError::BadMemoryRequest {
+                    alternative: label.clone(),
+                    bytes,
+                    max: MAX_DEVICE_MEMORY,
+                });
+            }
+            Some(CapacityRequirements {
+                requests: Some(BTreeMap::from([(
+                    key.to_string(),
+                    crate::api::quantity::bytes(bytes),
+                )])),
+            })
+        }
+    };
     Ok(DeviceSubRequest {
         name: label.clone(),
         device_class_name: family_class_name(driver.family),
+        capacity,
         selectors: Some(vec![DeviceSelector {
             cel: Some(CELDeviceSelector {
                 expression: parts.join(" && "),

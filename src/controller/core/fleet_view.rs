@@ -24,10 +24,11 @@ use crate::plan::NodeSpec;
 
 use crate::api::placement::Assignment;
 
-/// Why the controller plans no device a driver publishes as shareable by memory: the
-/// planner can take a share of it (`hwaccel plan --resource-slices`), but the controller's
-/// claims do not request shares nor its accounting read `consumedCapacity` yet (issue 39).
-pub const NOT_YET_SHARED: &str = "shared by memory (allowMultipleAllocations): the controller does not claim shares of a device yet";
+/// Why the controller plans no device a driver publishes as shareable by memory for a
+/// placement that holds its own claims: such a claim could not hold it alone, and the ledger
+/// does not count shares (issue 39). A `claimTemplate` placement's claims ask the scheduler
+/// for a share, so its plans see these devices ([`DeviceFilter::shareable`]).
+pub const NOT_YET_SHARED: &str = "shared by memory (allowMultipleAllocations): only a claimTemplate placement's claims can ask for a share of it";
 
 /// Which devices and nodes a placement may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,6 +41,9 @@ pub struct DeviceFilter {
     pub node_selector: BTreeMap<String, String>,
     /// Only devices a DRA driver publishes (`allocation: claims`).
     pub dra_only: bool,
+    /// Also the devices a driver publishes shareable by memory (`allocation: claimTemplate`:
+    /// its claims ask the scheduler for a share, or for all of the device).
+    pub shareable: bool,
 }
 
 impl DeviceFilter {
@@ -67,6 +71,9 @@ pub struct NodePart {
     dra: BTreeMap<String, DeviceRef>,
     /// What merging published devices left out, one line each.
     notes: Vec<String>,
+    /// Devices a driver publishes shareable by memory: not in `node` (the controller's own
+    /// claims cannot hold a share), offered to claim-template placements only.
+    shareable: Vec<crate::plan::DeviceSpec>,
     /// Plannable devices their DRA driver flags with an informational taint, with it.
     notices: BTreeMap<String, String>,
 }
@@ -118,6 +125,7 @@ impl NodePart {
             unusable,
             dra: BTreeMap::new(),
             notes: Vec::new(),
+            shareable: Vec::new(),
             notices: BTreeMap::new(),
         }
     }
@@ -151,17 +159,15 @@ impl NodePart {
         // The controller neither claims shares yet nor counts what other claims consume of a
         // shareable device (issue 39), so it plans none: a claim naming no capacity would take
         // only the policy's default and leave the rest to others' pods.
-        let shareable: Vec<String> = part
-            .node
-            .devices
-            .iter()
-            .filter(|device| device.share.is_some())
-            .map(|device| device.id.clone())
-            .collect();
-        for id in shareable {
-            part.node.devices.retain(|device| device.id != id);
-            part.unusable.insert(id, NOT_YET_SHARED.to_string());
+        let (shareable, whole): (Vec<_>, Vec<_>) = std::mem::take(&mut part.node.devices)
+            .into_iter()
+            .partition(|device| device.share.is_some());
+        part.node.devices = whole;
+        for device in &shareable {
+            part.unusable
+                .insert(device.id.clone(), NOT_YET_SHARED.to_string());
         }
+        part.shareable = shareable;
         // Nor does it claim partitions yet: its plans hold whole devices, as before.
         for device in &mut part.node.devices {
             device.partitions.clear();
@@ -183,6 +189,7 @@ impl NodePart {
             unusable: BTreeMap::new(),
             dra: BTreeMap::new(),
             notes: Vec::new(),
+            shareable: Vec::new(),
             notices: BTreeMap::new(),
         }
     }
@@ -321,8 +328,12 @@ impl FleetView {
             .iter()
             .filter(|node| filter.selects_node(node))
             .filter_map(|node| {
-                let products = &self.parts.get(&node.name)?.products;
+                let part = self.parts.get(&node.name)?;
+                let products = &part.products;
                 let mut node = node.clone();
+                if filter.shareable {
+                    node.devices.extend(part.shareable.iter().cloned());
+                }
                 node.devices.retain(|device| {
                     let family_ok = filter.families.is_empty()
                         || filter.families.contains(device.family.as_str());

@@ -13,6 +13,7 @@ fn h100_pair() -> Alternative {
         min_memory_bytes: None,
         count: 2,
         same_domain_attribute: Some("resource.kubernetes.io/pcieRoot".to_string()),
+        memory_request: None,
     }
 }
 
@@ -24,6 +25,7 @@ fn mi300x() -> Alternative {
         min_memory_bytes: Some(192 * 1_000_000_000),
         count: 1,
         same_domain_attribute: None,
+        memory_request: None,
     }
 }
 
@@ -215,6 +217,7 @@ fn refusals() {
     ] {
         let alt = Alternative {
             same_domain_attribute: Some(attribute.to_string()),
+            memory_request: None,
             ..h100_pair()
         };
         assert!(
@@ -247,4 +250,74 @@ fn namespace_and_template_names_are_checked() {
         e.to_string().contains("template name \"t..x\" is invalid"),
         "{e}"
     );
+}
+
+/// A share's claim asks for its memory in `capacity.requests`, under the driver's memory
+/// capacity name; a request of nothing, of more than any device holds, or of a driver that
+/// publishes no memory is refused.
+#[test]
+fn a_memory_request_becomes_the_subrequests_capacity_request() {
+    let share = Alternative {
+        memory_request: Some(24 << 30),
+        ..mi300x()
+    };
+    let template = build(&[share]).unwrap();
+    let subrequest = &template
+        .spec
+        .spec
+        .devices
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()[0]
+        .first_available
+        .as_ref()
+        .unwrap()[0];
+    let requests = subrequest
+        .capacity
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap();
+    assert_eq!(requests.get("memory").map(|q| q.0.as_str()), Some("24Gi"));
+    assert!(
+        build(&[mi300x()])
+            .unwrap()
+            .spec
+            .spec
+            .devices
+            .unwrap()
+            .requests
+            .unwrap()[0]
+            .first_available
+            .as_ref()
+            .unwrap()[0]
+            .capacity
+            .is_none()
+    );
+    for bytes in [0, u64::MAX] {
+        let alt = Alternative {
+            memory_request: Some(bytes),
+            ..mi300x()
+        };
+        assert!(
+            matches!(
+                build(&[alt]).unwrap_err(),
+                TemplateError::BadMemoryRequest { .. }
+            ),
+            "{bytes}"
+        );
+    }
+    let gaudi = Alternative {
+        driver: "gaudi.intel.com".to_string(),
+        min_memory_bytes: None,
+        memory_request: Some(1 << 30),
+        ..mi300x()
+    };
+    assert!(matches!(
+        build(&[gaudi]).unwrap_err(),
+        TemplateError::NoMemoryCapacity { .. }
+    ));
 }

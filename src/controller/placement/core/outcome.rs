@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 
 use crate::api::placement::{
-    Assignment, EngineStatus, MemoryBreakdown, ModelPlacementStatus, PlanStatus, PrefillStatus,
-    RoleNodes,
+    Assignment, EngineStatus, FractionStatus, MemoryBreakdown, ModelPlacementStatus, PlanStatus,
+    PrefillStatus, RoleNodes,
 };
 pub use crate::controller::core::outcome::Outcome;
 use crate::plan::report::Plan;
@@ -142,6 +142,12 @@ fn pool_status(plan: &Plan) -> (Vec<Assignment>, PlanStatus, Option<EngineStatus
             .throughput
             .as_ref()
             .map(|t| t.single_stream_tokens_per_s.round().max(0.0) as u64),
+        fraction: plan.fraction.as_ref().map(|f| FractionStatus {
+            kind: f.kind.as_str().to_string(),
+            bytes: f.bytes.0,
+            device_bytes: f.device_bytes.0,
+            profile: f.profile.clone(),
+        }),
     };
     let engine = plan.engine.as_ref().map(|e| EngineStatus {
         engine: Some(e.engine.clone()),

@@ -6,7 +6,7 @@
 //! where the two meet.
 
 use crate::api::placement::{
-    EngineName, EngineSpec, Goal, ModelPlacementSpec, ModelSource, OptimizerStates,
+    AllocationMode, EngineName, EngineSpec, Goal, ModelPlacementSpec, ModelSource, OptimizerStates,
     PrecisionChoice, TrainMethod,
 };
 use crate::plan::Bytes;
@@ -57,8 +57,14 @@ pub fn plan_input(spec: &ModelPlacementSpec) -> Result<PlanInput, String> {
             .map(str::parse)
             .transpose()
             .map_err(|err: String| format!("model.ropeScaling: {err}"))?,
-        // The controller plans no shareable device yet (`fleet_view::NOT_YET_SHARED`).
-        whole_devices: true,
+        // Only a template's claims can ask for a share (the scheduler sizes and places it);
+        // the controller's own claims hold whole devices.
+        whole_devices: spec.allocation != Some(AllocationMode::ClaimTemplate)
+            || spec
+                .constraints
+                .as_ref()
+                .and_then(|c| c.whole_devices)
+                .unwrap_or(false),
     })
 }
 

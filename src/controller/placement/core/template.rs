@@ -9,7 +9,10 @@
 //!
 //! Each alternative is one replica-stage group (one pod's claim): its driver, the group's
 //! device count, and the plan's per-device memory need as a floor on the driver's memory
-//! capacity. No same-domain constraint is written: no driver in the table publishes an
+//! capacity. On devices a driver publishes shareable by memory it also requests memory: the
+//! share the planner sized to the replica, or all of the device for a replica that holds it
+//! whole, so the scheduler places shares of several placements on one GPU and never one
+//! beside a whole-device replica. No same-domain constraint is written: no driver in the table publishes an
 //! attribute that marks an NVLink/XGMI domain for whole GPUs, and a PCIe root is not one.
 
 use std::collections::BTreeSet;
@@ -164,6 +167,17 @@ fn alternative_of(
     let entry = known(driver)?;
     let count = u32::try_from(group.devices.len()).ok()?;
     let memory = status.plan.as_ref().map(|p| p.memory_per_device.total);
+    // On a device published shareable: a share sized to the replica, or all of the device so
+    // no share lands beside it (`plan::search::fraction`).
+    let memory_request = status
+        .plan
+        .as_ref()
+        .and_then(|p| p.fraction.as_ref())
+        .and_then(|f| match f.kind.as_str() {
+            "share" => Some(f.bytes),
+            "device" => Some(f.device_bytes),
+            _ => None,
+        });
     let product = kinds.iter().find_map(|(_, p)| p.clone());
     let alternative = Alternative {
         name: subrequest_name(index, product.as_deref()),
@@ -174,6 +188,7 @@ fn alternative_of(
         min_memory_bytes: memory.filter(|m| *m > 0 && entry.memory.is_some()),
         count,
         same_domain_attribute: None,
+        memory_request,
     };
     Some((alternative, kinds))
 }
@@ -194,8 +209,19 @@ fn without_kinds(nodes: &mut Vec<NodeSpec>, fleet: &FleetView, kinds: &BTreeSet<
 }
 
 fn same_selector(a: &Alternative, b: &Alternative) -> bool {
-    (&a.driver, &a.product, a.min_memory_bytes, a.count)
-        == (&b.driver, &b.product, b.min_memory_bytes, b.count)
+    (
+        &a.driver,
+        &a.product,
+        a.min_memory_bytes,
+        a.count,
+        a.memory_request,
+    ) == (
+        &b.driver,
+        &b.product,
+        b.min_memory_bytes,
+        b.count,
+        b.memory_request,
+    )
 }
 
 /// `a<index>-<product slug>`, cut to a DNS label.
@@ -214,11 +240,15 @@ fn subrequest_name(index: usize, product: Option<&str>) -> String {
     name.trim_end_matches('-').to_string()
 }
 
-/// `2x gpu.nvidia.com >=75Gi` (memory rounded up to whole GiB).
+/// `2x gpu.nvidia.com >=75Gi` (memory rounded up to whole GiB), with the memory each claim
+/// requests of a shareable device (`1x gpu.nvidia.com >=22Gi memory=24Gi`).
 fn summary(alternative: &Alternative) -> String {
     let mut text = format!("{}x {}", alternative.count, alternative.driver);
     if let Some(bytes) = alternative.min_memory_bytes {
         text.push_str(&format!(" >={}Gi", bytes.div_ceil(GIB)));
+    }
+    if let Some(bytes) = alternative.memory_request {
+        text.push_str(&format!(" memory={}", crate::api::quantity::bytes(bytes).0));
     }
     text
 }

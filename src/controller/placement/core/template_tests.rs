@@ -218,3 +218,80 @@ fn subrequest_names_are_dns_labels() {
         "a4-amd-instinct-mi300x"
     );
 }
+
+/// Issue 39: on GPUs published shareable by memory (`fixtures/dra/nvidia-h100-shareable.yaml`)
+/// a claim-template placement of a small model asks the scheduler for a share sized to it
+/// (the status says which), one that asks for whole devices asks for all of a GPU, and a
+/// placement holding its own claims cannot plan there at all.
+#[test]
+fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
+    let slices = fixture_slices(&["nvidia-h100-shareable.yaml"]);
+    let published = published_devices(&slices);
+    let node = "h100-2x-shared";
+    let fleet = FleetView::from_parts(
+        [Arc::new(NodePart::with_published(
+            node,
+            None,
+            published.node(node),
+        ))],
+        &BTreeMap::new(),
+    );
+    let small = |mode: AllocationMode| {
+        let mut spec = PlacementBuilder::serve("llama-3.1-8b")
+            .context(8192)
+            .precision(PrecisionChoice::Bf16)
+            .spec();
+        spec.allocation = Some(mode);
+        spec
+    };
+    let template = small(AllocationMode::ClaimTemplate);
+    let Outcome::Planned(status) = evaluate(&template, "ml", "chat", &fleet, &Reservations::none())
+    else {
+        panic!("an 8B model fits a share");
+    };
+    let fraction = status
+        .plan
+        .as_ref()
+        .and_then(|p| p.fraction.clone())
+        .expect("a fraction");
+    assert_eq!(fraction.kind, "share");
+    assert_eq!(
+        fraction.bytes % (8 << 30),
+        0,
+        "a multiple of the policy's step"
+    );
+    assert!(fraction.bytes < fraction.device_bytes);
+    let choices = alternatives(&template, "ml", "chat", &fleet);
+    assert_eq!(choices[0].alternative.memory_request, Some(fraction.bytes));
+    assert!(
+        choices[0].summary.contains("memory="),
+        "{}",
+        choices[0].summary
+    );
+    crate::dra::claim_template::claim_template(
+        "ml",
+        "chat",
+        None,
+        &[choices[0].alternative.clone()],
+    )
+    .expect("a valid template");
+
+    // Whole devices asked for: all of the GPU's memory, so no share lands beside it.
+    let mut whole = template.clone();
+    whole
+        .constraints
+        .get_or_insert_with(Default::default)
+        .whole_devices = Some(true);
+    let choices = alternatives(&whole, "ml", "chat", &fleet);
+    assert_eq!(choices[0].alternative.memory_request, Some(80 << 30));
+
+    // The controller's own claims cannot hold a share: nothing to plan on.
+    let claims = evaluate(
+        &small(AllocationMode::Claims),
+        "ml",
+        "chat",
+        &fleet,
+        &Reservations::none(),
+    );
+    assert!(!matches!(claims, Outcome::Planned(_)), "{claims:?}");
+}
