@@ -192,6 +192,16 @@ where
     }
 }
 
+/// True for a failure worth another try: a conflict, throttling, a server error or a
+/// transport failure (a timeout of this client's deadline included). A refusal (400, 401, 403,
+/// 404, 410, 422) is not: asking again gets the same answer.
+pub fn is_transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code == 409 || status.code == 429 || status.code >= 500,
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,5 +330,24 @@ mod tests {
         assert!(watch("/api/v1/pods?watch=1"));
         assert!(!watch("/api/v1/pods?labelSelector=watch%3Dtrue"));
         assert!(!watch("/api/v1/namespaces/watch/pods"));
+    }
+
+    /// What a busy or absent apiserver answers is worth another try (the controller's first
+    /// list retries on it); what a refusal answers is not.
+    #[test]
+    fn timeouts_throttling_and_server_errors_are_transient_refusals_are_not() {
+        let api = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("test", "Test")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for code in [409, 429, 500, 503, 504] {
+            assert!(is_transient(&api(code)), "{code}");
+        }
+        for code in [400, 401, 403, 404, 410, 422] {
+            assert!(!is_transient(&api(code)), "{code}");
+        }
     }
 }

@@ -679,6 +679,15 @@ async fn create_template_pod(
 
 /// `(request, pool)` of each allocation result of the claim the pod's template made.
 async fn pod_claim_results(cluster: &TestCluster, pod: &str) -> Result<Vec<(String, String)>> {
+    let results = allocation_results(cluster, pod).await?;
+    Ok(results.into_iter().map(|r| (r.request, r.pool)).collect())
+}
+
+/// The allocation results of the claim the pod's template made, once it is allocated.
+async fn allocation_results(
+    cluster: &TestCluster,
+    pod: &str,
+) -> Result<Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult>> {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
     let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
     wait_for(DEFAULT_TIMEOUT, &format!("{pod}'s claim allocated"), || {
@@ -693,17 +702,14 @@ async fn pod_claim_results(cluster: &TestCluster, pod: &str) -> Result<Vec<(Stri
             else {
                 return Ok(None);
             };
-            let results: Vec<(String, String)> = claims
+            let results = claims
                 .get(&claim)
                 .await?
                 .status
                 .and_then(|s| s.allocation)
                 .and_then(|a| a.devices)
                 .and_then(|d| d.results)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|r| (r.request, r.pool))
-                .collect();
+                .unwrap_or_default();
             Ok((!results.is_empty()).then_some(results))
         }
     })
@@ -1266,62 +1272,127 @@ async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result
     apply_hwaccel_classes(&cluster).await?;
     let node = cluster.unique_name("h100-shared");
     create_kwok_node(&cluster, &node).await?;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/dra/nvidia-h100-shareable.yaml");
-    for (index, mut slice) in hwaccel::cli::plan_dra::load_resource_slices(&[path])?
-        .into_iter()
-        .enumerate()
-    {
-        slice.metadata = kube::core::ObjectMeta {
-            name: Some(format!("{node}-gpu.nvidia.com-{index}")),
-            ..Default::default()
-        };
-        slice.spec.node_name = Some(node.clone());
-        slice.spec.pool.name = node.clone();
-        Api::<ResourceSlice>::all(cluster.client())
-            .create(&PostParams::default(), &slice)
-            .await?;
-    }
+    publish_fixture(&cluster, "nvidia-h100-shareable.yaml", &node).await?;
     let result = shares_on(&cluster, &node).await;
     let removed = remove_nodes(&cluster, &[&node]).await;
     result.and(removed)
 }
 
+/// Publishes the pool of `fixtures/dra/<fixture>` (every slice of it) for kwok node `node`.
+async fn publish_fixture(cluster: &TestCluster, fixture: &str, node: &str) -> Result<()> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/dra")
+        .join(fixture);
+    for (index, mut slice) in hwaccel::cli::plan_dra::load_resource_slices(&[path])?
+        .into_iter()
+        .enumerate()
+    {
+        slice.metadata = kube::core::ObjectMeta {
+            name: Some(format!("{node}-{}-{index}", slice.spec.driver)),
+            ..Default::default()
+        };
+        slice.spec.node_name = Some(node.to_string());
+        slice.spec.pool.name = node.to_string();
+        Api::<ResourceSlice>::all(cluster.client())
+            .create(&PostParams::default(), &slice)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Issue 39, partitions on the real scheduler: a kwok node whose two H100s NVIDIA's driver
+/// publishes with dynamic MIG (`fixtures/dra/nvidia-h100-dynamic-mig.yaml`, counters and
+/// all). A claim-template placement of an 8B model asks first for the smallest MIG profile
+/// that holds it (3g.40gb, through the chart's `mig.nvidia.com` class), then for a whole GPU;
+/// a pod made from the template is bound by kube-scheduler to a 3g.40gb partition.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn claim_template_placements_take_the_smallest_mig_profile() -> Result<()> {
+    let _turn = SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    apply_hwaccel_classes(&cluster).await?;
+    // The class NVIDIA's chart installs for MIG devices.
+    let mig_class: DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "mig.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression":
+            "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]},
+    }))?;
+    Api::<DeviceClass>::all(cluster.client())
+        .patch(
+            "mig.nvidia.com",
+            &PatchParams::apply("hwaccel-tests").force(),
+            &Patch::Apply(&mig_class),
+        )
+        .await?;
+    let node = cluster.unique_name("h100-mig");
+    create_kwok_node(&cluster, &node).await?;
+    publish_fixture(&cluster, "nvidia-h100-dynamic-mig.yaml", &node).await?;
+    let result = mig_profile_on(&cluster, &node).await;
+    let removed = remove_nodes(&cluster, &[&node]).await;
+    let class_removed = Api::<DeviceClass>::all(cluster.client())
+        .delete("mig.nvidia.com", &DeleteParams::default())
+        .await
+        .map(|_| ())
+        .map_err(anyhow::Error::from);
+    result.and(removed).and(class_removed)
+}
+
+async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
+    let _controller = start_controller(cluster);
+    let spec = PlacementBuilder::serve("llama-3.1-8b")
+        .context(8192)
+        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
+        .spec();
+    create_placement(cluster, "chat", spec, AllocationMode::ClaimTemplate).await?;
+    let status = wait_ready(cluster, "chat").await?;
+    let fraction = status
+        .plan
+        .as_ref()
+        .and_then(|p| p.fraction.clone())
+        .expect("a fraction in the status");
+    assert_eq!(
+        (fraction.kind.as_str(), fraction.profile.as_deref()),
+        ("partition", Some("3g.40gb")),
+        "{status:?}"
+    );
+    assert!(
+        status.alternatives[0].ends_with("profile=3g.40gb")
+            && status.alternatives.len() >= 2
+            && !status.alternatives[1].contains("profile="),
+        "{:?}",
+        status.alternatives
+    );
+    let fragment = status.pod_template.clone().expect("a pod fragment");
+    create_template_pod(cluster, "on-mig", &fragment).await?;
+    let bound = wait_for(DEFAULT_TIMEOUT, "on-mig scheduled", || async {
+        scheduled_node(cluster, "on-mig").await
+    })
+    .await?;
+    assert_eq!(bound, node);
+    let results = allocation_results(cluster, "on-mig").await?;
+    assert_eq!(results.len(), 1);
+    assert!(results[0].device.contains("-mig-3g40gb-"), "{results:?}");
+    eprintln!("bound to MIG device {}", results[0].device);
+    Ok(())
+}
+
 /// `(device, memory consumed)` of the claim `pod`'s template made, once allocated.
 async fn consumed_by(cluster: &TestCluster, pod: &str) -> Result<(String, String)> {
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
-    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), cluster.namespace());
-    wait_for(DEFAULT_TIMEOUT, &format!("{pod}'s share allocated"), || {
-        let (pods, claims) = (pods.clone(), claims.clone());
-        async move {
-            let Some(claim) = pods
-                .get(pod)
-                .await?
-                .status
-                .and_then(|s| s.resource_claim_statuses)
-                .and_then(|s| s.into_iter().next())
-                .and_then(|s| s.resource_claim_name)
-            else {
-                return Ok(None);
-            };
-            let result = claims
-                .get(&claim)
-                .await?
-                .status
-                .and_then(|s| s.allocation)
-                .and_then(|a| a.devices)
-                .and_then(|d| d.results)
-                .and_then(|r| r.into_iter().next());
-            Ok(result.map(|r| {
-                let memory = r
-                    .consumed_capacity
-                    .and_then(|c| c.get("memory").map(|q| q.0.clone()))
-                    .unwrap_or_default();
-                (r.device, memory)
-            }))
-        }
-    })
-    .await
+    let result = allocation_results(cluster, pod)
+        .await?
+        .into_iter()
+        .next()
+        .expect("an allocated claim has a result");
+    let memory = result
+        .consumed_capacity
+        .and_then(|c| c.get("memory").map(|q| q.0.clone()))
+        .unwrap_or_default();
+    Ok((result.device, memory))
 }
 
 async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {

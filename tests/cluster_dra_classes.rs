@@ -642,6 +642,7 @@ async fn prioritized_list_falls_back_when_the_first_choice_is_taken() -> Result<
                     count: 2,
                     same_domain_attribute: Some("resource.kubernetes.io/pcieRoot".to_string()),
                     memory_request: None,
+                    partition_profile: None,
                 },
                 Alternative {
                     name: "a100".to_string(),
@@ -651,6 +652,7 @@ async fn prioritized_list_falls_back_when_the_first_choice_is_taken() -> Result<
                     count: 1,
                     same_domain_attribute: None,
                     memory_request: None,
+                    partition_profile: None,
                 },
             ],
         )?;

@@ -27,6 +27,7 @@ use serde_json::json;
 
 use crate::agent::node_labels::LabelOwnership;
 use crate::backoff::{Backoff, Retries};
+use crate::kube_client::is_transient;
 
 /// The field managers whose labels cleanup releases: the agent's, the controller's and the
 /// agent's opt-in compatibility labels' (`nvidia.com/gpu.product`...).
@@ -341,15 +342,6 @@ fn is_not_found(err: &kube::Error) -> bool {
 
 fn is_gone(err: &kube::Error) -> bool {
     status_code(err) == Some(410)
-}
-
-/// Conflicts, throttling, server errors and transport failures may pass; a refusal
-/// (400, 401, 403, 404, 410, 422) will not.
-fn is_transient(err: &kube::Error) -> bool {
-    match status_code(err) {
-        Some(code) => code == 409 || code == 429 || code >= 500,
-        None => true,
-    }
 }
 
 #[cfg(test)]

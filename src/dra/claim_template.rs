@@ -61,6 +61,9 @@ pub struct Alternative {
     /// other claims share the rest), or all of it, so that no share lands beside a replica
     /// that holds the whole device. `None` asks for no amount (the policy's default).
     pub memory_request: Option<u64>,
+    /// A partition profile (`3g.40gb`): the subrequest asks for one partition of that profile
+    /// through the driver's partition DeviceClass instead of a whole device.
+    pub partition_profile: Option<String>,
 }
 
 /// Why a template could not be built.
@@ -129,6 +132,14 @@ pub enum TemplateError {
         bytes: u64,
         /// The most a request may ask.
         max: u64,
+    },
+    /// A partition was asked of a driver whose partitions are not known.
+    #[error("alternative {alternative:?}: driver {driver} publishes no partitions we know")]
+    NoPartitions {
+        /// The alternative.
+        alternative: String,
+        /// The driver.
+        driver: String,
     },
     /// The product value could never match an attribute.
     #[error("alternative {alternative:?}: product {product:?} is invalid: {reason}")]
@@ -239,13 +250,17 @@ fn subrequest(alternative: &Alternative) -> Result<DeviceSubRequest, TemplateErr
             cel_escape(product)
         ));
     }
-    if let Some(bytes) = alternative.min_memory_bytes {
-        let key = driver
+    // The driver's memory capacity, for a floor or a request on it.
+    let memory_key = || {
+        driver
             .memory
             .ok_or_else(|| TemplateError::NoMemoryCapacity {
                 alternative: label.clone(),
                 driver: driver.name.to_string(),
-            })?;
+            })
+    };
+    if let Some(bytes) = alternative.min_memory_bytes {
+        let key = memory_key()?;
         let cap = capacity(driver.name);
         parts.push(format!(
             "'{key}' in {cap} && {cap}.{key}.compareTo(quantity('{bytes}')) >= 0"
@@ -254,12 +269,7 @@ fn subrequest(alternative: &Alternative) -> Result<DeviceSubRequest, TemplateErr
     let capacity = match alternative.memory_request {
         None => None,
         Some(bytes) => {
-            let key = driver
-                .memory
-                .ok_or_else(|| TemplateError::NoMemoryCapacity {
-                    alternative: label.clone(),
-                    driver: driver.name.to_string(),
-                })?;
+            let key = memory_key()?;
             if bytes == 0 || bytes > MAX_DEVICE_MEMORY {
                 return Err(TemplateError::BadMemoryRequest {
                     alternative: label.clone(),
@@ -275,9 +285,26 @@ fn subrequest(alternative: &Alternative) -> Result<DeviceSubRequest, TemplateErr
             })
         }
     };
+    let mut device_class_name = family_class_name(driver.family);
+    if let Some(profile) = &alternative.partition_profile {
+        let source = driver
+            .partition
+            .ok_or_else(|| TemplateError::NoPartitions {
+                alternative: label.clone(),
+                driver: driver.name.to_string(),
+            })?;
+        check_product(label, profile)?;
+        let attrs = attributes(driver.name);
+        let key = source.profile;
+        parts.push(format!(
+            "'{key}' in {attrs} && {attrs}.{key} == '{}'",
+            cel_escape(profile)
+        ));
+        device_class_name = source.class.to_string();
+    }
     Ok(DeviceSubRequest {
         name: label.clone(),
-        device_class_name: family_class_name(driver.family),
+        device_class_name,
         capacity,
         selectors: Some(vec![DeviceSelector {
             cel: Some(CELDeviceSelector {

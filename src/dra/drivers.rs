@@ -82,6 +82,9 @@ pub struct KnownDriver {
 /// Where a driver's partition entries say what they are and what they are part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionSource {
+    /// The DeviceClass the driver's chart installs for its partitions (a claim for one names
+    /// it: the family classes take whole devices only).
+    pub class: &'static str,
     /// The attribute naming the partition's profile (`1g.10gb`).
     pub profile: &'static str,
     /// The attribute holding the parent device's UUID.
@@ -119,8 +122,10 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         health: None,
         interconnect_group: None,
         // Dynamic MIG (cmd/gpu-kubelet-plugin/partitions.go, mig.go): `profile` (`1g.10gb`)
-        // and `parentUUID` on every MIG device.
+        // and `parentUUID` on every MIG device; the chart's DeviceClass `mig.nvidia.com`
+        // (deployments/helm, `device.attributes['gpu.nvidia.com'].type == 'mig'`).
         partition: Some(PartitionSource {
+            class: "mig.nvidia.com",
             profile: "profile",
             parent_uuid: "parentUUID",
         }),

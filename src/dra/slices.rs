@@ -372,39 +372,34 @@ fn shareable(driver: &KnownDriver, device: &Device) -> (Option<SharePolicy>, Opt
 /// device without keeping anything off it, as NVIDIA's driver does for XID events), as a
 /// reason. The API says consumers treat an effect they do not know like `None`.
 fn informational_taint(device: &Device) -> Option<String> {
-    let taint = device
-        .taints
-        .iter()
-        .flatten()
-        .find(|t| !BLOCKING_EFFECTS.contains(&t.effect.as_str()))?;
-    let value = taint
-        .value
-        .as_deref()
-        .map(|v| format!("={}", bounded(v)))
-        .unwrap_or_default();
+    let (taint, effect) = first_taint(device, false)?;
     Some(format!(
-        "tainted {}{value} by its DRA driver (effect {}: informational)",
-        bounded(&taint.key),
-        bounded(&taint.effect)
+        "tainted {taint} by its DRA driver (effect {effect}: informational)"
     ))
 }
 
 /// The first NoSchedule/NoExecute taint, as a reason.
 fn blocking_taint(device: &Device) -> Option<String> {
+    let (taint, effect) = first_taint(device, true)?;
+    Some(format!("tainted {taint}:{effect}"))
+}
+
+/// The first taint whose effect blocks allocation (`blocking`) or does not, as
+/// `(key[=value], effect)`, bounded.
+fn first_taint(device: &Device, blocking: bool) -> Option<(String, String)> {
     let taint = device
         .taints
         .iter()
         .flatten()
-        .find(|t| BLOCKING_EFFECTS.contains(&t.effect.as_str()))?;
+        .find(|t| BLOCKING_EFFECTS.contains(&t.effect.as_str()) == blocking)?;
     let value = taint
         .value
         .as_deref()
         .map(|v| format!("={}", bounded(v)))
         .unwrap_or_default();
-    Some(format!(
-        "tainted {}{value}:{}",
-        bounded(&taint.key),
-        taint.effect
+    Some((
+        format!("{}{value}", bounded(&taint.key)),
+        bounded(&taint.effect),
     ))
 }
 

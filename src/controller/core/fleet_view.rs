@@ -27,7 +27,7 @@ use crate::api::placement::Assignment;
 /// Why the controller plans no device a driver publishes as shareable by memory for a
 /// placement that holds its own claims: such a claim could not hold it alone, and the ledger
 /// does not count shares (issue 39). A `claimTemplate` placement's claims ask the scheduler
-/// for a share, so its plans see these devices ([`DeviceFilter::shareable`]).
+/// for a share, so its plans see these devices ([`DeviceFilter::fractions`]).
 pub const NOT_YET_SHARED: &str = "shared by memory (allowMultipleAllocations): only a claimTemplate placement's claims can ask for a share of it";
 
 /// Which devices and nodes a placement may use.
@@ -41,9 +41,10 @@ pub struct DeviceFilter {
     pub node_selector: BTreeMap<String, String>,
     /// Only devices a DRA driver publishes (`allocation: claims`).
     pub dra_only: bool,
-    /// Also the devices a driver publishes shareable by memory (`allocation: claimTemplate`:
-    /// its claims ask the scheduler for a share, or for all of the device).
-    pub shareable: bool,
+    /// Also fractions of devices: the devices a driver publishes shareable by memory and the
+    /// published partitions of whole ones (`allocation: claimTemplate`: its claims ask the
+    /// scheduler for a share, a partition, or all of a device).
+    pub fractions: bool,
 }
 
 impl DeviceFilter {
@@ -74,6 +75,9 @@ pub struct NodePart {
     /// Devices a driver publishes shareable by memory: not in `node` (the controller's own
     /// claims cannot hold a share), offered to claim-template placements only.
     shareable: Vec<crate::plan::DeviceSpec>,
+    /// The partitions a driver publishes of each device, by device id: offered as fractions
+    /// to claim-template placements only.
+    partitions: BTreeMap<String, Vec<crate::plan::share::Partition>>,
     /// Plannable devices their DRA driver flags with an informational taint, with it.
     notices: BTreeMap<String, String>,
 }
@@ -126,13 +130,15 @@ impl NodePart {
             dra: BTreeMap::new(),
             notes: Vec::new(),
             shareable: Vec::new(),
+            partitions: BTreeMap::new(),
             notices: BTreeMap::new(),
         }
     }
 
     /// `node_name` from its inventory (if any) and the devices DRA drivers publish for it.
     /// Devices published shareable are present but not planned ([`NOT_YET_SHARED`]), and
-    /// published partitions are not offered as fractions.
+    /// published partitions are kept aside: both are offered to claim-template placements
+    /// only ([`DeviceFilter::fractions`]).
     /// Without published devices this is exactly [`NodePart::new`] (or an empty node).
     pub fn with_published(
         node_name: &str,
@@ -168,9 +174,12 @@ impl NodePart {
                 .insert(device.id.clone(), NOT_YET_SHARED.to_string());
         }
         part.shareable = shareable;
-        // Nor does it claim partitions yet: its plans hold whole devices, as before.
+        // Nor can its own claims hold a partition: only a template's plans see them.
         for device in &mut part.node.devices {
-            device.partitions.clear();
+            let partitions = std::mem::take(&mut device.partitions);
+            if !partitions.is_empty() {
+                part.partitions.insert(device.id.clone(), partitions);
+            }
         }
         part
     }
@@ -190,6 +199,7 @@ impl NodePart {
             dra: BTreeMap::new(),
             notes: Vec::new(),
             shareable: Vec::new(),
+            partitions: BTreeMap::new(),
             notices: BTreeMap::new(),
         }
     }
@@ -331,8 +341,13 @@ impl FleetView {
                 let part = self.parts.get(&node.name)?;
                 let products = &part.products;
                 let mut node = node.clone();
-                if filter.shareable {
+                if filter.fractions {
                     node.devices.extend(part.shareable.iter().cloned());
+                    for device in &mut node.devices {
+                        if let Some(partitions) = part.partitions.get(&device.id) {
+                            device.partitions.clone_from(partitions);
+                        }
+                    }
                 }
                 node.devices.retain(|device| {
                     let family_ok = filter.families.is_empty()

@@ -137,7 +137,7 @@ pub async fn initial_state(api: &Api<Lenient<ModelPlacement>>) -> anyhow::Result
     let mut holdings = Vec::new();
     let mut params = ListParams::default().limit(PLACEMENT_PAGE);
     loop {
-        let page = api.list(&params).await?;
+        let page = list_page(api, &params).await?;
         holdings.extend(
             page.items
                 .iter()
@@ -157,6 +157,35 @@ pub async fn initial_state(api: &Api<Lenient<ModelPlacement>>) -> anyhow::Result
         ledger,
         ..State::default()
     })
+}
+
+/// Tries the ledger's first list before giving up (a busy apiserver answers 504 or not in
+/// time): the controller cannot start without it, and exiting on one slow answer would turn a
+/// load spike into a restart that lists everything again.
+const INITIAL_LIST_TRIES: u32 = 5;
+
+/// One page of the initial list, retried on transient failures with a doubling backoff
+/// (1 s to 8 s); a refusal, or the last failure, is the error.
+async fn list_page(
+    api: &Api<Lenient<ModelPlacement>>,
+    params: &ListParams,
+) -> Result<kube::core::ObjectList<Lenient<ModelPlacement>>, kube::Error> {
+    let mut retries = crate::backoff::Retries::new(crate::backoff::Backoff::new(
+        Duration::from_secs(1),
+        Duration::from_secs(8),
+    ));
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match api.list(params).await {
+            Err(err) if tries < INITIAL_LIST_TRIES && crate::kube_client::is_transient(&err) => {
+                let wait = retries.next_wait();
+                tracing::warn!(error = %err, retry_in = ?wait, "listing placements for the ledger failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Brings every Node that carries a placement label, or should, to the ledger's label set:

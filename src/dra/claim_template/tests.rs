@@ -14,6 +14,7 @@ fn h100_pair() -> Alternative {
         count: 2,
         same_domain_attribute: Some("resource.kubernetes.io/pcieRoot".to_string()),
         memory_request: None,
+        partition_profile: None,
     }
 }
 
@@ -26,6 +27,7 @@ fn mi300x() -> Alternative {
         count: 1,
         same_domain_attribute: None,
         memory_request: None,
+        partition_profile: None,
     }
 }
 
@@ -218,6 +220,7 @@ fn refusals() {
         let alt = Alternative {
             same_domain_attribute: Some(attribute.to_string()),
             memory_request: None,
+            partition_profile: None,
             ..h100_pair()
         };
         assert!(
@@ -259,6 +262,7 @@ fn namespace_and_template_names_are_checked() {
 fn a_memory_request_becomes_the_subrequests_capacity_request() {
     let share = Alternative {
         memory_request: Some(24 << 30),
+        partition_profile: None,
         ..mi300x()
     };
     let template = build(&[share]).unwrap();
@@ -300,6 +304,7 @@ fn a_memory_request_becomes_the_subrequests_capacity_request() {
     for bytes in [0, u64::MAX] {
         let alt = Alternative {
             memory_request: Some(bytes),
+            partition_profile: None,
             ..mi300x()
         };
         assert!(
@@ -314,10 +319,55 @@ fn a_memory_request_becomes_the_subrequests_capacity_request() {
         driver: "gaudi.intel.com".to_string(),
         min_memory_bytes: None,
         memory_request: Some(1 << 30),
+        partition_profile: None,
         ..mi300x()
     };
     assert!(matches!(
         build(&[gaudi]).unwrap_err(),
         TemplateError::NoMemoryCapacity { .. }
+    ));
+}
+
+/// A partition alternative names the driver's partition class and selects the profile; a
+/// driver whose partitions we do not know, or a profile no attribute can hold, is refused.
+#[test]
+fn a_partition_alternative_asks_the_partition_class_for_its_profile() {
+    let mig = Alternative {
+        name: "mig".to_string(),
+        driver: "gpu.nvidia.com".to_string(),
+        product: None,
+        min_memory_bytes: None,
+        count: 1,
+        same_domain_attribute: None,
+        memory_request: None,
+        partition_profile: Some("3g.40gb".to_string()),
+    };
+    let template = build(std::slice::from_ref(&mig)).unwrap();
+    let subrequest = &template.spec.spec.devices.unwrap().requests.unwrap()[0]
+        .first_available
+        .clone()
+        .unwrap()[0];
+    assert_eq!(subrequest.device_class_name, "mig.nvidia.com");
+    let cel = &subrequest.selectors.as_ref().unwrap()[0]
+        .cel
+        .as_ref()
+        .unwrap()
+        .expression;
+    assert!(cel.contains("== '3g.40gb'"), "{cel}");
+    let amd = Alternative {
+        driver: "gpu.amd.com".to_string(),
+        ..mig.clone()
+    };
+    assert!(matches!(
+        build(&[amd]).unwrap_err(),
+        TemplateError::NoPartitions { .. }
+    ));
+    let long = Alternative {
+        partition_profile: Some("x".repeat(65)),
+        ..mig
+    };
+    assert!(matches!(
+        build(&[long]).unwrap_err(),
+        TemplateError::BadProduct { .. }
     ));
 }

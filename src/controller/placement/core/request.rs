@@ -63,7 +63,7 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
                 spec.allocation,
                 Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
             ),
-            shareable: spec.allocation == Some(AllocationMode::ClaimTemplate),
+            fractions: spec.allocation == Some(AllocationMode::ClaimTemplate),
             ..filter(&constraints)
         },
         notes: prepared.notes,
@@ -76,7 +76,7 @@ fn filter(constraints: &Constraints) -> DeviceFilter {
         products: constraints.products.iter().cloned().collect(),
         node_selector: constraints.node_selector.clone(),
         dra_only: false,
-        shareable: false,
+        fractions: false,
     }
 }
 

@@ -116,7 +116,8 @@ fn plan_choices(
     let mut choices: Vec<Choice> = Vec::new();
     let mut candidates = nodes.to_vec();
     let mut outcome = first.clone();
-    // Each round takes at least one kind out, so this ends; the bound keeps it short.
+    // Each round takes at least one kind (or the partitions) out, so this ends; the bound
+    // keeps it short.
     for _ in 0..MAX_ALTERNATIVES * 2 {
         let Outcome::Planned(status) = &outcome else {
             break;
@@ -124,6 +125,7 @@ fn plan_choices(
         let Some((alternative, kinds)) = alternative_of(status, fleet, choices.len() + 1) else {
             break;
         };
+        let partition = alternative.partition_profile.is_some();
         // A selector identical to an earlier one adds nothing: that one already takes it.
         if !choices
             .iter()
@@ -137,7 +139,17 @@ fn plan_choices(
         if choices.len() == MAX_ALTERNATIVES {
             break;
         }
-        without_kinds(&mut candidates, fleet, &kinds);
+        if partition {
+            // After a partition, the next choice is the same devices whole (or shared);
+            // each round still takes something out (the partitions), so this ends.
+            for node in &mut candidates {
+                for device in &mut node.devices {
+                    device.partitions.clear();
+                }
+            }
+        } else {
+            without_kinds(&mut candidates, fleet, &kinds);
+        }
         if candidates.is_empty() {
             break;
         }
@@ -168,16 +180,17 @@ fn alternative_of(
     let count = u32::try_from(group.devices.len()).ok()?;
     let memory = status.plan.as_ref().map(|p| p.memory_per_device.total);
     // On a device published shareable: a share sized to the replica, or all of the device so
-    // no share lands beside it (`plan::search::fraction`).
-    let memory_request = status
-        .plan
-        .as_ref()
-        .and_then(|p| p.fraction.as_ref())
-        .and_then(|f| match f.kind.as_str() {
-            "share" => Some(f.bytes),
-            "device" => Some(f.device_bytes),
-            _ => None,
-        });
+    // no share lands beside it; on a partitioned one, the partition's profile
+    // (`plan::search::fraction`).
+    let fraction = status.plan.as_ref().and_then(|p| p.fraction.as_ref());
+    let memory_request = fraction.and_then(|f| match f.kind.as_str() {
+        "share" => Some(f.bytes),
+        "device" => Some(f.device_bytes),
+        _ => None,
+    });
+    let partition_profile = fraction
+        .filter(|f| f.kind == "partition")
+        .and_then(|f| f.profile.clone());
     let product = kinds.iter().find_map(|(_, p)| p.clone());
     let alternative = Alternative {
         name: subrequest_name(index, product.as_deref()),
@@ -189,6 +202,7 @@ fn alternative_of(
         count,
         same_domain_attribute: None,
         memory_request,
+        partition_profile,
     };
     Some((alternative, kinds))
 }
@@ -215,12 +229,14 @@ fn same_selector(a: &Alternative, b: &Alternative) -> bool {
         a.min_memory_bytes,
         a.count,
         a.memory_request,
+        &a.partition_profile,
     ) == (
         &b.driver,
         &b.product,
         b.min_memory_bytes,
         b.count,
         b.memory_request,
+        &b.partition_profile,
     )
 }
 
@@ -249,6 +265,9 @@ fn summary(alternative: &Alternative) -> String {
     }
     if let Some(bytes) = alternative.memory_request {
         text.push_str(&format!(" memory={}", crate::api::quantity::bytes(bytes).0));
+    }
+    if let Some(profile) = &alternative.partition_profile {
+        text.push_str(&format!(" profile={profile}"));
     }
     text
 }

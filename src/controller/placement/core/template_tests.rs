@@ -295,3 +295,67 @@ fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
     );
     assert!(!matches!(claims, Outcome::Planned(_)), "{claims:?}");
 }
+
+/// Issue 39: on GPUs whose driver publishes MIG partitions (dynamic MIG,
+/// `fixtures/dra/nvidia-h100-dynamic-mig.yaml`), a template's first choice is the smallest
+/// profile that holds the model, through the driver's MIG DeviceClass, and its next the same
+/// GPUs whole; a placement holding its own claims plans the whole GPU as before.
+#[test]
+fn a_template_asks_for_the_smallest_mig_profile_then_the_whole_gpu() {
+    let slices = fixture_slices(&["nvidia-h100-dynamic-mig.yaml"]);
+    let published = published_devices(&slices);
+    let node = "h100-mig-node";
+    let fleet = FleetView::from_parts(
+        [Arc::new(NodePart::with_published(
+            node,
+            None,
+            published.node(node),
+        ))],
+        &BTreeMap::new(),
+    );
+    let small = |mode: AllocationMode| {
+        let mut spec = PlacementBuilder::serve("llama-3.1-8b")
+            .context(8192)
+            .precision(PrecisionChoice::Bf16)
+            .spec();
+        spec.allocation = Some(mode);
+        spec
+    };
+    let template = small(AllocationMode::ClaimTemplate);
+    let choices = alternatives(&template, "ml", "chat", &fleet);
+    assert!(choices.len() >= 2, "{choices:?}");
+    let first = &choices[0].alternative;
+    assert_eq!(first.partition_profile.as_deref(), Some("3g.40gb"));
+    assert!(
+        choices[0].summary.ends_with("profile=3g.40gb"),
+        "{}",
+        choices[0].summary
+    );
+    let second = &choices[1].alternative;
+    assert_eq!(second.partition_profile, None, "then the whole GPU");
+    let built =
+        crate::dra::claim_template::claim_template("ml", "chat", None, std::slice::from_ref(first))
+            .unwrap();
+    let subrequest = &built.spec.spec.devices.unwrap().requests.unwrap()[0]
+        .first_available
+        .clone()
+        .unwrap()[0];
+    assert_eq!(subrequest.device_class_name, "mig.nvidia.com");
+
+    let Outcome::Planned(status) = evaluate(
+        &small(AllocationMode::Claims),
+        "ml",
+        "chat",
+        &fleet,
+        &Reservations::none(),
+    ) else {
+        panic!("a whole H100 holds an 8B model");
+    };
+    assert_eq!(status.plan.and_then(|p| p.fraction), None);
+    assert!(
+        status.assignments[0].devices[0].ends_with("gpu-0")
+            || status.assignments[0].devices[0].ends_with("gpu-1"),
+        "{:?}",
+        status.assignments
+    );
+}
