@@ -1273,7 +1273,22 @@ async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result
     let node = cluster.unique_name("h100-shared");
     create_kwok_node(&cluster, &node).await?;
     publish_fixture(&cluster, "nvidia-h100-shareable.yaml", &node).await?;
-    let result = shares_on(&cluster, &node).await;
+    // An apiserver without consumable capacity (the compat tier's 1.35, where it is alpha and
+    // off) drops `allowMultipleAllocations` and `requestPolicy`: the GPUs are then plain whole
+    // devices, and a small model must get one whole.
+    let shareable = Api::<ResourceSlice>::all(cluster.client())
+        .get(&format!("{node}-gpu.nvidia.com-0"))
+        .await?
+        .spec
+        .devices
+        .unwrap_or_default()
+        .iter()
+        .any(|d| d.allow_multiple_allocations == Some(true));
+    let result = if shareable {
+        shares_on(&cluster, &node).await
+    } else {
+        whole_without_consumable_capacity(&cluster).await
+    };
     let removed = remove_nodes(&cluster, &[&node]).await;
     result.and(removed)
 }
@@ -1378,6 +1393,28 @@ async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
     assert_eq!(results.len(), 1);
     assert!(results[0].device.contains("-mig-3g40gb-"), "{results:?}");
     eprintln!("bound to MIG device {}", results[0].device);
+    Ok(())
+}
+
+/// Without consumable capacity served, a small model's template asks for a whole GPU.
+async fn whole_without_consumable_capacity(cluster: &TestCluster) -> Result<()> {
+    let _controller = start_controller(cluster);
+    let spec = PlacementBuilder::serve("llama-3.1-8b")
+        .context(8192)
+        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
+        .spec();
+    create_placement(cluster, "chat", spec, AllocationMode::ClaimTemplate).await?;
+    let status = wait_ready(cluster, "chat").await?;
+    assert_eq!(status.plan.as_ref().and_then(|p| p.fraction.clone()), None);
+    assert!(
+        !status.alternatives[0].contains("memory="),
+        "{:?}",
+        status.alternatives
+    );
+    eprintln!(
+        "no consumable capacity served: whole devices, {:?}",
+        status.alternatives
+    );
     Ok(())
 }
 

@@ -219,31 +219,30 @@ fn subrequest_names_are_dns_labels() {
     );
 }
 
+/// The one node of `fixtures/dra/<fixture>`, known from its slices alone.
+fn one_node_fleet(fixture: &str, node: &str) -> FleetView {
+    let published = published_devices(&fixture_slices(&[fixture]));
+    let part = NodePart::with_published(node, None, published.node(node));
+    FleetView::from_parts([Arc::new(part)], &BTreeMap::new())
+}
+
+/// An 8B model at 8k context and bf16, held in `mode`: less than one H100.
+fn small(mode: AllocationMode) -> ModelPlacementSpec {
+    let mut spec = PlacementBuilder::serve("llama-3.1-8b")
+        .context(8192)
+        .precision(PrecisionChoice::Bf16)
+        .spec();
+    spec.allocation = Some(mode);
+    spec
+}
+
 /// Issue 39: on GPUs published shareable by memory (`fixtures/dra/nvidia-h100-shareable.yaml`)
 /// a claim-template placement of a small model asks the scheduler for a share sized to it
 /// (the status says which), one that asks for whole devices asks for all of a GPU, and a
 /// placement holding its own claims cannot plan there at all.
 #[test]
 fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
-    let slices = fixture_slices(&["nvidia-h100-shareable.yaml"]);
-    let published = published_devices(&slices);
-    let node = "h100-2x-shared";
-    let fleet = FleetView::from_parts(
-        [Arc::new(NodePart::with_published(
-            node,
-            None,
-            published.node(node),
-        ))],
-        &BTreeMap::new(),
-    );
-    let small = |mode: AllocationMode| {
-        let mut spec = PlacementBuilder::serve("llama-3.1-8b")
-            .context(8192)
-            .precision(PrecisionChoice::Bf16)
-            .spec();
-        spec.allocation = Some(mode);
-        spec
-    };
+    let fleet = one_node_fleet("nvidia-h100-shareable.yaml", "h100-2x-shared");
     let template = small(AllocationMode::ClaimTemplate);
     let Outcome::Planned(status) = evaluate(&template, "ml", "chat", &fleet, &Reservations::none())
     else {
@@ -302,25 +301,7 @@ fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
 /// GPUs whole; a placement holding its own claims plans the whole GPU as before.
 #[test]
 fn a_template_asks_for_the_smallest_mig_profile_then_the_whole_gpu() {
-    let slices = fixture_slices(&["nvidia-h100-dynamic-mig.yaml"]);
-    let published = published_devices(&slices);
-    let node = "h100-mig-node";
-    let fleet = FleetView::from_parts(
-        [Arc::new(NodePart::with_published(
-            node,
-            None,
-            published.node(node),
-        ))],
-        &BTreeMap::new(),
-    );
-    let small = |mode: AllocationMode| {
-        let mut spec = PlacementBuilder::serve("llama-3.1-8b")
-            .context(8192)
-            .precision(PrecisionChoice::Bf16)
-            .spec();
-        spec.allocation = Some(mode);
-        spec
-    };
+    let fleet = one_node_fleet("nvidia-h100-dynamic-mig.yaml", "h100-mig-node");
     let template = small(AllocationMode::ClaimTemplate);
     let choices = alternatives(&template, "ml", "chat", &fleet);
     assert!(choices.len() >= 2, "{choices:?}");
