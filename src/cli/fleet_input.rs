@@ -312,7 +312,9 @@ fn claimed(
         })
         .collect();
     (
-        held_outside(&claims, &slices, &ledger, &fleet).devices,
+        held_outside(&claims, &slices, &ledger, &fleet)
+            .devices
+            .with_consumed_taken(),
         verdicts,
     )
 }

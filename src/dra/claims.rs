@@ -7,19 +7,28 @@
 //! a hash of its devices, so the same plan always gives the same names (a restarted controller
 //! finds its claims instead of making new ones) and a changed plan gives new ones (an
 //! allocation is immutable, so a claim is never re-pointed).
+//!
+//! On a device its driver publishes shareable by memory (`allowMultipleAllocations`), a claim
+//! takes a share ([`ClaimShare`]): it requests that much of the driver's memory capacity
+//! (`capacity.requests`), and its allocation records it in `consumedCapacity` with a
+//! `shareID`, as the scheduler writes a share it allocates, so the scheduler counts it when it
+//! places other claims' shares beside it. A replica holding such a device whole takes all of
+//! its memory, so no share lands beside it.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
+    AllocationResult, CapacityRequirements, DeviceAllocationResult, DeviceClaim, DeviceRequest,
     DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
 use crate::names::{hash_hex, shorten_with_hash};
 
 use super::DeviceRef;
+use super::drivers::known;
 
 /// The one device request in every claim the controller writes; pods name the claim, not
 /// the request, so the name only has to be stable.
@@ -55,6 +64,19 @@ pub struct ClaimPlan {
     pub node: String,
     /// The devices, all of one driver, in the planner's order.
     pub devices: Vec<DeviceRef>,
+    /// On devices shared by memory: what the claim takes of each.
+    pub share: Option<ClaimShare>,
+}
+
+/// What a claim takes of each of its devices when their driver publishes them shareable by
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimShare {
+    /// Bytes of each device's memory capacity the claim requests and consumes (the device's
+    /// whole capacity for a replica that holds it whole).
+    pub bytes: u64,
+    /// Each device's memory capacity.
+    pub capacity: u64,
 }
 
 /// Why a planned group of devices cannot become a claim.
@@ -132,14 +154,40 @@ impl ClaimPlan {
             refs.push(reference);
         }
         Ok(Self {
-            name: claim_name(placement, replica, stage, &refs),
+            name: claim_name(placement, replica, stage, &refs, None),
             namespace: namespace.to_string(),
             placement: placement.to_string(),
             replica,
             stage,
             node: node.to_string(),
             devices: refs,
+            share: None,
         })
+    }
+
+    /// The same claim taking `share` of each device (a share's size is part of the name: an
+    /// allocation is immutable, so a new size is a new claim).
+    #[must_use]
+    pub fn with_share(mut self, share: Option<ClaimShare>) -> Self {
+        self.share = share;
+        self.name = claim_name(
+            &self.placement,
+            self.replica,
+            self.stage,
+            &self.devices,
+            share,
+        );
+        self
+    }
+
+    /// The driver's memory capacity and the quantity the claim takes of it, for a share.
+    fn memory_taken(&self) -> Option<BTreeMap<String, Quantity>> {
+        let share = self.share?;
+        let key = known(self.driver()).and_then(|driver| driver.memory)?;
+        Some(BTreeMap::from([(
+            key.to_string(),
+            crate::api::quantity::bytes(share.bytes),
+        )]))
     }
 
     /// The driver of its devices (empty for a claim without devices, which is never built).
@@ -176,6 +224,9 @@ impl ClaimPlan {
                             device_class_name: self.driver().to_string(),
                             allocation_mode: Some("ExactCount".to_string()),
                             count: Some(i64::try_from(self.devices.len()).unwrap_or(1)),
+                            capacity: self.memory_taken().map(|requests| CapacityRequirements {
+                                requests: Some(requests),
+                            }),
                             ..ExactDeviceRequest::default()
                         }),
                         ..DeviceRequest::default()
@@ -190,6 +241,7 @@ impl ClaimPlan {
     /// The allocation that pins the claim to exactly its devices on its node. The timestamp
     /// is required: the scheduler refuses to use an allocation written without one.
     pub fn allocation(&self, now: Time) -> AllocationResult {
+        let consumed = self.memory_taken();
         AllocationResult {
             allocation_timestamp: Some(now),
             devices: Some(DeviceAllocationResult {
@@ -201,6 +253,8 @@ impl ClaimPlan {
                             driver: d.driver.clone(),
                             pool: d.pool.clone(),
                             device: d.device.clone(),
+                            share_id: consumed.as_ref().map(|_| share_id(&self.name, d)),
+                            consumed_capacity: consumed.clone(),
                             ..DeviceRequestAllocationResult::default()
                         })
                         .collect(),
@@ -226,10 +280,20 @@ fn node_selector(node: &str) -> NodeSelector {
     }
 }
 
-/// `<placement>-r<replica>-s<stage>-<hash of the devices>`, shortened with a hash of the
-/// whole when the placement name is long.
-fn claim_name(placement: &str, replica: u32, stage: u32, devices: &[DeviceRef]) -> String {
-    let identity: Vec<String> = devices.iter().map(DeviceRef::to_string).collect();
+/// `<placement>-r<replica>-s<stage>-<hash of the devices and share>`, shortened with a hash of
+/// the whole when the placement name is long.
+fn claim_name(
+    placement: &str,
+    replica: u32,
+    stage: u32,
+    devices: &[DeviceRef],
+    share: Option<ClaimShare>,
+) -> String {
+    let mut identity: Vec<String> = devices.iter().map(DeviceRef::to_string).collect();
+    // Claims without a share keep the names they always had.
+    if let Some(share) = share {
+        identity.push(format!("share={}", share.bytes));
+    }
     let suffix = format!("-r{replica}-s{stage}-{}", hash_hex(&identity.join(",")));
     let room = MAX_NAME_LENGTH - suffix.len();
     let head = if placement.len() > room {
@@ -238,6 +302,55 @@ fn claim_name(placement: &str, replica: u32, stage: u32, devices: &[DeviceRef]) 
         placement.to_string()
     };
     format!("{head}{suffix}")
+}
+
+/// The share id of one device's allocation in the claim `claim`: a UUID made from the claim's
+/// name and the device, so the same claim always writes the same one. The apiserver keys
+/// concurrent shares of a device by it; a claim holds one share of each of its devices.
+fn share_id(claim: &str, device: &DeviceRef) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{claim}/{device}").as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    // The version nibble says 8 (custom, RFC 9562) and the variant bits say RFC 4122.
+    format!(
+        "{}-{}-8{}-a{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[13..16],
+        &hex[17..20],
+        &hex[20..32]
+    )
+}
+
+/// What each device of an allocated claim consumes of its memory-like capacities, as the
+/// allocation records it (`consumedCapacity`; empty for a device not shared): the device and
+/// the largest whole amount it lists (`None` when it lists none).
+pub fn consumed_capacity(claim: &ResourceClaim) -> Vec<(DeviceRef, Option<u64>)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+        .and_then(|allocation| allocation.devices.as_ref())
+        .and_then(|devices| devices.results.as_ref())
+        .map(|results| {
+            results
+                .iter()
+                .map(|r| {
+                    let device = DeviceRef {
+                        driver: r.driver.clone(),
+                        pool: r.pool.clone(),
+                        device: r.device.clone(),
+                    };
+                    let key = known(&r.driver).and_then(|driver| driver.memory);
+                    let consumed = r.consumed_capacity.as_ref().and_then(|consumed| {
+                        let quantity = consumed.get(key?)?;
+                        crate::api::quantity::parse_whole(quantity)
+                    });
+                    (device, consumed)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The devices a claim's allocation holds (empty when it is not allocated).
@@ -399,5 +512,96 @@ mod tests {
         assert!(is_allocated(&claim));
         assert_eq!(allocated_devices(&claim), plan.devices);
         assert_eq!(owning_placement(&claim), Some(("team", "llama")));
+    }
+
+    #[test]
+    fn a_share_claim_requests_its_memory_and_its_allocation_records_it_with_a_share_id() {
+        const GIB: u64 = 1 << 30;
+        let whole = plan(&["gpu0"]).unwrap();
+        let share = Some(ClaimShare {
+            bytes: 24 * GIB,
+            capacity: 80 * GIB,
+        });
+        let shared = whole.clone().with_share(share);
+        assert_ne!(shared.name, whole.name, "a share is another claim");
+        assert_ne!(
+            shared.name,
+            whole
+                .clone()
+                .with_share(Some(ClaimShare {
+                    bytes: 32 * GIB,
+                    capacity: 80 * GIB
+                }))
+                .name,
+            "and so is another size"
+        );
+        assert_eq!(whole.clone().with_share(None).name, whole.name);
+
+        let request = shared.claim(None).spec.devices.unwrap().requests.unwrap();
+        let requests = request[0].exactly.as_ref().unwrap().capacity.clone();
+        assert_eq!(
+            requests.unwrap().requests.unwrap()["memory"].0,
+            "24Gi",
+            "the NVIDIA driver's memory capacity"
+        );
+        assert!(
+            whole.claim(None).spec.devices.unwrap().requests.unwrap()[0]
+                .exactly
+                .as_ref()
+                .unwrap()
+                .capacity
+                .is_none()
+        );
+
+        let mut claim = shared.claim(None);
+        claim.status = Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+            allocation: Some(shared.allocation(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))),
+            ..Default::default()
+        });
+        let result = &claim
+            .status
+            .as_ref()
+            .unwrap()
+            .allocation
+            .as_ref()
+            .unwrap()
+            .devices
+            .as_ref()
+            .unwrap()
+            .results
+            .as_ref()
+            .unwrap()[0];
+        let id = result.share_id.clone().unwrap();
+        // A UUID as the apiserver parses one: 8-4-4-4-12 lowercase hex digits.
+        let groups: Vec<usize> = id.split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12], "{id}");
+        assert!(
+            id.chars()
+                .all(|c| c == '-' || c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!(
+            id,
+            shared
+                .allocation(Time(k8s_openapi::jiff::Timestamp::now()))
+                .devices
+                .unwrap()
+                .results
+                .unwrap()[0]
+                .share_id
+                .clone()
+                .unwrap(),
+            "the same claim writes the same id"
+        );
+        assert_eq!(
+            consumed_capacity(&claim),
+            [(nvidia("gpu-0"), Some(24 * GIB))]
+        );
+        // A whole-device allocation consumes nothing it records.
+        let mut plain = whole.claim(None);
+        plain.status = Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+            allocation: Some(whole.allocation(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))),
+            ..Default::default()
+        });
+        assert_eq!(consumed_capacity(&plain), [(nvidia("gpu-0"), None)]);
     }
 }

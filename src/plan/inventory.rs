@@ -218,9 +218,14 @@ fn list(names: &[&str]) -> String {
     text
 }
 
-/// Devices already taken, by node name and device id.
+/// Devices already taken, by node name and device id, and what is consumed of devices shared
+/// by memory (`allowMultipleAllocations`): such a device others hold shares of is no whole
+/// device to plan on, and a share of it may take only what is left.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Reservations(BTreeMap<String, BTreeSet<String>>);
+pub struct Reservations {
+    taken: BTreeMap<String, BTreeSet<String>>,
+    consumed: BTreeMap<String, BTreeMap<String, u64>>,
+}
 
 impl Reservations {
     /// No reservations.
@@ -230,45 +235,103 @@ impl Reservations {
 
     /// Marks a device as taken.
     pub fn insert(&mut self, node: impl Into<String>, device: impl Into<String>) {
-        self.0.entry(node.into()).or_default().insert(device.into());
+        self.taken
+            .entry(node.into())
+            .or_default()
+            .insert(device.into());
+    }
+
+    /// Adds `bytes` to what is consumed of a shared device (saturating: a sum past the
+    /// device's capacity means it is full, never that it wraps to empty).
+    pub fn consume(&mut self, node: impl Into<String>, device: impl Into<String>, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let used = self
+            .consumed
+            .entry(node.into())
+            .or_default()
+            .entry(device.into())
+            .or_default();
+        *used = used.saturating_add(bytes);
     }
 
     /// True when the device is taken (no allocation: called once per device in the fleet).
     pub fn contains(&self, node: &str, device: &str) -> bool {
-        self.0.get(node).is_some_and(|ids| ids.contains(device))
+        self.taken.get(node).is_some_and(|ids| ids.contains(device))
     }
 
     /// The reserved device ids on `node`, if any (one lookup per node instead of one per
     /// device).
     pub fn on_node(&self, node: &str) -> Option<&BTreeSet<String>> {
-        self.0.get(node)
+        self.taken.get(node)
     }
 
-    /// Adds every device `other` reserves.
+    /// Bytes consumed of each shared device on `node` that anything consumes, if any.
+    pub fn consumed_on(&self, node: &str) -> Option<&BTreeMap<String, u64>> {
+        self.consumed.get(node)
+    }
+
+    /// Bytes consumed of a shared device (0 when nothing is).
+    pub fn consumed(&self, node: &str, device: &str) -> u64 {
+        self.consumed
+            .get(node)
+            .and_then(|devices| devices.get(device))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every shared device something consumes, as `(node, device id, bytes)`, in order.
+    pub fn iter_consumed(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.consumed.iter().flat_map(|(node, devices)| {
+            devices
+                .iter()
+                .map(move |(id, bytes)| (node.as_str(), id.as_str(), *bytes))
+        })
+    }
+
+    /// Adds every device `other` reserves, and what it consumes.
     pub fn merge(&mut self, other: &Reservations) {
-        for (node, ids) in &other.0 {
-            self.0
+        for (node, ids) in &other.taken {
+            self.taken
                 .entry(node.clone())
                 .or_default()
                 .extend(ids.iter().cloned());
+        }
+        for (node, id, bytes) in other.iter_consumed() {
+            self.consume(node, id, bytes);
         }
     }
 
     /// Every reserved device as `(node, device id)`, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0
+        self.taken
             .iter()
             .flat_map(|(node, ids)| ids.iter().map(move |id| (node.as_str(), id.as_str())))
     }
 
-    /// Number of reserved devices.
-    pub fn len(&self) -> usize {
-        self.0.values().map(BTreeSet::len).sum()
+    /// The same, with every device anything consumes a share of counted as taken: the
+    /// devices no whole-device plan may have, for counts of free devices.
+    #[must_use]
+    pub fn with_consumed_taken(mut self) -> Self {
+        let consumed: Vec<(String, String)> = self
+            .iter_consumed()
+            .map(|(node, id, _)| (node.to_string(), id.to_string()))
+            .collect();
+        for (node, id) in consumed {
+            self.insert(node, id);
+        }
+        self
     }
 
-    /// True when nothing is reserved.
+    /// Number of reserved devices.
+    pub fn len(&self) -> usize {
+        self.taken.values().map(BTreeSet::len).sum()
+    }
+
+    /// True when nothing is reserved and nothing consumed.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.taken.is_empty() && self.consumed.is_empty()
     }
 }
 

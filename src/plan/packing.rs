@@ -361,6 +361,7 @@ fn index_node<'a>(
     scratch: &mut Scratch<'a>,
 ) {
     let taken = reserved.on_node(&node.name);
+    let consumed = reserved.consumed_on(&node.name);
     let Scratch {
         runs,
         order,
@@ -376,6 +377,7 @@ fn index_node<'a>(
         if device.family == Family::Cpu
             || device.memory == Bytes::ZERO
             || taken.is_some_and(|ids| ids.contains(&device.id))
+            || consumed.is_some_and(|ids| ids.contains_key(&device.id))
             || device
                 .share
                 .as_ref()

@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
 use crate::dra::DeviceRef;
-use crate::dra::claims::{allocated_devices, owning_placement};
+use crate::dra::claims::{allocated_devices, consumed_capacity, owning_placement};
 use crate::dra::counters::blocked_by_counters;
 use crate::plan::Reservations;
 
@@ -93,8 +93,10 @@ pub fn held_outside(
 }
 
 /// The devices allocated claims hold that the ledger does not already count for the claim's
-/// own placement, as planner reservations on `fleet`'s node and device ids. Devices the fleet
-/// does not know are left out: nothing could plan on them, and no gauge counts them.
+/// own placement, as planner reservations on `fleet`'s node and device ids: a device whole,
+/// or, where the allocation records what it consumed of a shared device (`consumedCapacity`,
+/// a share), those bytes. Devices the fleet does not know are left out: nothing could plan on
+/// them, and no gauge counts them.
 pub fn claimed_devices<'a>(
     claims: impl IntoIterator<Item = &'a ResourceClaim>,
     ledger: &Ledger,
@@ -103,22 +105,29 @@ pub fn claimed_devices<'a>(
     let mut taken = Reservations::none();
     let mut index: Option<HashMap<DeviceRef, (String, String)>> = None;
     for claim in claims {
-        let devices = allocated_devices(claim);
+        let devices = consumed_capacity(claim);
         if devices.is_empty() {
             continue;
         }
         let owner = own_placement(claim, ledger);
         // Built on the first allocated claim only: a fleet without DRA claims pays nothing.
         let index = index.get_or_insert_with(|| dra_index(fleet));
-        for device in devices {
+        for (device, consumed) in devices {
             let Some((node, id)) = index.get(&device) else {
                 continue;
             };
-            let counted = owner
-                .as_ref()
-                .is_some_and(|key| ledger.holder_of(node, id) == Some(key));
-            if !counted {
-                taken.insert(node.clone(), id.clone());
+            let counted = owner.as_ref().is_some_and(|key| {
+                ledger.holder_of(node, id) == Some(key)
+                    || ledger
+                        .shares_of(node, id)
+                        .is_some_and(|shared| shared.by.contains_key(key))
+            });
+            if counted {
+                continue;
+            }
+            match consumed {
+                Some(bytes) => taken.consume(node.clone(), id.clone(), bytes),
+                None => taken.insert(node.clone(), id.clone()),
             }
         }
     }
@@ -182,17 +191,12 @@ fn own_placement(claim: &ResourceClaim, ledger: &Ledger) -> Option<PlacementKey>
         .then_some(key)
 }
 
-/// Every DRA-published device in the fleet, by its DRA name.
+/// Every DRA-published device in the fleet, by its DRA name (shared ones included).
 fn dra_index(fleet: &FleetView) -> HashMap<DeviceRef, (String, String)> {
-    let mut index = HashMap::new();
-    for node in fleet.nodes() {
-        for device in &node.devices {
-            if let Some(reference) = fleet.dra_device(&node.name, &device.id) {
-                index.insert(reference.clone(), (node.name.clone(), device.id.clone()));
-            }
-        }
-    }
-    index
+    fleet
+        .dra_devices()
+        .map(|(node, id, reference)| (reference.clone(), (node.to_string(), id.to_string())))
+        .collect()
 }
 
 #[cfg(test)]

@@ -259,3 +259,53 @@ fn a_mig_slice_the_scheduler_allocated_holds_its_whole_gpu_with_the_counter_set_
     assert_eq!(ledger.releases(), releases + 1);
     assert!(ledger.blocked_by_counters(5).is_empty());
 }
+
+/// A claim the scheduler allocated `device` of the shareable fixture node, consuming
+/// `consumed` of its memory when given (a share), or none recorded (the whole device).
+fn share_claim(name: &str, device: &str, consumed: Option<&str>) -> ResourceClaim {
+    let mut result = serde_json::json!({
+        "request": "gpu", "driver": "gpu.nvidia.com", "pool": "h100-2x-shared", "device": device,
+    });
+    if let Some(consumed) = consumed {
+        result["consumedCapacity"] = serde_json::json!({"memory": consumed});
+        result["shareID"] = serde_json::json!("6f1b1d7e-1c0a-4c57-9a58-1d2b3c4d5e6f");
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "team"},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }))
+    .expect("test claim")
+}
+
+/// Issue 39: what other claims consume of a shareable GPU (their allocations'
+/// `consumedCapacity`) is summed as bytes, not taken whole, so shares still fit beside them;
+/// a claim that records no consumption holds its device whole; the ledger's own share of a
+/// device is not counted again.
+#[test]
+fn shares_other_claims_consume_are_summed_per_device_and_a_whole_allocation_takes_it() {
+    const GIB: u64 = 1 << 30;
+    let node = "h100-2x-shared";
+    let slices = fixture_slices(&["nvidia-h100-shareable.yaml"]);
+    let published = published_devices(&slices);
+    let part = Arc::new(NodePart::with_published(node, None, published.node(node)));
+    let fleet = FleetView::from_parts([part], &BTreeMap::new());
+    let id_of = |device: &str| {
+        fleet
+            .dra_devices()
+            .find(|(_, _, r)| r.device == device)
+            .map(|(_, id, _)| id.to_string())
+            .expect("a shareable GPU")
+    };
+    let (gpu0, gpu1) = (id_of("gpu-0"), id_of("gpu-1"));
+    let a = share_claim("a", "gpu-0", Some("24Gi"));
+    let b = share_claim("b", "gpu-0", Some("16Gi"));
+    let whole = share_claim("c", "gpu-1", None);
+    let ledger = Ledger::new();
+    let taken = claimed_devices([&a, &b, &whole], &ledger, &fleet);
+    assert_eq!(taken.consumed(node, &gpu0), 40 * GIB);
+    assert!(!taken.contains(node, &gpu0), "shares leave room");
+    assert!(taken.contains(node, &gpu1));
+    // For counts of whole devices, a device with shares on it is not free.
+    assert!(taken.clone().with_consumed_taken().contains(node, &gpu0));
+}

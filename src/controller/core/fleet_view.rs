@@ -24,12 +24,6 @@ use crate::plan::NodeSpec;
 
 use crate::api::placement::Assignment;
 
-/// Why the controller plans no device a driver publishes as shareable by memory for a
-/// placement that holds its own claims: such a claim could not hold it alone, and the ledger
-/// does not count shares (issue 39). A `claimTemplate` placement's claims ask the scheduler
-/// for a share, so its plans see these devices ([`DeviceFilter::fractions`]).
-pub const NOT_YET_SHARED: &str = "shared by memory (allowMultipleAllocations): only a claimTemplate placement's claims can ask for a share of it";
-
 /// Which devices and nodes a placement may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceFilter {
@@ -39,11 +33,12 @@ pub struct DeviceFilter {
     pub products: BTreeSet<String>,
     /// Labels a node must carry.
     pub node_selector: BTreeMap<String, String>,
-    /// Only devices a DRA driver publishes (`allocation: claims`).
+    /// Only devices a DRA driver publishes (`allocation: claims` and `claimTemplate`); these
+    /// placements also see the devices a driver publishes shareable by memory, since their
+    /// claims can ask for a share of one or for all of its memory.
     pub dra_only: bool,
-    /// Also fractions of devices: the devices a driver publishes shareable by memory and the
-    /// published partitions of whole ones (`allocation: claimTemplate`: its claims ask the
-    /// scheduler for a share, a partition, or all of a device).
+    /// Also the published partitions of whole devices (`allocation: claimTemplate`: its
+    /// claims ask the scheduler for a partition by its profile).
     pub fractions: bool,
 }
 
@@ -72,8 +67,9 @@ pub struct NodePart {
     dra: BTreeMap<String, DeviceRef>,
     /// What merging published devices left out, one line each.
     notes: Vec<String>,
-    /// Devices a driver publishes shareable by memory: not in `node` (the controller's own
-    /// claims cannot hold a share), offered to claim-template placements only.
+    /// Devices a driver publishes shareable by memory: not in `node` (a placement held by
+    /// node labels alone could not keep others' shares off it), offered to placements held
+    /// by claims ([`DeviceFilter::dra_only`]).
     shareable: Vec<crate::plan::DeviceSpec>,
     /// The partitions a driver publishes of each device, by device id: offered as fractions
     /// to claim-template placements only.
@@ -136,9 +132,9 @@ impl NodePart {
     }
 
     /// `node_name` from its inventory (if any) and the devices DRA drivers publish for it.
-    /// Devices published shareable are present but not planned ([`NOT_YET_SHARED`]), and
-    /// published partitions are kept aside: both are offered to claim-template placements
-    /// only ([`DeviceFilter::fractions`]).
+    /// Devices published shareable are kept aside for placements held by claims
+    /// ([`DeviceFilter::dra_only`]), and published partitions for claim-template placements
+    /// ([`DeviceFilter::fractions`]).
     /// Without published devices this is exactly [`NodePart::new`] (or an empty node).
     pub fn with_published(
         node_name: &str,
@@ -162,19 +158,15 @@ impl NodePart {
         part.dra = merged.dra;
         part.notes = merged.notes;
         part.notices = merged.notices;
-        // The controller neither claims shares yet nor counts what other claims consume of a
-        // shareable device (issue 39), so it plans none: a claim naming no capacity would take
-        // only the policy's default and leave the rest to others' pods.
+        // A shareable device is held through a claim's capacity request (a share, or all of
+        // its memory), so only placements held by claims plan on it; the ledger and the
+        // claims' `consumedCapacity` say how much of it is taken.
         let (shareable, whole): (Vec<_>, Vec<_>) = std::mem::take(&mut part.node.devices)
             .into_iter()
             .partition(|device| device.share.is_some());
         part.node.devices = whole;
-        for device in &shareable {
-            part.unusable
-                .insert(device.id.clone(), NOT_YET_SHARED.to_string());
-        }
         part.shareable = shareable;
-        // Nor can its own claims hold a partition: only a template's plans see them.
+        // The controller's own claims hold no partition: only a template's plans see them.
         for device in &mut part.node.devices {
             let partitions = std::mem::take(&mut device.partitions);
             if !partitions.is_empty() {
@@ -298,6 +290,34 @@ impl FleetView {
         self.parts.get(node)?.dra.get(device)
     }
 
+    /// Every plannable device a DRA driver publishes, shared ones included, as `(node,
+    /// planner device id, DRA name)`.
+    pub fn dra_devices(&self) -> impl Iterator<Item = (&str, &str, &DeviceRef)> {
+        self.parts.iter().flat_map(|(node, part)| {
+            part.node
+                .devices
+                .iter()
+                .chain(&part.shareable)
+                .filter_map(move |device| {
+                    let reference = part.dra.get(&device.id)?;
+                    Some((node.as_str(), device.id.as_str(), reference))
+                })
+        })
+    }
+
+    /// The memory capacity of a device its DRA driver publishes shareable by memory, by node
+    /// and planner device id (`None` for any other device).
+    pub fn shared_capacity(&self, node: &str, device: &str) -> Option<u64> {
+        self.parts
+            .get(node)?
+            .shareable
+            .iter()
+            .find(|spec| spec.id == device)?
+            .share
+            .as_ref()
+            .map(|share| share.policy.capacity)
+    }
+
     /// The devices of `node` its DRA drivers flag with an informational taint (`effect:
     /// None`), each with the taint: plannable, and counted degraded by every view.
     pub fn notices_on(&self, node: &str) -> Option<&BTreeMap<String, String>> {
@@ -341,8 +361,10 @@ impl FleetView {
                 let part = self.parts.get(&node.name)?;
                 let products = &part.products;
                 let mut node = node.clone();
-                if filter.fractions {
+                if filter.dra_only || filter.fractions {
                     node.devices.extend(part.shareable.iter().cloned());
+                }
+                if filter.fractions {
                     for device in &mut node.devices {
                         if let Some(partitions) = part.partitions.get(&device.id) {
                             device.partitions.clone_from(partitions);
@@ -621,19 +643,38 @@ mod tests {
         FleetView::from_parts(parts, &BTreeMap::new())
     }
 
-    /// Until the controller claims shares (issue 39), a GPU published shareable is present
-    /// and never planned, with the reason, though the CLI plans a share of it.
+    /// A GPU published shareable is planned by placements held by claims (a share, or all
+    /// of its memory, through the claim's capacity request) and by no placement held by node
+    /// labels alone; it is no unplannable device, so the counts see it free or held.
     #[test]
-    fn the_controller_plans_no_shareable_device_yet_and_says_why() {
+    fn shareable_devices_are_offered_to_placements_held_by_claims_only() {
         let slices = crate::testing::dra::fixture_slices(&["nvidia-h100-shareable.yaml"]);
         let view = view_of(&[], &slices, &["h100-2x-shared"]);
         assert!(view.nodes()[0].devices.is_empty(), "{:?}", view.nodes());
-        let verdicts = view.unplannable_on("h100-2x-shared").expect("the node");
-        assert_eq!(verdicts.len(), 2);
         assert!(
-            verdicts.values().all(|why| why == NOT_YET_SHARED),
-            "{verdicts:?}"
+            view.unplannable_on("h100-2x-shared")
+                .expect("the node")
+                .is_empty()
         );
+        let labels = DeviceFilter {
+            families: BTreeSet::from(["gpu".to_string()]),
+            ..DeviceFilter::default()
+        };
+        assert!(view.filtered(&labels).is_empty());
+        let claims = DeviceFilter {
+            dra_only: true,
+            ..DeviceFilter::default()
+        };
+        let nodes = view.filtered(&claims);
+        assert_eq!(nodes[0].devices.len(), 2);
+        assert!(nodes[0].devices.iter().all(|d| d.share.is_some()));
+        let id = &nodes[0].devices[0].id;
+        assert_eq!(
+            view.shared_capacity("h100-2x-shared", id),
+            Some(80 << 30),
+            "the policy's capacity"
+        );
+        assert_eq!(view.dra_devices().count(), 2, "indexed by their DRA names");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
+use crate::plan::report::FractionKind;
 
 use super::outcome::Outcome;
 
@@ -30,6 +31,8 @@ pub mod commit;
 #[cfg(test)]
 mod commit_model_tests;
 pub mod rebuild;
+#[cfg(test)]
+mod share_tests;
 
 pub use super::placement_key::PlacementKey;
 
@@ -84,11 +87,69 @@ impl Holding {
         self.assignments().iter().map(|a| a.node.clone()).collect()
     }
 
+    /// How it takes each device it names: whole, or (a serving plan whose fraction is a
+    /// share) that many bytes of each device's memory.
+    pub fn take(&self) -> Take {
+        match self
+            .status
+            .plan
+            .as_ref()
+            .and_then(|plan| plan.fraction.as_ref())
+        {
+            Some(fraction)
+                if fraction.kind == FractionKind::Share.as_str()
+                    && fraction.bytes > 0
+                    && fraction.bytes < fraction.device_bytes =>
+            {
+                Take::Share {
+                    bytes: fraction.bytes,
+                    capacity: fraction.device_bytes,
+                }
+            }
+            _ => Take::Whole,
+        }
+    }
+
     /// Every (node, device) pair held.
     pub fn devices(&self) -> impl Iterator<Item = (&str, &str)> {
         self.status
             .all_assignments()
             .flat_map(|a| a.devices.iter().map(move |d| (a.node.as_str(), d.as_str())))
+    }
+}
+
+/// How a holding takes the devices it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Each device whole: no other placement or claim may hold any of it.
+    Whole,
+    /// A share of each device's memory (a device its DRA driver publishes shareable): others
+    /// may hold shares beside it while all of them together fit in `capacity`.
+    Share {
+        /// Bytes of each device taken (per replica: two replicas on one device take twice).
+        bytes: u64,
+        /// Each device's memory capacity.
+        capacity: u64,
+    },
+}
+
+/// The shares placements hold of one device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedDevice {
+    /// The device's memory capacity, as the holdings' plans saw it (the smallest one, should
+    /// two plans disagree).
+    pub capacity: u64,
+    /// Bytes each placement takes.
+    pub by: BTreeMap<PlacementKey, u64>,
+}
+
+impl SharedDevice {
+    /// Bytes taken by the placements `skip` does not pick out.
+    pub fn used_except(&self, skip: impl Fn(&PlacementKey) -> bool) -> u64 {
+        self.by
+            .iter()
+            .filter(|(key, _)| !skip(key))
+            .fold(0u64, |sum, (_, bytes)| sum.saturating_add(*bytes))
     }
 }
 
@@ -146,7 +207,7 @@ impl HeldNodes {
 /// ids: named by an allocated claim the ledger does not count, or blocked by DRA counters.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeldOutside {
-    /// Every such device.
+    /// Every such device, and what such claims consume of devices shared by memory.
     pub devices: Reservations,
     /// Why a device no claim names is held: `(node, device)` → the counter set it cannot get.
     pub blocked: BTreeMap<(String, String), String>,
@@ -176,8 +237,12 @@ impl DraftLog {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
     holdings: BTreeMap<PlacementKey, Arc<Holding>>,
-    /// (node, device) -> holder; kept in step with `holdings` for O(log n) conflict checks.
+    /// (node, device) -> holder of the whole device; kept in step with `holdings` for
+    /// O(log n) conflict checks.
     owners: BTreeMap<(String, String), PlacementKey>,
+    /// (node, device) -> the shares placements hold of it; kept in step with `holdings` like
+    /// `owners`. A device is in at most one of the two.
+    shares: BTreeMap<(String, String), SharedDevice>,
     /// Holdings removed so far.
     releases: u64,
     /// Placements that did not fit, by key.
@@ -218,32 +283,77 @@ impl Ledger {
     }
 
     /// Records `holding` for `key`, replacing what `key` held before. Refuses (and changes
-    /// nothing) when any device is held by another placement or listed twice.
+    /// nothing) when any device is held whole by another placement, a whole device is listed
+    /// twice or shared by another placement, or the shares of a device would exceed its
+    /// capacity.
     pub fn insert(&mut self, key: PlacementKey, holding: Holding) -> Result<(), Conflict> {
-        let mut seen = BTreeSet::new();
+        let take = holding.take();
+        let mut whole = BTreeSet::new();
+        let mut shared: BTreeMap<(String, String), u64> = BTreeMap::new();
         for (node, device) in holding.devices() {
             let pair = (node.to_string(), device.to_string());
-            let holder = self.owners.get(&pair).filter(|holder| **holder != key);
-            if let Some(holder) = holder
-                .cloned()
-                .or_else(|| (!seen.insert(pair.clone())).then(|| key.clone()))
-            {
-                return Err(Conflict {
-                    node: pair.0,
-                    device: pair.1,
-                    holder,
-                });
+            let conflict = |holder: &PlacementKey| Conflict {
+                node: pair.0.clone(),
+                device: pair.1.clone(),
+                holder: holder.clone(),
+            };
+            if let Some(holder) = self.owners.get(&pair).filter(|holder| **holder != key) {
+                return Err(conflict(holder));
+            }
+            let others = self.shares.get(&pair);
+            match take {
+                Take::Whole => {
+                    if let Some(holder) = others.and_then(|s| s.by.keys().find(|h| **h != key)) {
+                        return Err(conflict(holder));
+                    }
+                    if !whole.insert(pair.clone()) {
+                        return Err(conflict(&key));
+                    }
+                }
+                Take::Share { bytes, capacity } => {
+                    let entry = shared.entry(pair.clone()).or_default();
+                    *entry = entry.saturating_add(bytes);
+                    let capacity = others.map_or(capacity, |s| s.capacity.min(capacity));
+                    let used = others.map_or(0, |s| s.used_except(|h| *h == key));
+                    if used.saturating_add(*entry) > capacity {
+                        let holder = others
+                            .and_then(|s| s.by.keys().find(|h| **h != key))
+                            .unwrap_or(&key);
+                        return Err(conflict(holder));
+                    }
+                }
             }
         }
         self.touch(&key);
         self.remove(&key);
-        for pair in seen {
+        for pair in whole {
             self.owners.insert(pair, key.clone());
+        }
+        if let Take::Share { capacity, .. } = take {
+            for (pair, bytes) in shared {
+                self.add_share(pair, &key, bytes, capacity);
+            }
         }
         self.unfit.remove(&key);
         self.holdings.insert(key, Arc::new(holding));
         self.debug_check_index();
         Ok(())
+    }
+
+    /// Records that `key` takes `bytes` of the device `pair` of `capacity`.
+    fn add_share(&mut self, pair: (String, String), key: &PlacementKey, bytes: u64, capacity: u64) {
+        let device = self.shares.entry(pair).or_insert_with(|| SharedDevice {
+            capacity,
+            by: BTreeMap::new(),
+        });
+        device.capacity = device.capacity.min(capacity);
+        let taken = device.by.entry(key.clone()).or_default();
+        *taken = taken.saturating_add(bytes);
+    }
+
+    /// The shares placements hold of `device` on `node`, if any.
+    pub fn shares_of(&self, node: &str, device: &str) -> Option<&SharedDevice> {
+        self.shares.get(&(node.to_string(), device.to_string()))
     }
 
     /// Forgets what `key` holds; returns it.
@@ -254,26 +364,68 @@ impl Ledger {
         removed
     }
 
-    /// Where `owners` is not exactly the inverse of `holdings` (a device indexed for a
-    /// placement whose holding does not name it, a held device not indexed or indexed for
-    /// another placement), the first such device; `None` when the index is exact.
+    /// Where `owners` and `shares` are not exactly what `holdings` say (a device indexed for
+    /// a placement whose holding does not name it, a held device not indexed or indexed for
+    /// another placement, a share of another size); `None` when the index is exact.
     pub fn index_mismatch(&self) -> Option<String> {
-        let mut devices = 0;
+        let mut owners: BTreeMap<(String, String), &PlacementKey> = BTreeMap::new();
+        let mut shares: BTreeMap<(String, String), BTreeMap<&PlacementKey, u64>> = BTreeMap::new();
         for (key, holding) in &self.holdings {
+            let take = holding.take();
             for (node, device) in holding.devices() {
-                devices += 1;
-                let owner = self.owners.get(&(node.to_string(), device.to_string()));
-                if owner != Some(key) {
-                    return Some(format!(
-                        "{node}/{device} is held by {key} but indexed for {owner:?}"
-                    ));
+                let pair = (node.to_string(), device.to_string());
+                match take {
+                    Take::Whole => {
+                        if let Some(other) = owners.insert(pair, key) {
+                            return Some(format!(
+                                "{node}/{device} is held whole by {key} and {other}"
+                            ));
+                        }
+                    }
+                    Take::Share { bytes, .. } => {
+                        let taken = shares.entry(pair).or_default().entry(key).or_default();
+                        *taken = taken.saturating_add(bytes);
+                    }
                 }
             }
         }
-        // Every held device is indexed for its holder; with as many entries as held devices
-        // (a device held twice would make fewer), nothing else is indexed.
-        (devices != self.owners.len())
-            .then(|| format!("{} devices indexed, {devices} held", self.owners.len()))
+        for (pair, key) in &owners {
+            if self.owners.get(pair) != Some(*key) {
+                return Some(format!(
+                    "{}/{} is held by {key} but indexed for {:?}",
+                    pair.0,
+                    pair.1,
+                    self.owners.get(pair)
+                ));
+            }
+        }
+        if owners.len() != self.owners.len() {
+            return Some(format!(
+                "{} devices indexed whole, {} held whole",
+                self.owners.len(),
+                owners.len()
+            ));
+        }
+        for (pair, by) in &shares {
+            let indexed = self.shares.get(pair).map(|s| {
+                s.by.iter()
+                    .map(|(key, bytes)| (key, *bytes))
+                    .collect::<BTreeMap<&PlacementKey, u64>>()
+            });
+            if indexed.as_ref() != Some(by) {
+                return Some(format!(
+                    "{}/{} is shared by {by:?} but indexed as {indexed:?}",
+                    pair.0, pair.1
+                ));
+            }
+        }
+        (shares.len() != self.shares.len()).then(|| {
+            format!(
+                "{} devices indexed as shared, {} shared",
+                self.shares.len(),
+                shares.len()
+            )
+        })
     }
 
     /// In debug builds, panics unless `owners` is exactly the inverse of `holdings`: the
@@ -436,8 +588,9 @@ impl Ledger {
         lines
     }
 
-    /// The devices every placement other than `key` holds, plus those held outside the
-    /// ledger, for the planner.
+    /// The devices every placement other than `key` holds whole, plus those held outside the
+    /// ledger, and what others consume of shared devices (other placements' shares and other
+    /// claims'), for the planner.
     pub fn reserved_by_others(&self, key: &PlacementKey) -> Reservations {
         let mut reserved = self.external.devices.clone();
         for ((node, device), holder) in &self.owners {
@@ -445,21 +598,31 @@ impl Ledger {
                 reserved.insert(node.clone(), device.clone());
             }
         }
+        for ((node, device), shared) in &self.shares {
+            reserved.consume(
+                node.clone(),
+                device.clone(),
+                shared.used_except(|h| h == key),
+            );
+        }
         reserved
     }
 
-    /// Every device held, by placements and outside the ledger.
+    /// Every device held, whole or in part, by placements and outside the ledger.
     pub fn reserved_all(&self) -> Reservations {
         let mut reserved = self.external.devices.clone();
         for (node, device) in self.owners.keys() {
             reserved.insert(node.clone(), device.clone());
         }
+        for ((node, device), shared) in &self.shares {
+            reserved.consume(node.clone(), device.clone(), shared.used_except(|_| false));
+        }
         reserved
     }
 
-    /// Devices held in total.
+    /// Devices held in total, whole or in shares.
     pub fn devices_reserved(&self) -> usize {
-        self.owners.len()
+        self.owners.len() + self.shares.len()
     }
 
     /// Placements holding devices.
@@ -474,11 +637,18 @@ impl Ledger {
 
     /// The placements holding a device on `node`.
     pub fn holders_on(&self, node: &str) -> BTreeSet<PlacementKey> {
-        self.owners
-            .range((node.to_string(), String::new())..)
+        let start = (node.to_string(), String::new());
+        let whole = self
+            .owners
+            .range(start.clone()..)
             .take_while(|((n, _), _)| n == node)
-            .map(|(_, holder)| holder.clone())
-            .collect()
+            .map(|(_, holder)| holder.clone());
+        let shared = self
+            .shares
+            .range(start..)
+            .take_while(|((n, _), _)| n == node)
+            .flat_map(|(_, shared)| shared.by.keys().cloned());
+        whole.chain(shared).collect()
     }
 }
 

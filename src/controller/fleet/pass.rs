@@ -114,7 +114,8 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
             .map(|view| claimed_in_cache(ctx, &state.ledger, || view.clone()))
             .unwrap_or_default();
         state.ledger.set_external(claimed.clone());
-        let claimed = claimed.devices;
+        // A device other claims take shares of is no free whole device.
+        let claimed = claimed.devices.with_consumed_taken();
         // Who holds what, for the one device-state rule: our placements, then any other
         // allocated claim (a device both name counts once, as the placement's).
         let mut ours = Reservations::none();

@@ -23,7 +23,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::ModelPlacement;
 use crate::dra::DeviceRef;
-use crate::dra::claims::{ClaimPlan, allocated_devices, is_allocated};
+use crate::dra::claims::{
+    ClaimPlan, ClaimShare, allocated_devices, consumed_capacity, is_allocated,
+};
 use crate::dra::counters::blocked_by_counters;
 
 use super::core::claims::ClaimsReport;
@@ -93,7 +95,7 @@ pub async fn sync_claims(
             .iter()
             .filter_map(|d| {
                 let held = held_elsewhere
-                    .get(d)
+                    .blocks(d, plan.share)
                     .map(|by| format!("{}/{} held by {by}", d.pool, d.device));
                 held.or_else(|| {
                     counter_blocked
@@ -190,21 +192,56 @@ fn owned_by(claim: &ResourceClaim, namespace: &str, name: &str, uid: &str) -> bo
     claim.metadata.namespace.as_deref() == Some(namespace) && made_for(claim, name, uid)
 }
 
+/// What claims other than ours hold: devices whole, and shares of devices shared by memory.
+#[derive(Debug, Default)]
+struct HeldElsewhere {
+    /// Devices allocated whole, with the holder's name.
+    whole: BTreeMap<DeviceRef, String>,
+    /// Devices others hold shares of: the bytes they consume together, and one holder.
+    shared: BTreeMap<DeviceRef, (u64, String)>,
+}
+
+impl HeldElsewhere {
+    /// Who keeps our claim from `device`, taking `share` of it (or all of it): a holder of the
+    /// whole device, or of shares that leave too little room.
+    fn blocks(&self, device: &DeviceRef, share: Option<ClaimShare>) -> Option<String> {
+        if let Some(holder) = self.whole.get(device) {
+            return Some(holder.clone());
+        }
+        let (consumed, holder) = self.shared.get(device)?;
+        let fits =
+            share.is_some_and(|share| consumed.saturating_add(share.bytes) <= share.capacity);
+        (!fits).then(|| format!("{holder} (and others' shares: {consumed} bytes)"))
+    }
+}
+
 /// Devices allocated to claims other than `wanted` in `namespace`, with the holder's name.
 fn held_by_other_claims(
     claims: &[Arc<ResourceClaim>],
     namespace: &str,
     wanted: &BTreeSet<&str>,
-) -> BTreeMap<DeviceRef, String> {
-    let mut held = BTreeMap::new();
+) -> HeldElsewhere {
+    let mut held = HeldElsewhere::default();
     for claim in claims {
         let claim_namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         if claim_namespace == namespace && wanted.contains(name) {
             continue;
         }
-        for device in allocated_devices(claim) {
-            held.insert(device, format!("{claim_namespace}/{name}"));
+        let holder = format!("{claim_namespace}/{name}");
+        for (device, consumed) in consumed_capacity(claim) {
+            match consumed {
+                Some(bytes) => {
+                    let entry = held
+                        .shared
+                        .entry(device)
+                        .or_insert_with(|| (0, holder.clone()));
+                    entry.0 = entry.0.saturating_add(bytes);
+                }
+                None => {
+                    held.whole.insert(device, holder.clone());
+                }
+            }
         }
     }
     held

@@ -99,6 +99,53 @@ pub(super) fn choose(
     ));
 }
 
+/// The fleet as a search for shares sees it, when some shareable device is partly taken but
+/// not full: such a device counts as a free whole device (what the search sizes a replica
+/// on), a full one as taken, and nothing as consumed; `None` when no device is partly taken,
+/// or the request asks for whole devices. A plan made on this view is kept only when each
+/// replica then gets a share of what is really left ([`choose`] on the real view): the search
+/// needs a device to size a replica on, and where every shareable device already holds
+/// shares, none would be free.
+pub(super) fn share_view(
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+) -> Option<(Vec<NodeSpec>, Reservations)> {
+    if request.whole_devices || request.disaggregation.is_some() {
+        return None;
+    }
+    let mut partly_taken = false;
+    let mut view_reserved = Reservations::none();
+    for (node, id) in reserved.iter() {
+        view_reserved.insert(node, id);
+    }
+    let mut view = nodes.to_vec();
+    for node in &mut view {
+        let taken = reserved.on_node(&node.name);
+        for device in &mut node.devices {
+            let Some(share) = device.share.as_mut() else {
+                continue;
+            };
+            if taken.is_some_and(|ids| ids.contains(&device.id)) {
+                continue;
+            }
+            let consumed = share
+                .consumed
+                .saturating_add(reserved.consumed(&node.name, &device.id));
+            if consumed == 0 {
+                continue;
+            }
+            if consumed >= share.policy.capacity {
+                view_reserved.insert(node.name.clone(), device.id.clone());
+            } else {
+                partly_taken = true;
+            }
+            share.consumed = 0;
+        }
+    }
+    partly_taken.then_some((view, view_reserved))
+}
+
 /// Why no replica of `plan` may take a fraction, whatever the devices publish.
 fn eligible(plan: &Plan, request: &PlanRequest) -> Result<(), String> {
     if plan.goal != "serve" {
@@ -341,13 +388,18 @@ fn shares(
             if device.product != product || taken.is_some_and(|t| t.contains(&device.id)) {
                 continue;
             }
+            // What the device's publication says is consumed, what others hold of it
+            // (claims, other placements: the reservations), and this plan's replicas so far.
             let mut state = share.clone();
-            state.consumed = state.consumed.saturating_add(
-                consumed
-                    .get(&(node.name.as_str(), device.id.as_str()))
-                    .copied()
-                    .unwrap_or(0),
-            );
+            state.consumed = state
+                .consumed
+                .saturating_add(reserved.consumed(&node.name, &device.id))
+                .saturating_add(
+                    consumed
+                        .get(&(node.name.as_str(), device.id.as_str()))
+                        .copied()
+                        .unwrap_or(0),
+                );
             match state.fit(need.0) {
                 Ok(rounded) if rounded >= state.policy.capacity => {
                     last_refusal = Some(format!(

@@ -141,7 +141,11 @@ fn plan_checked(
 ) -> Result<Plan> {
     validate(request)?;
     let fleet = FreeDevices::new(nodes, reserved);
-    if fleet.classes.is_empty() {
+    let shares = match request.goal {
+        Goal::Serve { .. } => fraction::share_view(nodes, reserved, request),
+        Goal::Train(_) => None,
+    };
+    if fleet.classes.is_empty() && shares.is_none() {
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()
         } else {
@@ -170,16 +174,40 @@ fn plan_checked(
                 plan.reasons.push(request.engine.assumption());
                 return Ok(plan);
             }
-            let mut plan = serve::plan(
-                model,
-                &fleet,
-                request,
-                context,
-                *concurrency,
-                (nodes, reserved),
-            );
-            sglang_default_fraction(&mut plan, request);
-            fraction::choose(&mut plan, model, (nodes, reserved), request);
+            let serve_on = |(view_nodes, view_reserved): (&[NodeSpec], &Reservations)| {
+                let view_fleet = FreeDevices::new(view_nodes, view_reserved);
+                let mut plan = serve::plan(
+                    model,
+                    &view_fleet,
+                    request,
+                    context,
+                    *concurrency,
+                    (view_nodes, view_reserved),
+                );
+                sglang_default_fraction(&mut plan, request);
+                // Fractions are chosen on the real view, whatever view the search saw.
+                fraction::choose(&mut plan, model, (nodes, reserved), request);
+                plan
+            };
+            let whole = (!fleet.classes.is_empty()).then(|| serve_on((nodes, reserved)));
+            // Where no free whole device holds the goal, shares of devices that already hold
+            // others' shares may: a plan on that view is kept only if it is one of shares.
+            let shared = match (&whole, &shares) {
+                (Some(plan), _) if plan.fits => None,
+                (_, Some((view_nodes, view_reserved))) => {
+                    Some(serve_on((view_nodes, view_reserved))).filter(|plan| {
+                        plan.fits
+                            && plan
+                                .fraction
+                                .as_ref()
+                                .is_some_and(|f| f.kind == crate::plan::report::FractionKind::Share)
+                    })
+                }
+                _ => None,
+            };
+            let Some(mut plan) = shared.or(whole) else {
+                return Err(PlanError::NoDevices(no_free_accelerator(nodes)));
+            };
             attach_engine(&mut plan, &request.engine);
             plan.reasons.extend(context_note);
             plan.reasons.push(request.engine.assumption());

@@ -36,7 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use super::{Conflict, DraftLog, Holding, Ledger, PlacementKey};
+use super::{Conflict, DraftLog, Holding, Ledger, PlacementKey, Take};
 
 /// Why a snapshot's changes were not applied. Nothing was changed; plan again from a fresh
 /// snapshot.
@@ -115,14 +115,15 @@ impl Ledger {
                 changes.insert(key, after.cloned());
             }
         }
-        let mut handed_out: BTreeSet<(&str, &str)> = BTreeSet::new();
+        let mut handed_out = HandedOut::default();
         for (key, after) in &changes {
             let Some(holding) = after else { continue };
             if !alive(key, holding) {
                 return Err(CommitConflict::Gone((*key).clone()));
             }
+            let take = holding.take();
             for (node, device) in holding.devices() {
-                self.check_free(&changes, key, node, device, &mut handed_out)?;
+                self.check_free(&changes, key, (node, device), take, &mut handed_out)?;
             }
         }
         let committed = changes.len();
@@ -162,16 +163,18 @@ impl Ledger {
         })
     }
 
-    /// Refuses `(node, device)` for `key` unless it is free in this ledger, or held by a
-    /// placement whose holding this commit replaces (and so gives up: if the replacement
-    /// names the device again, `handed_out` catches it), and not handed out twice.
+    /// Refuses `(node, device)` for `key` unless this ledger can give it as `take` says: a
+    /// whole device held by nobody (or by a placement whose holding this commit replaces, and
+    /// so gives up: if the replacement names the device again, `handed_out` catches it), not
+    /// shared and not handed out twice; a share that, with the shares others keep, the
+    /// claims' and this commit's other shares, fits in the device's capacity.
     fn check_free<'a>(
         &self,
         changes: &BTreeMap<&PlacementKey, Option<Arc<Holding>>>,
         key: &PlacementKey,
-        node: &'a str,
-        device: &'a str,
-        handed_out: &mut BTreeSet<(&'a str, &'a str)>,
+        (node, device): (&'a str, &'a str),
+        take: Take,
+        handed_out: &mut HandedOut<'a>,
     ) -> Result<(), CommitConflict> {
         let taken = |holder: PlacementKey| {
             CommitConflict::Taken(Conflict {
@@ -180,19 +183,55 @@ impl Ledger {
                 holder,
             })
         };
+        let external = || CommitConflict::External {
+            node: node.to_string(),
+            device: device.to_string(),
+        };
         if let Some(holder) = self.holder_of(node, device)
             && !changes.contains_key(holder)
         {
             return Err(taken(holder.clone()));
         }
         if self.external.devices.contains(node, device) {
-            return Err(CommitConflict::External {
-                node: node.to_string(),
-                device: device.to_string(),
-            });
+            return Err(external());
         }
-        if !handed_out.insert((node, device)) {
-            return Err(taken(key.clone()));
+        let kept = self.shares_of(node, device);
+        let kept_by_others = kept.map_or(0, |s| s.used_except(|h| changes.contains_key(h)));
+        let outside = self.external.devices.consumed(node, device);
+        match take {
+            Take::Whole => {
+                if let Some(holder) =
+                    kept.and_then(|s| s.by.keys().find(|h| !changes.contains_key(h)))
+                {
+                    return Err(taken(holder.clone()));
+                }
+                if outside > 0 {
+                    return Err(external());
+                }
+                if handed_out.shares.contains_key(&(node, device))
+                    || !handed_out.whole.insert((node, device))
+                {
+                    return Err(taken(key.clone()));
+                }
+            }
+            Take::Share { bytes, capacity } => {
+                if handed_out.whole.contains(&(node, device)) {
+                    return Err(taken(key.clone()));
+                }
+                let capacity = kept.map_or(capacity, |s| s.capacity.min(capacity));
+                let mine = handed_out.shares.entry((node, device)).or_default();
+                *mine = mine.saturating_add(bytes);
+                let total = kept_by_others.saturating_add(outside).saturating_add(*mine);
+                if total > capacity {
+                    return Err(
+                        match kept.and_then(|s| s.by.keys().find(|h| !changes.contains_key(h))) {
+                            Some(holder) => taken(holder.clone()),
+                            None if outside > 0 => external(),
+                            None => taken(key.clone()),
+                        },
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -208,6 +247,12 @@ impl Ledger {
             if self.owners.get(&pair) == Some(key) {
                 self.owners.remove(&pair);
             }
+            if let Some(shared) = self.shares.get_mut(&pair) {
+                shared.by.remove(key);
+                if shared.by.is_empty() {
+                    self.shares.remove(&pair);
+                }
+            }
             freed = true;
         }
         // A holding without devices (a claim-template placement) frees nothing, so what did
@@ -220,12 +265,25 @@ impl Ledger {
 
     /// Records a holding whose devices [`Ledger::commit`] has already checked.
     fn place_unchecked(&mut self, key: PlacementKey, holding: Arc<Holding>) {
+        let take = holding.take();
         for (node, device) in holding.devices() {
-            self.owners
-                .insert((node.to_string(), device.to_string()), key.clone());
+            let pair = (node.to_string(), device.to_string());
+            match take {
+                Take::Whole => {
+                    self.owners.insert(pair, key.clone());
+                }
+                Take::Share { bytes, capacity } => self.add_share(pair, &key, bytes, capacity),
+            }
         }
         self.holdings.insert(key, holding);
     }
+}
+
+/// What one commit hands out so far: whole devices, and the bytes of each shared device.
+#[derive(Debug, Default)]
+struct HandedOut<'a> {
+    whole: BTreeSet<(&'a str, &'a str)>,
+    shares: BTreeMap<(&'a str, &'a str), u64>,
 }
 
 /// The same holding: the same shared one, or an equal one.

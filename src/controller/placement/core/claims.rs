@@ -9,9 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::api::placement::{
-    AllocationMode, ModelPlacementStatus, PlacementClaim, PodClaimFragment, PodResourceClaimRef,
+    AllocationMode, Assignment, ModelPlacementStatus, PlacementClaim, PodClaimFragment,
+    PodResourceClaimRef,
 };
-use crate::dra::claims::{CLAIM_REQUEST, ClaimPlan};
+use crate::dra::claims::{CLAIM_REQUEST, ClaimPlan, ClaimPlanError, ClaimShare};
+use crate::plan::report::FractionKind;
 
 use crate::controller::core::fleet_view::FleetView;
 
@@ -43,17 +45,24 @@ pub fn holding(
     if mode == AllocationMode::Labels || status.assignments.is_empty() {
         return Holding::Labels;
     }
-    let plans: Result<Vec<ClaimPlan>, _> = status
+    let share = status
+        .plan
+        .as_ref()
+        .and_then(|plan| plan.fraction.as_ref())
+        .filter(|fraction| fraction.kind == FractionKind::Share.as_str())
+        .map(|fraction| fraction.bytes);
+    let plans: Result<Vec<ClaimPlan>, ClaimPlanError> = status
         .assignments
         .iter()
         .map(|a| {
-            ClaimPlan::new(
+            let plan = ClaimPlan::new(
                 namespace,
                 name,
                 (a.replica, a.stage, &a.node),
                 &a.devices,
                 |node, device| fleet.dra_device(node, device).cloned(),
-            )
+            )?;
+            Ok(plan.with_share(claim_share(a, share, fleet)))
         })
         .collect();
     match (plans, mode) {
@@ -61,6 +70,24 @@ pub fn holding(
         (Err(_), AllocationMode::Auto) => Holding::Labels,
         (Err(err), _) => Holding::Unclaimable(err.to_string()),
     }
+}
+
+/// What the claim of assignment `a` takes of its devices when their driver publishes them
+/// shareable by memory: the plan's share (`share`, bytes), or all of each device's memory for
+/// a replica that holds it whole, so no other claim's share lands beside it. `None` for
+/// devices not shared.
+fn claim_share(a: &Assignment, share: Option<u64>, fleet: &FleetView) -> Option<ClaimShare> {
+    let capacity = a
+        .devices
+        .iter()
+        .map(|device| fleet.shared_capacity(&a.node, device))
+        .collect::<Option<Vec<u64>>>()?
+        .into_iter()
+        .min()?;
+    Some(ClaimShare {
+        bytes: share.filter(|bytes| *bytes < capacity).unwrap_or(capacity),
+        capacity,
+    })
 }
 
 /// What the claim step did for one placement.
@@ -125,3 +152,7 @@ impl ClaimsReport {
         status.device_names = (!devices.is_empty()).then(|| devices.join(","));
     }
 }
+
+#[cfg(test)]
+#[path = "share_tests.rs"]
+mod share_tests;

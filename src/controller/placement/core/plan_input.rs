@@ -57,14 +57,16 @@ pub fn plan_input(spec: &ModelPlacementSpec) -> Result<PlanInput, String> {
             .map(str::parse)
             .transpose()
             .map_err(|err: String| format!("model.ropeScaling: {err}"))?,
-        // Only a template's claims can ask for a share (the scheduler sizes and places it);
-        // the controller's own claims hold whole devices.
-        whole_devices: spec.allocation != Some(AllocationMode::ClaimTemplate)
-            || spec
-                .constraints
-                .as_ref()
-                .and_then(|c| c.whole_devices)
-                .unwrap_or(false),
+        // Only claims can hold a share (a template's, which the scheduler places, or the
+        // controller's own, which the ledger counts); node labels hold whole devices.
+        whole_devices: !matches!(
+            spec.allocation,
+            Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
+        ) || spec
+            .constraints
+            .as_ref()
+            .and_then(|c| c.whole_devices)
+            .unwrap_or(false),
     })
 }
 

@@ -238,10 +238,11 @@ fn small(mode: AllocationMode) -> ModelPlacementSpec {
 
 /// Issue 39: on GPUs published shareable by memory (`fixtures/dra/nvidia-h100-shareable.yaml`)
 /// a claim-template placement of a small model asks the scheduler for a share sized to it
-/// (the status says which), one that asks for whole devices asks for all of a GPU, and a
-/// placement holding its own claims cannot plan there at all.
+/// (the status says which), one that asks for whole devices asks for all of a GPU, a
+/// placement holding its own claims plans the same share, and one held by node labels alone
+/// cannot plan there at all.
 #[test]
-fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
+fn a_template_asks_for_a_share_of_a_shareable_gpu_and_labels_cannot_hold_one() {
     let fleet = one_node_fleet("nvidia-h100-shareable.yaml", "h100-2x-shared");
     let template = small(AllocationMode::ClaimTemplate);
     let Outcome::Planned(status) = evaluate(&template, "ml", "chat", &fleet, &Reservations::none())
@@ -284,7 +285,8 @@ fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
     let choices = alternatives(&whole, "ml", "chat", &fleet);
     assert_eq!(choices[0].alternative.memory_request, Some(80 << 30));
 
-    // The controller's own claims cannot hold a share: nothing to plan on.
+    // The controller's own claims hold the same share (the ledger counts it); node labels
+    // cannot keep others' shares off a device, so a labels placement plans none.
     let claims = evaluate(
         &small(AllocationMode::Claims),
         "ml",
@@ -292,7 +294,19 @@ fn a_template_asks_for_a_share_of_a_shareable_gpu_and_claims_cannot_hold_one() {
         &fleet,
         &Reservations::none(),
     );
-    assert!(!matches!(claims, Outcome::Planned(_)), "{claims:?}");
+    let Outcome::Planned(status) = &claims else {
+        panic!("{claims:?}")
+    };
+    let share = status.plan.as_ref().and_then(|p| p.fraction.as_ref());
+    assert_eq!(share, Some(&fraction));
+    let labels = evaluate(
+        &small(AllocationMode::Labels),
+        "ml",
+        "chat",
+        &fleet,
+        &Reservations::none(),
+    );
+    assert!(!matches!(labels, Outcome::Planned(_)), "{labels:?}");
 }
 
 /// Issue 39: on GPUs whose driver publishes MIG partitions (dynamic MIG,
