@@ -1270,8 +1270,11 @@ async fn a_device_its_driver_reports_unhealthy_degrades_the_placement_until_it_r
 /// from their templates are bound by kube-scheduler with that share in their claims'
 /// `consumedCapacity`, two of them on one GPU; pods keep coming until both GPUs are full and
 /// the next one stays Pending; deleting one frees its share and the Pending one is bound. A
-/// 70B placement on the same GPUs asks for all of each (no share lands beside it), and a
-/// placement holding its own claims plans nothing there.
+/// 70B placement on the same GPUs asks for all of each (no share lands beside it). A
+/// placement holding its own claims counts the scheduler's shares: nothing while both GPUs
+/// are full; once two pods go, a share in the room they left, allocated by the controller
+/// with `consumedCapacity` and a `shareID`, which the scheduler then counts (one more pod
+/// fits beside it, the next does not).
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result<()> {
@@ -1307,7 +1310,11 @@ async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result
 }
 
 /// Publishes the pool of `fixtures/dra/<fixture>` (every slice of it) for kwok node `node`.
-async fn publish_fixture(cluster: &TestCluster, fixture: &str, node: &str) -> Result<()> {
+pub(crate) async fn publish_fixture(
+    cluster: &TestCluster,
+    fixture: &str,
+    node: &str,
+) -> Result<()> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/dra")
         .join(fixture);
@@ -1480,7 +1487,7 @@ async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
     // Pods from the three templates, round robin, until both GPUs are full: every one bound
     // to the node with the share in its claim, at least two on one GPU.
     let fitting = usize::try_from(per_gpu * 2)?;
-    let mut on_device: std::collections::BTreeMap<String, u32> = Default::default();
+    let mut on_device: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for index in 0..fitting {
         let pod = format!("share-{index}");
         create_template_pod(cluster, &pod, &fragments[index % 3]).await?;
@@ -1491,9 +1498,12 @@ async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
         assert_eq!(bound, node);
         let (device, consumed) = consumed_by(cluster, &pod).await?;
         assert_eq!(consumed, expected, "{pod} on {device}");
-        *on_device.entry(device).or_default() += 1;
+        on_device.entry(device).or_default().push(pod);
     }
-    assert!(on_device.values().any(|n| *n >= 2), "{on_device:?}");
+    assert!(
+        on_device.values().any(|pods| pods.len() >= 2),
+        "{on_device:?}"
+    );
     eprintln!("shares of {expected} bound by the scheduler, per GPU: {on_device:?}");
     // One more does not fit: its share would overflow either GPU.
     create_template_pod(cluster, "share-overflow", &fragments[0]).await?;
@@ -1529,19 +1539,88 @@ async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
         "{:?}",
         status.alternatives
     );
-    // A placement holding its own claims cannot hold a share: it plans nothing here.
+    // A placement holding its own claims plans shares too, counting what the scheduler's
+    // claims consume: with both GPUs full of the templates' pods it plans nothing.
     create_placement(cluster, "held", small(), AllocationMode::Claims).await?;
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
-    let phase = wait_for(DEFAULT_TIMEOUT, "held evaluated", || {
-        let api = api.clone();
-        async move {
-            let status = api.get("held").await?.status;
-            Ok(status
-                .and_then(|s| conditions::find(&s.conditions, "Planned").cloned())
-                .map(|c| c.status))
+    let planned = |api: Api<ModelPlacement>| async move {
+        let status = api.get("held").await?.status;
+        Ok(status
+            .and_then(|s| conditions::find(&s.conditions, "Planned").cloned())
+            .map(|c| c.status))
+    };
+    let phase = wait_for(DEFAULT_TIMEOUT, "held evaluated", || planned(api.clone())).await?;
+    assert_eq!(phase, "False", "both GPUs are full of shares");
+
+    // Two pods on one GPU go (share-0 went already; the overflow pod took its place): their
+    // claims go with them, and the controller plans a share in the room they leave.
+    on_device
+        .values_mut()
+        .for_each(|pods| pods.retain(|pod| pod != "share-0"));
+    let (freed_gpu, pods) = on_device
+        .iter()
+        .find(|(_, pods)| pods.len() >= 2)
+        .map(|(gpu, pods)| (gpu.clone(), pods[..2].to_vec()))
+        .expect("a GPU with two of the first pods on it");
+    for pod in &pods {
+        Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
+            .delete(pod, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    let status = wait_ready(cluster, "held").await?;
+    let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
+    assert_eq!(
+        fraction.as_ref().map(|f| (f.kind.as_str(), f.bytes)),
+        Some(("share", share)),
+        "{status:?}"
+    );
+    let held = &status.claims[0];
+    assert!(held.allocated, "{status:?}");
+    let claim = Api::<ResourceClaim>::namespaced(cluster.client(), cluster.namespace())
+        .get(&held.name)
+        .await?;
+    let result = claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .and_then(|r| r.into_iter().next())
+        .expect("the controller's allocation");
+    assert_eq!(result.device, freed_gpu, "the room the two pods left");
+    assert_eq!(
+        result
+            .consumed_capacity
+            .as_ref()
+            .and_then(|c| c.get("memory"))
+            .map(|q| q.0.as_str()),
+        Some(expected.as_str())
+    );
+    assert!(result.share_id.is_some(), "{result:?}");
+
+    // The scheduler counts the controller's share: one more template pod fits beside it, the
+    // next would overflow every GPU.
+    let room = usize::try_from(((80u64 << 30) - 2 * share) / share)?;
+    assert!(room >= 1, "a share of {expected} leaves room for one more");
+    for index in 0..=room {
+        let pod = format!("after-held-{index}");
+        create_template_pod(cluster, &pod, &fragments[0]).await?;
+        if index < room {
+            let bound = wait_for(DEFAULT_TIMEOUT, &format!("{pod} scheduled"), || async {
+                scheduled_node(cluster, &pod).await
+            })
+            .await?;
+            assert_eq!(bound, node);
+            assert_eq!(consumed_by(cluster, &pod).await?.0, freed_gpu);
+        } else {
+            let refused = wait_for(DEFAULT_TIMEOUT, &format!("{pod} refused"), || async {
+                scheduling_failure(cluster, &pod).await
+            })
+            .await?;
+            assert!(scheduled_node(cluster, &pod).await?.is_none(), "{refused}");
         }
-    })
-    .await?;
-    assert_eq!(phase, "False");
+    }
+    eprintln!(
+        "the controller's own claim holds a {expected} share of {freed_gpu} beside the scheduler's"
+    );
     Ok(())
 }

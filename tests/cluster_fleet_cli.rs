@@ -135,3 +135,126 @@ async fn fleet_reads_inventories_and_placements_from_the_cluster() -> Result<()>
     inventories.delete(&short, &Default::default()).await?;
     Ok(())
 }
+
+/// Issue 39: `hwaccel fleet` counts a small model's replicas as shares of GPUs their driver
+/// publishes shareable by memory, leaving out what claims already consume. An inventory of
+/// H100s (7 of 8 present) whose first two the NVIDIA driver publishes shareable (`nvidia-h100-shareable.yaml`,
+/// matched by PCI bus id), and a claim allocated 48Gi of the first: the first GPU has room
+/// for one 24Gi share, the second for three; the first counts as held (a device with a share
+/// on it is no free device).
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn fleet_counts_replicas_as_shares_of_shareable_gpus_and_leaves_out_what_claims_consume()
+-> Result<()> {
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    let tc = TestCluster::new().await?;
+    install_crds(&tc.client()).await?;
+    let node = tc.unique_name("shared");
+    let inventories: Api<AcceleratorInventory> = Api::all(tc.client());
+    inventories
+        .create(
+            &PostParams::default(),
+            &inventory("fixtures/fleet/inventories/gpu-h100-1.yaml", &node)?,
+        )
+        .await?;
+    crate::cluster_dra::publish_fixture(&tc, "nvidia-h100-shareable.yaml", &node).await?;
+    let slices: Api<ResourceSlice> = Api::all(tc.client());
+    let shareable = slices
+        .get(&format!("{node}-gpu.nvidia.com-0"))
+        .await?
+        .spec
+        .devices
+        .unwrap_or_default()
+        .iter()
+        .any(|d| d.allow_multiple_allocations == Some(true));
+    let result = if shareable {
+        shares_in_fleet(&tc, &node).await
+    } else {
+        eprintln!("skipped: the apiserver serves no consumable capacity (1.35)");
+        Ok(())
+    };
+    for slice in slices.list(&Default::default()).await?.items {
+        if slice.spec.node_name.as_deref() == Some(node.as_str()) {
+            slices
+                .delete(
+                    &slice.metadata.name.unwrap_or_default(),
+                    &Default::default(),
+                )
+                .await?;
+        }
+    }
+    inventories.delete(&node, &Default::default()).await?;
+    let _ = Api::<ResourceClaim>::namespaced(tc.client(), tc.namespace())
+        .delete("tenant-share", &Default::default())
+        .await;
+    result
+}
+
+async fn shares_in_fleet(tc: &TestCluster, node: &str) -> Result<()> {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claims: Api<ResourceClaim> = Api::namespaced(tc.client(), tc.namespace());
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "tenant-share"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1,
+            "capacity": {"requests": {"memory": "48Gi"}}}}]}},
+    }))?;
+    claims.create(&PostParams::default(), &claim).await?;
+    claims
+        .patch_status(
+            "tenant-share",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"allocation": {
+                "allocationTimestamp": "2026-11-29T00:00:00Z",
+                "devices": {"results": [{
+                    "request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0",
+                    "consumedCapacity": {"memory": "48Gi"},
+                    "shareID": "2c6f5a0e-8d1b-4e6a-9f3c-7b2d1e0a9c84"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+            }}})),
+        )
+        .await?;
+    let report = support::process::hwaccel_json(
+        tc,
+        &[
+            "fleet",
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            "8192",
+            "--precision",
+            "bf16",
+            "-o",
+            "json",
+        ],
+    )
+    .await
+    .context("hwaccel fleet")?;
+    let answer = &report["capacity"][0];
+    let shares: u64 = answer["packing"]
+        .as_array()
+        .context("packing")?
+        .iter()
+        .filter(|p| p["shareBytes"] == json!(24u64 << 30))
+        .map(|p| p["replicas"].as_u64().unwrap_or(0))
+        .sum();
+    ensure!(
+        shares == 4,
+        "one 24Gi share beside the claim's 48Gi, three on the other GPU: {answer}"
+    );
+    let counted = report["health"]["nodes"]
+        .as_array()
+        .context("nodes")?
+        .iter()
+        .find(|n| n["name"] == node)
+        .cloned()
+        .context("the node")?;
+    // The inventory lists 7 of its 8 GPUs (one is missing).
+    ensure!(
+        counted["devices"] == 7 && counted["reserved"] == 1 && counted["free"] == 6,
+        "the GPU with a share on it is no free device: {counted}"
+    );
+    eprintln!("hwaccel fleet: {shares} replicas as 24Gi shares; {counted}");
+    Ok(())
+}

@@ -101,14 +101,20 @@ pub fn answer(args: &FleetArgs, input: FleetInput) -> Result<FleetReport> {
         placements,
         notes,
     } = input;
+    // In the counts, a device with any share on it is no free device.
+    let (counted_placements, counted_claims) = (
+        held_by_placements.clone().with_consumed_taken(),
+        claimed.clone().with_consumed_taken(),
+    );
     let health = health::roll_up(
         &inputs,
         &Holdings {
-            placements: &held_by_placements,
-            claims: Some(&claimed),
+            placements: &counted_placements,
+            claims: Some(&counted_claims),
         },
     );
-    // The planner plans around both: what claims hold is as taken as what placements hold.
+    // The planner plans around both: what claims hold is as taken as what placements hold,
+    // and what either takes of a shared device is not left for another share.
     let mut reserved = held_by_placements.clone();
     reserved.merge(&claimed);
     let shapes = capacity::whole_shapes(&inputs);
@@ -260,15 +266,25 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
     out
 }
 
-/// `1× NVIDIA H100 80GB HBM3, TP 1 × PP 1, bf16`.
+/// `1× NVIDIA H100 80GB HBM3, TP 1 × PP 1, bf16`, or for replicas sharing devices `a 24Gi
+/// share of NVIDIA H100 80GB HBM3, TP 1 × PP 1, bf16`.
 fn packed_text(p: &capacity::Packed) -> String {
     let precision = p.precision.map_or_else(String::new, |x| format!(", {x}"));
-    format!("{}, TP {} × PP {}{precision}", p.device, p.tp, p.pp)
+    format!("{}{precision}", packed_shape(p))
 }
 
 /// `1× NVIDIA H100 80GB HBM3, TP 1 × PP 1` (the precision has its own column).
 fn packed_shape(p: &capacity::Packed) -> String {
-    format!("{}, TP {} × PP {}", p.device, p.tp, p.pp)
+    match p.share_bytes {
+        Some(bytes) => format!(
+            "a {} share of {}, TP {} × PP {}",
+            crate::api::quantity::bytes(bytes).0,
+            p.device,
+            p.tp,
+            p.pp
+        ),
+        None => format!("{}, TP {} × PP {}", p.device, p.tp, p.pp),
+    }
 }
 
 /// The precision an answer took, and the policy that chose it: `int4 (auto)`, `bf16`.

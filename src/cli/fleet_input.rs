@@ -25,14 +25,15 @@ use serde_json::Value;
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 use crate::controller::core::claim_holdings::held_outside;
 use crate::controller::core::fleet_view::{FleetView, NodePart};
-use crate::controller::core::ledger::Ledger;
 use crate::controller::core::ledger::rebuild::holding_from_status;
+use crate::controller::core::ledger::{Ledger, Take};
 use crate::dra::inventory_node::fleet_node;
 use crate::dra::slices::published_devices;
 use crate::fleet::health::NodeInput;
 use crate::plan::Reservations;
 use crate::plan::error::{PlanError, Result};
 use crate::plan::load::{MAX_FILE_BYTES, load_inventories, read_text};
+use crate::plan::share::Shareable;
 
 /// Objects per list request.
 const PAGE_SIZE: u32 = 500;
@@ -153,8 +154,12 @@ fn held(placements: &[ModelPlacement]) -> (Reservations, usize) {
     let (ledger, _dropped) = Ledger::rebuild(placements.iter().filter_map(holding_from_status));
     let mut reserved = Reservations::none();
     for (_, holding) in ledger.iter() {
+        let take = holding.take();
         for (node, device) in holding.devices() {
-            reserved.insert(node, device);
+            match take {
+                Take::Whole => reserved.insert(node, device),
+                Take::Share { bytes, .. } => reserved.consume(node, device, bytes),
+            }
         }
     }
     (reserved, ledger.len())
@@ -166,6 +171,10 @@ fn held(placements: &[ModelPlacement]) -> (Reservations, usize) {
 fn resolved(held: Reservations, nodes: &[NodeInput], notes: &mut Vec<String>) -> Reservations {
     let planner: Vec<crate::plan::NodeSpec> = nodes.iter().map(|n| n.node.clone()).collect();
     let mut out = Reservations::none();
+    // Shares are held by the controller's placements, which name devices as the inventory.
+    for (node, device, bytes) in held.iter_consumed() {
+        out.consume(node, device, bytes);
+    }
     for (node, device) in held.iter() {
         if let Ok(found) = crate::plan::inventory::resolve_device(&planner, node, device) {
             out.insert(node, found.id.clone());
@@ -226,9 +235,11 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
             nodes = nodes
                 .into_iter()
                 .map(|node| match verdicts.get(&node.node.name) {
-                    Some((unusable, notices)) => node
-                        .with_published_verdicts(unusable)
-                        .with_published_notices(notices),
+                    Some(published) => with_shares(
+                        node.with_published_verdicts(&published.unusable)
+                            .with_published_notices(&published.notices),
+                        &published.shares,
+                    ),
                     None => node,
                 })
                 .collect();
@@ -277,7 +288,30 @@ async fn read_dra(
 /// published only in parts...), with why.
 /// Per node: the devices not plannable with why, and the plannable ones flagged with an
 /// informational taint.
-type Verdicts = BTreeMap<String, (BTreeMap<String, String>, BTreeMap<String, String>)>;
+/// What the node's DRA drivers publish that the counts and the planner take in.
+#[derive(Debug, Default)]
+struct Published {
+    /// Devices present but not plannable, with why.
+    unusable: BTreeMap<String, String>,
+    /// Devices with an informational taint, with it.
+    notices: BTreeMap<String, String>,
+    /// Devices published shareable by memory, with their policy, by planner device id.
+    shares: BTreeMap<String, Shareable>,
+}
+
+/// Per node, what its DRA drivers publish.
+type Verdicts = BTreeMap<String, Published>;
+
+/// `node` with the share policy of each device its driver publishes shareable by memory, so
+/// the capacity answers count replicas as shares of it.
+fn with_shares(mut node: NodeInput, shares: &BTreeMap<String, Shareable>) -> NodeInput {
+    for device in &mut node.node.devices {
+        if let Some(share) = shares.get(&device.id) {
+            device.share = Some(share.clone());
+        }
+    }
+    node
+}
 
 /// The devices of the inventories' nodes held outside the placements, by the controller's
 /// rule: the fleet view merges each inventory with its node's published devices, and
@@ -308,13 +342,23 @@ fn claimed(
             let node = &inventory.spec.node_name;
             let unusable = fleet.unplannable_on(node)?.clone();
             let notices = fleet.notices_on(node).cloned().unwrap_or_default();
-            Some((node.clone(), (unusable, notices)))
+            let shares = fleet
+                .shareable_on(node)
+                .iter()
+                .filter_map(|device| Some((device.id.clone(), device.share.clone()?)))
+                .collect();
+            Some((
+                node.clone(),
+                Published {
+                    unusable,
+                    notices,
+                    shares,
+                },
+            ))
         })
         .collect();
     (
-        held_outside(&claims, &slices, &ledger, &fleet)
-            .devices
-            .with_consumed_taken(),
+        held_outside(&claims, &slices, &ledger, &fleet).devices,
         verdicts,
     )
 }

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use super::health::NodeInput;
 use crate::hardware::{Family, Precision, Vendor};
-use crate::plan::report::Plan;
+use crate::plan::report::{FractionKind, Plan};
 use crate::plan::units::Bytes;
 use crate::plan::{Goal, Model, NodeSpec, PlanError, PlanRequest, Reservations, Result, plan};
 
@@ -60,6 +60,11 @@ pub struct Packed {
     pub replicas: u32,
     /// Devices they take.
     pub devices: u32,
+    /// Bytes of a device each replica takes as a share, when the devices are published
+    /// shareable by memory and a replica needs less than one (several replicas then share a
+    /// device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_bytes: Option<u64>,
 }
 
 /// Free devices of one product on one node that no replica of the model can use.
@@ -247,6 +252,81 @@ fn free_devices(nodes: &[NodeSpec], reserved: &Reservations) -> u32 {
     free
 }
 
+/// The placements packed so far: how many rounds, how many replicas.
+#[derive(Debug, Default)]
+struct Rounds {
+    done: usize,
+    total: u32,
+}
+
+impl Rounds {
+    /// Packs placements onto `nodes`, one after the other, each holding what it takes in
+    /// `held` (a share holds its bytes of the device, so the next packs beside it), until
+    /// nothing more plans or the bounds are reached; with `shares_only`, until a plan would
+    /// not be one of shares.
+    fn pack(
+        &mut self,
+        question: &Question<'_>,
+        nodes: &[NodeSpec],
+        held: &mut Reservations,
+        packing: &mut Vec<Packed>,
+        shares_only: bool,
+    ) -> Result<()> {
+        while self.done < MAX_ROUNDS && self.total < MAX_REPLICAS {
+            let (count, Some(placed)) =
+                most_replicas(question.model, nodes, held, question.request)?
+            else {
+                break;
+            };
+            let share = placed
+                .fraction
+                .as_ref()
+                .filter(|fraction| fraction.kind == FractionKind::Share)
+                .map(|fraction| fraction.bytes.0);
+            if shares_only && share.is_none() {
+                break;
+            }
+            self.done += 1;
+            self.total = self.total.saturating_add(count);
+            for assignment in &placed.assignments {
+                for device in &assignment.devices {
+                    match share {
+                        Some(bytes) => held.consume(assignment.node.clone(), device.clone(), bytes),
+                        None => held.insert(assignment.node.clone(), device.clone()),
+                    }
+                }
+            }
+            packing.push(Packed {
+                device: placed.device.clone().unwrap_or_default(),
+                precision: placed.precision,
+                tp: placed.tp.unwrap_or(1),
+                pp: placed.pp.unwrap_or(1),
+                replicas: count,
+                devices: placed.devices.unwrap_or(0),
+                share_bytes: share,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The nodes with only their devices published shareable by memory, when there are any and
+/// the request may take shares.
+fn shareable_only(nodes: &[NodeSpec], request: &PlanRequest) -> Option<Vec<NodeSpec>> {
+    if request.whole_devices {
+        return None;
+    }
+    let shareable: Vec<NodeSpec> = nodes
+        .iter()
+        .filter_map(|node| {
+            let mut node = node.clone();
+            node.devices.retain(|device| device.share.is_some());
+            (!node.devices.is_empty()).then_some(node)
+        })
+        .collect();
+    (!shareable.is_empty()).then_some(shareable)
+}
+
 /// Answers the question on `nodes` with `reserved` devices held.
 pub fn capacity(
     question: &Question<'_>,
@@ -262,34 +342,23 @@ pub fn capacity(
     };
     let mut held = reserved.clone();
     let mut packing = Vec::new();
-    let mut more_replicas = 0;
-    let mut total = 0u32;
-    for round in 0..MAX_ROUNDS {
-        if total >= MAX_REPLICAS {
-            break;
+    // Small models belong on fractions: shares of the devices published shareable are packed
+    // first, then whole devices. One plan takes one fraction for all its replicas, so a plan
+    // across shareable and other devices would take every one of them whole.
+    let mut rounds = Rounds::default();
+    let more_replicas = match shareable_only(nodes, question.request) {
+        Some(shareable) => {
+            rounds.pack(question, &shareable, &mut held, &mut packing, true)?;
+            rounds.pack(question, nodes, &mut held, &mut packing, false)?;
+            // What one more placement could take now is asked of the whole fleet as it is.
+            most_replicas(question.model, nodes, reserved, question.request)?.0
         }
-        let (count, Some(placed)) = most_replicas(question.model, nodes, &held, question.request)?
-        else {
-            break;
-        };
-        if round == 0 {
-            more_replicas = count;
+        None => {
+            rounds.pack(question, nodes, &mut held, &mut packing, false)?;
+            packing.first().map_or(0, |first| first.replicas)
         }
-        total = total.saturating_add(count);
-        for assignment in &placed.assignments {
-            for device in &assignment.devices {
-                held.insert(assignment.node.clone(), device.clone());
-            }
-        }
-        packing.push(Packed {
-            device: placed.device.clone().unwrap_or_default(),
-            precision: placed.precision,
-            tp: placed.tp.unwrap_or(1),
-            pp: placed.pp.unwrap_or(1),
-            replicas: count,
-            devices: placed.devices.unwrap_or(0),
-        });
-    }
+    };
+    let total = rounds.total;
     let stranded = stranded(nodes, &held, &packing, &question.model.name);
     let stranded_devices = stranded
         .iter()
@@ -362,10 +431,13 @@ fn stranded(
     let mut out = Vec::new();
     for node in nodes {
         let taken = held.on_node(&node.name);
+        let shared = held.consumed_on(&node.name);
         let mut left: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for device in &node.devices {
+            // A device with shares on it is in use; what is left of it is no free device.
             if plannable(device.family, device.memory)
                 && !taken.is_some_and(|ids| ids.contains(&device.id))
+                && !shared.is_some_and(|ids| ids.contains_key(&device.id))
             {
                 left.entry(device.product.as_str())
                     .or_default()
@@ -822,5 +894,57 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// Issue 39: on GPUs published shareable by memory, the free devices hold more replicas
+    /// of a small model than there are devices, as shares: two H100s hold three 24Gi shares
+    /// each, and what placements already consume is left out.
+    #[test]
+    fn replicas_of_a_small_model_are_counted_as_shares_of_shareable_gpus() {
+        use crate::plan::share::{SharePolicy, ShareRule, Shareable};
+        const GI: u64 = 1 << 30;
+        let rule = ShareRule::Range {
+            min: 8 * GI,
+            max: Some(80 * GI),
+            step: Some(8 * GI),
+        };
+        let policy = SharePolicy::checked(80 * GI, Some(80 * GI), rule).unwrap();
+        let mut nodes = parse_hardware("1x2xH100").unwrap();
+        for device in &mut nodes[0].devices {
+            device.share = Some(Shareable {
+                policy: policy.clone(),
+                consumed: 0,
+            });
+        }
+        let small = model("llama-3.1-8b");
+        let request = request().with_precision(crate::hardware::Precision::Bf16);
+        let answer = capacity(&ask(&small, &request, None), &nodes, &Reservations::none()).unwrap();
+        assert_eq!(answer.total_replicas, 6, "{answer:?}");
+        assert!(
+            answer
+                .packing
+                .iter()
+                .all(|p| p.share_bytes == Some(24 * GI)),
+            "{:?}",
+            answer.packing
+        );
+        assert!(answer.stranded.is_empty(), "{:?}", answer.stranded);
+
+        // A placement's 48Gi on one GPU leaves room for one share there, three on the other.
+        let mut reserved = Reservations::none();
+        reserved.consume(
+            nodes[0].name.clone(),
+            nodes[0].devices[0].id.clone(),
+            48 * GI,
+        );
+        let answer = capacity(&ask(&small, &request, None), &nodes, &reserved).unwrap();
+        assert_eq!(answer.total_replicas, 4, "{answer:?}");
+
+        // Without shares (whole devices asked for), one replica per free GPU.
+        let mut whole = request.clone();
+        whole.whole_devices = true;
+        let answer = capacity(&ask(&small, &whole, None), &nodes, &Reservations::none()).unwrap();
+        assert_eq!(answer.total_replicas, 2, "{answer:?}");
+        assert!(answer.packing.iter().all(|p| p.share_bytes.is_none()));
     }
 }

@@ -305,6 +305,14 @@ impl FleetView {
         })
     }
 
+    /// The devices of `node` its DRA drivers publish shareable by memory, with their policy
+    /// (empty for a node without any).
+    pub fn shareable_on(&self, node: &str) -> &[crate::plan::DeviceSpec] {
+        self.parts
+            .get(node)
+            .map_or(&[][..], |part| part.shareable.as_slice())
+    }
+
     /// The memory capacity of a device its DRA driver publishes shareable by memory, by node
     /// and planner device id (`None` for any other device).
     pub fn shared_capacity(&self, node: &str, device: &str) -> Option<u64> {

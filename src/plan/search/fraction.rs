@@ -520,6 +520,7 @@ fn apply(plan: &mut Plan, shares: Shares) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::error::PlanError;
     use crate::plan::model::presets;
     use crate::plan::search::plan;
     use crate::plan::share::{SharePolicy, ShareRule, Shareable};
@@ -622,6 +623,57 @@ mod tests {
     /// Best fit: replicas go to the device with the least room that still holds them, so a
     /// device others already share fills up before an empty one is started, and a share that
     /// would overflow a device lands on another.
+    /// Where every shareable GPU already holds shares, no whole device is free for the search
+    /// to size a replica on; a share of what is left is still planned, through reservations
+    /// (other placements' shares) as through the publication's own count, and never past the
+    /// capacity: with 8Gi left of each GPU, a 24Gi share does not fit anywhere.
+    #[test]
+    fn a_share_is_planned_when_every_gpu_already_holds_shares() {
+        let request = serve(1);
+        let nodes = shared_h100s(&stepped(), &[48 * GI, 0]);
+        let mut reserved = Reservations::none();
+        reserved.consume(
+            nodes[0].name.clone(),
+            nodes[0].devices[1].id.clone(),
+            40 * GI,
+        );
+        let shared = plan_fn(&nodes, &reserved, &request).unwrap();
+        assert!(shared.fits, "{:?}", shared.reasons);
+        let fraction = shared.fraction.clone().expect("a fraction");
+        assert_eq!(fraction.kind, FractionKind::Share);
+        assert_eq!(fraction.bytes, Bytes(24 * GI));
+        // Best fit: 48 + 24 leaves 8Gi on GPU 0, 40 + 24 would leave 16Gi on GPU 1.
+        assert_eq!(devices_of(&shared), [nodes[0].devices[0].id.clone()]);
+
+        let full = shared_h100s(&stepped(), &[72 * GI, 72 * GI]);
+        match plan_fn(&full, &Reservations::none(), &request) {
+            Ok(refused) => assert!(!refused.fits, "{refused:?}"),
+            Err(PlanError::NoDevices(_)) => {}
+            Err(other) => panic!("{other}"),
+        }
+        // Asked for whole devices, a GPU with shares on it is no device at all.
+        let mut whole = request.clone();
+        whole.whole_devices = true;
+        let on_used = shared_h100s(&stepped(), &[48 * GI, 8 * GI]);
+        assert!(matches!(
+            plan(
+                &model("llama-3.1-8b"),
+                &on_used,
+                &Reservations::none(),
+                &whole
+            ),
+            Err(PlanError::NoDevices(_))
+        ));
+    }
+
+    fn plan_fn(
+        nodes: &[NodeSpec],
+        reserved: &Reservations,
+        request: &PlanRequest,
+    ) -> crate::plan::Result<Plan> {
+        plan(&model("llama-3.1-8b"), nodes, reserved, request)
+    }
+
     #[test]
     fn replicas_pack_best_fit_and_never_overflow_a_device() {
         // gpu0 has 32 GiB left, gpu1 is empty: one replica goes to gpu0 (the search itself
