@@ -1274,7 +1274,7 @@ async fn a_device_its_driver_reports_unhealthy_degrades_the_placement_until_it_r
 /// placement holding its own claims counts the scheduler's shares: nothing while both GPUs
 /// are full; once two pods go, a share in the room they left, allocated by the controller
 /// with `consumedCapacity` and a `shareID`, which the scheduler then counts (one more pod
-/// fits beside it, the next does not).
+/// fits beside it, the next does not until the placement is deleted).
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result<()> {
@@ -1619,8 +1619,84 @@ async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
             assert!(scheduled_node(cluster, &pod).await?.is_none(), "{refused}");
         }
     }
+    // Deleting the placement frees its share (its claim goes with it): the refused pod is
+    // bound in the room it leaves.
+    api.delete("held", &DeleteParams::default()).await?;
+    let last = format!("after-held-{room}");
+    let bound = wait_for(DEFAULT_TIMEOUT, &format!("{last} scheduled"), || async {
+        scheduled_node(cluster, &last).await
+    })
+    .await?;
+    assert_eq!(bound, node);
+    assert_eq!(consumed_by(cluster, &last).await?.0, freed_gpu);
     eprintln!(
-        "the controller's own claim holds a {expected} share of {freed_gpu} beside the scheduler's"
+        "the controller's own claim held a {expected} share of {freed_gpu} beside the scheduler's, and gave it back"
     );
     Ok(())
+}
+
+/// Issue 39, item 4: a taint of effect `None` on a published GPU (NVIDIA's driver publishes
+/// XID events this way) is informational: the GPU stays free in `status.freeDevices`, where
+/// a `NoSchedule` taint on the same GPU takes it out. Skipped where the apiserver refuses the
+/// effect.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn an_informational_device_taint_leaves_the_gpu_free() -> Result<()> {
+    let Some((_turn, cluster, node, gpus)) = h100_dra_node().await? else {
+        return Ok(());
+    };
+    let _controller = start_controller(&cluster);
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let name = format!("{node}-{DRIVER}");
+    let published = slices.get(&name).await?;
+    let taint = |effect: &str| -> Result<ResourceSlice> {
+        let mut slice = published.clone();
+        let devices = slice.spec.devices.as_mut().expect("published devices");
+        devices[3].taints = Some(vec![serde_json::from_value(json!({
+            "key": "gpu.nvidia.com/xid", "value": "79", "effect": effect,
+        }))?]);
+        Ok(slice)
+    };
+    let all = u32::try_from(gpus)?;
+    let free_is = |wanted: u32| {
+        let cluster = &cluster;
+        let node = &node;
+        async move {
+            wait_for(
+                DEFAULT_TIMEOUT,
+                &format!("freeDevices {wanted}"),
+                || async {
+                    Ok(free_devices(cluster, node)
+                        .await?
+                        .filter(|free| *free == wanted))
+                },
+            )
+            .await
+        }
+    };
+    // A NoSchedule taint takes the GPU out of the free count...
+    slices
+        .replace(&name, &PostParams::default(), &taint("NoSchedule")?)
+        .await?;
+    free_is(all - 1).await?;
+    // ...and the same taint made informational gives it back.
+    let latest = slices.get(&name).await?;
+    let mut informational = taint("None")?;
+    informational.metadata.resource_version = latest.metadata.resource_version;
+    let result = match slices
+        .replace(&name, &PostParams::default(), &informational)
+        .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            eprintln!(
+                "skipped: the apiserver refuses effect None: {}",
+                status.message
+            );
+            Ok(())
+        }
+        Err(other) => Err(other.into()),
+        Ok(_) => free_is(all).await.map(|_| ()),
+    };
+    let removed = remove_nodes(&cluster, &[&node]).await;
+    result.and(removed)
 }
