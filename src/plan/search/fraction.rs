@@ -99,51 +99,83 @@ pub(super) fn choose(
     ));
 }
 
-/// The fleet as a search for shares sees it, when some shareable device is partly taken but
-/// not full: such a device counts as a free whole device (what the search sizes a replica
-/// on), a full one as taken, and nothing as consumed; `None` when no device is partly taken,
-/// or the request asks for whole devices. A plan made on this view is kept only when each
-/// replica then gets a share of what is really left ([`choose`] on the real view): the search
-/// needs a device to size a replica on, and where every shareable device already holds
-/// shares, none would be free.
+/// Whether a serving request may take shares on `nodes`: fractions allowed and some device
+/// published shareable (a scan, no copy).
+pub(super) fn may_share(nodes: &[NodeSpec], request: &PlanRequest) -> bool {
+    !request.whole_devices
+        && request.disaggregation.is_none()
+        && nodes
+            .iter()
+            .any(|node| node.devices.iter().any(|device| device.share.is_some()))
+}
+
+/// Most replicas a search may size on one shareable device (the share step then decides how
+/// many really fit): more engines than this on one GPU is not a serving layout worth
+/// planning, and it bounds the search's view.
+pub const MAX_SHARES_PER_DEVICE: u64 = 8;
+
+/// The fleet as a search for shares sees it: each shareable device that is not full appears
+/// as free whole devices, one per share its policy's smallest amount fits in what is left
+/// (at most [`MAX_SHARES_PER_DEVICE`]), under the same id, so the search can size more
+/// replicas than there are devices and devices others already hold shares of; a full one is
+/// taken, and nothing is consumed. `None` when no device is shareable with room left, or the
+/// request asks for whole devices. A plan made on this view is kept only when each replica
+/// then gets a share of what is really left ([`choose`] on the real view, which picks the
+/// devices again by best fit): the view only lets the search size the replicas.
 pub(super) fn share_view(
     nodes: &[NodeSpec],
     reserved: &Reservations,
     request: &PlanRequest,
 ) -> Option<(Vec<NodeSpec>, Reservations)> {
-    if request.whole_devices || request.disaggregation.is_some() {
+    if !may_share(nodes, request) {
         return None;
     }
-    let mut partly_taken = false;
+    let mut any_room = false;
     let mut view_reserved = Reservations::none();
     for (node, id) in reserved.iter() {
         view_reserved.insert(node, id);
     }
-    let mut view = nodes.to_vec();
-    for node in &mut view {
+    let mut view = Vec::with_capacity(nodes.len());
+    for node in nodes {
         let taken = reserved.on_node(&node.name);
-        for device in &mut node.devices {
-            let Some(share) = device.share.as_mut() else {
+        let mut seen = node.clone();
+        seen.devices.clear();
+        for device in &node.devices {
+            let Some(share) = device.share.as_ref() else {
+                seen.devices.push(device.clone());
                 continue;
             };
             if taken.is_some_and(|ids| ids.contains(&device.id)) {
+                seen.devices.push(device.clone());
                 continue;
             }
             let consumed = share
                 .consumed
                 .saturating_add(reserved.consumed(&node.name, &device.id));
-            if consumed == 0 {
+            let headroom = share.policy.capacity.saturating_sub(consumed);
+            let smallest = share
+                .policy
+                .round(1)
+                .unwrap_or(share.policy.capacity)
+                .max(1);
+            let slots = (headroom / smallest).min(MAX_SHARES_PER_DEVICE);
+            if slots == 0 {
+                view_reserved.insert(node.name.clone(), device.id.clone());
+                seen.devices.push(device.clone());
                 continue;
             }
-            if consumed >= share.policy.capacity {
-                view_reserved.insert(node.name.clone(), device.id.clone());
-            } else {
-                partly_taken = true;
+            any_room = true;
+            let mut free = device.clone();
+            if let Some(share) = free.share.as_mut() {
+                share.consumed = 0;
             }
-            share.consumed = 0;
+            for _ in 0..slots {
+                seen.devices.push(free.clone());
+            }
         }
+        view.push(seen);
     }
-    partly_taken.then_some((view, view_reserved))
+    any_room.then_some((view, view_reserved))
 }
 
 /// Why no replica of `plan` may take a fraction, whatever the devices publish.
@@ -283,6 +315,7 @@ fn apply_partition(plan: &mut Plan, chosen: Partitions) {
     plan.kv_tokens = Some(fit.kv_tokens);
     plan.max_concurrency = Some(fit.max_concurrency.saturating_mul(u64::from(replicas)));
     plan.throughput = None;
+    replace_replicas_line(plan, fit.max_concurrency, per_replica);
     replace_budget_line(
         plan,
         format!(
@@ -320,6 +353,19 @@ fn replace_budget_line(plan: &mut Plan, line: String) {
     }
     plan.suggestions.clear();
     plan.suggested_changes.clear();
+}
+
+/// Re-states the search's `N replicas: each holds ...` line (counted on whole devices) for the
+/// fraction each replica got: `holds` requests each, `asked` of each.
+fn replace_replicas_line(plan: &mut Plan, holds: u64, asked: u64) {
+    let replicas = plan.replicas.unwrap_or(1);
+    let prefix = format!("{replicas} replicas: each holds ");
+    if let Some(line) = plan.reasons.iter_mut().find(|r| r.starts_with(&prefix)) {
+        *line = format!(
+            "{replicas} replicas: each holds {holds} full-context request(s) in its fraction, \
+             {asked} asked of each"
+        );
+    }
 }
 
 /// A device of the fleet by node and id.
@@ -486,6 +532,7 @@ fn apply(plan: &mut Plan, shares: Shares) {
     plan.per_device = Some(fit.with_concurrency(per_replica.min(fit.max_concurrency)));
     plan.kv_tokens = Some(fit.kv_tokens);
     plan.max_concurrency = Some(fit.max_concurrency.saturating_mul(u64::from(replicas)));
+    replace_replicas_line(plan, fit.max_concurrency, per_replica);
     plan.fraction = Some(Fraction {
         kind: FractionKind::Share,
         bytes,
@@ -664,6 +711,41 @@ mod tests {
             ),
             Err(PlanError::NoDevices(_))
         ));
+    }
+
+    /// Replicas beyond the device count are planned as shares: six replicas of an 8B model
+    /// on two H100s, three 24Gi shares on each; a seventh would overflow, and is refused.
+    #[test]
+    fn more_replicas_than_devices_are_planned_as_shares() {
+        let nodes = shared_h100s(&stepped(), &[0, 0]);
+        let mut six = serve(6);
+        six.replicas = Some(6);
+        let shared = plan_fn(&nodes, &Reservations::none(), &six).unwrap();
+        assert!(shared.fits, "{:?}", shared.reasons);
+        assert_eq!(shared.replicas, Some(6));
+        let fraction = shared.fraction.clone().expect("a fraction");
+        assert_eq!(
+            (fraction.kind, fraction.bytes),
+            (FractionKind::Share, Bytes(24 * GI))
+        );
+        let mut per_device: BTreeMap<String, usize> = BTreeMap::new();
+        for device in devices_of(&shared) {
+            *per_device.entry(device).or_default() += 1;
+        }
+        assert_eq!(per_device.values().copied().collect::<Vec<_>>(), [3, 3]);
+        // The reasons count requests in the share, not on the whole device the search saw.
+        let fit = shared.per_device.expect("memory").kv_cache;
+        assert!(fit.0 > 0);
+        let line = shared
+            .reasons
+            .iter()
+            .find(|r| r.starts_with("6 replicas: each holds "))
+            .expect("the replicas line");
+        assert!(line.contains("in its fraction"), "{line}");
+        let mut seven = serve(7);
+        seven.replicas = Some(7);
+        let refused = plan_fn(&nodes, &Reservations::none(), &seven);
+        assert!(refused.is_err() || refused.is_ok_and(|plan| !plan.fits));
     }
 
     fn plan_fn(

@@ -141,11 +141,10 @@ fn plan_checked(
 ) -> Result<Plan> {
     validate(request)?;
     let fleet = FreeDevices::new(nodes, reserved);
-    let shares = match request.goal {
-        Goal::Serve { .. } => fraction::share_view(nodes, reserved, request),
-        Goal::Train(_) => None,
-    };
-    if fleet.classes.is_empty() && shares.is_none() {
+    // Shares may plan where whole devices do not: only for serving, on shareable devices.
+    let may_share =
+        matches!(request.goal, Goal::Serve { .. }) && fraction::may_share(nodes, request);
+    if fleet.classes.is_empty() && !may_share {
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()
         } else {
@@ -174,35 +173,31 @@ fn plan_checked(
                 plan.reasons.push(request.engine.assumption());
                 return Ok(plan);
             }
-            let serve_on = |(view_nodes, view_reserved): (&[NodeSpec], &Reservations)| {
-                let view_fleet = FreeDevices::new(view_nodes, view_reserved);
-                let mut plan = serve::plan(
-                    model,
-                    &view_fleet,
-                    request,
-                    context,
-                    *concurrency,
-                    (view_nodes, view_reserved),
-                );
+            let serve_on = |view_fleet: &FreeDevices<'_>, view: (&[NodeSpec], &Reservations)| {
+                let mut plan = serve::plan(model, view_fleet, request, context, *concurrency, view);
                 sglang_default_fraction(&mut plan, request);
                 // Fractions are chosen on the real view, whatever view the search saw.
                 fraction::choose(&mut plan, model, (nodes, reserved), request);
                 plan
             };
-            let whole = (!fleet.classes.is_empty()).then(|| serve_on((nodes, reserved)));
-            // Where no free whole device holds the goal, shares of devices that already hold
-            // others' shares may: a plan on that view is kept only if it is one of shares.
-            let shared = match (&whole, &shares) {
-                (Some(plan), _) if plan.fits => None,
-                (_, Some((view_nodes, view_reserved))) => {
-                    Some(serve_on((view_nodes, view_reserved))).filter(|plan| {
+            let whole = (!fleet.classes.is_empty()).then(|| serve_on(&fleet, (nodes, reserved)));
+            // Where no free whole device holds the goal, shares may: of devices that already
+            // hold others' shares, or more replicas than devices. The view copies the nodes,
+            // so it is built only then; a plan on it is kept only if it is one of shares.
+            let shared = match &whole {
+                Some(plan) if plan.fits => None,
+                _ if may_share => fraction::share_view(nodes, reserved, request)
+                    .map(|(view_nodes, view_reserved)| {
+                        let view_fleet = FreeDevices::new(&view_nodes, &view_reserved);
+                        serve_on(&view_fleet, (&view_nodes, &view_reserved))
+                    })
+                    .filter(|plan| {
                         plan.fits
                             && plan
                                 .fraction
                                 .as_ref()
                                 .is_some_and(|f| f.kind == crate::plan::report::FractionKind::Share)
-                    })
-                }
+                    }),
                 _ => None,
             };
             let Some(mut plan) = shared.or(whole) else {
