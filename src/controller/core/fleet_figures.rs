@@ -12,8 +12,10 @@
 use std::collections::BTreeMap;
 
 use crate::api::{AcceleratorInventory, attribute, conditions};
+use crate::controller::core::fleet_view::FleetView;
 use crate::fleet::health::{Holdings, states_of};
 use crate::hardware::device_state::{Counts, health_name, tainted};
+use crate::plan::Reservations;
 
 /// Longest product or vendor label value; longer ones are cut (label values are read by
 /// people on dashboards, and a hostile inventory must not bloat every scrape).
@@ -211,6 +213,46 @@ fn bound_products(all: BTreeMap<(String, String), Counts>) -> BTreeMap<(String, 
     for (_, counts) in rest {
         other.add(&counts);
     }
+    kept
+}
+
+/// Bytes of memory left for shares, per (product, vendor) label, on the devices DRA drivers
+/// publish shareable by memory: each device's capacity less what `held` consumes of it
+/// (placements' shares and claims' `consumedCapacity`), nothing for one held whole. At most
+/// [`MAX_PRODUCTS`] series (the roomiest), the rest summed under `other`.
+pub fn share_headroom(view: &FleetView, held: &Reservations) -> BTreeMap<(String, String), u64> {
+    let mut all: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for node in view.nodes() {
+        for device in view.shareable_on(&node.name) {
+            let Some(share) = &device.share else { continue };
+            let left = if held.contains(&node.name, &device.id) {
+                0
+            } else {
+                share
+                    .policy
+                    .capacity
+                    .saturating_sub(share.consumed)
+                    .saturating_sub(held.consumed(&node.name, &device.id))
+            };
+            let key = (
+                label_value(view.product(&node.name, &device.id)),
+                label_value(Some(device.vendor.as_str())),
+            );
+            let sum = all.entry(key).or_default();
+            *sum = sum.saturating_add(left);
+        }
+    }
+    if all.len() <= MAX_PRODUCTS {
+        return all;
+    }
+    let mut ranked: Vec<((String, String), u64)> = all.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let rest: u64 = ranked
+        .split_off(MAX_PRODUCTS)
+        .into_iter()
+        .fold(0u64, |sum, (_, left)| sum.saturating_add(left));
+    let mut kept: BTreeMap<(String, String), u64> = ranked.into_iter().collect();
+    kept.insert((OTHER.to_string(), OTHER.to_string()), rest);
     kept
 }
 
@@ -468,5 +510,41 @@ mod tests {
         assert_eq!(label_value(Some(&"x".repeat(200))).len(), MAX_LABEL_LENGTH);
         assert_eq!(label_value(Some("  ")), UNKNOWN);
         assert_eq!(label_value(None), UNKNOWN);
+    }
+
+    /// Issue 39: the memory left for shares on shareable GPUs, per product: the capacity less
+    /// what shares consume, nothing for a GPU held whole.
+    #[test]
+    fn memory_left_for_shares_is_the_capacity_less_what_shares_consume() {
+        const GIB: u64 = 1 << 30;
+        let node = "h100-2x-shared";
+        let slices = crate::testing::dra::fixture_slices(&["nvidia-h100-shareable.yaml"]);
+        let published = crate::dra::slices::published_devices(&slices);
+        let part = std::sync::Arc::new(
+            crate::controller::core::fleet_view::NodePart::with_published(
+                node,
+                None,
+                published.node(node),
+            ),
+        );
+        let view = FleetView::from_parts([part], &BTreeMap::new());
+        let ids: Vec<String> = view
+            .shareable_on(node)
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        let mut held = Reservations::none();
+        assert_eq!(
+            share_headroom(&view, &held).values().sum::<u64>(),
+            160 * GIB
+        );
+        held.consume(node, ids[0].clone(), 48 * GIB);
+        let left = share_headroom(&view, &held);
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left.values().sum::<u64>(), 112 * GIB);
+        held.insert(node, ids[1].clone());
+        assert_eq!(share_headroom(&view, &held).values().sum::<u64>(), 32 * GIB);
+        let key = left.keys().next().unwrap();
+        assert_eq!(key.1, "nvidia");
     }
 }

@@ -36,7 +36,7 @@ use crate::controller::cache::{
 };
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::claim_holdings::OutlivedClaim;
-use crate::controller::core::fleet_figures::{FleetTotals, NodeStats};
+use crate::controller::core::fleet_figures::{FleetTotals, NodeStats, share_headroom};
 use crate::controller::core::fleet_view::{FleetView, names_its_node};
 use crate::controller::core::placement_key::PlacementKey;
 use crate::controller::metrics::fleet::PlacementFigures;
@@ -95,7 +95,7 @@ pub(crate) struct Figures {
 /// (which devices DRA publishes), so build it even when nothing here needs it.
 #[tracing::instrument(name = "fleet_pass", skip_all)]
 pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -> Figures {
-    let (ours, claimed, placements, view) = {
+    let (ours, claimed, placements, view, share_held) = {
         let mut state = ctx.state.lock().await;
         // Health taints need the planner's view (which devices DRA publishes), and so do
         // allocated claims (which of our devices they name); without either the pass never
@@ -146,7 +146,9 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
                 })
                 .devices = holding.devices().count() as u64;
         }
-        (ours, claimed, placements, view)
+        // What placements and claims take of shared devices, whole or in shares.
+        let share_held = state.ledger.reserved_all();
+        (ours, claimed, placements, view, share_held)
     };
     let held = Holdings {
         placements: &ours,
@@ -167,6 +169,11 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
         .collect();
     let totals = FleetTotals::of(&stats);
     ctx.metrics.fleet.publish(&totals, &placements);
+    if let Some(view) = &view {
+        ctx.metrics
+            .fleet
+            .publish_share_headroom(&share_headroom(view, &share_held));
+    }
     write_free_devices(ctx, memory, &stats).await;
     node_events(ctx, memory, &stats);
     report_outlived(ctx, memory, &outlived_in_cache(ctx));

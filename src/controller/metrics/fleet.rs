@@ -74,6 +74,7 @@ pub struct PlacementFigures {
 #[derive(Debug, Default)]
 struct Published {
     products: BTreeSet<ProductLabel>,
+    share_products: BTreeSet<ProductLabel>,
     placements: BTreeSet<PlacementLabel>,
     models: BTreeSet<ModelLabel>,
 }
@@ -86,6 +87,7 @@ pub struct FleetMetrics {
     degraded: Family<ProductLabel, Gauge>,
     reserved: Family<ProductLabel, Gauge>,
     free: Family<ProductLabel, Gauge>,
+    share_memory_free: Family<ProductLabel, Gauge>,
     nodes_missing_devices: Gauge,
     outlived_claims: Gauge,
     placement_devices: Family<PlacementLabel, Gauge>,
@@ -104,6 +106,7 @@ impl FleetMetrics {
             degraded: Family::default(),
             reserved: Family::default(),
             free: Family::default(),
+            share_memory_free: Family::default(),
             nodes_missing_devices: Gauge::default(),
             outlived_claims: Gauge::default(),
             placement_devices: Family::default(),
@@ -138,6 +141,11 @@ impl FleetMetrics {
             metrics.free.clone(),
         );
         registry.register(
+            "hwaccel_fleet_share_memory_free_bytes",
+            "Memory left for shares on accelerators their DRA driver publishes shareable by memory (capacity less what placements' shares and claims' consumedCapacity take; 0 for one held whole), by product",
+            metrics.share_memory_free.clone(),
+        );
+        registry.register(
             "hwaccel_fleet_nodes_missing_devices",
             "Nodes whose AcceleratorInventory says DevicesMissing=True",
             metrics.nodes_missing_devices.clone(),
@@ -168,6 +176,30 @@ impl FleetMetrics {
             metrics.model_stranded.clone(),
         );
         metrics
+    }
+
+    /// Publishes the memory left for shares per product; products no longer seen are removed.
+    pub fn publish_share_headroom(&self, left: &BTreeMap<(String, String), u64>) {
+        let Ok(mut published) = self.published.lock() else {
+            return;
+        };
+        let current: BTreeSet<ProductLabel> = left
+            .iter()
+            .map(|((product, vendor), bytes)| {
+                let label = ProductLabel {
+                    product: product.clone(),
+                    vendor: vendor.clone(),
+                };
+                self.share_memory_free
+                    .get_or_create(&label)
+                    .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+                label
+            })
+            .collect();
+        for gone in published.share_products.difference(&current) {
+            self.share_memory_free.remove(gone);
+        }
+        published.share_products = current;
     }
 
     /// Publishes how many allocated claims outlived their placement.
