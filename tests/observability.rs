@@ -803,6 +803,10 @@ fn the_contract_is_exactly_what_the_agent_and_controller_export() {
         replicas: 3,
         stranded_devices: 0,
     }]);
+    fleet.publish_share_headroom(&BTreeMap::from([(
+        ("NVIDIA H100 80GB HBM3".to_string(), "nvidia".to_string()),
+        56u64 << 30,
+    )]));
     let exported = exported_series_names(&registry);
     let documented: BTreeSet<String> = Contract::from_repository()
         .metrics
