@@ -1292,21 +1292,26 @@ async fn claim_template_placements_share_a_gpu_through_the_scheduler() -> Result
     // An apiserver without consumable capacity (the compat tier's 1.35, where it is alpha and
     // off) drops `allowMultipleAllocations` and `requestPolicy`: the GPUs are then plain whole
     // devices, and a small model must get one whole.
-    let shareable = Api::<ResourceSlice>::all(cluster.client())
-        .get(&format!("{node}-gpu.nvidia.com-0"))
-        .await?
-        .spec
-        .devices
-        .unwrap_or_default()
-        .iter()
-        .any(|d| d.allow_multiple_allocations == Some(true));
-    let result = if shareable {
+    let result = if serves_shares(&cluster, &format!("{node}-gpu.nvidia.com-0")).await? {
         shares_on(&cluster, &node).await
     } else {
         whole_without_consumable_capacity(&cluster).await
     };
     let removed = remove_nodes(&cluster, &[&node]).await;
     result.and(removed)
+}
+
+/// True when the apiserver kept `allowMultipleAllocations` on the published slice `slice`:
+/// it serves consumable capacity (1.36 and later; 1.35, the compat tier, drops the field).
+pub(crate) async fn serves_shares(cluster: &TestCluster, slice: &str) -> Result<bool> {
+    Ok(Api::<ResourceSlice>::all(cluster.client())
+        .get(slice)
+        .await?
+        .spec
+        .devices
+        .unwrap_or_default()
+        .iter()
+        .any(|d| d.allow_multiple_allocations == Some(true)))
 }
 
 /// Publishes the pool of `fixtures/dra/<fixture>` (every slice of it) for kwok node `node`.

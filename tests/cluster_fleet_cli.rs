@@ -159,14 +159,8 @@ async fn fleet_counts_replicas_as_shares_of_shareable_gpus_and_leaves_out_what_c
         .await?;
     crate::cluster_dra::publish_fixture(&tc, "nvidia-h100-shareable.yaml", &node).await?;
     let slices: Api<ResourceSlice> = Api::all(tc.client());
-    let shareable = slices
-        .get(&format!("{node}-gpu.nvidia.com-0"))
-        .await?
-        .spec
-        .devices
-        .unwrap_or_default()
-        .iter()
-        .any(|d| d.allow_multiple_allocations == Some(true));
+    let shareable =
+        crate::cluster_dra::serves_shares(&tc, &format!("{node}-gpu.nvidia.com-0")).await?;
     let result = if shareable {
         shares_in_fleet(&tc, &node).await
     } else {

@@ -322,56 +322,49 @@ fn share_id(claim: &str, device: &DeviceRef) -> String {
     )
 }
 
-/// What each device of an allocated claim consumes of its memory-like capacities, as the
-/// allocation records it (`consumedCapacity`; empty for a device not shared): the device and
-/// the largest whole amount it lists (`None` when it lists none).
-pub fn consumed_capacity(claim: &ResourceClaim) -> Vec<(DeviceRef, Option<u64>)> {
+/// The results of a claim's allocation (none when it is not allocated).
+fn allocation_results(claim: &ResourceClaim) -> &[DeviceRequestAllocationResult] {
     claim
         .status
         .as_ref()
         .and_then(|status| status.allocation.as_ref())
         .and_then(|allocation| allocation.devices.as_ref())
-        .and_then(|devices| devices.results.as_ref())
-        .map(|results| {
-            results
-                .iter()
-                .map(|r| {
-                    let device = DeviceRef {
-                        driver: r.driver.clone(),
-                        pool: r.pool.clone(),
-                        device: r.device.clone(),
-                    };
-                    let key = known(&r.driver).and_then(|driver| driver.memory);
-                    let consumed = r.consumed_capacity.as_ref().and_then(|consumed| {
-                        let quantity = consumed.get(key?)?;
-                        crate::api::quantity::parse_whole(quantity)
-                    });
-                    (device, consumed)
-                })
-                .collect()
-        })
+        .and_then(|devices| devices.results.as_deref())
         .unwrap_or_default()
+}
+
+/// The device one allocation result names.
+fn result_device(result: &DeviceRequestAllocationResult) -> DeviceRef {
+    DeviceRef {
+        driver: result.driver.clone(),
+        pool: result.pool.clone(),
+        device: result.device.clone(),
+    }
+}
+
+/// What each device of an allocated claim consumes of its driver's memory capacity, as the
+/// allocation records it (`consumedCapacity`, written for shared devices only): the device
+/// and the whole amount (`None` when it records none).
+pub fn consumed_capacity(claim: &ResourceClaim) -> Vec<(DeviceRef, Option<u64>)> {
+    allocation_results(claim)
+        .iter()
+        .map(|r| {
+            let key = known(&r.driver).and_then(|driver| driver.memory);
+            let consumed = r
+                .consumed_capacity
+                .as_ref()
+                .and_then(|consumed| crate::api::quantity::parse_whole(consumed.get(key?)?));
+            (result_device(r), consumed)
+        })
+        .collect()
 }
 
 /// The devices a claim's allocation holds (empty when it is not allocated).
 pub fn allocated_devices(claim: &ResourceClaim) -> Vec<DeviceRef> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|status| status.allocation.as_ref())
-        .and_then(|allocation| allocation.devices.as_ref())
-        .and_then(|devices| devices.results.as_ref())
-        .map(|results| {
-            results
-                .iter()
-                .map(|r| DeviceRef {
-                    driver: r.driver.clone(),
-                    pool: r.pool.clone(),
-                    device: r.device.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    allocation_results(claim)
+        .iter()
+        .map(result_device)
+        .collect()
 }
 
 /// True when the claim's allocation exists.
