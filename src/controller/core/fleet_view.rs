@@ -305,6 +305,11 @@ impl FleetView {
         })
     }
 
+    /// True when a DRA driver publishes some device of the fleet shareable by memory.
+    pub fn any_shareable(&self) -> bool {
+        self.parts.values().any(|part| !part.shareable.is_empty())
+    }
+
     /// The devices of `node` its DRA drivers publish shareable by memory, with their policy
     /// (empty for a node without any).
     pub fn shareable_on(&self, node: &str) -> &[crate::plan::DeviceSpec] {

@@ -147,7 +147,11 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
                 .devices = holding.devices().count() as u64;
         }
         // What placements and claims take of shared devices, whole or in shares.
-        let share_held = state.ledger.reserved_all();
+        // Only where a driver publishes shareable devices: it copies every holding.
+        let share_held = view
+            .as_ref()
+            .filter(|view| view.any_shareable())
+            .map(|_| state.ledger.reserved_all());
         (ours, claimed, placements, view, share_held)
     };
     let held = Holdings {
@@ -169,11 +173,11 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
         .collect();
     let totals = FleetTotals::of(&stats);
     ctx.metrics.fleet.publish(&totals, &placements);
-    if let Some(view) = &view {
-        ctx.metrics
-            .fleet
-            .publish_share_headroom(&share_headroom(view, &share_held));
-    }
+    let headroom = match (&view, &share_held) {
+        (Some(view), Some(held)) => share_headroom(view, held),
+        _ => BTreeMap::new(),
+    };
+    ctx.metrics.fleet.publish_share_headroom(&headroom);
     write_free_devices(ctx, memory, &stats).await;
     node_events(ctx, memory, &stats);
     report_outlived(ctx, memory, &outlived_in_cache(ctx));
