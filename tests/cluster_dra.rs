@@ -765,10 +765,7 @@ async fn remove_nodes(cluster: &TestCluster, nodes: &[&str]) -> Result<()> {
 async fn template_fallback(cluster: &TestCluster, nvidia: &str, amd: &str) -> Result<()> {
     let (nvidia, amd) = (nvidia.to_string(), amd.to_string());
     let _controller = start_controller(cluster);
-    let spec = PlacementBuilder::serve("llama-3.1-70b")
-        .context(8192)
-        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
-        .spec();
+    let spec = bf16_at_8k("llama-3.1-70b");
     create_placement(cluster, "llama", spec, AllocationMode::ClaimTemplate).await?;
     let status = wait_ready(cluster, "llama").await?;
     assert_eq!(status.allocation.as_deref(), Some("claimTemplate"));
@@ -1314,6 +1311,14 @@ pub(crate) async fn serves_shares(cluster: &TestCluster, slice: &str) -> Result<
         .any(|d| d.allow_multiple_allocations == Some(true)))
 }
 
+/// A placement serving `model` at 8k context in BF16, the shape the template tests ask for.
+fn bf16_at_8k(model: &str) -> ModelPlacementSpec {
+    PlacementBuilder::serve(model)
+        .context(8192)
+        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
+        .spec()
+}
+
 /// Publishes the pool of `fixtures/dra/<fixture>` (every slice of it) for kwok node `node`.
 pub(crate) async fn publish_fixture(
     cluster: &TestCluster,
@@ -1384,10 +1389,7 @@ async fn claim_template_placements_take_the_smallest_mig_profile() -> Result<()>
 
 async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
     let _controller = start_controller(cluster);
-    let spec = PlacementBuilder::serve("llama-3.1-8b")
-        .context(8192)
-        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
-        .spec();
+    let spec = bf16_at_8k("llama-3.1-8b");
     create_placement(cluster, "chat", spec, AllocationMode::ClaimTemplate).await?;
     let status = wait_ready(cluster, "chat").await?;
     let fraction = status
@@ -1424,10 +1426,7 @@ async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
 /// Without consumable capacity served, a small model's template asks for a whole GPU.
 async fn whole_without_consumable_capacity(cluster: &TestCluster) -> Result<()> {
     let _controller = start_controller(cluster);
-    let spec = PlacementBuilder::serve("llama-3.1-8b")
-        .context(8192)
-        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
-        .spec();
+    let spec = bf16_at_8k("llama-3.1-8b");
     create_placement(cluster, "chat", spec, AllocationMode::ClaimTemplate).await?;
     let status = wait_ready(cluster, "chat").await?;
     assert_eq!(status.plan.as_ref().and_then(|p| p.fraction.clone()), None);
@@ -1459,12 +1458,7 @@ async fn consumed_by(cluster: &TestCluster, pod: &str) -> Result<(String, String
 
 async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
     let _controller = start_controller(cluster);
-    let small = || {
-        PlacementBuilder::serve("llama-3.1-8b")
-            .context(8192)
-            .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
-            .spec()
-    };
+    let small = || bf16_at_8k("llama-3.1-8b");
     let mut fragments = Vec::new();
     let mut share = None;
     for name in ["chat-a", "chat-b", "chat-c"] {
@@ -1531,10 +1525,7 @@ async fn shares_on(cluster: &TestCluster, node: &str) -> Result<()> {
     assert_eq!(bound, node);
 
     // A 70B model spans both GPUs: whole devices, each asked for in full.
-    let big = PlacementBuilder::serve("llama-3.1-70b")
-        .context(8192)
-        .precision(hwaccel::api::placement::PrecisionChoice::Bf16)
-        .spec();
+    let big = bf16_at_8k("llama-3.1-70b");
     create_placement(cluster, "big", big, AllocationMode::ClaimTemplate).await?;
     let status = wait_ready(cluster, "big").await?;
     let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
