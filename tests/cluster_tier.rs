@@ -24,6 +24,7 @@ mod cluster_controller_scale;
 mod cluster_controller_start;
 mod cluster_disaggregated;
 mod cluster_dra;
+mod cluster_dra_audit;
 mod cluster_dra_classes;
 mod cluster_dra_counters;
 mod cluster_dra_lint;

@@ -1,6 +1,6 @@
-//! The agent's three watches, each scoped to its own node: its Node's metadata (by
-//! `metadata.name`), its inventory's metadata (by `metadata.name`) and its node's
-//! ResourceSlices (by `spec.nodeName`). A steady cycle reads them instead of the API; see
+//! The agent's three watches, each scoped to its own node: its Node (by `metadata.name`;
+//! whole, for the allocatable its device plugins advertise), its inventory's metadata (by
+//! `metadata.name`) and its node's ResourceSlices (by `spec.nodeName`). A steady cycle reads them instead of the API; see
 //! [`super::watched`] for how they stay bounded and when they are not trusted, and
 //! `docs/decisions/0010-the-agent-watches-its-own-objects.md` for the apiserver's side.
 //!
@@ -31,7 +31,7 @@ pub enum InventoryVersion {
 #[derive(Debug)]
 pub struct OwnObjects {
     name: String,
-    node: Watched<PartialObjectMeta<Node>>,
+    node: Watched<Node>,
     inventory: Watched<PartialObjectMeta<AcceleratorInventory>>,
     slices: Watched<ResourceSlice>,
 }
@@ -43,7 +43,7 @@ impl OwnObjects {
         Self {
             name: node.to_string(),
             node: Watched::start(
-                Source::metadata("node", Api::<Node>::all(client.clone()), by_name.clone()),
+                Source::objects("node", Api::<Node>::all(client.clone()), by_name.clone()),
                 timing,
             ),
             inventory: Watched::start(
@@ -68,8 +68,13 @@ impl OwnObjects {
     /// The Node's metadata when the cache holds it; `None` when it cannot vouch for it or has
     /// no such Node (the caller's GET then reports what is wrong).
     pub fn node(&self) -> Option<ObjectMeta> {
+        self.node_object().map(|node| node.metadata)
+    }
+
+    /// The whole Node when the cache holds it (see [`Self::node`]).
+    pub fn node_object(&self) -> Option<Node> {
         match self.node.view() {
-            Cached::Current(mut nodes) => nodes.remove(&self.name).map(|n| n.metadata),
+            Cached::Current(mut nodes) => nodes.remove(&self.name),
             Cached::Refused(_) | Cached::Unknown => None,
         }
     }

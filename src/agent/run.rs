@@ -68,7 +68,7 @@ use crate::hardware::HealthStatus;
 use crate::hardware::Report;
 use crate::labels;
 use crate::server::Readiness;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The agent's field manager.
 pub use crate::names::keys::AGENT_FIELD_MANAGER as FIELD_MANAGER;
@@ -152,6 +152,8 @@ pub struct Agent {
     /// The uid of the Node as last read: a different one means the Node was re-created under
     /// the same name, without the labels the agent remembers writing.
     node_uid: Option<String>,
+    /// The device-plugin resources of the Node's allocatable, as last read from the watch.
+    plugin_resources: Option<BTreeMap<String, u32>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -207,6 +209,7 @@ impl Agent {
             warned_annotation: None,
             writable_host_mounts: Vec::new(),
             node_uid: None,
+            plugin_resources: None,
             config,
         }
         .with_writable_host_mounts(host_mounts::check(&config_root))
@@ -306,8 +309,19 @@ impl Agent {
         let own = self.own.get_or_insert_with(|| {
             OwnObjects::start(&self.client, &self.config.node_name, Timing::default())
         });
-        let cached_node = own.node();
+        let cached_node = own.node_object();
         let cached_slices = own.slices();
+        // What the Node's device plugins advertise, from the watched Node only: when the cache
+        // cannot vouch for it, the last value read stands (the fallback GET is metadata only).
+        if let Some(node) = &cached_node {
+            self.plugin_resources = Some(crate::dra::device_plugins::advertised(
+                node.status
+                    .as_ref()
+                    .and_then(|status| status.allocatable.as_ref())
+                    .unwrap_or(&BTreeMap::new()),
+            ));
+        }
+        let cached_node = cached_node.map(|node| node.metadata);
         let node = match cached_node {
             Some(node) => node,
             None => {
@@ -635,6 +649,7 @@ impl Agent {
         status.observed_generation = generation;
         status.expected_devices = Some(missing.expected.count);
         status.expected_source = Some(missing.expected.source.as_str().to_string());
+        status.device_plugin_resources = self.plugin_resources.clone();
         status
     }
 }

@@ -407,6 +407,14 @@ pub struct AcceleratorInventoryStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
     pub expected_source: Option<String>,
+    /// Accelerator resources the Node's device plugins advertise in its `status.allocatable`
+    /// (`nvidia.com/gpu: 8`), as the agent last read them: only the names of
+    /// `dra::device_plugins` and whole counts, at most 16. The publication audit compares
+    /// them with what DRA drivers publish. Absent when the agent has not read its Node's
+    /// allocatable (an agent older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = 16))] // dra::device_plugins::MAX_ADVERTISED
+    pub device_plugin_resources: Option<BTreeMap<String, u32>>,
     /// Plannable accelerators (every health but `unhealthy`) that no placement and no
     /// allocated claim holds: the planner's free set on this node (written by the controller,
     /// field manager `hwaccel-controller`); absent until the controller has seen the node.

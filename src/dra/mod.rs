@@ -8,6 +8,8 @@
 //! | [`share`] | a shareable device's `memory` capacity and request policy, read from its slice |
 //! | [`slices`] | ResourceSlices → the devices each node's drivers publish |
 //! | [`lint`] | what is wrong with slices: the apiserver's rules, empty slices, the dictionary's facts |
+//! | [`device_plugins`] | the extended resources vendors' device plugins advertise on a Node |
+//! | [`audit`] | one node's three truths compared: detected, published in DRA, advertised by plugins |
 //! | [`inventory_node`] | an inventory → the planner's node and the fleet roll-up's, before any merge |
 //! | [`merge`] | an inventory + published devices → one planner node, one device each |
 //! | [`own_slices`] | driverless devices → the agent's own `hwaccel.io` slice, never double-exposed |
@@ -23,10 +25,12 @@
 use crate::hardware::{Family, HealthStatus, Vendor};
 use crate::plan::share::{SharePolicy, Shareable};
 
+pub mod audit;
 pub mod claim_template;
 pub mod claims;
 pub mod counters;
 pub mod device_classes;
+pub mod device_plugins;
 pub mod drivers;
 pub mod inventory_node;
 pub mod lint;
@@ -72,6 +76,9 @@ pub struct PublishedDevice {
     /// The scale-up group the driver puts the device in (`neuronlink:<devicegroup16_id>`),
     /// in the planner's domain form, when it publishes one.
     pub domain: Option<String>,
+    /// A whole physical device: not a partition, a VFIO sibling or an entry that stands for
+    /// several devices (what the publication audit counts against detection).
+    pub whole: bool,
     /// Maker, from the driver.
     pub vendor: Vendor,
     /// Kind, from the driver.

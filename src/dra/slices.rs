@@ -192,7 +192,8 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
                 .and_then(text)
                 .and_then(|id| canonical_bus_id(&id))
         });
-    let (pci_bus_id, parent_bus_id) = if partition.is_some() || aggregate.is_some() {
+    let whole = partition.is_none() && aggregate.is_none();
+    let (pci_bus_id, parent_bus_id) = if !whole {
         (None, bus_id)
     } else {
         (bus_id, None)
@@ -251,6 +252,7 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         health,
         domain,
         numa_node: numa_node(driver, device),
+        whole,
         vendor: driver.vendor,
         family: driver.family,
         // Only a device a placement may take is one to take a share of.

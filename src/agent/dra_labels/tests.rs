@@ -158,6 +158,7 @@ fn published(bus: Option<&str>, uuid: Option<&str>, unusable: Option<&str>) -> P
         parent_bus_id: None,
         health: crate::hardware::HealthStatus::Unknown,
         domain: None,
+        whole: true,
         vendor: Vendor::Nvidia,
         family: Family::Gpu,
         unusable: unusable.map(str::to_string),

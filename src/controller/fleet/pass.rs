@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use tracing::Instrument;
@@ -31,6 +32,7 @@ use crate::fleet::health::Holdings;
 use crate::plan::Reservations;
 
 use super::core::model_capacity::{self, CountedModel};
+use super::publication::{self, Audits, NodeAudit, audit_nodes};
 use crate::controller::cache::{
     any_allocated, any_published, claimed_in_cache, fleet_view, outlived_in_cache,
 };
@@ -54,8 +56,11 @@ const WRITE_CONCURRENCY: usize = 8;
 /// What the passes remember between them.
 #[derive(Debug, Default)]
 pub(crate) struct Memory {
-    /// freeDevices last written per node, and when.
-    free_written: HashMap<String, (u32, Instant)>,
+    /// freeDevices and the `DRAPublished` condition (status, reason, message) last written
+    /// per node, and when.
+    status_written: HashMap<String, (Written, Instant)>,
+    /// The publication audits, kept while their inputs stay.
+    audits: Audits,
     /// `DevicesMissing` as last seen per node, for the Events on its transitions.
     missing_seen: HashMap<String, bool>,
     /// When the models were last counted.
@@ -178,7 +183,9 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
         _ => BTreeMap::new(),
     };
     ctx.metrics.fleet.publish_share_headroom(&headroom);
-    write_free_devices(ctx, memory, &stats).await;
+    let audited = audit_nodes(ctx, &mut memory.audits);
+    write_status(ctx, memory, &stats, &audited).await;
+    publication::publish(ctx, &mut memory.audits, &audited);
     node_events(ctx, memory, &stats);
     report_outlived(ctx, memory, &outlived_in_cache(ctx));
     Figures { stats, view }
@@ -221,64 +228,92 @@ pub(crate) async fn count_models(ctx: &Context, memory: &mut Memory, counting: &
     ctx.metrics.fleet.publish_models(&counts);
 }
 
-/// Writes `status.freeDevices` on every inventory whose value changed, by server-side apply
-/// on the status subresource: only that field is ours, the agent's fields stay its own.
-async fn write_free_devices(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
+/// What the controller writes into an inventory's status: `freeDevices` and the
+/// `DRAPublished` condition's status, reason and message.
+type Written = (u32, (String, String, String));
+
+/// Writes the controller's status fields on every inventory where one changed, by server-side
+/// apply on the status subresource: `status.freeDevices` and the `DRAPublished` condition,
+/// always together (an apply that left one out would remove it), in one request; the agent's
+/// fields stay its own.
+async fn write_status(
+    ctx: &Context,
+    memory: &mut Memory,
+    stats: &[NodeStats],
+    audited: &BTreeMap<String, NodeAudit>,
+) {
     let now = Instant::now();
     memory
-        .free_written
+        .status_written
         .retain(|_, (_, when)| now.duration_since(*when) < CACHE_LAG);
-    let due: Vec<(String, u32)> = stats
+    let stamp = Time(k8s_openapi::jiff::Timestamp::now());
+    let due: Vec<(String, u32, Condition)> = stats
         .iter()
         .filter_map(|node| {
             let free = node.free_devices();
-            let fresh = memory.free_written.get(&node.node).map(|(value, _)| *value);
-            // The cache may still show the value before our own write: trust that write
+            let audit = audited.get(&node.node);
+            let condition = audit.map(|audit| audit.condition(&stamp))?;
+            let key = (
+                free,
+                (
+                    condition.status.clone(),
+                    condition.reason.clone(),
+                    condition.message.clone(),
+                ),
+            );
+            let current =
+                node.written_free == Some(free) && audit.is_some_and(NodeAudit::is_written);
+            // The cache may still show the status before our own write: trust that write
             // for a while rather than writing it again.
-            (node.written_free != Some(free) && fresh != Some(free))
-                .then(|| (node.node.clone(), free))
+            let fresh = memory
+                .status_written
+                .get(&node.node)
+                .map(|(written, _)| written);
+            (!current && fresh != Some(&key)).then(|| (node.node.clone(), free, condition))
         })
         .collect();
     let api: Api<AcceleratorInventory> = Api::all(ctx.client.clone());
-    let written: Vec<(String, u32, bool)> = futures::stream::iter(due)
-        .map(|(node, free)| {
+    let written: Vec<(String, Written, bool)> = futures::stream::iter(due)
+        .map(|(node, free, condition)| {
             let api = api.clone();
             let span = node_span(&node);
             async move {
                 let started = Instant::now();
-                let result = apply_free_devices(&api, &node, free).await;
+                let result = apply_status(&api, &node, free, &condition).await;
                 match &result {
                     Ok(()) => ctx.metrics.wrote("inventory_status", started.elapsed()),
                     // Gone since the cache saw it: nothing to write.
                     Err(kube::Error::Api(status)) if status.code == 404 => {}
                     Err(err) => {
                         ctx.metrics.failed("inventory_status");
-                        tracing::warn!(error = %err, "writing freeDevices failed; the next pass retries");
+                        tracing::warn!(error = %err, "writing the inventory's status failed; the next pass retries");
                     }
                 }
-                (node, free, result.is_ok())
+                let key = (free, (condition.status, condition.reason, condition.message));
+                (node, key, result.is_ok())
             }
             .instrument(span)
         })
         .buffer_unordered(WRITE_CONCURRENCY)
         .collect()
         .await;
-    for (node, free, ok) in written {
+    for (node, key, ok) in written {
         if ok {
-            memory.free_written.insert(node, (free, Instant::now()));
+            memory.status_written.insert(node, (key, Instant::now()));
         }
     }
 }
 
-async fn apply_free_devices(
+async fn apply_status(
     api: &Api<AcceleratorInventory>,
     node: &str,
     free: u32,
+    condition: &Condition,
 ) -> Result<(), kube::Error> {
     let patch = serde_json::json!({
         "apiVersion": crate::api::API_VERSION,
         "kind": "AcceleratorInventory",
-        "status": {"freeDevices": free},
+        "status": {"freeDevices": free, "conditions": [condition]},
     });
     api.patch_status(
         node,

@@ -61,6 +61,17 @@ pub struct ModelLabel {
     pub precision: String,
 }
 
+/// Label set of a node's unpublished devices.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct UnpublishedLabel {
+    /// The node.
+    pub node: String,
+    /// The DRA driver, or the device plugin resource or vendor a gap no driver owns names.
+    pub driver: String,
+    /// The audit's reason (`DriverSliceMissing`...).
+    pub reason: String,
+}
+
 /// What one placement shows: devices held and its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacementFigures {
@@ -77,6 +88,7 @@ struct Published {
     share_products: BTreeSet<ProductLabel>,
     placements: BTreeSet<PlacementLabel>,
     models: BTreeSet<ModelLabel>,
+    unpublished: BTreeSet<UnpublishedLabel>,
 }
 
 /// The fleet gauges.
@@ -94,6 +106,7 @@ pub struct FleetMetrics {
     placement_state: Family<PlacementStateLabel, Gauge>,
     model_replicas: Family<ModelLabel, Gauge>,
     model_stranded: Family<ModelLabel, Gauge>,
+    unpublished: Family<UnpublishedLabel, Gauge>,
     published: Arc<Mutex<Published>>,
 }
 
@@ -113,8 +126,16 @@ impl FleetMetrics {
             placement_state: Family::default(),
             model_replicas: Family::default(),
             model_stranded: Family::default(),
+            unpublished: Family::default(),
             published: Arc::default(),
         };
+        registry.register(
+            "hwaccel_dra_unpublished_devices",
+            "Devices that fall between what a node's agent detected, what DRA drivers publish \
+             and what its device plugins advertise, by node, driver and audit reason (only \
+             nodes with a gap have series)",
+            metrics.unpublished.clone(),
+        );
         registry.register(
             "hwaccel_fleet_devices",
             "Accelerators in the inventories the controller sees, by product",
@@ -200,6 +221,24 @@ impl FleetMetrics {
             self.share_memory_free.remove(gone);
         }
         published.share_products = current;
+    }
+
+    /// Publishes the publication audit's gaps: devices per (node, driver, reason); series of
+    /// gaps that closed are removed.
+    pub fn publish_unpublished(&self, gaps: &BTreeMap<UnpublishedLabel, u32>) {
+        let Ok(mut published) = self.published.lock() else {
+            return;
+        };
+        for (label, devices) in gaps {
+            self.unpublished
+                .get_or_create(label)
+                .set(i64::from(*devices));
+        }
+        let current: BTreeSet<UnpublishedLabel> = gaps.keys().cloned().collect();
+        for gone in published.unpublished.difference(&current) {
+            self.unpublished.remove(gone);
+        }
+        published.unpublished = current;
     }
 
     /// Publishes how many allocated claims outlived their placement.

@@ -45,6 +45,7 @@ fn h100(node: &str, minor: usize) -> PublishedDevice {
         parent_bus_id: None,
         health: crate::hardware::HealthStatus::Unknown,
         domain: None,
+        whole: true,
         vendor: Vendor::Nvidia,
         family: Family::Gpu,
         unusable: None,

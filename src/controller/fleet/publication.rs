@@ -1,0 +1,232 @@
+//! The publication audit, driven: each fleet pass holds every inventory against the slices
+//! DRA drivers publish for its node and the Node's labels ([`crate::dra::audit`]), and hands
+//! the pass each node's `DRAPublished` condition (written with `status.freeDevices`, in one
+//! apply), the `hwaccel_dra_unpublished_devices` series and the Node Events of its
+//! transitions.
+//!
+//! A node is audited again only when something it depends on changed — its inventory's
+//! resourceVersion, its slices' resourceVersions, its labels, or the set of drivers that
+//! publish anywhere — so a steady pass over 10,000 nodes hashes them and lints none.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::conditions;
+use crate::controller::cache::slices_in_cache;
+use crate::controller::context::Context;
+use crate::controller::core::fleet_view::names_its_node;
+use crate::controller::metrics::fleet::UnpublishedLabel;
+use crate::controller::node_events::{cut, publish_node_event};
+use crate::dra::audit::{Audit, NodeTruths, audit};
+use crate::dra::lint::lint;
+use crate::dra::slices::published_devices;
+
+/// The inventory condition the audit sets (owned by the controller's field manager).
+pub const DRA_PUBLISHED: &str = "DRAPublished";
+
+/// One node's audit and what its inventory shows now.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeAudit {
+    /// The audit.
+    pub audit: Arc<Audit>,
+    /// The inventory's `metadata.generation`, for the condition's `observedGeneration`.
+    pub generation: Option<i64>,
+    /// The `DRAPublished` condition the inventory carries now, if any.
+    pub written: Option<Condition>,
+}
+
+impl NodeAudit {
+    /// The condition to write, keeping the written one's `lastTransitionTime` while the
+    /// status stays.
+    pub fn condition(
+        &self,
+        now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    ) -> Condition {
+        let mut list: Vec<Condition> = self.written.iter().cloned().collect();
+        conditions::set(
+            &mut list,
+            conditions::condition(
+                DRA_PUBLISHED,
+                Some(self.audit.published()),
+                self.audit.reason(),
+                &self.audit.message(),
+                self.generation,
+                now,
+            ),
+        );
+        list.pop().unwrap_or_else(|| {
+            conditions::condition(DRA_PUBLISHED, None, "Unknown", "", self.generation, now)
+        })
+    }
+
+    /// True when the inventory already carries this audit's condition.
+    pub fn is_written(&self) -> bool {
+        self.written.as_ref().is_some_and(|c| {
+            c.status == conditions::status_text(Some(self.audit.published()))
+                && c.reason == self.audit.reason()
+                && c.message == cut_message(&self.audit.message())
+                && c.observed_generation == self.generation
+        })
+    }
+}
+
+fn cut_message(message: &str) -> String {
+    message
+        .chars()
+        .take(conditions::MAX_MESSAGE_CHARS)
+        .collect()
+}
+
+/// What the audits remember between passes.
+#[derive(Debug, Default)]
+pub(crate) struct Audits {
+    /// Per node: the fingerprint of what the audit read, and the audit.
+    by_node: HashMap<String, (u64, Arc<Audit>)>,
+    /// Per node: whether it was published and the reason last seen, for the Events on
+    /// transitions.
+    seen: HashMap<String, (bool, &'static str)>,
+}
+
+/// Audits every inventory's node; nodes whose inputs did not change keep their audit.
+pub(crate) fn audit_nodes(ctx: &Context, audits: &mut Audits) -> BTreeMap<String, NodeAudit> {
+    let slices = slices_in_cache(ctx);
+    let mut by_node: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
+    let mut drivers_in_cluster: BTreeSet<String> = BTreeSet::new();
+    for slice in &slices {
+        let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
+            drivers_in_cluster.insert(slice.spec.driver.clone());
+        }
+        by_node.entry(node).or_default().push(slice);
+    }
+    let drivers_hash = hash_of(&drivers_in_cluster);
+    let no_labels = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for object in ctx.inventories.state() {
+        let Some(inventory) = object.decoded() else {
+            continue;
+        };
+        if !names_its_node(inventory) {
+            continue;
+        }
+        let node = inventory.spec.node_name.as_str();
+        let node_object = ctx.nodes.get(&ObjectRef::new(node));
+        let labels = node_object.as_ref().map_or(&no_labels, |n| n.labels());
+        let own_slices = by_node.get(node).map(Vec::as_slice).unwrap_or(&[]);
+        let fingerprint = {
+            let mut hasher = DefaultHasher::new();
+            inventory.metadata.resource_version.hash(&mut hasher);
+            for slice in own_slices {
+                slice.metadata.name.hash(&mut hasher);
+                slice.metadata.resource_version.hash(&mut hasher);
+            }
+            labels.hash(&mut hasher);
+            drivers_hash.hash(&mut hasher);
+            hasher.finish()
+        };
+        let audit = match audits.by_node.get(node) {
+            Some((seen, audit)) if *seen == fingerprint => audit.clone(),
+            _ => {
+                let owned: Vec<ResourceSlice> = own_slices.iter().map(|s| (*s).clone()).collect();
+                let published = published_devices(&owned);
+                let findings = lint(&owned);
+                let audit = Arc::new(audit(&NodeTruths {
+                    inventory: Some(inventory),
+                    published: published.node(node),
+                    findings: &findings,
+                    labels,
+                    drivers_in_cluster: &drivers_in_cluster,
+                }));
+                audits
+                    .by_node
+                    .insert(node.to_string(), (fingerprint, audit.clone()));
+                audit
+            }
+        };
+        let written = inventory
+            .status
+            .as_ref()
+            .and_then(|status| conditions::find(&status.conditions, DRA_PUBLISHED))
+            .cloned();
+        out.insert(
+            node.to_string(),
+            NodeAudit {
+                audit,
+                generation: inventory.metadata.generation,
+                written,
+            },
+        );
+    }
+    audits.by_node.retain(|node, _| out.contains_key(node));
+    out
+}
+
+/// Publishes the audit's series and the Node Events of its transitions: a Warning
+/// `DRANotPublished` when a node's gaps start or their leading reason changes, a Normal
+/// `DRAPublished` when they close. After a restart a node with gaps gets one Warning.
+pub(crate) fn publish(ctx: &Context, audits: &mut Audits, nodes: &BTreeMap<String, NodeAudit>) {
+    let mut series: BTreeMap<UnpublishedLabel, u32> = BTreeMap::new();
+    for (node, audited) in nodes {
+        for ((driver, reason), devices) in audited.audit.devices_by_source() {
+            series.insert(
+                UnpublishedLabel {
+                    node: node.clone(),
+                    driver: cut(&driver),
+                    reason: reason.as_str().to_string(),
+                },
+                devices,
+            );
+        }
+    }
+    ctx.metrics.fleet.publish_unpublished(&series);
+
+    audits.seen.retain(|node, _| nodes.contains_key(node));
+    for (node, audited) in nodes {
+        let now = (audited.audit.published(), audited.audit.reason());
+        let before = audits.seen.insert(node.clone(), now);
+        let event = match (before, now) {
+            // Gaps appeared, or their leading reason changed.
+            (None | Some((true, _)), (false, _)) => warning(node, &audited.audit),
+            (Some((false, was)), (false, reason)) if was != reason => warning(node, &audited.audit),
+            (Some((false, _)), (true, _)) => Event {
+                type_: EventType::Normal,
+                reason: DRA_PUBLISHED.to_string(),
+                note: Some(cut(&audited.audit.message())),
+                action: "Audit".to_string(),
+                secondary: None,
+            },
+            _ => continue,
+        };
+        publish_node_event(ctx, node, event);
+    }
+}
+
+fn warning(node: &str, audit: &Audit) -> Event {
+    Event {
+        type_: EventType::Warning,
+        reason: "DRANotPublished".to_string(),
+        note: Some(cut(&format!(
+            "{}: {}; see kubectl describe acceleratorinventory {node}",
+            audit.reason(),
+            audit.message()
+        ))),
+        action: "Audit".to_string(),
+        secondary: None,
+    }
+}
+
+fn hash_of(drivers: &BTreeSet<String>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    drivers.hash(&mut hasher);
+    hasher.finish()
+}
