@@ -807,6 +807,14 @@ fn the_contract_is_exactly_what_the_agent_and_controller_export() {
         ("NVIDIA H100 80GB HBM3".to_string(), "nvidia".to_string()),
         56u64 << 30,
     )]));
+    fleet.publish_unpublished(&BTreeMap::from([(
+        hwaccel::controller::metrics::fleet::UnpublishedLabel {
+            node: "gpu-7".into(),
+            driver: "gpu.amd.com".into(),
+            reason: "DriverSliceMissing".into(),
+        },
+        8u32,
+    )]));
     let exported = exported_series_names(&registry);
     let documented: BTreeSet<String> = Contract::from_repository()
         .metrics

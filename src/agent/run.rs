@@ -152,7 +152,7 @@ pub struct Agent {
     /// The uid of the Node as last read: a different one means the Node was re-created under
     /// the same name, without the labels the agent remembers writing.
     node_uid: Option<String>,
-    /// The device-plugin resources of the Node's allocatable, as last read from the watch.
+    /// The device-plugin resources of the Node's allocatable, as last read.
     plugin_resources: Option<BTreeMap<String, u32>>,
 }
 
@@ -311,26 +311,18 @@ impl Agent {
         });
         let cached_node = own.node_object();
         let cached_slices = own.slices();
-        // What the Node's device plugins advertise, from the watched Node only: when the cache
-        // cannot vouch for it, the last value read stands (the fallback GET is metadata only).
-        if let Some(node) = &cached_node {
-            self.plugin_resources = Some(crate::dra::device_plugins::advertised(
-                node.status
-                    .as_ref()
-                    .and_then(|status| status.allocatable.as_ref())
-                    .unwrap_or(&BTreeMap::new()),
-            ));
-        }
-        let cached_node = cached_node.map(|node| node.metadata);
+        // The whole Node: its metadata, and what its device plugins advertise.
         let node = match cached_node {
             Some(node) => node,
-            None => {
-                self.nodes
-                    .get_metadata(&self.config.node_name)
-                    .await?
-                    .metadata
-            }
+            None => self.nodes.get(&self.config.node_name).await?,
         };
+        self.plugin_resources = Some(crate::dra::device_plugins::advertised(
+            node.status
+                .as_ref()
+                .and_then(|status| status.allocatable.as_ref())
+                .unwrap_or(&BTreeMap::new()),
+        ));
+        let node = node.metadata;
         if node.uid != self.node_uid {
             if self.node_uid.is_some() {
                 tracing::warn!("the Node was re-created under the same name; labelling it again");

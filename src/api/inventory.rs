@@ -391,7 +391,9 @@ pub struct InventoryNumaNode {
 #[serde(rename_all = "camelCase")]
 pub struct AcceleratorInventoryStatus {
     /// `Ready` (the inventory reflects a successful detection) and `Degraded` (a detector
-    /// failed or devices are unhealthy), one entry per type.
+    /// failed or devices are unhealthy), one entry per type, written by the agent; and
+    /// `DRAPublished` (what DRA drivers publish and device plugins advertise agrees with
+    /// detection), written by the controller.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

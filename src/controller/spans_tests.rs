@@ -56,7 +56,7 @@ async fn every_line_a_reconcile_logs_names_its_placement() {
 #[tokio::test]
 async fn a_fleet_pass_names_the_node_each_line_is_about() {
     let harness = Harness::new();
-    // n1's freeDevices write is refused: the pass logs it, on n1's behalf.
+    // n1's status write (freeDevices and DRAPublished) is refused: the pass logs it, on n1's behalf.
     harness.fake.refuse(
         "PATCH",
         "/acceleratorinventories/n1/status",
@@ -76,7 +76,7 @@ async fn a_fleet_pass_names_the_node_each_line_is_about() {
 
     let refused: Vec<&Value> = lines
         .iter()
-        .filter(|l| message(l).starts_with("writing freeDevices failed"))
+        .filter(|l| message(l).starts_with("writing the inventory's status failed"))
         .collect();
     assert_eq!(refused.len(), 1, "{lines:?}");
     assert_eq!(
