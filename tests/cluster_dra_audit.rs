@@ -27,6 +27,7 @@ use crate::support::agent::{agent_for, cycle_until, watches_current};
 use crate::support::controller::start_controller;
 use crate::support::hosts::copy_fixture;
 use crate::support::nodes::{apply_inventory, create_kwok_node, node_events};
+use crate::support::process::hwaccel_json;
 use crate::support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 /// The fixture's slices, re-pointed at `node` (names, pool, owner dropped), as a driver on
@@ -192,6 +193,26 @@ async fn a_slice_the_apiserver_refuses_leaves_the_gpus_missing_from_dra_until_a_
     );
     let warning = wait_event(&cluster, &broken, "Warning|DRANotPublished|").await?;
     assert!(warning.contains("gpu.amd.com publishes 0"), "{warning}");
+    // `hwaccel fleet` holds the same truths on its own, without the controller's condition.
+    let report = hwaccel_json(
+        &cluster,
+        &["fleet", "--model", "llama-3.1-8b", "-o", "json"],
+    )
+    .await?;
+    let rows = report["publication"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let row = rows
+        .iter()
+        .find(|row| row["node"] == broken.as_str())
+        .with_context(|| format!("no publication row for {broken}: {rows:?}"))?;
+    assert_eq!(row["reason"], "DriverSliceMissing", "{row}");
+    assert_eq!(row["devices"], 8, "{row}");
+    assert!(
+        !rows.iter().any(|row| row["node"] == working.as_str()),
+        "{rows:?}"
+    );
 
     // The agent's own conditions are untouched by the controller's apply, and the
     // controller's condition by the agent's next one.

@@ -357,3 +357,46 @@ fn a_degraded_gpu_is_free_and_listed_as_degraded() {
     );
     assert!(!table.contains("none: no accelerator"), "{table}");
 }
+
+#[test]
+fn gpus_no_driver_or_device_plugin_offers_are_named_under_sick_or_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read_to_string(format!("{INVENTORIES}/gpu-h100-0.yaml")).unwrap();
+    // The agent read the Node's allocatable and found no device plugin resource.
+    let unoffered = format!("{original}  devicePluginResources: {{}}\n");
+    let path = dir.path().join("gpu-h100-0.yaml");
+    std::fs::write(&path, unoffered).unwrap();
+    let base = [
+        "fleet",
+        "--inventory",
+        path.to_str().unwrap(),
+        "--model",
+        "llama-3.1-8b",
+    ];
+    let mut json_args = base.to_vec();
+    json_args.extend(["-o", "json"]);
+    let out = hwaccel(&json_args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["publication"].as_array().expect("publication rows");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["reason"], "NotAdvertised");
+    assert_eq!(rows[0]["devices"], 8);
+    let table = String::from_utf8_lossy(&hwaccel(&base).stdout).to_string();
+    assert!(
+        table.contains("DRA publication NotAdvertised: 8 NVIDIA GPUs detected; no DRA driver publishes them and no device plugin advertises them"),
+        "{table}"
+    );
+
+    // The same inventory with the NVIDIA plugin's resource has nothing to say.
+    let offered = format!("{original}  devicePluginResources:\n    nvidia.com/gpu: 8\n");
+    std::fs::write(&path, offered).unwrap();
+    let out = hwaccel(&json_args);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("publication").is_none(), "{report}");
+}

@@ -73,6 +73,24 @@ pub struct FleetReport {
     /// What was skipped while reading.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Nodes whose accelerators fall between detection, DRA and device plugins (the
+    /// publication audit), by name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub publication: Vec<PublicationGaps>,
+}
+
+/// One node's publication gaps, as the inventory's `DRAPublished` condition says them.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicationGaps {
+    /// The node.
+    pub node: String,
+    /// The most urgent reason (`DriverSliceMissing`...).
+    pub reason: String,
+    /// Every gap, with the counts.
+    pub message: String,
+    /// Devices the gaps cover.
+    pub devices: u32,
 }
 
 /// Runs `hwaccel fleet`.
@@ -100,7 +118,20 @@ pub fn answer(args: &FleetArgs, input: FleetInput) -> Result<FleetReport> {
         claimed,
         placements,
         notes,
+        publication,
     } = input;
+    let publication: Vec<PublicationGaps> = publication
+        .into_iter()
+        .map(|(node, audit)| PublicationGaps {
+            reason: audit.reason().to_string(),
+            message: audit.message(),
+            devices: audit
+                .gaps
+                .iter()
+                .fold(0u32, |sum, gap| sum.saturating_add(gap.devices)),
+            node,
+        })
+        .collect();
     // In the counts, a device with any share on it is no free device.
     let (counted_placements, counted_claims) = (
         held_by_placements.clone().with_consumed_taken(),
@@ -143,6 +174,7 @@ pub fn answer(args: &FleetArgs, input: FleetInput) -> Result<FleetReport> {
         errors,
         stranded_for_every_model,
         notes,
+        publication,
     })
 }
 
@@ -246,6 +278,13 @@ pub fn render_table(report: &FleetReport, one_model: bool) -> String {
             ));
         }
         out.push_str(&format!("  {}: {}\n", node.name, parts.join("; ")));
+    }
+    for gaps in &report.publication {
+        sick += 1;
+        out.push_str(&format!(
+            "  {}: DRA publication {}: {}\n",
+            gaps.node, gaps.reason, gaps.message
+        ));
     }
     if sick == 0 {
         out.push_str("  none: no accelerator is degraded, unhealthy or missing\n");

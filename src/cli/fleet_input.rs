@@ -27,6 +27,7 @@ use crate::controller::core::claim_holdings::held_outside;
 use crate::controller::core::fleet_view::{FleetView, NodePart};
 use crate::controller::core::ledger::rebuild::holding_from_status;
 use crate::controller::core::ledger::{Ledger, Take};
+use crate::dra::audit::{Audit, audit_fleet};
 use crate::dra::inventory_node::fleet_node;
 use crate::dra::slices::published_devices;
 use crate::fleet::health::NodeInput;
@@ -56,6 +57,9 @@ pub struct FleetInput {
     pub placements: usize,
     /// What was skipped while reading, one line each.
     pub notes: Vec<String>,
+    /// Nodes whose detected, DRA-published and plugin-advertised devices disagree, with the
+    /// publication audit's gaps (`dra::audit`).
+    pub publication: BTreeMap<String, Audit>,
 }
 
 /// One inventory as a roll-up node: the one conversion, `dra::inventory_node::fleet_node`.
@@ -68,6 +72,7 @@ pub fn node_input(inventory: &AcceleratorInventory) -> (NodeInput, Vec<String>) 
 /// nodes whose every device is plannable.
 pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<FleetInput> {
     let extras: RefCell<BTreeMap<String, NodeInput>> = RefCell::new(BTreeMap::new());
+    let read_inventories: RefCell<Vec<AcceleratorInventory>> = RefCell::new(Vec::new());
     let reader = |kind: &str, object: &Value| {
         (kind == "AcceleratorInventory").then(|| {
             let inventory: AcceleratorInventory = serde_json::from_value(object.clone())
@@ -75,6 +80,7 @@ pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<Fle
             let (input, notes) = node_input(&inventory);
             let node = input.node.clone();
             extras.borrow_mut().insert(node.name.clone(), input);
+            read_inventories.borrow_mut().push(inventory);
             Ok((node, notes))
         })
     };
@@ -93,12 +99,15 @@ pub fn from_files(inventories: &[PathBuf], placements: &[PathBuf]) -> Result<Fle
     }
     let (reserved, count) = held(&read);
     let reserved = resolved(reserved, &nodes, &mut notes);
+    // Files carry no slices: only what the inventories themselves say (device plugins).
+    let publication = audit_fleet(&read_inventories.into_inner(), &[], &BTreeMap::new());
     Ok(FleetInput {
         nodes,
         reserved,
         claimed: Reservations::none(),
         placements: count,
         notes,
+        publication,
     })
 }
 
@@ -229,8 +238,11 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
     nodes.sort_by(|a, b| a.node.name.cmp(&b.node.name));
     let (reserved, count) = held(&placements);
     let reserved = resolved(reserved, &nodes, &mut notes);
+    let publication;
     let claimed = match read_dra(&client).await? {
         Some((slices, claims)) => {
+            // Node labels are not read (a list of every whole Node): no stale-label check.
+            publication = audit_fleet(&inventories, &slices, &BTreeMap::new());
             let (claimed, verdicts) = claimed(&inventories, &placements, &slices, &claims);
             nodes = nodes
                 .into_iter()
@@ -250,6 +262,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
                 "resource.k8s.io/v1 not served or not readable: ResourceClaims not counted"
                     .to_string(),
             );
+            publication = audit_fleet(&inventories, &[], &BTreeMap::new());
             Reservations::none()
         }
     };
@@ -259,6 +272,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
         claimed,
         placements: count,
         notes,
+        publication,
     })
 }
 

@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::de::value::{Error as ValueError, StrDeserializer};
 
 use super::PublishedDevice;
@@ -194,6 +195,46 @@ pub fn audit(truths: &NodeTruths<'_>) -> Audit {
     }
     audit.gaps.sort();
     audit
+}
+
+/// The audit of every inventory's node against `slices` (all of the cluster's), with each
+/// node's labels where known: what `hwaccel fleet` shows without a controller. Only nodes with
+/// a gap are returned.
+pub fn audit_fleet(
+    inventories: &[AcceleratorInventory],
+    slices: &[ResourceSlice],
+    labels: &BTreeMap<String, BTreeMap<String, String>>,
+) -> BTreeMap<String, Audit> {
+    let mut by_node: BTreeMap<&str, Vec<ResourceSlice>> = BTreeMap::new();
+    let mut drivers_in_cluster = BTreeSet::new();
+    for slice in slices {
+        let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
+            drivers_in_cluster.insert(slice.spec.driver.clone());
+        }
+        by_node.entry(node).or_default().push(slice.clone());
+    }
+    let no_labels = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for inventory in inventories {
+        let node = inventory.spec.node_name.as_str();
+        let own = by_node.get(node).map(Vec::as_slice).unwrap_or(&[]);
+        let published = super::slices::published_devices(own);
+        let findings = super::lint::lint(own);
+        let audited = audit(&NodeTruths {
+            inventory: Some(inventory),
+            published: published.node(node),
+            findings: &findings,
+            labels: labels.get(node).unwrap_or(&no_labels),
+            drivers_in_cluster: &drivers_in_cluster,
+        });
+        if !audited.published() {
+            out.insert(node.to_string(), audited);
+        }
+    }
+    out
 }
 
 /// Detected accelerators (not the host CPU) by vendor and family.
