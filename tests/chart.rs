@@ -904,9 +904,10 @@ fn health_taint_rights_follow_the_mode() {
             assert!(taint_rules.is_empty(), "{mode}: {taint_rules:?}");
         }
         // `get` on pods in every mode: the pods a placement's claims are reserved for, read
-        // by name for their device health; `list` only for the dry-run report.
+        // by name for their device health; `list` for plan conformance (by default) and for
+        // the dry-run report.
         let pod_rules = controller_rules_for(&docs, "pods");
-        let mut expected = vec![serde_json::json!(["get"])];
+        let mut expected = vec![serde_json::json!(["get"]), serde_json::json!(["list"])];
         if pods {
             expected.push(serde_json::json!(["list"]));
         }
@@ -2578,5 +2579,28 @@ fn compat_labels_are_opt_in_and_open_exactly_their_keys_to_writes() {
         // Never the controller's, and no prefix: exact keys only.
         assert!(keys.contains("!= 'system:serviceaccount:"), "{keys}");
         assert!(!keys.contains("'nvidia.com/'"), "{keys}");
+    }
+}
+
+#[test]
+fn listing_pods_for_conformance_is_granted_and_passed_only_when_asked() {
+    for (list, rules) in [("true", 2), ("false", 1)] {
+        let set = format!("controller.conformance.listPods={list}");
+        let Some(docs) = render(
+            "listing_pods_for_conformance_is_granted_and_passed_only_when_asked",
+            &["--set", &set],
+        ) else {
+            return;
+        };
+        assert_eq!(controller_rules_for(&docs, "pods").len(), rules, "{list}");
+        let args = of_kind(&docs, "Deployment")
+            .into_iter()
+            .filter(|d| name_of(d) == "hwaccel-controller")
+            .map(|d| d["spec"]["template"]["spec"]["containers"][0]["args"].to_string())
+            .collect::<String>();
+        assert!(
+            args.contains(&format!("--conformance-list-pods={list}")),
+            "{list}: {args}"
+        );
     }
 }

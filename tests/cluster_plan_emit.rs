@@ -509,3 +509,253 @@ async fn the_apiserver_enforces_the_engine_fields_bounds() -> Result<()> {
     ensure!(engine.max_num_seqs == Some(64) && engine.mem_fraction_static_percent == Some(85));
     Ok(())
 }
+
+/// The placement's `Conformant` condition as (status, reason, message).
+async fn conformant(cluster: &TestCluster, name: &str) -> Result<Option<(String, String, String)>> {
+    let placement = Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .get(name)
+        .await?;
+    Ok(placement.status.and_then(|status| {
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Conformant")
+            .map(|c| (c.status, c.reason, c.message))
+    }))
+}
+
+/// Waits until the `Conformant` condition has `status` and `reason`; returns its message.
+/// A placement without running pods is re-checked only on its slow resync, so each try
+/// nudges it (an annotation: any change of the object is a reconcile).
+async fn wait_conformant(
+    cluster: &TestCluster,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<String> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let nudges = std::sync::atomic::AtomicU32::new(0);
+    wait_for(
+        DEFAULT_TIMEOUT,
+        &format!("{name} Conformant={status} {reason}"),
+        || {
+            let api = api.clone();
+            let nudges = &nudges;
+            async move {
+                let nudge = nudges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                api.patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {"test.hwaccel.io/nudge": nudge.to_string()}}})),
+                )
+                .await?;
+                Ok(conformant(cluster, name)
+                    .await?
+                    .filter(|(s, r, _)| s == status && r == reason)
+                    .map(|(_, _, message)| message))
+            }
+        },
+    )
+    .await
+}
+
+/// Edits the Deployment's `vllm` container: `edit` gets its args and image.
+async fn edit_container(
+    cluster: &TestCluster,
+    name: &str,
+    edit: impl FnOnce(&mut Vec<String>, &mut String),
+) -> Result<()> {
+    let api: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(cluster.client(), cluster.namespace());
+    let deployment = api.get(name).await?;
+    let container = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().find(|c| c.name == "vllm"))
+        .context("the vllm container")?;
+    let mut args = container.args.unwrap_or_default();
+    let mut image = container.image.unwrap_or_default();
+    edit(&mut args, &mut image);
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "vllm", "args": args, "image": image},
+        ]}}}})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The one pod of the Deployment not being deleted, once its container `runs` what is
+/// wanted.
+async fn current_pod(
+    cluster: &TestCluster,
+    app: &str,
+    what: &str,
+    runs: impl Fn(&k8s_openapi::api::core::v1::Container) -> bool,
+) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    let runs = &runs;
+    wait_for(DEFAULT_TIMEOUT, &format!("a pod running {what}"), || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={app}")))
+                .await?;
+            let live: Vec<&Pod> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let pod_runs = |p: &Pod| {
+                p.spec
+                    .as_ref()
+                    .is_some_and(|s| s.containers.iter().any(runs))
+            };
+            Ok((live.len() == 1 && pod_runs(live[0]))
+                .then(|| live[0].metadata.name.clone())
+                .flatten())
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn an_emitted_deployment_runs_its_plan_until_edited_and_again_once_restored() -> Result<()> {
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        bail!("needs the full tier (tests/cluster/up.sh --full): kube-scheduler and kwok");
+    }
+    install_crds(&cluster.client()).await?;
+    add_gpu_node(&cluster).await?;
+    let (_controller, registry) = support::controller::start_controller_with(&cluster, |config| {
+        config.device_health_interval = std::time::Duration::from_secs(1);
+    });
+    // One replica of a 70B model in bf16: TP 4 or more on the 80 GB H100s.
+    let spec = PlacementBuilder::serve("llama-3.1-70b")
+        .context(8192)
+        .replicas(1)
+        .precision(PrecisionChoice::Bf16)
+        .spec();
+    let status = plan(&cluster, "conform", on_cuda_12(spec)).await?;
+    let tp = status.plan.as_ref().context("a plan")?.tensor_parallel;
+    ensure!(tp >= 2, "TP {tp}");
+    let message = wait_conformant(&cluster, "conform", "Unknown", "NoPods").await?;
+    assert!(
+        message.contains("hwaccel.io/placement=conform"),
+        "{message}"
+    );
+
+    let yaml = render(&cluster, "conform", "deployment").await?;
+    assert!(yaml.contains("hwaccel.io/placement: conform"), "{yaml}");
+    create(&cluster, "conform.yaml", &yaml).await?;
+    running_pods(&cluster, "app.kubernetes.io/name=conform", 1).await?;
+    let message = wait_conformant(&cluster, "conform", "True", "Conformant").await?;
+    assert_eq!(message, "1 pod run the plan");
+    let table = cluster
+        .kubectl_ok(&["get", "modelplacement", "conform"])
+        .await?;
+    assert!(
+        table
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("CONFORMANT")),
+        "{table}"
+    );
+    assert!(table.contains("True"), "{table}");
+
+    // Fewer tensor-parallel ranks on the same GPUs: half of them idle, the pod named.
+    let half = (tp / 2).to_string();
+    edit_container(&cluster, "conform", |args, _| {
+        let at = args
+            .iter()
+            .position(|a| a == "--tensor-parallel-size")
+            .expect("TP");
+        args[at + 1] = half.clone();
+    })
+    .await?;
+    let tp_is = |value: String| {
+        move |c: &k8s_openapi::api::core::v1::Container| {
+            c.args
+                .iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .any(|w| w[0] == "--tensor-parallel-size" && *w[1] == value)
+        }
+    };
+    let pod = current_pod(&cluster, "conform", "half the TP", tp_is(half.clone())).await?;
+    let message = wait_conformant(&cluster, "conform", "False", "IdleDevices").await?;
+    assert!(
+        message.contains(&format!(
+            "pod {pod} holds {tp} devices and starts {half} rank"
+        )),
+        "{message}"
+    );
+    wait_for(
+        DEFAULT_TIMEOUT,
+        "hwaccel_placement_idle_devices",
+        || async {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry)?;
+            let series = format!(
+                "hwaccel_placement_idle_devices{{namespace=\"{}\",placement=\"conform\"}} {}",
+                cluster.namespace(),
+                tp - tp / 2
+            );
+            Ok(text.lines().any(|l| l == series).then_some(()))
+        },
+    )
+    .await?;
+
+    // TP restored, another vendor's image: the wrong image.
+    let rocm = "docker.io/vllm/vllm-openai-rocm:v0.20.0".to_string();
+    let full = tp.to_string();
+    edit_container(&cluster, "conform", |args, image| {
+        let at = args
+            .iter()
+            .position(|a| a == "--tensor-parallel-size")
+            .expect("TP");
+        args[at + 1] = full.clone();
+        *image = rocm.clone();
+    })
+    .await?;
+    current_pod(&cluster, "conform", "the ROCm image", |c| {
+        c.image.as_deref() == Some(rocm.as_str())
+    })
+    .await?;
+    let message = wait_conformant(&cluster, "conform", "False", "WrongImage").await?;
+    assert!(message.contains("(a rocm build)"), "{message}");
+
+    // Restored: conformant again.
+    let planned_image = status
+        .engine
+        .as_ref()
+        .and_then(|e| e.image.clone())
+        .context("the plan's image")?;
+    edit_container(&cluster, "conform", |_, image| {
+        *image = planned_image.clone()
+    })
+    .await?;
+    current_pod(&cluster, "conform", "the planned image", |c| {
+        c.image.as_deref() == Some(planned_image.as_str())
+    })
+    .await?;
+    wait_conformant(&cluster, "conform", "True", "Conformant").await?;
+    let events = cluster
+        .kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            cluster.namespace(),
+            "--field-selector",
+            "involvedObject.name=conform,reason=NotConformant",
+            "-o",
+            "name",
+        ])
+        .await?;
+    assert!(!events.trim().is_empty(), "no NotConformant Event");
+    Ok(())
+}

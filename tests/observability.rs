@@ -793,6 +793,7 @@ fn the_contract_is_exactly_what_the_agent_and_controller_export() {
             PlacementFigures {
                 devices: 2,
                 state: Some("Planned"),
+                idle_devices: 0,
             },
         )]),
     );

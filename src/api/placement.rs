@@ -99,6 +99,7 @@ pub enum OptimizerStates {
     printcolumn = r#"{"name":"Claims","type":"string","jsonPath":".status.claimNames","priority":1}"#,
     printcolumn = r#"{"name":"Devices","type":"string","jsonPath":".status.deviceNames","priority":1}"#,
     printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"Conformant","type":"string","jsonPath":".status.conditions[?(@.type==\"Conformant\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

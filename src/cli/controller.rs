@@ -44,6 +44,11 @@ pub(super) struct ControllerArgs {
     /// 10m). A pod's status change is no event the controller watches.
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse_device_health_interval)]
     device_health_interval: Duration,
+    /// Plan conformance reads the pods labelled `hwaccel.io/placement=<name>` in a Planned
+    /// placement's namespace (a `list` the chart grants with `controller.conformance.listPods`);
+    /// `false` judges only the pods its ResourceClaims are reserved for.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    conformance_list_pods: bool,
     /// What to do about nodes with missing or unhealthy accelerators: `none` (conditions,
     /// Events and metrics only), `dryRun` (DeviceTaintRules with effect None, or an Event
     /// listing the affected pods; scheduling unchanged) or `enforce` (DeviceTaintRules with
@@ -106,6 +111,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         config.selector = args.selector;
         config.inventory_grace = args.inventory_grace;
         config.device_health_interval = args.device_health_interval;
+        config.conformance_list_pods = args.conformance_list_pods;
         config.health_taints = args.health_taints;
         config.placement_workers = args.placement_workers;
         config.capacity = crate::controller::CapacityCounting {

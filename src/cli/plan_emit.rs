@@ -42,6 +42,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::placement::{ModelPlacementStatus, PlacementClaim, PrefillStatus};
+use crate::names::keys::PLACEMENT_LABEL;
 use crate::output::{self, Format};
 use crate::plan::engine::choice::EngineKind;
 use crate::plan::engine::images::device_plugin_resource;
@@ -132,6 +133,10 @@ pub struct Workload {
     /// Disaggregated serving: the prefill pool's workload (this one is then the decode pool's;
     /// the names end in `-decode` and `-prefill`).
     pub prefill: Option<Box<Workload>>,
+    /// The ModelPlacement the pods run (`--placement`): stamped on the pod template as
+    /// `hwaccel.io/placement`, so the controller finds them for plan conformance. Not on a
+    /// prefill pool, whose arguments are not the placement's `status.engine`.
+    pub placement: Option<String>,
 }
 
 /// Where a workload's pods go and how they get their devices.
@@ -263,6 +268,7 @@ fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String
             resource,
         },
         prefill: None,
+        placement: None,
     }))
 }
 
@@ -440,6 +446,7 @@ pub fn from_placement(args: &EmitArgs, placement: PlacementObject) -> Built {
         devices_per_pod: shape.devices_per_pod,
         target,
         prefill: None,
+        placement: placement.metadata.name.clone(),
     };
     let Some(prefill) = &status.prefill else {
         return Ok(Ok(whole));
@@ -503,6 +510,7 @@ fn prefill_from_status(
             resource,
         },
         prefill: None,
+        placement: None,
     })
 }
 
@@ -912,8 +920,12 @@ fn pod_template(
         "volumes".into(),
         json!([{"name": "dshm", "emptyDir": {"medium": "Memory"}}]),
     );
+    let mut labels = json!({"app.kubernetes.io/name": app});
+    if let (Some(placement), Some(map)) = (&workload.placement, labels.as_object_mut()) {
+        map.insert(PLACEMENT_LABEL.to_string(), json!(placement));
+    }
     let value = json!({
-        "metadata": {"labels": {"app.kubernetes.io/name": app}},
+        "metadata": {"labels": labels},
         "spec": spec,
     });
     let typed: PodTemplateSpec = serde_json::from_value(value)

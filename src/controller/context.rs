@@ -79,6 +79,9 @@ pub struct Context {
     pub requeue: mpsc::UnboundedSender<()>,
     /// Consecutive failures per placement, for the backoff.
     pub failures: std::sync::Mutex<HashMap<PlacementKey, u32>>,
+    /// Devices each placement's pods hold and do not use, as its last reconcile judged them
+    /// (plan conformance), for `hwaccel_placement_idle_devices`.
+    pub idle_devices: std::sync::Mutex<HashMap<PlacementKey, u32>>,
     /// Bumped by the watches after the caches took in a change of inventories or of Nodes'
     /// non-placement labels.
     pub fleet_epoch: Arc<AtomicU64>,
@@ -91,6 +94,8 @@ pub struct Context {
     ///
     /// [`Config`]: super::Config
     pub device_health_interval: Duration,
+    /// Plan conformance lists a Planned placement's labelled pods (`--conformance-list-pods`).
+    pub conformance_list_pods: bool,
     /// Wakes the fleet pass (`fleet/pass.rs`): inventories, holdings or states changed.
     pub fleet_changed: Arc<Notify>,
     /// The one namespace whose placements this controller reconciles (`Config::namespace`);

@@ -102,6 +102,8 @@ pub struct Config {
     /// the pods' `allocatedResourcesStatus`: a pod's status change is no event the controller
     /// watches (see `placement/pod_health.rs`).
     pub device_health_interval: Duration,
+    /// Plan conformance lists the pods labelled for a Planned placement in its namespace.
+    pub conformance_list_pods: bool,
     /// Reconciles in flight, for `/healthz` ([`crate::health`]); unwatched by default.
     pub reconciles: crate::health::Work,
     /// What to do about unhealthy nodes (`--health-taints`).
@@ -126,6 +128,7 @@ impl Config {
             debounce: Duration::from_millis(500),
             inventory_grace: Duration::from_secs(300),
             device_health_interval: Duration::from_secs(60),
+            conformance_list_pods: true,
             reconciles: crate::health::Work::default(),
             health_taints: HealthTaints::None,
             taint_check: taints::sync::TAINT_CHECK,
@@ -347,9 +350,11 @@ async fn run_controller(
         metrics,
         requeue: requeue_tx,
         failures: std::sync::Mutex::new(HashMap::new()),
+        idle_devices: std::sync::Mutex::new(HashMap::new()),
         fleet_epoch,
         inventory_grace: config.inventory_grace,
         device_health_interval: config.device_health_interval,
+        conformance_list_pods: config.conformance_list_pods,
         fleet_changed,
         scope: config.namespace.clone(),
     });

@@ -145,6 +145,7 @@ mod tests {
                 resource: "nvidia.com/gpu".to_string(),
             },
             prefill: None,
+            placement: None,
         }
     }
 

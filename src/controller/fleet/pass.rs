@@ -138,6 +138,7 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
                     PlacementFigures {
                         devices: 0,
                         state: Some(*state),
+                        idle_devices: 0,
                     },
                 )
             })
@@ -148,8 +149,17 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
                 .or_insert(PlacementFigures {
                     devices: 0,
                     state: None,
+                    idle_devices: 0,
                 })
                 .devices = holding.devices().count() as u64;
+        }
+        if let Ok(mut idle) = ctx.idle_devices.lock() {
+            idle.retain(|key, _| placements.contains_key(key));
+            for (key, devices) in idle.iter() {
+                if let Some(figures) = placements.get_mut(key) {
+                    figures.idle_devices = u64::from(*devices);
+                }
+            }
         }
         // What placements and claims take of shared devices, whole or in shares.
         // Only where a driver publishes shareable devices: it copies every holding.

@@ -79,6 +79,8 @@ pub struct PlacementFigures {
     pub devices: u64,
     /// Its state as last reconciled (`Planned`, `Pending`, `Invalid`); `None` when not yet.
     pub state: Option<&'static str>,
+    /// Devices its pods hold and do not use (plan conformance).
+    pub idle_devices: u64,
 }
 
 /// The label sets published last, to remove those that are gone.
@@ -103,6 +105,7 @@ pub struct FleetMetrics {
     nodes_missing_devices: Gauge,
     outlived_claims: Gauge,
     placement_devices: Family<PlacementLabel, Gauge>,
+    placement_idle_devices: Family<PlacementLabel, Gauge>,
     placement_state: Family<PlacementStateLabel, Gauge>,
     model_replicas: Family<ModelLabel, Gauge>,
     model_stranded: Family<ModelLabel, Gauge>,
@@ -123,6 +126,7 @@ impl FleetMetrics {
             nodes_missing_devices: Gauge::default(),
             outlived_claims: Gauge::default(),
             placement_devices: Family::default(),
+            placement_idle_devices: Family::default(),
             placement_state: Family::default(),
             model_replicas: Family::default(),
             model_stranded: Family::default(),
@@ -180,6 +184,12 @@ impl FleetMetrics {
             "hwaccel_placement_devices",
             "Accelerators a ModelPlacement holds",
             metrics.placement_devices.clone(),
+        );
+        registry.register(
+            "hwaccel_placement_idle_devices",
+            "Accelerators a ModelPlacement's pods hold and their engine does not use (more \
+             devices than tensor x pipeline x data-parallel ranks; the Conformant condition)",
+            metrics.placement_idle_devices.clone(),
         );
         registry.register(
             "hwaccel_placement_state",
@@ -333,6 +343,9 @@ impl FleetMetrics {
                 self.placement_devices
                     .get_or_create(&label)
                     .set(gauge(figures.devices));
+                self.placement_idle_devices
+                    .get_or_create(&label)
+                    .set(gauge(figures.idle_devices));
                 for state in PLACEMENT_STATES {
                     self.placement_state
                         .get_or_create(&state_label(&label, state))
@@ -343,6 +356,7 @@ impl FleetMetrics {
             .collect();
         for gone in published.placements.difference(&current) {
             self.placement_devices.remove(gone);
+            self.placement_idle_devices.remove(gone);
             for state in PLACEMENT_STATES {
                 self.placement_state.remove(&state_label(gone, state));
             }
@@ -400,6 +414,7 @@ mod tests {
             PlacementFigures {
                 devices: 4,
                 state: Some("Planned"),
+                idle_devices: 0,
             },
         )]);
         metrics.publish(&totals, &placements);

@@ -12,6 +12,7 @@
 //! | [`prune`] | the prune pass: holdings of placements that no longer exist are freed |
 //! | [`owner`] | what ties a placement's claims and template to it: owner reference, ownership test |
 //! | [`pod_health`] | the pods a plan's claims are reserved for, read for their device health |
+//! | [`conformance`] | the pods that run a plan (its claims' and its labelled ones), read for conformance |
 //! | [`claim_template`] | the ResourceClaimTemplate of a `spec.allocation: claimTemplate` plan |
 //! | [`run`] | the loop's run: ledger rebuild, the Controller, label repair, prune pass |
 //! | [`status`] | the status subresource and Events |
@@ -19,6 +20,7 @@
 pub mod apply;
 pub mod claim_template;
 pub mod claims;
+pub mod conformance;
 pub mod core;
 pub mod dereference;
 pub mod owner;

@@ -55,6 +55,7 @@ use crate::backoff::Backoff;
 use super::apply::{ApplyError, nodes_labelled_for, nodes_to_check, sync_node_labels};
 use super::claim_template::{TemplateWriteError, release_template, sync_template};
 use super::claims::{ClaimError, device_health_in_cache, release_claims, sync_claims};
+use super::conformance::{labelled_pods, verdict as conformance_verdict};
 use super::core::claims::{self, ClaimsReport};
 use super::core::decide::{Candidate, Decision, decide, keeps};
 use super::core::desired::state_name;
@@ -253,8 +254,25 @@ async fn place(
         return Ok(Action::requeue(Duration::ZERO));
     }
     let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
-    if matches!(decision.outcome, Outcome::Planned(_)) {
+    let mut running_pods = pods.any;
+    if let Outcome::Planned(planned) = &decision.outcome {
         decision.device_health = device_health_in_cache(ctx, placement, &pods.pods);
+        // Only a placement already Planned lists its labelled pods (its first plan costs no
+        // more requests); the claims' pods were read above.
+        if let Some(engine) = planned.engine.clone() {
+            let labelled = labelled_pods(ctx, placement).await;
+            let verdict = conformance_verdict(
+                ctx,
+                placement,
+                &engine,
+                pods.pods.iter().cloned().chain(labelled),
+            );
+            running_pods |= verdict.pods > 0;
+            if let Ok(mut idle) = ctx.idle_devices.lock() {
+                idle.insert(me.precedence.key.clone(), verdict.idle_devices());
+            }
+            decision.conformance = Some(verdict);
+        }
     }
     let template_error = write_template(ctx, placement, &fleet, &mut decision).await;
     let check_nodes = nodes_to_check(&decision);
@@ -306,8 +324,9 @@ async fn place(
         return Err(err.into());
     }
     Ok(match decision.outcome {
-        // A pod's status change is no event here: its device health is polled.
-        Outcome::Planned(_) if pods.any => {
+        // A pod's status change is no event here: its device health and its conformance
+        // are polled.
+        Outcome::Planned(_) if running_pods => {
             Action::requeue(ctx.device_health_interval.min(PLANNED_RESYNC))
         }
         Outcome::Planned(_) => Action::requeue(PLANNED_RESYNC),

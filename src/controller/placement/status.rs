@@ -18,7 +18,7 @@ use crate::api::placement::ModelPlacementStatus;
 use crate::api::{Lenient, ModelPlacement};
 
 use super::core::decide::Decision;
-use super::core::desired::{PLANNED, desired_status};
+use super::core::desired::{CONFORMANT, PLANNED, desired_status};
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::step::Step;
 
@@ -56,6 +56,7 @@ pub async fn write_status(
     .inspect_err(|_| ctx.metrics.failed("status"))?;
     ctx.metrics.wrote("status", writing.elapsed());
     emit_event(placement, ctx, current, &desired);
+    emit_conformance_event(placement, ctx, current, &desired);
     Ok(Some(desired))
 }
 
@@ -89,6 +90,43 @@ fn emit_event(
         note: Some(message.chars().take(1000).collect()),
         action: "Plan".to_string(),
         secondary: None,
+    };
+    publish_in_background(ctx, event, placement.object_ref(&()));
+}
+
+/// A Warning `NotConformant` Event when the pods stop running the plan or the leading
+/// reason changes, a Normal `Conformant` when they run it again; none while it stays.
+fn emit_conformance_event(
+    placement: &ModelPlacement,
+    ctx: &Context,
+    before: Option<&ModelPlacementStatus>,
+    after: &ModelPlacementStatus,
+) {
+    let of = |s: Option<&ModelPlacementStatus>| {
+        s.and_then(|s| conditions::find(&s.conditions, CONFORMANT))
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let (Some((status, reason, message)), previous) = (of(Some(after)), of(before)) else {
+        return;
+    };
+    let was = previous.as_ref().map(|(s, r, _)| (s.as_str(), r.as_str()));
+    let event = match (was, status.as_str()) {
+        (Some((_, r)), "False") if r == reason => return,
+        (_, "False") => Event {
+            type_: EventType::Warning,
+            reason: "NotConformant".to_string(),
+            note: Some(format!("{reason}: {message}").chars().take(1000).collect()),
+            action: "Audit".to_string(),
+            secondary: None,
+        },
+        (Some(("False", _)), "True") => Event {
+            type_: EventType::Normal,
+            reason: CONFORMANT.to_string(),
+            note: Some(message.chars().take(1000).collect()),
+            action: "Audit".to_string(),
+            secondary: None,
+        },
+        _ => return,
     };
     publish_in_background(ctx, event, placement.object_ref(&()));
 }

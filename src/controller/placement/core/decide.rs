@@ -54,6 +54,9 @@ pub struct Decision {
     /// `allocatedResourcesStatus`) reports unhealthy, one line each (filled in after the
     /// claims are written): the plan is kept and marked Degraded.
     pub device_health: Vec<String>,
+    /// Whether the pods that run the plan run it (filled in after the claims are written,
+    /// for a placement already Planned); `None` leaves the `Conformant` condition out.
+    pub conformance: Option<super::conformance::Conformance>,
     /// Planned Nodes that could not be labelled because the Node object is gone (filled in
     /// after the labels are written).
     pub unlabeled: Vec<String>,
@@ -107,6 +110,7 @@ pub fn decide(
         freed: false,
         degraded: Vec::new(),
         device_health: Vec::new(),
+        conformance: None,
         unlabeled: Vec::new(),
         label_error: None,
         claims: None,

@@ -19,6 +19,8 @@ use super::outcome::Outcome;
 pub const PLANNED: &str = "Planned";
 /// The condition saying an assigned device went bad while the plan is kept.
 pub const DEGRADED: &str = conditions::DEGRADED;
+/// Whether the pods that run the plan run it (`core::conformance`).
+pub const CONFORMANT: &str = "Conformant";
 /// The condition saying workloads can use the placement now: it is planned, every planned
 /// Node carries its placement label (so `status.nodeSelector` selects exactly them), and no
 /// assigned device is degraded. The controller runs no workloads, so this is as far as it
@@ -139,6 +141,25 @@ pub fn desired_status(
     };
     if let Some(degraded) = degraded {
         conditions::set(&mut conds, degraded);
+    }
+    match (&decision.outcome, &decision.conformance) {
+        (Outcome::Planned(_), Some(verdict)) => {
+            conditions::set(
+                &mut conds,
+                conditions::condition(
+                    CONFORMANT,
+                    verdict.status(),
+                    verdict.reason(),
+                    &verdict.message(),
+                    generation,
+                    now,
+                ),
+            );
+        }
+        (Outcome::Planned(_), None) => {}
+        _ => {
+            conditions::remove(&mut conds, CONFORMANT);
+        }
     }
     let (ready, reason, message) = readiness(decision);
     conditions::set(

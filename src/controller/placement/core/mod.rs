@@ -10,6 +10,7 @@
 //! | [`evaluate`] | a spec on the fleet → its outcome: the one entry to planning |
 //! | [`outcome`] | one request's plan → status |
 //! | [`claims`] | which ResourceClaims hold a plan |
+//! | [`conformance`] | do the pods that run a placement run its plan (ranks, image, memory arguments) |
 //! | [`decide`] | keep, plan or refuse one placement, older waiting placements first |
 //! | [`desired`] | the status and conditions a decision leads to |
 //! | [`device_health`] | held devices that claims' `status.devices` or pods report unhealthy |
@@ -20,6 +21,7 @@
 //! `tests/architecture.rs` keeps this module free of `kube`, `tokio` and `clap`.
 
 pub mod claims;
+pub mod conformance;
 pub mod decide;
 pub mod desired;
 pub mod device_health;
