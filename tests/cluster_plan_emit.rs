@@ -759,3 +759,81 @@ async fn an_emitted_deployment_runs_its_plan_until_edited_and_again_once_restore
     assert!(!events.trim().is_empty(), "no NotConformant Event");
     Ok(())
 }
+
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_claims_placements_pods_are_judged_through_the_claims_they_hold() -> Result<()> {
+    let Some((_turn, cluster, _node, _)) = crate::cluster_dra::h100_dra_node().await? else {
+        return Ok(());
+    };
+    let (_controller, _registry) = support::controller::start_controller_with(&cluster, |config| {
+        config.device_health_interval = std::time::Duration::from_secs(1);
+    });
+    let mut spec = PlacementBuilder::serve("llama-3.1-70b")
+        .context(8192)
+        .replicas(1)
+        .precision(PrecisionChoice::Bf16)
+        .spec();
+    spec.allocation = Some(hwaccel::api::placement::AllocationMode::Claims);
+    let status = plan(&cluster, "conformc", on_cuda_12(spec)).await?;
+    assert_eq!(status.allocation.as_deref(), Some("claims"), "{status:?}");
+    let tp = status.plan.as_ref().context("a plan")?.tensor_parallel;
+    ensure!(tp >= 2, "TP {tp}");
+
+    // Without the label --emit stamps: only the claims lead the controller to the pod.
+    let yaml = render(&cluster, "conformc", "deployment").await?;
+    assert!(yaml.contains("resourceClaimName"), "{yaml}");
+    let unlabelled: String = yaml
+        .lines()
+        .filter(|line| !line.contains("hwaccel.io/placement:"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    create(&cluster, "conformc.yaml", &unlabelled).await?;
+    running_pods(&cluster, "app.kubernetes.io/name=conformc-r0", 1).await?;
+    let message = wait_conformant(&cluster, "conformc", "True", "Conformant").await?;
+    assert_eq!(message, "1 pod run the plan");
+
+    let half = (tp / 2).to_string();
+    edit_container(&cluster, "conformc-r0", |args, _| {
+        let at = args
+            .iter()
+            .position(|a| a == "--tensor-parallel-size")
+            .expect("TP");
+        args[at + 1] = half.clone();
+    })
+    .await?;
+    let pod = current_pod(&cluster, "conformc-r0", "half the TP", |c| {
+        c.args
+            .iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0] == "--tensor-parallel-size" && *w[1] == half)
+    })
+    .await?;
+    let message = wait_conformant(&cluster, "conformc", "False", "IdleDevices").await?;
+    assert!(
+        message.contains(&format!("pod {pod} holds {tp} devices")),
+        "{message}"
+    );
+    let full = tp.to_string();
+    edit_container(&cluster, "conformc-r0", |args, _| {
+        let at = args
+            .iter()
+            .position(|a| a == "--tensor-parallel-size")
+            .expect("TP");
+        args[at + 1] = full.clone();
+    })
+    .await?;
+    wait_conformant(&cluster, "conformc", "True", "Conformant").await?;
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+        cluster.client(),
+        cluster.namespace(),
+    )
+    .delete("conformc-r0", &Default::default())
+    .await?;
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("conformc", &Default::default())
+        .await?;
+    Ok(())
+}
