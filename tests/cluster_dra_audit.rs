@@ -24,9 +24,9 @@ use serde_json::json;
 
 use crate::cluster_dra::SLICES;
 use crate::support::agent::{agent_for, cycle_until, watches_current};
-use crate::support::controller::start_controller;
+use crate::support::controller::{scrape, start_controller};
 use crate::support::hosts::copy_fixture;
-use crate::support::nodes::{apply_inventory, create_kwok_node, node_events};
+use crate::support::nodes::{apply_inventory, create_kwok_node, wait_node_event};
 use crate::support::process::hwaccel_json;
 use crate::support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
@@ -103,12 +103,6 @@ async fn wait_condition(
     .await
 }
 
-fn scrape(registry: &Registry) -> String {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
-    text
-}
-
 /// The value of `hwaccel_dra_unpublished_devices` for one node, driver and reason.
 fn unpublished(registry: &Registry, node: &str, driver: &str, reason: &str) -> Option<i64> {
     let series = format!(
@@ -117,20 +111,6 @@ fn unpublished(registry: &Registry, node: &str, driver: &str, reason: &str) -> O
     scrape(registry)
         .lines()
         .find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
-}
-
-async fn wait_event(cluster: &TestCluster, node: &str, prefix: &str) -> Result<String> {
-    wait_for(
-        DEFAULT_TIMEOUT,
-        &format!("{prefix} on {node}"),
-        || async move {
-            Ok(node_events(cluster, node)
-                .await?
-                .into_iter()
-                .find(|e| e.starts_with(prefix)))
-        },
-    )
-    .await
 }
 
 #[tokio::test]
@@ -191,7 +171,7 @@ async fn a_slice_the_apiserver_refuses_leaves_the_gpus_missing_from_dra_until_a_
         unpublished(&registry, &working, "gpu.amd.com", "DriverSliceMissing"),
         None
     );
-    let warning = wait_event(&cluster, &broken, "Warning|DRANotPublished|").await?;
+    let warning = wait_node_event(&cluster, &broken, "Warning|DRANotPublished|").await?;
     assert!(warning.contains("gpu.amd.com publishes 0"), "{warning}");
     // `hwaccel fleet` holds the same truths on its own, without the controller's condition.
     let report = hwaccel_json(
@@ -248,7 +228,7 @@ async fn a_slice_the_apiserver_refuses_leaves_the_gpus_missing_from_dra_until_a_
         )
     })
     .await?;
-    wait_event(&cluster, &broken, "Normal|DRAPublished|").await?;
+    wait_node_event(&cluster, &broken, "Normal|DRAPublished|").await?;
     delete_slices(&cluster, &good).await;
     delete_slices(&cluster, &valid).await;
     Ok(())

@@ -26,10 +26,9 @@ use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use prometheus_client::registry::Registry;
 use serde_json::json;
-use support::controller::{start_controller, start_controller_with};
-use support::nodes::{apply_inventory, create_kwok_node, node_events};
+use support::controller::{scrape, start_controller, start_controller_with};
+use support::nodes::{apply_inventory, create_kwok_node, node_events, wait_node_event};
 use support::{DEFAULT_TIMEOUT, TEST_LABEL, TestCluster, install_crds, wait_for};
 
 const TAINT_KEY: &str = "hwaccel.io/devices-unhealthy";
@@ -115,13 +114,6 @@ async fn set_devices_missing(cluster: &TestCluster, node: &str, missing: bool) -
     Ok(())
 }
 
-/// The exposition text, as `/metrics` serves it.
-fn scrape(registry: &Registry) -> String {
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
-    text
-}
-
 /// The sum over every series of `metric` whose labels contain all of `labels`.
 fn sum(text: &str, metric: &str, labels: &[(&str, &str)]) -> i64 {
     text.lines()
@@ -168,20 +160,6 @@ async fn our_taint(cluster: &TestCluster, node: &str) -> Result<Option<String>> 
         .into_iter()
         .find(|t| t.key == TAINT_KEY)
         .map(|t| t.value.unwrap_or_default()))
-}
-
-async fn wait_event(cluster: &TestCluster, node: &str, prefix: &str) -> Result<String> {
-    wait_for(
-        DEFAULT_TIMEOUT,
-        &format!("{prefix} on {node}"),
-        || async move {
-            Ok(node_events(cluster, node)
-                .await?
-                .into_iter()
-                .find(|e| e.starts_with(prefix)))
-        },
-    )
-    .await
 }
 
 #[tokio::test]
@@ -335,7 +313,7 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
 
     // Devices go missing: Warning Event, gauge, taint.
     set_devices_missing(&cluster, &node, true).await?;
-    let warning = wait_event(&cluster, &node, "Warning|DevicesMissing|").await?;
+    let warning = wait_node_event(&cluster, &node, "Warning|DevicesMissing|").await?;
     assert!(warning.contains("2 of 8 expected"), "{warning}");
     wait_for(DEFAULT_TIMEOUT, "nodes_missing_devices = 1", || {
         let text = scrape(&registry);
@@ -370,7 +348,7 @@ async fn aggregates_free_devices_events_and_the_enforced_taint_follow_the_invent
 
     // They come back: Normal Event, gauge 0, taint gone, the other taint still there.
     set_devices_missing(&cluster, &node, false).await?;
-    wait_event(&cluster, &node, "Normal|DevicesRestored|").await?;
+    wait_node_event(&cluster, &node, "Normal|DevicesRestored|").await?;
     wait_for(DEFAULT_TIMEOUT, "the health taint removed", || {
         let cluster = &cluster;
         let node = node.clone();
@@ -472,10 +450,10 @@ async fn a_dry_run_taints_nothing_and_names_the_pods_on_the_node() -> Result<()>
     scheduled("before").await?;
 
     set_devices_missing(&cluster, &node, true).await?;
-    let report = wait_event(&cluster, &node, "Normal|DevicesUnhealthyDryRun|").await?;
+    let report = wait_node_event(&cluster, &node, "Normal|DevicesUnhealthyDryRun|").await?;
     assert!(report.contains("before"), "{report}");
     assert!(report.contains("DevicesMissing"), "{report}");
-    wait_event(&cluster, &node, "Warning|DevicesMissing|").await?;
+    wait_node_event(&cluster, &node, "Warning|DevicesMissing|").await?;
     let text = scrape(&registry);
     assert_eq!(
         sum(&text, "hwaccel_controller_health_taint_targets", &[]),
@@ -489,7 +467,7 @@ async fn a_dry_run_taints_nothing_and_names_the_pods_on_the_node() -> Result<()>
     assert_eq!(our_taint(&cluster, &node).await?, None);
 
     set_devices_missing(&cluster, &node, false).await?;
-    wait_event(&cluster, &node, "Normal|DevicesRestored|").await?;
+    wait_node_event(&cluster, &node, "Normal|DevicesRestored|").await?;
     Api::<Node>::all(cluster.client())
         .delete(&node, &Default::default())
         .await?;

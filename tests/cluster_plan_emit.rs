@@ -729,6 +729,19 @@ async fn an_emitted_deployment_runs_its_plan_until_edited_and_again_once_restore
     let message = wait_conformant(&cluster, "conform", "False", "WrongImage").await?;
     assert!(message.contains("(a rocm build)"), "{message}");
 
+    // Today's vLLM, a CUDA 13 build, on the node's driver 550: too old for it.
+    let cuda13 = "docker.io/vllm/vllm-openai:v0.21.0".to_string();
+    edit_container(&cluster, "conform", |_, image| *image = cuda13.clone()).await?;
+    current_pod(&cluster, "conform", "the CUDA 13 image", |c| {
+        c.image.as_deref() == Some(cuda13.as_str())
+    })
+    .await?;
+    let message = wait_conformant(&cluster, "conform", "False", "DriverTooOld").await?;
+    assert!(
+        message.contains("needs NVIDIA driver 580 or newer) on a node with driver 550.90.07"),
+        "{message}"
+    );
+
     // Restored: conformant again.
     let planned_image = status
         .engine

@@ -27,6 +27,7 @@ use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -676,6 +677,19 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
         .as_ref()
         .and_then(|s| s.free_devices)
         .unwrap_or(0);
+    // Written as the controller writes it: freeDevices with its own DRAPublished condition
+    // (an apply under its manager that left the condition out would remove it).
+    let own_conditions: Vec<&Condition> = before
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .filter(|c| c.type_ == "DRAPublished")
+        .collect();
+    ensure!(
+        !own_conditions.is_empty(),
+        "the controller wrote no DRAPublished condition: {:?}",
+        before.status
+    );
     inventories
         .patch_status(
             &node.name,
@@ -683,7 +697,7 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
             &Patch::Apply(json!({
                 "apiVersion": "hwaccel.io/v1alpha1",
                 "kind": "AcceleratorInventory",
-                "status": {"freeDevices": free + 1},
+                "status": {"freeDevices": free + 1, "conditions": own_conditions},
             })),
         )
         .await?;

@@ -82,6 +82,9 @@ pub struct Context {
     /// Devices each placement's pods hold and do not use, as its last reconcile judged them
     /// (plan conformance), for `hwaccel_placement_idle_devices`.
     pub idle_devices: std::sync::Mutex<HashMap<PlacementKey, u32>>,
+    /// When each placement's pods were last judged (plan conformance): at most once per
+    /// `--device-health-interval`, so a burst of reconciles lists no pods twice.
+    pub conformance_checked: std::sync::Mutex<HashMap<PlacementKey, Instant>>,
     /// Bumped by the watches after the caches took in a change of inventories or of Nodes'
     /// non-placement labels.
     pub fleet_epoch: Arc<AtomicU64>,

@@ -351,6 +351,7 @@ async fn run_controller(
         requeue: requeue_tx,
         failures: std::sync::Mutex::new(HashMap::new()),
         idle_devices: std::sync::Mutex::new(HashMap::new()),
+        conformance_checked: std::sync::Mutex::new(HashMap::new()),
         fleet_epoch,
         inventory_grace: config.inventory_grace,
         device_health_interval: config.device_health_interval,

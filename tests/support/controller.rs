@@ -44,3 +44,11 @@ pub fn start_controller_with(
     )));
     (running, registry)
 }
+
+/// The registry's metrics in the text exposition format, as a scrape reads them.
+pub fn scrape(registry: &Registry) -> String {
+    let mut text = String::new();
+    #[allow(clippy::expect_used)] // encoding into a String cannot fail
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+    text
+}

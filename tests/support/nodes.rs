@@ -80,3 +80,19 @@ pub async fn apply_inventory(client: &Client, inventory: &AcceleratorInventory) 
         .await?;
     Ok(())
 }
+
+/// Waits for an Event about Node `node` whose `type|reason|message` starts with `prefix`;
+/// returns it.
+pub async fn wait_node_event(cluster: &TestCluster, node: &str, prefix: &str) -> Result<String> {
+    super::wait_for(
+        super::DEFAULT_TIMEOUT,
+        &format!("{prefix} on {node}"),
+        || async move {
+            Ok(node_events(cluster, node)
+                .await?
+                .into_iter()
+                .find(|e| e.starts_with(prefix)))
+        },
+    )
+    .await
+}

@@ -153,6 +153,9 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
                 })
                 .devices = holding.devices().count() as u64;
         }
+        if let Ok(mut checked) = ctx.conformance_checked.lock() {
+            checked.retain(|key, _| placements.contains_key(key));
+        }
         if let Ok(mut idle) = ctx.idle_devices.lock() {
             idle.retain(|key, _| placements.contains_key(key));
             for (key, devices) in idle.iter() {

@@ -1,5 +1,6 @@
 //! Finds the pods that run a placement and reads what [`super::core::conformance`] judges:
-//! the engine container's image and command line, and the devices the pod holds.
+//! the engine container's image and command line, the devices the pod holds, and the NVIDIA
+//! driver its node's inventory reports.
 //!
 //! Which pods: those its claims are reserved for (already read for device health,
 //! [`super::pod_health`]) and those in the placement's own namespace labelled
@@ -23,9 +24,10 @@ use kube::runtime::reflector::ObjectRef;
 use super::core::conformance::{Conformance, PodView, judge, shell_words};
 use crate::api::ModelPlacement;
 use crate::api::placement::EngineStatus;
-use crate::api::quantity;
+use crate::api::{attribute, quantity};
 use crate::controller::context::Context;
 use crate::names::keys::PLACEMENT_LABEL;
+use crate::plan::engine::images::oldest_driver;
 
 /// Most pods listed by the placement label.
 pub const MAX_LISTED: u32 = 32;
@@ -119,7 +121,23 @@ fn view(ctx: &Context, pod: &Pod, engine: &EngineStatus) -> PodView {
         image: main.and_then(|c| c.image.clone()),
         argv: main.map(argv).unwrap_or_default(),
         held: from_claims.filter(|n| *n > 0).or(from_limits),
+        driver: node_driver(ctx, pod),
     }
+}
+
+/// The oldest NVIDIA driver the inventory of the pod's node reports, when it is bound and
+/// its inventory says.
+fn node_driver(ctx: &Context, pod: &Pod) -> Option<String> {
+    let node = pod.spec.as_ref()?.node_name.as_deref()?;
+    let object = ctx.inventories.get(&ObjectRef::new(node))?;
+    let inventory = object.decoded()?;
+    let versions = inventory.spec.devices.iter().filter_map(|device| {
+        let text = |name: &str| device.attributes.get(name).and_then(|a| a.as_str());
+        (text(attribute::VENDOR) == Some("nvidia"))
+            .then(|| text(attribute::DRIVER_VERSION))
+            .flatten()
+    });
+    oldest_driver(versions).map(str::to_string)
 }
 
 /// A container's command and arguments; a `sh -c LINE` (or `bash -c`) line split into words.

@@ -254,12 +254,19 @@ async fn place(
         return Ok(Action::requeue(Duration::ZERO));
     }
     let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
-    let mut running_pods = pods.any;
+    // Pods found when it was last judged keep it on the device-health cadence even on a
+    // reconcile that does not judge them.
+    let mut running_pods = pods.any
+        || placement.status.as_ref().is_some_and(|status| {
+            crate::api::conditions::find(&status.conditions, super::core::desired::CONFORMANT)
+                .is_some_and(|c| c.status != "Unknown")
+        });
     if let Outcome::Planned(planned) = &decision.outcome {
         decision.device_health = device_health_in_cache(ctx, placement, &pods.pods);
-        // Only a placement already Planned lists its labelled pods (its first plan costs no
-        // more requests); the claims' pods were read above.
-        if let Some(engine) = planned.engine.clone() {
+        // The claims' pods were read above; the labelled ones are listed here, when due.
+        if let Some(engine) = planned.engine.clone()
+            && conformance_due(ctx, placement, &me.precedence.key)
+        {
             let labelled = labelled_pods(ctx, placement).await;
             let verdict = conformance_verdict(
                 ctx,
@@ -333,6 +340,33 @@ async fn place(
         Outcome::Unschedulable(_) => Action::requeue(PENDING_RETRY),
         Outcome::Invalid(_) => Action::await_change(),
     })
+}
+
+/// Whether a Planned placement's pods are judged on this reconcile: not on the one that
+/// first plans it (its pods cannot exist yet, and a burst of new placements lists nothing),
+/// then at most once per `--device-health-interval`. Skipped, the `Conformant` condition
+/// stays as last written.
+fn conformance_due(ctx: &Context, placement: &ModelPlacement, key: &PlacementKey) -> bool {
+    let planned_before = placement
+        .status
+        .as_ref()
+        .and_then(|status| status.state.as_deref())
+        == Some("Planned");
+    let Ok(mut checked) = ctx.conformance_checked.lock() else {
+        return false;
+    };
+    let now = Instant::now();
+    if !planned_before {
+        checked.insert(key.clone(), now);
+        return false;
+    }
+    match checked.get(key) {
+        Some(at) if now.duration_since(*at) < ctx.device_health_interval => false,
+        _ => {
+            checked.insert(key.clone(), now);
+            true
+        }
+    }
 }
 
 /// Frees a deleted placement's devices and removes its Node labels; the finalizer goes only

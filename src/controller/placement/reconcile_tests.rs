@@ -121,6 +121,7 @@ impl Harness {
             requeue,
             failures: std::sync::Mutex::new(HashMap::new()),
             idle_devices: std::sync::Mutex::new(HashMap::new()),
+            conformance_checked: std::sync::Mutex::new(HashMap::new()),
             fleet_epoch: Arc::new(AtomicU64::new(0)),
             inventory_grace: Duration::from_secs(300),
             device_health_interval: Duration::from_secs(60),

@@ -373,8 +373,41 @@ fn check_driver(
     }
 }
 
+/// The CUDA major an image is built on and the oldest NVIDIA driver branch it runs on, for
+/// the images this table names when their tag says: vLLM's `vllm/vllm-openai:v<X.Y...>` (CUDA
+/// 12 before 0.21, CUDA 13 from it) and SGLang's `lmsysorg/sglang` tags ending `-cu12x` or
+/// `-cu13x`. `None` for any other image, or a tag that names no version (`latest`): what it
+/// needs is not known, and nothing is judged on it.
+pub fn cuda_driver_floor(image: &str) -> Option<(u32, u32)> {
+    let lower = image.trim().to_ascii_lowercase();
+    let lower = lower.split('@').next().unwrap_or_default();
+    let (repository, tag) = lower.rsplit_once(':')?;
+    if tag.contains('/') {
+        return None;
+    }
+    if repository.ends_with("vllm/vllm-openai") {
+        let mut parts = tag.strip_prefix('v')?.split(['.', '-']);
+        let major: u32 = parts.next()?.parse().ok()?;
+        let minor: u32 = parts.next()?.parse().ok()?;
+        return Some(if (major, minor) >= CUDA_75_FROM {
+            (13, CUDA_13_DRIVER)
+        } else {
+            (12, CUDA_12_DRIVER)
+        });
+    }
+    if repository.ends_with("lmsysorg/sglang") {
+        if tag.contains("-cu12") {
+            return Some((12, CUDA_12_DRIVER));
+        }
+        if tag.contains("-cu13") {
+            return Some((13, CUDA_13_DRIVER));
+        }
+    }
+    None
+}
+
 /// The branch of an NVIDIA driver version (`580` of `580.159.04`).
-fn driver_branch(version: &str) -> Option<u32> {
+pub fn driver_branch(version: &str) -> Option<u32> {
     let branch = version.trim().split('.').next()?;
     (!branch.is_empty() && branch.len() <= 4)
         .then(|| branch.parse().ok())
@@ -439,6 +472,33 @@ mod tests {
         );
         let odd = image_for(&vllm(None), h100(Some("banana"))).unwrap();
         assert!(odd.notes.iter().any(|n| n.contains("not understood")));
+    }
+
+    #[test]
+    fn an_images_cuda_floor_comes_from_its_tag_where_the_table_knows_it() {
+        assert_eq!(
+            cuda_driver_floor("docker.io/vllm/vllm-openai:v0.21.0"),
+            Some((13, 580))
+        );
+        assert_eq!(
+            cuda_driver_floor("vllm/vllm-openai:v0.20.2"),
+            Some((12, 525))
+        );
+        assert_eq!(
+            cuda_driver_floor("registry:5000/mirror/vllm/vllm-openai:v0.14.1@sha256:ab"),
+            Some((12, 525))
+        );
+        assert_eq!(cuda_driver_floor("docker.io/vllm/vllm-openai:latest"), None);
+        assert_eq!(
+            cuda_driver_floor("docker.io/vllm/vllm-openai-rocm:v0.21.0"),
+            None
+        );
+        assert_eq!(
+            cuda_driver_floor("lmsysorg/sglang:v0.5.19-cu129"),
+            Some((12, 525))
+        );
+        assert_eq!(cuda_driver_floor("lmsysorg/sglang:v0.5.20"), None);
+        assert_eq!(cuda_driver_floor("registry:5000/image"), None);
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! - **the image's platform** (`WrongImage`): the pod's image against the plan's (a CUDA build
 //!   on AMD GPUs, a ROCm build on NVIDIA ones), read from the image name as the image table
 //!   (`plan::engine::images`) names them;
+//! - **the node's driver** (`DriverTooOld`): the CUDA build the pod's image tag names (the
+//!   image table's floors: CUDA 12 needs NVIDIA driver 525, CUDA 13 580) against the oldest
+//!   driver its node's inventory reports;
 //! - **the memory-shaping arguments** (`ArgsDrift`): `--max-model-len`, `--kv-cache-dtype`,
 //!   `--quantization`, `--kv-cache-memory-bytes` (vLLM) and `--context-length`,
 //!   `--kv-cache-dtype`, `--quantization` (SGLang) against the plan's; an argument the plan
@@ -26,6 +29,7 @@ use std::collections::BTreeMap;
 use crate::api::placement::EngineStatus;
 use crate::names::keys::PLACEMENT_LABEL;
 use crate::names::truncate_at_char_boundary;
+use crate::plan::engine::images::{cuda_driver_floor, driver_branch};
 
 /// At most this many findings are kept (a Deployment of many drifted pods says the same
 /// thing for each).
@@ -40,6 +44,8 @@ pub enum Drift {
     IdleDevices,
     /// The pod's image is built for another platform than the plan's devices.
     WrongImage,
+    /// The pod's image needs a newer NVIDIA driver than its node runs.
+    DriverTooOld,
     /// The engine's arguments differ from the plan's.
     ArgsDrift,
 }
@@ -50,6 +56,7 @@ impl Drift {
         match self {
             Self::IdleDevices => "IdleDevices",
             Self::WrongImage => "WrongImage",
+            Self::DriverTooOld => "DriverTooOld",
             Self::ArgsDrift => "ArgsDrift",
         }
     }
@@ -81,6 +88,8 @@ pub struct PodView {
     /// Devices the pod holds: its claims' allocated devices, or its container's limit of the
     /// plan's device-plugin resource; `None` when neither says.
     pub held: Option<u32>,
+    /// The oldest NVIDIA driver on the pod's node, as its inventory has it, when known.
+    pub driver: Option<String>,
 }
 
 /// The verdict on a placement's pods.
@@ -186,6 +195,22 @@ fn judge_pod(engine: &EngineStatus, pod: &PodView, findings: &mut Vec<Finding>) 
                 "pod {name} runs {} (a {running} build); the plan's devices need {wanted}: {}",
                 quoted(image),
                 quoted(planned)
+            ),
+            idle: 0,
+        });
+    }
+    if let (Some(image), Some(driver)) = (&pod.image, &pod.driver)
+        && let Some((cuda, floor)) = cuda_driver_floor(image)
+        && driver_branch(driver).is_some_and(|branch| branch < floor)
+    {
+        findings.push(Finding {
+            reason: Drift::DriverTooOld,
+            pod: pod.name.clone(),
+            message: format!(
+                "pod {name} runs {} (CUDA {cuda}, which needs NVIDIA driver {floor} or newer) on a \
+                 node with driver {}",
+                quoted(image),
+                quoted(driver)
             ),
             idle: 0,
         });

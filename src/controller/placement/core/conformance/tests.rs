@@ -49,6 +49,7 @@ fn emitted(name: &str, held: u32) -> PodView {
         image: engine.image.clone(),
         argv,
         held: Some(held),
+        driver: Some("580.95.05".into()),
     }
 }
 
@@ -174,6 +175,7 @@ fn a_shell_line_and_sglang_are_read_too() {
         image: engine.image.clone(),
         argv,
         held: Some(2),
+        driver: None,
     };
     assert_eq!(judge(&engine, &[pod]).status(), Some(true));
 
@@ -198,6 +200,7 @@ fn a_shell_line_and_sglang_are_read_too() {
         .map(String::from)
         .to_vec(),
         held: Some(2),
+        driver: None,
     };
     assert_eq!(
         judge(&engine, std::slice::from_ref(&sglang)).status(),
@@ -242,4 +245,26 @@ fn shell_words_keep_quoted_text_together() {
         shell_words("vllm serve 'a model' --x \"1 2\";next"),
         ["vllm", "serve", "a model", "--x", "1 2", "next"]
     );
+}
+
+#[test]
+fn an_image_whose_cuda_the_nodes_driver_cannot_run_is_driver_too_old() {
+    let mut old = emitted("web-0", 2);
+    old.driver = Some("550.90.07".into());
+    let verdict = judge(&engine(), std::slice::from_ref(&old));
+    assert_eq!(reasons(&verdict), [Drift::DriverTooOld]);
+    assert_eq!(
+        verdict.message(),
+        "pod web-0 runs docker.io/vllm/vllm-openai:v0.21.0 (CUDA 13, which needs NVIDIA driver \
+         580 or newer) on a node with driver 550.90.07"
+    );
+    // The CUDA 12 build runs there; an unknown driver or tag is not judged.
+    let mut cuda12 = old.clone();
+    cuda12.image = Some("docker.io/vllm/vllm-openai:v0.20.0".into());
+    let mut planned = engine();
+    planned.image = cuda12.image.clone();
+    assert_eq!(judge(&planned, &[cuda12]).status(), Some(true));
+    let mut unknown = old;
+    unknown.driver = Some("unknown".into());
+    assert_eq!(judge(&engine(), &[unknown]).status(), Some(true));
 }
