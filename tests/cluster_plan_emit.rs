@@ -829,13 +829,31 @@ async fn a_claims_placements_pods_are_judged_through_the_claims_they_hold() -> R
         message.contains(&format!("pod {pod} holds {tp} devices")),
         "{message}"
     );
+    // TP restored, another vendor's image: the wrong image, through the claims' pod too.
     let full = tp.to_string();
-    edit_container(&cluster, "conformc-r0", |args, _| {
+    let rocm = "docker.io/vllm/vllm-openai-rocm:v0.20.0".to_string();
+    edit_container(&cluster, "conformc-r0", |args, image| {
         let at = args
             .iter()
             .position(|a| a == "--tensor-parallel-size")
             .expect("TP");
         args[at + 1] = full.clone();
+        *image = rocm.clone();
+    })
+    .await?;
+    current_pod(&cluster, "conformc-r0", "the ROCm image", |c| {
+        c.image.as_deref() == Some(rocm.as_str())
+    })
+    .await?;
+    let message = wait_conformant(&cluster, "conformc", "False", "WrongImage").await?;
+    assert!(message.contains("(a rocm build)"), "{message}");
+    let planned_image = status
+        .engine
+        .as_ref()
+        .and_then(|e| e.image.clone())
+        .context("the plan's image")?;
+    edit_container(&cluster, "conformc-r0", |_, image| {
+        *image = planned_image.clone();
     })
     .await?;
     wait_conformant(&cluster, "conformc", "True", "Conformant").await?;
