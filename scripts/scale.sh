@@ -6,6 +6,8 @@
 #   SCALE_NODES=200 SCALE_PLACEMENTS=50 scripts/scale.sh
 #   SCALE_PROFILE=debug scripts/scale.sh  # a debug controller (default: release, as shipped)
 #   SCALE_WORKERS=1 scripts/scale.sh      # --placement-workers (default: the controller's, 4)
+#   SCALE_PERF_OUT=/tmp/c.data scripts/scale.sh   # perf record the controller (flame graph:
+#                                         # docs/benchmarks.md, "Round 2")
 #
 # Every run gets a fresh control plane of its own: etcd and kube-apiserver only (no
 # controller-manager, scheduler or kwok: the run's Nodes are plain objects that nothing

@@ -904,10 +904,13 @@ fn health_taint_rights_follow_the_mode() {
             assert!(taint_rules.is_empty(), "{mode}: {taint_rules:?}");
         }
         // `get` on pods in every mode: the pods a placement's claims are reserved for, read
-        // by name for their device health; `list` for plan conformance (by default) and for
-        // the dry-run report.
+        // by name for their device health; `list` and `watch` for plan conformance (by
+        // default), `list` for the dry-run report.
         let pod_rules = controller_rules_for(&docs, "pods");
-        let mut expected = vec![serde_json::json!(["get"]), serde_json::json!(["list"])];
+        let mut expected = vec![
+            serde_json::json!(["get"]),
+            serde_json::json!(["list", "watch"]),
+        ];
         if pods {
             expected.push(serde_json::json!(["list"]));
         }

@@ -34,7 +34,7 @@ use hwaccel::testing::{InventoryBuilder, PlacementBuilder};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use support::apiserver_load::{AuditCursor, component_pid, cpu_seconds, etcd_db_bytes};
+use support::apiserver_load::{AuditCursor, Requests, component_pid, cpu_seconds, etcd_db_bytes};
 use support::process::{ChildGuard, free_port, peak_rss_kib};
 use support::{TEST_LABEL, TestCluster, install_crds};
 
@@ -258,6 +258,12 @@ async fn scale_run() -> Result<()> {
         .spawn()?;
     let controller = ChildGuard(child);
     let controller_pid = controller.0.id();
+    // `SCALE_PERF_OUT=FILE`: a CPU profile of the controller for the whole run, for a flame
+    // graph (docs/benchmarks.md says how it is made).
+    let profiler = match std::env::var_os("SCALE_PERF_OUT") {
+        Some(out) => Some(Profiler::attach(controller_pid, &out)?),
+        None => None,
+    };
     let metrics_url = format!("http://127.0.0.1:{port}/metrics");
     // The clock starts once the controller says it can reconcile (its caches listed every
     // inventory and Node, its ledger rebuilt): a placement created earlier would wait for that
@@ -274,6 +280,15 @@ async fn scale_run() -> Result<()> {
             .join(", ")
     );
 
+    // The first fleet pass writes every new inventory's status once (freeDevices and the
+    // DRAPublished condition): a cost per node, paid once, not per placement. The requests
+    // per placement are counted from when those writes are done.
+    let settled = wait_for_inventory_writes(&metrics_url, nodes, timeout).await;
+    println!(
+        "scale: the first fleet pass wrote {settled} inventory statuses ({nodes} nodes) in {:?} after start-up",
+        spawned.elapsed()
+    );
+    let placements_audit = AuditCursor::now(&work)?;
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
     let created = Instant::now();
     futures::stream::iter(0..placements)
@@ -300,7 +315,18 @@ async fn scale_run() -> Result<()> {
     let text = reqwest_free_get(&metrics_url).await?;
     print_controller_figures(&text)?;
     let rss = peak_rss_kib(controller_pid).context("peak RSS")?;
-    test_bed.print_since(controller_pid, &audit, rss).await;
+    if let Some(profiler) = profiler {
+        profiler.stop();
+    }
+    test_bed
+        .print_since(controller_pid, &audit, rss, placements)
+        .await;
+    match placements_audit.requests_since() {
+        Ok(requests) => {
+            print_controller_requests(&requests, "once placements were created", placements)
+        }
+        Err(err) => println!("scale: no request counts: {err:#}"),
+    }
     let planned = progress?;
     println!(
         "scale: {placements} placements created in {creation:?}; the first Planned {:?} and all {:?} after the first creation, \
@@ -310,6 +336,43 @@ async fn scale_run() -> Result<()> {
         planned.all.saturating_sub(creation)
     );
     Ok(())
+}
+
+/// `perf record` attached to the controller: CPU-clock samples with DWARF call graphs (the
+/// release binary keeps its symbols and unwind tables).
+struct Profiler(ChildGuard);
+
+impl Profiler {
+    fn attach(pid: u32, out: &std::ffi::OsStr) -> Result<Self> {
+        let child = Command::new("perf")
+            .args([
+                "record",
+                "-e",
+                "cpu-clock",
+                // 49 Hz and 16 KiB of stack a sample: a 10,000-node run is about 75 MB.
+                "-F",
+                "49",
+                "--call-graph",
+                "dwarf,16384",
+            ])
+            .arg("-p")
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting perf record (is linux-perf installed?)")?;
+        Ok(Self(ChildGuard(child)))
+    }
+
+    /// Stops recording (SIGINT, so perf writes its file) and waits for it.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.0.id().to_string()])
+            .status();
+        let _ = self.0.0.wait();
+    }
 }
 
 /// The controller's own histograms: reconcile, decide, fleet view, lock wait and writes.
@@ -415,7 +478,13 @@ impl TestBed {
 
     /// Prints the CPU each process used since [`TestBed::now`], the controller's (which
     /// started then), etcd's database size, and every caller's requests.
-    async fn print_since(&self, controller_pid: u32, audit: &AuditCursor, rss_kib: u64) {
+    async fn print_since(
+        &self,
+        controller_pid: u32,
+        audit: &AuditCursor,
+        rss_kib: u64,
+        placements: usize,
+    ) {
         let mut cpu = vec![format!(
             "controller {:.1} s (peak RSS {:.1} MiB)",
             cpu_seconds(controller_pid).unwrap_or(f64::NAN),
@@ -445,13 +514,29 @@ impl TestBed {
             }
         }
         match audit.requests_since() {
-            Ok(requests) => print!(
-                "scale: apiserver requests since the controller started, by caller and verb:\n{}",
-                requests.table()
-            ),
+            Ok(requests) => {
+                print!(
+                    "scale: apiserver requests since the controller started, by caller and verb:\n{}",
+                    requests.table()
+                );
+                print_controller_requests(&requests, "since it started", placements);
+            }
             Err(err) => println!("scale: no request counts: {err:#}"),
         }
     }
+}
+
+/// The controller's requests in `requests` by verb and resource, and per placement.
+fn print_controller_requests(requests: &Requests, when: &str, placements: usize) {
+    let controller = requests.count("hwaccel-controller");
+    print!(
+        "scale: the controller's requests {when}, by verb and resource:\n{}",
+        requests.resource_table("hwaccel-controller")
+    );
+    println!(
+        "scale: {controller} controller requests {when} for {placements} placements: {:.2} per placement",
+        controller as f64 / placements.max(1) as f64
+    );
 }
 
 /// Polls the controller's /metrics until its start-up gauge says it can reconcile; returns
@@ -480,6 +565,29 @@ async fn wait_for_startup(metrics_url: &str, timeout: Duration) -> Result<Vec<(S
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Waits until the controller has written `nodes` inventory statuses (its first fleet pass
+/// writes each new inventory's once), or a few seconds pass without a new one; returns how
+/// many it wrote.
+async fn wait_for_inventory_writes(metrics_url: &str, nodes: usize, timeout: Duration) -> u64 {
+    let name = "hwaccel_controller_api_write_duration_seconds{object=\"inventory_status\"}";
+    let deadline = Instant::now() + timeout;
+    let (mut last, mut since) = (0, Instant::now());
+    while Instant::now() < deadline {
+        let written = match reqwest_free_get(metrics_url).await {
+            Ok(text) => histogram_buckets(&text, name).last().map_or(0, |(_, c)| *c),
+            Err(_) => last,
+        };
+        if written >= nodes as u64 || since.elapsed() > Duration::from_secs(5) {
+            return written;
+        }
+        if written != last {
+            (last, since) = (written, Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    last
 }
 
 /// When the first and the last placement were seen Planned, from the first creation.

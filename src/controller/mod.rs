@@ -39,6 +39,7 @@ pub mod node_changes;
 pub(crate) mod node_events;
 mod passes;
 pub mod placement;
+pub mod pod_index;
 #[cfg(test)]
 mod spans_tests;
 pub mod taints;
@@ -49,7 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
@@ -62,6 +63,7 @@ use tokio::sync::{Mutex, mpsc};
 use crate::api::{AcceleratorInventory, Lenient, ModelPlacement};
 
 use self::context::Context;
+use self::core::placement_key::PlacementKey;
 use self::dra_watch::dra_watches;
 use self::events::Recorder;
 pub use self::fleet::CapacityCounting;
@@ -242,7 +244,14 @@ async fn run_served(
         async {}
     });
     let dra = dra_watches(&client, &fleet_epoch, &requeue_tx).await;
+    let (pod_index, pod_events) = if config.conformance_list_pods {
+        let (index, events) = pod_index::watch(&client, config.namespace.as_deref());
+        (Some(index), events)
+    } else {
+        (None, futures::future::pending().boxed())
+    };
     let watches = Watches {
+        pod_index,
         inventories,
         nodes,
         claims: dra.claims,
@@ -261,6 +270,7 @@ async fn run_served(
         () = inventory_events => anyhow::bail!("the AcceleratorInventory watch ended"),
         () = node_events => anyhow::bail!("the Node watch ended"),
         () = dra.events => anyhow::bail!("the ResourceClaim/ResourceSlice watch ended"),
+        () = pod_events => anyhow::bail!("the labelled-pod watch ended"),
     }
 }
 
@@ -270,6 +280,8 @@ struct Watches {
     nodes: Store<kube::api::PartialObjectMeta<Node>>,
     claims: Option<Store<k8s_openapi::api::resource::v1::ResourceClaim>>,
     slices: Option<Store<k8s_openapi::api::resource::v1::ResourceSlice>>,
+    /// The labelled pods' metadata, for plan conformance (`--conformance-list-pods`).
+    pod_index: Option<pod_index::PodIndex>,
     /// "Reconcile everything".
     changes: mpsc::UnboundedReceiver<()>,
     requeue: mpsc::UnboundedSender<()>,
@@ -298,6 +310,7 @@ async fn run_controller(
         nodes,
         claims,
         slices,
+        pod_index,
         changes: inventory_changes,
         requeue: requeue_tx,
         fleet_epoch,
@@ -325,6 +338,7 @@ async fn run_controller(
         "reservation ledger rebuilt from placement statuses"
     );
     metrics.started("ledger", started);
+    let (requeue_one_tx, requeue_one_rx) = mpsc::unbounded_channel::<PlacementKey>();
     let controller = placement::run::controller(
         api,
         config.debounce,
@@ -349,6 +363,7 @@ async fn run_controller(
         in_flight: Default::default(),
         metrics,
         requeue: requeue_tx,
+        requeue_one: requeue_one_tx,
         failures: std::sync::Mutex::new(HashMap::new()),
         idle_devices: std::sync::Mutex::new(HashMap::new()),
         conformance_checked: std::sync::Mutex::new(HashMap::new()),
@@ -356,6 +371,7 @@ async fn run_controller(
         inventory_grace: config.inventory_grace,
         device_health_interval: config.device_health_interval,
         conformance_list_pods: config.conformance_list_pods,
+        pod_index,
         fleet_changed,
         scope: config.namespace.clone(),
     });
@@ -367,6 +383,7 @@ async fn run_controller(
         ctx.clone(),
         placement::run::Triggers {
             reconcile_all: passes::spaced(inventory_changes, passes::gap_for(config.debounce)),
+            reconcile_one: requeue_one_rx,
             relabel: (relabel_tx, relabel_rx),
         },
         config.reconciles.clone(),

@@ -205,24 +205,17 @@ pub fn audit_fleet(
     slices: &[ResourceSlice],
     labels: &BTreeMap<String, BTreeMap<String, String>>,
 ) -> BTreeMap<String, Audit> {
-    let mut by_node: BTreeMap<&str, Vec<ResourceSlice>> = BTreeMap::new();
-    let mut drivers_in_cluster = BTreeSet::new();
-    for slice in slices {
-        let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
-            continue;
-        };
-        if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
-            drivers_in_cluster.insert(slice.spec.driver.clone());
-        }
-        by_node.entry(node).or_default().push(slice.clone());
-    }
+    let (by_node, drivers_in_cluster) = slices_by_node(slices.iter());
     let no_labels = BTreeMap::new();
     let mut out = BTreeMap::new();
     for inventory in inventories {
         let node = inventory.spec.node_name.as_str();
-        let own = by_node.get(node).map(Vec::as_slice).unwrap_or(&[]);
-        let published = super::slices::published_devices(own);
-        let findings = super::lint::lint(own);
+        let own: Vec<ResourceSlice> = by_node
+            .get(node)
+            .map(|own| own.iter().map(|s| (*s).clone()).collect())
+            .unwrap_or_default();
+        let published = super::slices::published_devices(&own);
+        let findings = super::lint::lint(&own);
         let audited = audit(&NodeTruths {
             inventory: Some(inventory),
             published: published.node(node),
@@ -235,6 +228,26 @@ pub fn audit_fleet(
         }
     }
     out
+}
+
+/// Node-local slices grouped by their node, and the drivers that publish devices anywhere in
+/// the cluster (what `DriverSliceMissing` holds a node to). Slices of no node (network-attached
+/// pools) are left out.
+pub fn slices_by_node<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+) -> (BTreeMap<&'a str, Vec<&'a ResourceSlice>>, BTreeSet<String>) {
+    let mut by_node: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
+    let mut drivers_in_cluster = BTreeSet::new();
+    for slice in slices {
+        let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
+            drivers_in_cluster.insert(slice.spec.driver.clone());
+        }
+        by_node.entry(node).or_default().push(slice);
+    }
+    (by_node, drivers_in_cluster)
 }
 
 /// Detected accelerators (not the host CPU) by vendor and family.

@@ -48,6 +48,9 @@ impl AuditCursor {
 pub struct Requests {
     /// Count and latencies (seconds, request received to response complete).
     pub by_caller_verb: BTreeMap<(String, String), Vec<f64>>,
+    /// Count by `(caller, verb, resource)`; the resource names its subresource
+    /// (`modelplacements/status`), so a run can say which writes it made.
+    pub by_caller_resource: BTreeMap<(String, String, String), usize>,
     /// Audit lines that did not parse (a line cut by the reader racing the writer).
     pub unreadable: usize,
 }
@@ -73,6 +76,10 @@ impl Requests {
             }
             let caller = caller(event["userAgent"].as_str().unwrap_or(""));
             let seconds = latency(&event).unwrap_or(0.0);
+            *requests
+                .by_caller_resource
+                .entry((caller.clone(), verb.to_string(), resource(&event)))
+                .or_default() += 1;
             requests
                 .by_caller_verb
                 .entry((caller, verb.to_string()))
@@ -89,6 +96,17 @@ impl Requests {
             .filter(|((who, _), _)| who == caller)
             .map(|(_, latencies)| latencies.len())
             .sum()
+    }
+
+    /// One line per verb and resource of `caller`'s requests, with its count.
+    pub fn resource_table(&self, caller: &str) -> String {
+        let mut out = String::new();
+        for ((who, verb, resource), count) in &self.by_caller_resource {
+            if who == caller {
+                let _ = writeln!(out, "  {verb:<8} {resource:<36} {count:>7}");
+            }
+        }
+        out
     }
 
     /// One line per caller and verb: count, p50 and p99 latency (watches: time to the first
@@ -110,6 +128,17 @@ impl Requests {
             let _ = writeln!(out, "  ({} audit lines unreadable)", self.unreadable);
         }
         out
+    }
+}
+
+/// The request's resource, with its subresource when it has one (`nodes`,
+/// `modelplacements/status`); `?` for a request without one (`/version`).
+fn resource(event: &Value) -> String {
+    let object = &event["objectRef"];
+    match (object["resource"].as_str(), object["subresource"].as_str()) {
+        (Some(resource), Some(sub)) => format!("{resource}/{sub}"),
+        (Some(resource), None) => resource.to_string(),
+        _ => "?".to_string(),
     }
 }
 
@@ -185,11 +214,26 @@ mod tests {
         let log = r#"{"stage":"ResponseComplete","verb":"list","userAgent":"hwaccel-controller/0.1.0","requestReceivedTimestamp":"2026-11-27T01:00:00.000000Z","stageTimestamp":"2026-11-27T01:00:00.020000Z"}
 {"stage":"ResponseStarted","verb":"watch","userAgent":"hwaccel-controller/0.1.0","requestReceivedTimestamp":"2026-11-27T01:00:00.000000Z","stageTimestamp":"2026-11-27T01:00:00.001000Z"}
 {"stage":"ResponseComplete","verb":"watch","userAgent":"hwaccel-controller/0.1.0","requestReceivedTimestamp":"2026-11-27T01:00:00.000000Z","stageTimestamp":"2026-11-27T01:05:00.000000Z"}
+{"stage":"ResponseComplete","verb":"patch","userAgent":"hwaccel-controller/0.1.0","objectRef":{"resource":"modelplacements","subresource":"status"},"requestReceivedTimestamp":"2026-11-27T01:00:00.000000Z","stageTimestamp":"2026-11-27T01:00:00.003000Z"}
 {"stage":"ResponseComplete","verb":"create","userAgent":"","requestReceivedTimestamp":"2026-11-27T01:00:00.000000Z","stageTimestamp":"2026-11-27T01:00:00.004000Z"}
 {"stage":"ResponseComplete","verb":"get","userAgent":"kube-controller-manager/v1.37.2 (linux/amd64) kubernetes/0000000","requestReceivedTimestamp":"2026-11-27T01:00:00.000000Z","stageTimestamp":"2026-11-27T01:00:00.001000Z"}
 {"stage":"Resp"#;
         let requests = Requests::parse(log);
-        assert_eq!(requests.count("hwaccel-controller"), 2);
+        assert_eq!(requests.count("hwaccel-controller"), 3);
+        let resources = requests.resource_table("hwaccel-controller");
+        let rows: Vec<Vec<&str>> = resources
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["list", "?", "1"],
+                vec!["patch", "modelplacements/status", "1"],
+                vec!["watch", "?", "1"]
+            ],
+            "{resources}"
+        );
         assert_eq!(requests.count("kube-controller-manager"), 1);
         assert_eq!(requests.count("(no User-Agent: the harness)"), 1);
         assert_eq!(requests.unreadable, 1);

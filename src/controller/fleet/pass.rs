@@ -32,6 +32,7 @@ use crate::fleet::health::Holdings;
 use crate::plan::Reservations;
 
 use super::core::model_capacity::{self, CountedModel};
+use super::core::node_stats::NodeStatsCache;
 use super::publication::{self, Audits, NodeAudit, audit_nodes};
 use crate::controller::cache::{
     any_allocated, any_published, claimed_in_cache, fleet_view, outlived_in_cache,
@@ -39,7 +40,7 @@ use crate::controller::cache::{
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::claim_holdings::OutlivedClaim;
 use crate::controller::core::fleet_figures::{FleetTotals, NodeStats, share_headroom};
-use crate::controller::core::fleet_view::{FleetView, names_its_node};
+use crate::controller::core::fleet_view::FleetView;
 use crate::controller::core::placement_key::PlacementKey;
 use crate::controller::metrics::fleet::PlacementFigures;
 use crate::controller::node_events::{cut, node_span, publish_node_event};
@@ -67,6 +68,8 @@ pub(crate) struct Memory {
     counted_at: Option<Instant>,
     /// Claims already reported as outliving their placement, by uid (or namespace/name).
     outlived_reported: BTreeSet<String>,
+    /// Each node's numbers and what they were counted from.
+    node_stats: NodeStatsCache,
 }
 
 /// Which models to count in units of replicas, and how often at most.
@@ -90,7 +93,7 @@ pub(crate) async fn next_pass(ctx: &Context) {
 /// What one pass counted, for the passes that follow it (the health taints).
 pub(crate) struct Figures {
     /// Per node, from the one device-state rule.
-    pub stats: Vec<NodeStats>,
+    pub stats: Vec<Arc<NodeStats>>,
     /// The planner's view of the fleet, when the pass needed it or was asked for it.
     pub view: Option<Arc<FleetView>>,
 }
@@ -176,20 +179,13 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
         placements: &ours,
         claims: Some(&claimed),
     };
-    let stats: Vec<NodeStats> = ctx
-        .inventories
-        .state()
-        .iter()
-        .filter_map(|object| object.decoded())
-        .filter(|inventory| names_its_node(inventory))
-        .map(|inventory| {
-            let node = &inventory.spec.node_name;
-            let published = view.as_ref().and_then(|view| view.unplannable_on(node));
-            let notices = view.as_ref().and_then(|view| view.notices_on(node));
-            NodeStats::with_notices(inventory, &held, published, notices)
-        })
-        .collect();
-    let totals = FleetTotals::of(&stats);
+    let inventories = ctx.inventories.state();
+    let stats = memory.node_stats.count(
+        inventories.iter().filter_map(|object| object.decoded()),
+        &held,
+        view.as_deref(),
+    );
+    let totals = FleetTotals::of(stats.iter().map(|s| &**s));
     ctx.metrics.fleet.publish(&totals, &placements);
     let headroom = match (&view, &share_held) {
         (Some(view), Some(held)) => share_headroom(view, held),
@@ -252,7 +248,7 @@ type Written = (u32, (String, String, String));
 async fn write_status(
     ctx: &Context,
     memory: &mut Memory,
-    stats: &[NodeStats],
+    stats: &[Arc<NodeStats>],
     audited: &BTreeMap<String, NodeAudit>,
 ) {
     let now = Instant::now();
@@ -340,7 +336,7 @@ async fn apply_status(
 /// A Warning `DevicesMissing` Event on a Node when its inventory's condition turns True, a
 /// Normal `DevicesRestored` when it turns back; nothing while it stays. After a restart a
 /// node already missing devices gets one Warning, a healthy one nothing.
-fn node_events(ctx: &Context, memory: &mut Memory, stats: &[NodeStats]) {
+fn node_events(ctx: &Context, memory: &mut Memory, stats: &[Arc<NodeStats>]) {
     let present: BTreeSet<&str> = stats.iter().map(|s| s.node.as_str()).collect();
     memory
         .missing_seen

@@ -25,7 +25,7 @@ use crate::controller::context::Context;
 use crate::controller::core::fleet_view::names_its_node;
 use crate::controller::metrics::fleet::UnpublishedLabel;
 use crate::controller::node_events::{cut, publish_node_event};
-use crate::dra::audit::{Audit, NodeTruths, audit};
+use crate::dra::audit::{Audit, NodeTruths, audit, slices_by_node};
 use crate::dra::lint::lint;
 use crate::dra::slices::published_devices;
 
@@ -98,17 +98,7 @@ pub(crate) struct Audits {
 /// Audits every inventory's node; nodes whose inputs did not change keep their audit.
 pub(crate) fn audit_nodes(ctx: &Context, audits: &mut Audits) -> BTreeMap<String, NodeAudit> {
     let slices = slices_in_cache(ctx);
-    let mut by_node: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
-    let mut drivers_in_cluster: BTreeSet<String> = BTreeSet::new();
-    for slice in &slices {
-        let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
-            continue;
-        };
-        if slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()) {
-            drivers_in_cluster.insert(slice.spec.driver.clone());
-        }
-        by_node.entry(node).or_default().push(slice);
-    }
+    let (by_node, drivers_in_cluster) = slices_by_node(slices.iter().map(|slice| &**slice));
     let drivers_hash = hash_of(&drivers_in_cluster);
     let no_labels = BTreeMap::new();
     let mut out = BTreeMap::new();

@@ -5,7 +5,8 @@
 //! Which pods: those its claims are reserved for (already read for device health,
 //! [`super::pod_health`]) and those in the placement's own namespace labelled
 //! `hwaccel.io/placement=<name>` (what `hwaccel plan --emit` stamps on its pod templates),
-//! listed with that selector, at most [`MAX_LISTED`], within [`LIST_TIMEOUT`]. A tenant names
+//! listed with that selector, at most [`MAX_LISTED`], within [`LIST_TIMEOUT`], and only when
+//! the labelled-pod watch ([`crate::controller::pod_index`]) has seen one. A tenant names
 //! only its own placement: the list never leaves the placement's namespace, so no
 //! ModelPlacement can make the controller read or report on another namespace's pods. The
 //! list runs only for a placement that is already Planned (its first plan costs nothing
@@ -26,6 +27,7 @@ use crate::api::ModelPlacement;
 use crate::api::placement::EngineStatus;
 use crate::api::{attribute, quantity};
 use crate::controller::context::Context;
+use crate::controller::pod_index::has_labelled_pods;
 use crate::names::keys::PLACEMENT_LABEL;
 use crate::plan::engine::images::oldest_driver;
 
@@ -44,6 +46,12 @@ pub async fn labelled_pods(ctx: &Context, placement: &ModelPlacement) -> Vec<Pod
     else {
         return Vec::new();
     };
+    // The watch of labelled pods knows when there are none: no list then.
+    if let Some(index) = &ctx.pod_index
+        && has_labelled_pods(index, &namespace, &placement.name_any()) == Some(false)
+    {
+        return Vec::new();
+    }
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let params = ListParams::default()
         .labels(&format!("{PLACEMENT_LABEL}={}", placement.name_any()))

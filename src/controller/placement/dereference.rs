@@ -87,14 +87,15 @@ pub fn holding_may_stand(ctx: &Context, key: &PlacementKey, uid: &str) -> bool {
     })
 }
 
-/// True when some placement other than `except` holds nothing, so freed devices may fit it.
-pub fn someone_waits(ctx: &Context, state: &State, except: &PlacementKey) -> bool {
-    ctx.placements.state().iter().any(|placement| {
-        placement.decoded().is_some_and(|placement| {
-            precedence_of(placement)
-                .is_ok_and(|p| &p.key != except && state.ledger.get(&p.key).is_none())
-        })
-    })
+/// The placements other than `except` that hold nothing, so freed devices may fit them.
+pub fn waiting_keys(ctx: &Context, state: &State, except: &PlacementKey) -> Vec<PlacementKey> {
+    ctx.placements
+        .state()
+        .iter()
+        .filter_map(|placement| precedence_of(placement.decoded()?).ok())
+        .map(|precedence| precedence.key)
+        .filter(|key| key != except && state.ledger.get(key).is_none())
+        .collect()
 }
 
 /// The planned Nodes the Node cache does not know: they cannot carry a placement label.

@@ -63,7 +63,7 @@ use super::core::no_match::MAX_NAMED;
 use super::core::outcome::Outcome;
 use super::core::template;
 use super::dereference::{
-    DereferenceError, candidate, holding_may_stand, missing_nodes, someone_waits, still_placeable,
+    DereferenceError, candidate, holding_may_stand, missing_nodes, still_placeable, waiting_keys,
     waiting_placements,
 };
 use super::pod_health::consumer_pods;
@@ -250,7 +250,7 @@ async fn place(
         // Older placements go first; those planned on this turn get their labels now and
         // their statuses on their own reconciles, and this one comes back after them.
         sync_node_labels(ctx, &decision.changed_nodes).await?;
-        let _ = ctx.requeue.send(());
+        requeue_each(ctx, &decision.planned_others);
         return Ok(Action::requeue(Duration::ZERO));
     }
     let claim_error = hold_by_claims(ctx, placement, &fleet, &mut decision).await;
@@ -264,9 +264,22 @@ async fn place(
     if let Outcome::Planned(planned) = &decision.outcome {
         decision.device_health = device_health_in_cache(ctx, placement, &pods.pods);
         // The claims' pods were read above; the labelled ones are listed here, when due.
-        if let Some(engine) = planned.engine.clone()
-            && conformance_due(ctx, placement, &me.precedence.key)
-        {
+        let judging = planned
+            .engine
+            .clone()
+            .map(|engine| (engine, conformance_due(ctx, placement, &me.precedence.key)));
+        if let Some((engine, Judging::FirstPlan)) = &judging {
+            // Pods of a plan made just now are its claims' at most: judged on those, with
+            // no list, so the first status already carries the condition and a later check
+            // that still finds no pod writes nothing.
+            decision.conformance = Some(conformance_verdict(
+                ctx,
+                placement,
+                engine,
+                pods.pods.iter().cloned(),
+            ));
+        }
+        if let Some((engine, Judging::Now)) = judging {
             let labelled = labelled_pods(ctx, placement).await;
             let verdict = conformance_verdict(
                 ctx,
@@ -304,9 +317,7 @@ async fn place(
             write_status(placement, current, api, ctx, &decision),
         )
     };
-    if !decision.planned_others.is_empty() {
-        let _ = ctx.requeue.send(());
-    }
+    requeue_each(ctx, &decision.planned_others);
     if let Err(err) = labels {
         // After a refusal the status already says so; else Ready is taken back now.
         let taken_back = if refused_before {
@@ -342,29 +353,40 @@ async fn place(
     })
 }
 
-/// Whether a Planned placement's pods are judged on this reconcile: not on the one that
-/// first plans it (its pods cannot exist yet, and a burst of new placements lists nothing),
-/// then at most once per `--device-health-interval`. Skipped, the `Conformant` condition
-/// stays as last written.
-fn conformance_due(ctx: &Context, placement: &ModelPlacement, key: &PlacementKey) -> bool {
+/// When a Planned placement's pods are judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judging {
+    /// The reconcile that first plans it: on its claims' pods only, without a list.
+    FirstPlan,
+    /// Now, its labelled pods listed too.
+    Now,
+    /// Not on this reconcile: the `Conformant` condition stays as last written.
+    Later,
+}
+
+/// How a Planned placement's pods are judged on this reconcile: on the one that first plans
+/// it, on its claims' pods alone (labelled pods cannot run a plan not yet written, and a burst
+/// of new placements lists nothing), then with a list at most once per
+/// `--device-health-interval`.
+fn conformance_due(ctx: &Context, placement: &ModelPlacement, key: &PlacementKey) -> Judging {
     let planned_before = placement
         .status
         .as_ref()
         .and_then(|status| status.state.as_deref())
         == Some("Planned");
     let Ok(mut checked) = ctx.conformance_checked.lock() else {
-        return false;
+        return Judging::Later;
     };
     let now = Instant::now();
     if !planned_before {
         checked.insert(key.clone(), now);
-        return false;
+        return Judging::FirstPlan;
     }
     match checked.get(key) {
-        Some(at) if now.duration_since(*at) < ctx.device_health_interval => false,
+        Some(at) if now.duration_since(*at) < ctx.device_health_interval => Judging::Later,
         _ => {
             checked.insert(key.clone(), now);
-            true
+            Judging::Now
         }
     }
 }
@@ -510,12 +532,21 @@ fn committed(
                 .ghost_devices(|key, uid| holding_may_stand(ctx, key, uid), MAX_NAMED),
         );
     }
-    if !decision.deferred {
-        state
+    let state_changed = !decision.deferred
+        && state
             .states
-            .insert(me.precedence.key.clone(), state_name(&decision.outcome));
+            .insert(me.precedence.key.clone(), state_name(&decision.outcome))
+            != Some(state_name(&decision.outcome));
+    // A kept plan changes neither holdings nor states: the gauges and the fleet pass (which
+    // `publish_gauges` wakes) have nothing new to count. At 3,000 placements every kept
+    // reconcile woke a pass over every inventory.
+    let holdings_changed = !decision.kept
+        || decision.freed
+        || !decision.planned_others.is_empty()
+        || !decision.changed_nodes.is_empty();
+    if state_changed || holdings_changed {
+        publish_gauges(ctx, state);
     }
-    publish_gauges(ctx, state);
     if decision.freed {
         requeue_waiting(ctx, state, &me.precedence.key);
     }
@@ -619,11 +650,17 @@ fn had_template(placement: &ModelPlacement) -> bool {
             .is_some_and(|s| s.claim_template.is_some())
 }
 
-/// Reconciles again when some placement other than `except` holds nothing, so freed
-/// devices go to the oldest waiter.
+/// Reconciles again every placement other than `except` that holds nothing, so freed
+/// devices go to the oldest waiter (each plans the older ones first).
 pub(super) fn requeue_waiting(ctx: &Context, state: &State, except: &PlacementKey) {
-    if someone_waits(ctx, state, except) {
-        let _ = ctx.requeue.send(());
+    requeue_each(ctx, &waiting_keys(ctx, state, except));
+}
+
+/// Reconciles each of `keys` again: older placements planned on another's turn write their
+/// statuses on their own reconciles.
+fn requeue_each(ctx: &Context, keys: &[PlacementKey]) {
+    for key in keys {
+        let _ = ctx.requeue_one.send(key.clone());
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -20,8 +20,8 @@ use super::apply;
 use super::reconcile::{error_policy, reconcile};
 use crate::api::{Lenient, ModelPlacement};
 use crate::controller::context::{Context, State};
-use crate::controller::core::ledger::Ledger;
 use crate::controller::core::ledger::rebuild::holding_from_status;
+use crate::controller::core::ledger::{Ledger, PlacementKey};
 use crate::names::keys::is_placement_label;
 
 /// How long a graceful shutdown may take before the controller is dropped.
@@ -52,8 +52,10 @@ pub fn controller(
 
 /// What wakes the loop beyond its own watch.
 pub struct Triggers<R> {
-    /// "Reconcile every placement" (inventory changes, freed devices), spaced.
+    /// "Reconcile every placement" (inventory, Node, claim and slice changes), spaced.
     pub reconcile_all: R,
+    /// One placement to reconcile again (`Context::requeue_one`).
+    pub reconcile_one: mpsc::UnboundedReceiver<PlacementKey>,
     /// Nodes whose placement labels changed (someone may have edited ours), and the sender
     /// to look at a node again later.
     pub relabel: (
@@ -76,6 +78,10 @@ pub async fn run<R>(
     let placements_store = controller.store();
     let controller = controller
         .reconcile_all_on(triggers.reconcile_all)
+        .reconcile_on(
+            keys_of(triggers.reconcile_one)
+                .map(|key| ObjectRef::new(&key.name).within(&key.namespace)),
+        )
         .graceful_shutdown_on(shutdown_after_sync(placements_store, shutdown))
         .run(
             move |placement, ctx| reconciles.track(reconcile(placement, ctx)),
@@ -93,6 +99,14 @@ pub async fn run<R>(
         () = restore_placement_labels(ctx.clone(), relabel_tx, relabel_rx) => {}
         () = super::prune::run(ctx) => {}
     }
+}
+
+/// The keys `receiver` is sent, as a stream (ends when every sender is gone).
+fn keys_of(receiver: mpsc::UnboundedReceiver<PlacementKey>) -> impl Stream<Item = PlacementKey> {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        let key = receiver.recv().await?;
+        Some((key, receiver))
+    })
 }
 
 /// Puts back placement labels someone else removed or edited, as soon as the Node watch

@@ -60,7 +60,10 @@ pub async fn write_status(
     Ok(Some(desired))
 }
 
-/// An Event when the state or the Planned reason changed.
+/// An Event when the state or the Planned reason changed, except a placement's first plan:
+/// that transition is routine and its `Planned` condition already says it, and at 3,000
+/// placements its Events were a third of the controller's writes. A plan after a refusal, a
+/// refusal, and a re-plan still get one.
 fn emit_event(
     placement: &ModelPlacement,
     ctx: &Context,
@@ -77,6 +80,9 @@ fn emit_event(
     if previous.as_ref().map(|(r, _)| r) == Some(&reason)
         && before.and_then(|s| s.state.as_ref()) == after.state.as_ref()
     {
+        return;
+    }
+    if previous.is_none() && reason == "Planned" {
         return;
     }
     let type_ = if reason == "Planned" {

@@ -105,7 +105,12 @@ impl Taints {
     /// Brings taints, rules and dry-run reports in line with the nodes' health. In a
     /// `taint_pass` span; the work on one node runs in a `node` span inside it.
     #[tracing::instrument(name = "taint_pass", skip_all, fields(mode = %self.mode))]
-    pub(crate) async fn sync(&mut self, ctx: &Context, stats: &[NodeStats], view: &FleetView) {
+    pub(crate) async fn sync(
+        &mut self,
+        ctx: &Context,
+        stats: &[std::sync::Arc<NodeStats>],
+        view: &FleetView,
+    ) {
         if self.mode == HealthTaints::None {
             return;
         }

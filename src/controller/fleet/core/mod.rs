@@ -5,7 +5,9 @@
 //! | module | job |
 //! |---|---|
 //! | [`model_capacity`] | `--capacity-model`: replicas of chosen models the free devices hold |
+//! | [`node_stats`] | each node's numbers kept between passes, counted again only where their inputs changed |
 //!
 //! `tests/architecture.rs` keeps this module free of `kube`, `tokio` and `clap`.
 
 pub mod model_capacity;
+pub mod node_stats;
