@@ -6,6 +6,9 @@
 //! plan at each fleet size, to show memory grows linearly with the fleet, and the time of one
 //! plan against hostile nodes of 2,000, 9,251 and 10,000 devices.
 //!
+//! The controller plans many placements on one fleet view and keeps the planner's index of it
+//! (`FleetIndex`): `serve_70b_bf16_indexed` times a plan through such an index.
+//!
 //! Run: `cargo bench --bench planner -- --warm-up-time 1 --measurement-time 3`
 //! (`HWACCEL_BENCH_ONE_SHOT=only` prints the one-shot figures and times nothing else.)
 
@@ -18,8 +21,8 @@ use criterion::Criterion;
 use hwaccel::hardware::{Family, Precision, Vendor};
 use hwaccel::plan::model::presets;
 use hwaccel::plan::products;
-use hwaccel::plan::search::{PlanRequest, plan};
-use hwaccel::plan::{Bytes, DeviceSpec, Model, NodeSpec, Reservations};
+use hwaccel::plan::search::{PlanRequest, plan, plan_indexed};
+use hwaccel::plan::{Bytes, DeviceSpec, FleetIndex, Model, NodeSpec, Reservations};
 
 /// Counts bytes allocated, to report the memory one plan needs.
 struct Counting;
@@ -212,6 +215,26 @@ fn main() {
                 )
             })
         });
+    }
+    // The controller's case: the same nodes planned again and again, indexed once (the
+    // index is built outside the timed loop, as a fleet view builds it once).
+    for count in [1_000, 10_000] {
+        let (nodes, reserved) = fleet(count);
+        let index = FleetIndex::new(&nodes);
+        let request = request();
+        criterion.bench_function(
+            &format!("planner/serve_70b_bf16_indexed/{count}_nodes"),
+            |b| {
+                b.iter(|| {
+                    plan_indexed(
+                        black_box(&model),
+                        (black_box(&nodes), black_box(&index)),
+                        black_box(&reserved),
+                        black_box(&request),
+                    )
+                })
+            },
+        );
     }
     let (nodes, reserved) = fleet(10_000);
     let multi_node = PlanRequest::serve(Some(8192), 1).with_precision(Precision::Bf16);

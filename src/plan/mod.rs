@@ -51,5 +51,6 @@ pub mod weights;
 pub use error::{PlanError, Result};
 pub use inventory::{DeviceSpec, NodeSpec, Reservations};
 pub use model::Model;
-pub use search::{Goal, PlanRequest, plan};
+pub use packing::FleetIndex;
+pub use search::{Goal, PlanRequest, plan, plan_indexed};
 pub use units::Bytes;

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::hardware::{Family, Precision, Vendor};
 
-use super::inventory::{DeviceSpec, NodeSpec, Reservations};
+use super::inventory::{DeviceSpec, NodeSpec, Reservations, find_node};
 use super::memory::ServingDevice;
 use super::units::Bytes;
 
@@ -59,8 +59,75 @@ impl<'a> DeviceClass<'a> {
         if tp > self.largest_node {
             self.racks.iter().map(|&free| u64::from(free / tp)).sum()
         } else {
-            self.bins.iter().map(|b| u64::from(b.free / tp)).sum()
+            self.node_groups(tp)
         }
+    }
+
+    /// TP groups of `tp` devices the class's nodes could host at once, from the count of nodes
+    /// per number of free devices (the search asks this for every layout it tries).
+    fn node_groups(&self, tp: u32) -> u64 {
+        self.nodes_by_free
+            .iter()
+            .map(|&(free, nodes)| u64::from(free / tp) * u64::from(nodes))
+            .sum()
+    }
+
+    /// Counts the class's nodes per number of free devices, once its bins are all added.
+    fn count_nodes_by_free(&mut self) {
+        let mut counts: Vec<u32> = Vec::new();
+        for bin in &self.bins {
+            let free = bin.free as usize;
+            if counts.len() <= free {
+                counts.resize(free + 1, 0);
+            }
+            counts[free] += 1;
+        }
+        self.nodes_by_free = (0u32..)
+            .zip(counts)
+            .filter(|&(_, nodes)| nodes > 0)
+            .collect();
+    }
+}
+
+impl<'a> DeviceClass<'a> {
+    /// An empty class whose first bin will be `domains` of `node`.
+    fn open(node: &'a NodeSpec, domains: &[(bool, Vec<u16>)]) -> Self {
+        Self {
+            sample: &node.devices[usize::from(domains[0].1[0])],
+            free: 0,
+            largest_node: 0,
+            largest_fast_domain: 0,
+            largest_rack: 0,
+            racks: Vec::new(),
+            nodes: 0,
+            template_node: &node.name,
+            bins: Vec::new(),
+            nodes_by_free: Vec::new(),
+        }
+    }
+
+    /// Adds `node`'s free devices of the class (nodes come in name order); `fast` is the most
+    /// of them in one fast domain.
+    fn add(
+        &mut self,
+        node: &'a NodeSpec,
+        node_index: u32,
+        domains: Cow<'a, [(bool, Vec<u16>)]>,
+        fast: u32,
+    ) {
+        let free = domains.iter().map(|(_, l)| l.len() as u32).sum::<u32>();
+        self.free = self.free.saturating_add(free);
+        self.nodes = self.nodes.saturating_add(1);
+        if free > self.largest_node {
+            self.largest_node = free;
+            self.template_node = &node.name;
+        }
+        self.largest_fast_domain = self.largest_fast_domain.max(fast);
+        self.bins.push(Bin {
+            node: node_index,
+            domains,
+            free,
+        });
     }
 }
 
@@ -74,14 +141,39 @@ struct ClassKey<'a> {
     precisions: &'a BTreeSet<Precision>,
 }
 
+impl<'a> ClassKey<'a> {
+    fn of(device: &'a DeviceSpec) -> Self {
+        Self {
+            family: device.family,
+            product: &device.product,
+            memory: device.memory,
+            vendor: device.vendor,
+            precisions: &device.precisions,
+        }
+    }
+}
+
+/// A node's devices of one class by scale-up domain: (in a fast domain, device indices sorted
+/// by id), fast domains first.
+type Domains = Vec<(bool, Vec<u16>)>;
+
 /// Free devices of one class on one node.
 #[derive(Debug, Clone)]
-struct Bin {
+struct Bin<'a> {
     /// Index into the fleet's nodes.
     node: u32,
-    /// Devices by scale-up domain: (in a fast domain, device indices sorted by id).
-    domains: Vec<(bool, Vec<u16>)>,
+    /// Devices by scale-up domain: borrowed from a [`FleetIndex`] for a node nothing is
+    /// reserved on, else indexed for this plan.
+    domains: Cow<'a, [(bool, Vec<u16>)]>,
     free: u32,
+}
+
+/// One node's free devices of one class, as [`index_node`] finds them.
+struct NodeGroup<'a> {
+    key: ClassKey<'a>,
+    domains: Domains,
+    /// Most of them in one fast domain.
+    fast: u32,
 }
 
 /// One class of interchangeable devices across the fleet.
@@ -106,7 +198,9 @@ pub struct DeviceClass<'a> {
     /// The node with the most free devices of the class (ties by name), as a model for
     /// "add more nodes like this one".
     pub template_node: &'a str,
-    bins: Vec<Bin>,
+    bins: Vec<Bin<'a>>,
+    /// (free devices, nodes with that many free), by free devices.
+    nodes_by_free: Vec<(u32, u32)>,
 }
 
 /// The indexed fleet.
@@ -188,10 +282,28 @@ impl<'a> FreeDevices<'a> {
         let mut scratch = Scratch::default();
         for &node_index in &order {
             let node = &nodes[node_index as usize];
-            index_node(node, node_index, reserved, &mut by_key, &mut scratch);
+            index_node(node, reserved, &mut scratch, |group| {
+                by_key
+                    .entry(group.key)
+                    .or_insert_with(|| DeviceClass::open(node, &group.domains))
+                    .add(node, node_index, Cow::Owned(group.domains), group.fast);
+            });
         }
-        let mut classes: Vec<DeviceClass<'a>> = by_key.into_values().collect();
+        Self::finish(nodes, by_key.into_values().collect())
+    }
+
+    /// [`FreeDevices::new`] from an index of the same `nodes` built beforehand: only the nodes
+    /// `reserved` names are indexed again, the others' bins are borrowed from `index`.
+    /// `O(nodes + devices on reserved nodes)`, without comparing a device or a node name to
+    /// another but the reserved nodes'. An index of other nodes is not used.
+    pub fn indexed(nodes: &'a [NodeSpec], index: &'a FleetIndex, reserved: &Reservations) -> Self {
+        index::free_devices(nodes, index, reserved).unwrap_or_else(|| Self::new(nodes, reserved))
+    }
+
+    /// The fleet of `classes` (in class order), with their multi-node NVLink domains measured.
+    fn finish(nodes: &'a [NodeSpec], mut classes: Vec<DeviceClass<'a>>) -> Self {
         for class in &mut classes {
+            class.count_nodes_by_free();
             rack::measure(nodes, class);
         }
         Self { nodes, classes }
@@ -230,15 +342,13 @@ impl<'a> FreeDevices<'a> {
     /// TP groups of `tp` devices the class could host at once.
     pub fn group_capacity(&self, class: usize, tp: u32) -> u64 {
         let tp = tp.max(1);
-        self.classes
-            .get(class)
-            .map_or(0, |c| c.bins.iter().map(|b| u64::from(b.free / tp)).sum())
+        self.classes.get(class).map_or(0, |c| c.node_groups(tp))
     }
 
     /// The oldest kernel driver among the devices `assignments` use, when any states one.
     pub fn oldest_driver(&self, assignments: &[Assignment]) -> Option<String> {
         let versions = assignments.iter().flat_map(|assignment| {
-            let node = self.nodes.iter().find(|node| node.name == assignment.node);
+            let node = find_node(self.nodes, &assignment.node);
             assignment.devices.iter().filter_map(move |id| {
                 node?
                     .devices
@@ -347,7 +457,7 @@ struct Scratch<'a> {
     usable: Vec<(u32, Option<&'a str>, &'a str, u16)>,
 }
 
-/// Adds a node's free accelerators to the class index.
+/// Finds a node's free accelerators, one [`NodeGroup`] per class in class order.
 ///
 /// Devices of one class come in runs, so a device is compared with the previous one's key
 /// only; the distinct runs are then sorted by key (none to sort on a node of one product), and
@@ -355,10 +465,9 @@ struct Scratch<'a> {
 /// claims (a linear search of the classes found so far was `O(d x classes)`).
 fn index_node<'a>(
     node: &'a NodeSpec,
-    node_index: u32,
     reserved: &Reservations,
-    classes: &mut BTreeMap<ClassKey<'a>, DeviceClass<'a>>,
     scratch: &mut Scratch<'a>,
+    mut emit: impl FnMut(NodeGroup<'a>),
 ) {
     let taken = reserved.on_node(&node.name);
     let consumed = reserved.consumed_on(&node.name);
@@ -385,13 +494,7 @@ fn index_node<'a>(
         {
             continue;
         }
-        let key = ClassKey {
-            family: device.family,
-            product: &device.product,
-            memory: device.memory,
-            vendor: device.vendor,
-            precisions: &device.precisions,
-        };
+        let key = ClassKey::of(device);
         if runs.last() != Some(&key) {
             runs.push(key);
         }
@@ -423,43 +526,24 @@ fn index_node<'a>(
     usable.sort_unstable();
     for group in usable.chunk_by(|a, b| a.0 == b.0) {
         let key = class_keys[group[0].0 as usize];
-        let mut domains: Vec<(bool, Vec<u16>)> = group
+        let mut domains: Domains = group
             .chunk_by(|a, b| a.1 == b.1)
             .map(|run| (run[0].1.is_some(), run.iter().map(|d| d.3).collect()))
             .collect();
         domains.sort_by_key(|(fast, list)| (!fast, list.first().copied()));
-        let free = domains.iter().map(|(_, l)| l.len() as u32).sum::<u32>();
-        let fast = domains
-            .iter()
-            .filter(|(f, _)| *f)
-            .map(|(_, l)| l.len() as u32)
-            .max()
-            .unwrap_or(0);
-        let sample = &node.devices[usize::from(domains[0].1[0])];
-        let class = classes.entry(key).or_insert_with(|| DeviceClass {
-            sample,
-            free: 0,
-            largest_node: 0,
-            largest_fast_domain: 0,
-            largest_rack: 0,
-            racks: Vec::new(),
-            nodes: 0,
-            template_node: &node.name,
-            bins: Vec::new(),
-        });
-        class.free = class.free.saturating_add(free);
-        class.nodes = class.nodes.saturating_add(1);
-        if free > class.largest_node {
-            class.largest_node = free;
-            class.template_node = &node.name;
-        }
-        class.largest_fast_domain = class.largest_fast_domain.max(fast);
-        class.bins.push(Bin {
-            node: node_index,
-            domains,
-            free,
-        });
+        let fast = fast_domain(&domains);
+        emit(NodeGroup { key, domains, fast });
     }
+}
+
+/// Most devices of `domains` in one fast domain.
+fn fast_domain(domains: &[(bool, Vec<u16>)]) -> u32 {
+    domains
+        .iter()
+        .filter(|(fast, _)| *fast)
+        .map(|(_, list)| list.len() as u32)
+        .max()
+        .unwrap_or(0)
 }
 
 /// A TP group: the bin it came from and the device indices taken.
@@ -493,7 +577,7 @@ struct BinState {
 }
 
 impl BinState {
-    fn new(bin: &Bin) -> Self {
+    fn new(bin: &Bin<'_>) -> Self {
         let mut by_fit = BTreeSet::new();
         let mut by_size = BTreeSet::new();
         for (index, (fast, list)) in bin.domains.iter().enumerate() {
@@ -513,7 +597,7 @@ impl BinState {
     }
 
     /// Takes `count` devices from the front of domain `index` into `out`.
-    fn take(&mut self, bin: &Bin, index: u32, count: u32, out: &mut Vec<u16>) {
+    fn take(&mut self, bin: &Bin<'_>, index: u32, count: u32, out: &mut Vec<u16>) {
         let (fast, list) = &bin.domains[index as usize];
         let start = self.taken[index as usize];
         let left = list.len() as u32 - start;
@@ -745,9 +829,12 @@ impl<'f, 'a> PlacementState<'f, 'a> {
     }
 }
 
+mod index;
 mod rack;
 #[cfg(test)]
 mod reference;
+
+pub use index::FleetIndex;
 
 #[cfg(test)]
 mod tests {
@@ -1050,6 +1137,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        /// A plan's free devices built from an index of the fleet made beforehand are those
+        /// built from scratch, whatever is reserved: devices taken, shares consumed, nodes
+        /// the fleet does not have, and nodes that share a name.
+        #[test]
+        fn an_index_built_once_gives_the_same_free_devices(
+            (nodes, mut reserved) in random_fleet(),
+            consumed in prop::collection::vec((0usize..7, 0usize..12, 1u64..1 << 40), 0..6),
+            gone in prop::collection::vec("[a-z][0-9]?", 0..3),
+        ) {
+            for (node, device, bytes) in consumed {
+                let Some(node) = nodes.get(node) else { continue };
+                if let Some(device) = node.devices.get(device) {
+                    reserved.consume(&node.name, &device.id, bytes);
+                }
+            }
+            for name in gone {
+                reserved.insert(name, "gpu00-0");
+            }
+            let index = FleetIndex::new(&nodes);
+            prop_assert!(index.indexes(&nodes));
+            let scratch = FreeDevices::new(&nodes, &reserved);
+            let indexed = FreeDevices::indexed(&nodes, &index, &reserved);
+            prop_assert_eq!(format!("{:?}", indexed.classes), format!("{:?}", scratch.classes));
+            let none = Reservations::none();
+            prop_assert_eq!(
+                format!("{:?}", FreeDevices::indexed(&nodes, &index, &none).classes),
+                format!("{:?}", FreeDevices::new(&nodes, &none).classes)
+            );
+        }
+    }
+
+    #[test]
+    fn an_index_of_other_nodes_is_not_used() {
+        let nodes = fleet_of("2x8xH100");
+        let index = FleetIndex::new(&nodes);
+        let other = fleet_of("2x4xL4");
+        assert!(!index.indexes(&other));
+        assert!(!index.indexes(&nodes[..1]));
+        let fleet = FreeDevices::indexed(&other, &index, &Reservations::none());
+        assert_eq!(fleet.classes.len(), 1);
+        assert!(fleet.classes[0].sample.product.contains("L4"));
+        assert_eq!(fleet.free_devices(), 8);
+    }
+
+    #[test]
+    fn reserved_nodes_are_indexed_again_and_the_others_borrowed() {
+        let nodes = fleet_of("3x8xH100");
+        let index = FleetIndex::new(&nodes);
+        let mut reserved = Reservations::none();
+        reserved.insert(&nodes[1].name, "gpu0");
+        reserved.insert(&nodes[1].name, "gpu1");
+        let fleet = FreeDevices::indexed(&nodes, &index, &reserved);
+        let borrowed: Vec<bool> = fleet.classes[0]
+            .bins
+            .iter()
+            .map(|bin| matches!(bin.domains, Cow::Borrowed(_)))
+            .collect();
+        assert_eq!(borrowed, [true, false, true]);
+        assert_eq!(fleet.classes[0].free, 22);
     }
 
     #[test]

@@ -19,10 +19,11 @@ pub(super) fn new<'a>(nodes: &'a [NodeSpec], reserved: &Reservations) -> FreeDev
         let node = &nodes[node_index as usize];
         index_node(node, node_index, reserved, &mut by_key);
     }
-    FreeDevices {
-        nodes,
-        classes: by_key.into_values().collect(),
+    let mut classes: Vec<DeviceClass<'a>> = by_key.into_values().collect();
+    for class in &mut classes {
+        class.count_nodes_by_free();
     }
+    FreeDevices { nodes, classes }
 }
 
 /// Places `shape` on devices of `class`, using at most `max_nodes` nodes.
@@ -176,6 +177,7 @@ pub(super) fn index_node<'a>(
             nodes: 0,
             template_node: &node.name,
             bins: Vec::new(),
+            nodes_by_free: Vec::new(),
         });
         class.free += free;
         class.nodes += 1;
@@ -186,7 +188,7 @@ pub(super) fn index_node<'a>(
         class.largest_fast_domain = class.largest_fast_domain.max(fast);
         class.bins.push(Bin {
             node: node_index,
-            domains,
+            domains: domains.into(),
             free,
         });
         start = end;
@@ -218,7 +220,7 @@ impl<'f, 'a> PlacementState<'f, 'a> {
             fleet,
             class,
             tp,
-            free: class.bins.iter().map(|b| b.domains.clone()).collect(),
+            free: class.bins.iter().map(|b| b.domains.to_vec()).collect(),
             by_capacity,
             all_in_fast_domain: true,
         }

@@ -19,7 +19,7 @@ use super::PlanRequest;
 use super::serving::serving_target;
 use crate::hardware::{MIB, Precision};
 use crate::plan::engine::choice::EngineKind;
-use crate::plan::inventory::{DeviceSpec, NodeSpec, Reservations};
+use crate::plan::inventory::{DeviceSpec, NodeSpec, Reservations, any_shareable, find_node};
 use crate::plan::memory::{DeviceMemory, ServingDevice, ServingFit, serving_fit};
 use crate::plan::model::Model;
 use crate::plan::report::{Fraction, FractionKind, Plan};
@@ -101,12 +101,8 @@ pub(super) fn choose(
 
 /// Whether a serving request may take shares on `nodes`: fractions allowed and some device
 /// published shareable (a scan, no copy).
-pub(super) fn may_share(nodes: &[NodeSpec], request: &PlanRequest) -> bool {
-    !request.whole_devices
-        && request.disaggregation.is_none()
-        && nodes
-            .iter()
-            .any(|node| node.devices.iter().any(|device| device.share.is_some()))
+pub(super) fn may_share(any_shareable: bool, request: &PlanRequest) -> bool {
+    !request.whole_devices && request.disaggregation.is_none() && any_shareable
 }
 
 /// Most replicas a search may size on one shareable device (the share step then decides how
@@ -127,7 +123,7 @@ pub(super) fn share_view(
     reserved: &Reservations,
     request: &PlanRequest,
 ) -> Option<(Vec<NodeSpec>, Reservations)> {
-    if !may_share(nodes, request) {
+    if !may_share(any_shareable(nodes), request) {
         return None;
     }
     let mut any_room = false;
@@ -370,12 +366,7 @@ fn replace_replicas_line(plan: &mut Plan, holds: u64, asked: u64) {
 
 /// A device of the fleet by node and id.
 fn device<'a>(nodes: &'a [NodeSpec], node: &str, id: &str) -> Option<&'a DeviceSpec> {
-    nodes
-        .iter()
-        .find(|n| n.name == node)?
-        .devices
-        .iter()
-        .find(|d| d.id == id)
+    find_node(nodes, node)?.devices.iter().find(|d| d.id == id)
 }
 
 /// A plan's replicas moved onto shares.
@@ -422,9 +413,7 @@ fn shares(
     let mut chosen = Vec::with_capacity(plan.assignments.len());
     let mut smallest: Option<(u64, &DeviceSpec)> = None;
     for assignment in &plan.assignments {
-        let node = nodes
-            .iter()
-            .find(|n| n.name == assignment.node)
+        let node = find_node(nodes, &assignment.node)
             .ok_or_else(|| format!("node {} is not in the fleet", assignment.node))?;
         let taken = reserved.on_node(&node.name);
         let mut best: Option<(u64, u64, &DeviceSpec)> = None;

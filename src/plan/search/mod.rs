@@ -30,7 +30,7 @@ use super::inventory::{NodeSpec, Reservations};
 use super::kv::KvDtype;
 use super::memory::DEFAULT_GPU_UTIL;
 use super::model::Model;
-use super::packing::FreeDevices;
+use super::packing::{FleetIndex, FreeDevices};
 use super::report::Plan;
 use super::training::TrainingTarget;
 
@@ -115,7 +115,20 @@ pub fn plan(
     reserved: &Reservations,
     request: &PlanRequest,
 ) -> Result<Plan> {
-    plan_checked(model, nodes, reserved, request, true)
+    plan_checked(model, (nodes, None), reserved, request, true)
+}
+
+/// [`plan`] with an index of `nodes` built beforehand ([`FleetIndex::new`]): the same plan,
+/// but indexing the free devices costs only the nodes `reserved` names (one index serves every
+/// plan on the same nodes: the controller keeps one per fleet view). An index of other nodes
+/// is ignored.
+pub fn plan_indexed(
+    model: &Model,
+    (nodes, index): (&[NodeSpec], &FleetIndex),
+    reserved: &Reservations,
+    request: &PlanRequest,
+) -> Result<Plan> {
+    plan_checked(model, (nodes, Some(index)), reserved, request, true)
 }
 
 /// [`plan`] of a disaggregated request; `verify` says whether its suggestions are checked
@@ -129,21 +142,28 @@ fn plan_disaggregated(
 ) -> Result<Plan> {
     let mut request = request.clone();
     request.disaggregation = Some(disaggregation);
-    plan_checked(model, nodes, reserved, &request, verify)
+    plan_checked(model, (nodes, None), reserved, &request, verify)
 }
 
 fn plan_checked(
     model: &Model,
-    nodes: &[NodeSpec],
+    (nodes, index): (&[NodeSpec], Option<&FleetIndex>),
     reserved: &Reservations,
     request: &PlanRequest,
     verify: bool,
 ) -> Result<Plan> {
     validate(request)?;
-    let fleet = FreeDevices::new(nodes, reserved);
+    let fleet = match index {
+        Some(index) => FreeDevices::indexed(nodes, index, reserved),
+        None => FreeDevices::new(nodes, reserved),
+    };
     // Shares may plan where whole devices do not: only for serving, on shareable devices.
+    let any_shareable = match index {
+        Some(index) if index.indexes(nodes) => index.any_shareable(),
+        _ => super::inventory::any_shareable(nodes),
+    };
     let may_share =
-        matches!(request.goal, Goal::Serve { .. }) && fraction::may_share(nodes, request);
+        matches!(request.goal, Goal::Serve { .. }) && fraction::may_share(any_shareable, request);
     if fleet.classes.is_empty() && !may_share {
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()

@@ -15,7 +15,7 @@ use super::serving::{
 use super::suggest::{self, Change, Suggestion, context_steps, largest_fitting};
 use crate::hardware::Precision;
 use crate::plan::capability::{PrecisionChoice, serving_candidates, serving_support};
-use crate::plan::inventory::{NodeSpec, Reservations};
+use crate::plan::inventory::{NodeSpec, Reservations, find_node};
 use crate::plan::kv::KvDtype;
 use crate::plan::memory::{DeviceMemory, ServingFit, ServingTarget, serving_fit};
 use crate::plan::model::Model;
@@ -611,7 +611,7 @@ fn suggest_more_nodes(
                 && d.vendor == class.sample.vendor
                 && d.precisions == class.sample.precisions
         };
-        let Some(template) = nodes.iter().find(|n| n.name == class.template_node) else {
+        let Some(template) = find_node(nodes, class.template_node) else {
             continue;
         };
         let copy = NodeSpec {

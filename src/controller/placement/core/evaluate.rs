@@ -2,6 +2,8 @@
 //! planning. Invalid specs are refused here; a ResourceClaimTemplate placement is planned as
 //! alternatives ([`super::template`]), any other as one plan ([`super::outcome`]).
 
+use std::borrow::Cow;
+
 use crate::api::placement::{AllocationMode, ModelPlacementSpec};
 use crate::controller::core::fleet_view::FleetView;
 use crate::controller::core::outcome::Outcome;
@@ -46,7 +48,9 @@ pub fn evaluate(
     if spec.allocation == Some(AllocationMode::ClaimTemplate) {
         return template::evaluate_template(&request, &nodes, fleet, namespace, name);
     }
-    outcome_of(&request, &nodes, reserved, namespace, name)
+    // The whole fleet, unfiltered, is planned through the view's index of it.
+    let index = matches!(nodes, Cow::Borrowed(_)).then(|| fleet.indexed_nodes().1);
+    outcome_of(&request, (&nodes, index), reserved, namespace, name)
 }
 
 #[cfg(test)]

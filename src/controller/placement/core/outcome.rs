@@ -10,20 +10,25 @@ use crate::api::placement::{
 };
 pub use crate::controller::core::outcome::Outcome;
 use crate::plan::report::Plan;
-use crate::plan::{NodeSpec, PlanError, Reservations, plan};
+use crate::plan::{FleetIndex, NodeSpec, PlanError, Reservations, plan, plan_indexed};
 
 use super::labels;
 use super::request::Request;
 
-/// Plans `request` on `nodes` minus `reserved`: the plan's status, or why there is none.
+/// Plans `request` on `nodes` minus `reserved`, through the planner's index of `nodes` when
+/// there is one: the plan's status, or why there is none.
 pub(super) fn outcome_of(
     request: &Request,
-    nodes: &[NodeSpec],
+    (nodes, index): (&[NodeSpec], Option<&FleetIndex>),
     reserved: &Reservations,
     namespace: &str,
     name: &str,
 ) -> Outcome {
-    match plan(&request.model, nodes, reserved, &request.request) {
+    let planned = match index {
+        Some(index) => plan_indexed(&request.model, (nodes, index), reserved, &request.request),
+        None => plan(&request.model, nodes, reserved, &request.request),
+    };
+    match planned {
         Ok(plan) if plan.fits => {
             let mut status = planned_status(&plan, namespace, name);
             status.reasons.extend(request.notes.iter().cloned());

@@ -112,7 +112,7 @@ fn plan_choices(
     name: &str,
 ) -> (Outcome, Vec<Choice>) {
     let none = Reservations::none();
-    let first = outcome_of(request, nodes, &none, namespace, name);
+    let first = outcome_of(request, (nodes, None), &none, namespace, name);
     let mut choices: Vec<Choice> = Vec::new();
     let mut candidates = nodes.to_vec();
     let mut outcome = first.clone();
@@ -153,7 +153,7 @@ fn plan_choices(
         if candidates.is_empty() {
             break;
         }
-        outcome = outcome_of(request, &candidates, &none, namespace, name);
+        outcome = outcome_of(request, (&candidates, None), &none, namespace, name);
     }
     (first, choices)
 }
