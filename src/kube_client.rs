@@ -22,10 +22,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http_body_util::BodyExt as _;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::{Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::retry::RetryPolicy;
+use kube::client::{ClientBuilder, DynBody};
 use tokio::time::{Instant, Sleep};
-use tower::{BoxError, Layer, Service};
+use tower::retry::RetryLayer;
+use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 
 /// Default deadline for one API call. The apiserver gives up on a normal request itself after
 /// 60 s (`--request-timeout`); a healthy one answers our calls (single objects, paged lists)
@@ -61,18 +67,126 @@ pub fn user_agent(component: &str) -> String {
     format!("hwaccel-{component}/{}", env!("CARGO_PKG_VERSION"))
 }
 
-/// A client for `config` whose every call ends within `api_timeout`.
+/// A client for `config` whose every call ends within `api_timeout`; over HTTP/2 where the
+/// apiserver offers it ([`multiplexed`]), unless `HWACCEL_API_HTTP1` is `true` (an escape
+/// hatch for a proxy in front of the apiserver that mishandles HTTP/2).
 pub fn client_from(
+    config: kube::Config,
+    api_timeout: Duration,
+) -> Result<kube::Client, kube::Error> {
+    let versions = match std::env::var(HTTP1_ONLY_ENV).as_deref() {
+        Ok("true" | "1") => HttpVersions::Http1Only,
+        _ => HttpVersions::Http2Preferred,
+    };
+    client_over(config, api_timeout, versions)
+}
+
+/// Names the environment variable that keeps every client on HTTP/1.1.
+pub const HTTP1_ONLY_ENV: &str = "HWACCEL_API_HTTP1";
+
+/// Which HTTP versions a client may speak to the apiserver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpVersions {
+    /// HTTP/2 when the apiserver offers it (ALPN), else HTTP/1.1: one connection per process.
+    Http2Preferred,
+    /// HTTP/1.1 only (kube's own stack): one connection per concurrent call or watch.
+    Http1Only,
+}
+
+/// [`client_from`] with the HTTP versions chosen by the caller.
+pub fn client_over(
     mut config: kube::Config,
     api_timeout: Duration,
+    versions: HttpVersions,
 ) -> Result<kube::Client, kube::Error> {
     config.connect_timeout = Some(api_timeout.min(CONNECT_TIMEOUT));
     config.write_timeout = Some(api_timeout);
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&DeadlineLayer {
-            timeout: api_timeout,
+    let deadline = DeadlineLayer {
+        timeout: api_timeout,
+    };
+    let service = match versions {
+        HttpVersions::Http2Preferred => multiplexed(&config)?,
+        HttpVersions::Http1Only => None,
+    };
+    Ok(match service {
+        Some(service) => ClientBuilder::new(service, config.default_namespace.clone())
+            .with_layer(&deadline)
+            .build(),
+        None => ClientBuilder::try_from(config)?
+            .with_layer(&deadline)
+            .build(),
+    })
+}
+
+/// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered before
+/// the connection counts as dead (its watches then fail and are made again): a connection
+/// that carries every watch of the process must not sit on a dead peer.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// kube's request stack as [`ClientBuilder::new`] takes it.
+type HttpService =
+    tower::util::BoxService<Request<kube::client::Body>, Response<Box<DynBody>>, BoxError>;
+
+/// The HTTP stack under kube's client for the common case (an `https` apiserver reached
+/// directly, credentials that are not an exec plugin's): kube's own layers (base URI, retries
+/// of server errors, authentication, extra headers) around a hyper client that offers HTTP/2
+/// by ALPN and falls back to HTTP/1.1. `None` for anything else, which keeps kube's stack.
+///
+/// Why (issue 41, ADR 0013): kube's stack speaks HTTP/1.1 only, so every watch holds a TLS
+/// connection of its own; an agent's three watches were three connections, about 86 KiB of
+/// apiserver memory each. Over HTTP/2 a process holds one connection, its watches and calls
+/// multiplexed on it as streams.
+fn multiplexed(config: &kube::Config) -> Result<Option<HttpService>, kube::Error> {
+    use kube::client::ConfigExt as _;
+    if config.proxy_url.is_some()
+        || config.auth_info.exec.is_some()
+        || config.cluster_url.scheme_str() != Some("https")
+    {
+        return Ok(None);
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_only();
+    let tls = match &config.tls_server_name {
+        Some(name) => tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+            name.clone().try_into().map_err(|err| {
+                kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(err))
+            })?,
+        )),
+        None => tls,
+    };
+    let mut connector = hyper_timeout::TimeoutConnector::new(
+        tls.enable_http1().enable_http2().wrap_connector(http),
+    );
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(H2_PING_INTERVAL)
+            .http2_keep_alive_timeout(H2_PING_TIMEOUT)
+            .http2_keep_alive_while_idle(true)
+            .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| RetryLayer::new(RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(client)
+        .map_response(|response: Response<hyper::body::Incoming>| {
+            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
         })
-        .build())
+        .boxed();
+    Ok(Some(service))
 }
 
 /// The error of a call that ran out of time.

@@ -16,6 +16,7 @@ mod cluster_agent_dra;
 mod cluster_agent_health;
 mod cluster_agent_outage;
 mod cluster_agent_phantoms;
+mod cluster_api_connections;
 mod cluster_basics;
 mod cluster_compat_labels;
 mod cluster_controller;

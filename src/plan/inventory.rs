@@ -260,6 +260,19 @@ impl Reservations {
             .insert(device.into());
     }
 
+    /// Marks `devices` of `node` as taken (one lookup of the node for all of them).
+    pub fn insert_all(&mut self, node: &str, devices: impl IntoIterator<Item = String>) {
+        match self.taken.get_mut(node) {
+            Some(taken) => taken.extend(devices),
+            None => {
+                let devices: BTreeSet<String> = devices.into_iter().collect();
+                if !devices.is_empty() {
+                    self.taken.insert(node.to_string(), devices);
+                }
+            }
+        }
+    }
+
     /// Adds `bytes` to what is consumed of a shared device (saturating: a sum past the
     /// device's capacity means it is full, never that it wraps to empty).
     pub fn consume(&mut self, node: impl Into<String>, device: impl Into<String>, bytes: u64) {
@@ -486,6 +499,22 @@ mod tests {
         );
         device.memory_bytes = memory;
         device
+    }
+
+    #[test]
+    fn taking_a_node_s_devices_at_once_is_taking_them_one_by_one() {
+        let mut one_by_one = Reservations::none();
+        let mut at_once = Reservations::none();
+        for device in ["gpu1", "gpu0"] {
+            one_by_one.insert("a", device);
+        }
+        one_by_one.insert("b", "gpu2");
+        at_once.insert_all("a", ["gpu1".to_string()]);
+        at_once.insert_all("a", ["gpu0".to_string()]);
+        at_once.insert_all("b", ["gpu2".to_string()]);
+        at_once.insert_all("c", []);
+        assert_eq!(at_once, one_by_one);
+        assert_eq!(at_once.nodes(), ["a", "b"]);
     }
 
     #[test]

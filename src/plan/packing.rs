@@ -289,7 +289,7 @@ impl<'a> FreeDevices<'a> {
                     .add(node, node_index, Cow::Owned(group.domains), group.fast);
             });
         }
-        Self::finish(nodes, by_key.into_values().collect())
+        Self::finish(nodes, by_key.into_values().collect(), true)
     }
 
     /// [`FreeDevices::new`] from an index of the same `nodes` built beforehand: only the nodes
@@ -300,11 +300,15 @@ impl<'a> FreeDevices<'a> {
         index::free_devices(nodes, index, reserved).unwrap_or_else(|| Self::new(nodes, reserved))
     }
 
-    /// The fleet of `classes` (in class order), with their multi-node NVLink domains measured.
-    fn finish(nodes: &'a [NodeSpec], mut classes: Vec<DeviceClass<'a>>) -> Self {
+    /// The fleet of `classes` (in class order), with their multi-node NVLink domains measured
+    /// when `cliques` says some node may be in one (a label lookup per bin otherwise spent for
+    /// nothing).
+    fn finish(nodes: &'a [NodeSpec], mut classes: Vec<DeviceClass<'a>>, cliques: bool) -> Self {
         for class in &mut classes {
             class.count_nodes_by_free();
-            rack::measure(nodes, class);
+            if cliques {
+                rack::measure(nodes, class);
+            }
         }
         Self { nodes, classes }
     }

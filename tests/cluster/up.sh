@@ -228,7 +228,9 @@ APISERVER_CMD=("$BIN/kube-apiserver"
   --enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy
   # No DRA feature gates or runtime-config: 1.37 serves DeviceTaintRule in resource.k8s.io/v1
   # (GA, on by default), and the tests prove the controller works on a stock apiserver.
-  --allow-privileged=true --profiling=false
+  # TC_APISERVER_PROFILING=1 serves /debug/pprof (for an admin only): the agents' watch memory
+  # benchmark asks a heap profile with gc=1 to measure what is live after a collection.
+  --allow-privileged=true --profiling="$( [ "${TC_APISERVER_PROFILING:-0}" = 1 ] && echo true || echo false )"
   # Every write, by user (metadata only, no bodies): tests count who wrote what (a steady
   # agent writes nothing) from this log.
   --audit-policy-file="$WORK/run/audit-policy.yaml" --audit-log-path="$WORK/logs/audit.log"

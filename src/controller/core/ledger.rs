@@ -593,10 +593,19 @@ impl Ledger {
     /// claims'), for the planner.
     pub fn reserved_by_others(&self, key: &PlacementKey) -> Reservations {
         let mut reserved = self.external.devices.clone();
-        for ((node, device), holder) in &self.owners {
-            if holder != key {
-                reserved.insert(node.clone(), device.clone());
+        // `owners` is in (node, device) order: one node name is copied per node, not per
+        // device (this runs for every plan, over every device the ledger holds).
+        let mut owned = self
+            .owners
+            .iter()
+            .filter(|(_, holder)| *holder != key)
+            .peekable();
+        while let Some(((node, device), _)) = owned.next() {
+            let mut devices = vec![device.clone()];
+            while let Some(((_, device), _)) = owned.next_if(|((next, _), _)| next == node) {
+                devices.push(device.clone());
             }
+            reserved.insert_all(node, devices);
         }
         for ((node, device), shared) in &self.shares {
             reserved.consume(

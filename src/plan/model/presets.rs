@@ -6,6 +6,8 @@
 //! its context, dtype, tied embeddings and quantisation (`config_source`); a unit test below
 //! fails when a preset lacks any field the planner reads.
 
+use std::sync::OnceLock;
+
 use serde_json::Value;
 
 use crate::plan::error::{PlanError, Result};
@@ -29,12 +31,21 @@ pub struct PresetInfo {
     pub config: String,
 }
 
-fn entries() -> Result<Vec<Value>> {
-    let table: Value = serde_json::from_str(MODEL_CONFIGS)
-        .map_err(|err| PlanError::config("built-in presets", err.to_string()))?;
-    match table.get("models") {
-        Some(Value::Array(models)) => Ok(models.clone()),
-        _ => Err(PlanError::config("built-in presets", "no models array")),
+/// The built-in table's entries, parsed once per process: the controller looks a preset up on
+/// every plan, and parsing the whole table each time was a visible share of its CPU at 10,000
+/// nodes (issue 41).
+fn entries() -> Result<&'static [Value]> {
+    static ENTRIES: OnceLock<std::result::Result<Vec<Value>, String>> = OnceLock::new();
+    let parsed = ENTRIES.get_or_init(|| {
+        let table: Value = serde_json::from_str(MODEL_CONFIGS).map_err(|err| err.to_string())?;
+        match table.get("models") {
+            Some(Value::Array(models)) => Ok(models.clone()),
+            _ => Err("no models array".to_string()),
+        }
+    });
+    match parsed {
+        Ok(entries) => Ok(entries),
+        Err(why) => Err(PlanError::config("built-in presets", why.clone())),
     }
 }
 
@@ -85,10 +96,7 @@ pub fn list() -> Result<Vec<PresetInfo>> {
 /// Looks a preset up by key (case-insensitive). `Ok(None)` when there is no such key.
 pub fn find(key: &str) -> Result<Option<Model>> {
     let wanted = key.trim().to_ascii_lowercase();
-    let Some(entry) = entries()?
-        .into_iter()
-        .find(|entry| text(entry, "key") == wanted)
-    else {
+    let Some(entry) = entries()?.iter().find(|entry| text(entry, "key") == wanted) else {
         return Ok(None);
     };
     let origin = format!("preset {wanted}");
@@ -98,7 +106,7 @@ pub fn find(key: &str) -> Result<Option<Model>> {
     let parsed = parse_config(&origin, arch_value)?;
     let mut model = Model::new(
         wanted,
-        ModelSource::Preset(format!("{}; {}", source_of(&entry), config_of(&entry))),
+        ModelSource::Preset(format!("{}; {}", source_of(entry), config_of(entry))),
         parsed.arch,
         parsed.native,
     );
@@ -147,7 +155,7 @@ mod tests {
             let model = find(&info.key).unwrap().unwrap();
             let entry = entries()
                 .unwrap()
-                .into_iter()
+                .iter()
                 .find(|e| text(e, "key") == info.key)
                 .unwrap();
             let expected = entry["architecture"]["params_computed_b"].as_f64().unwrap() * 1e9;
@@ -189,7 +197,7 @@ mod tests {
     fn every_preset_states_every_field_the_planner_reads() {
         let mut missing = Vec::new();
         for entry in entries().unwrap() {
-            let key = text(&entry, "key");
+            let key = text(entry, "key");
             let arch = &entry["architecture"];
             for field in REQUIRED {
                 if arch.get(field).is_none() {

@@ -39,6 +39,8 @@ pub struct FleetIndex {
     bins: Vec<Vec<IndexedBin>>,
     /// Whether some device is published shareable (a plan may then size shares of one).
     any_shareable: bool,
+    /// Whether some node is in a multi-node NVLink domain (its classes' racks are measured).
+    any_clique: bool,
 }
 
 /// A node's free devices of one class with nothing reserved.
@@ -96,6 +98,7 @@ impl FleetIndex {
             classes: class_of.len(),
             bins,
             any_shareable: any_shareable(nodes),
+            any_clique: nodes.iter().any(|node| node.nvlink_clique().is_some()),
         }
     }
 
@@ -164,6 +167,7 @@ pub(super) fn free_devices<'a>(
     Some(FreeDevices::finish(
         nodes,
         classes.into_iter().flatten().collect(),
+        index.any_clique,
     ))
 }
 
