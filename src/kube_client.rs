@@ -68,7 +68,7 @@ pub fn user_agent(component: &str) -> String {
 }
 
 /// A client for `config` whose every call ends within `api_timeout`; over HTTP/2 where the
-/// apiserver offers it ([`multiplexed`]), unless `HWACCEL_API_HTTP1` is `true` (an escape
+/// apiserver offers it (ADR 0013), unless `HWACCEL_API_HTTP1` is `true` (an escape
 /// hatch for a proxy in front of the apiserver that mishandles HTTP/2).
 pub fn client_from(
     config: kube::Config,

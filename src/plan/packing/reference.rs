@@ -166,19 +166,11 @@ pub(super) fn index_node<'a>(
             .map(|(_, l)| l.len() as u32)
             .max()
             .unwrap_or(0);
-        let sample = &node.devices[usize::from(domains[0].1[0])];
-        let class = classes.entry(key).or_insert_with(|| DeviceClass {
-            sample,
-            free: 0,
-            largest_node: 0,
-            largest_fast_domain: 0,
-            largest_rack: 0,
-            racks: Vec::new(),
-            nodes: 0,
-            template_node: &node.name,
-            bins: Vec::new(),
-            nodes_by_free: Vec::new(),
-        });
+        // An empty class, sampled from this node's first device of it (the struct's
+        // constructor; the accounting below is the reference's own).
+        let class = classes
+            .entry(key)
+            .or_insert_with(|| DeviceClass::open(node, &domains));
         class.free += free;
         class.nodes += 1;
         if free > class.largest_node {
