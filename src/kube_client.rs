@@ -135,7 +135,7 @@ type HttpService =
 ///
 /// Why (issue 41, ADR 0013): kube's stack speaks HTTP/1.1 only, so every watch holds a TLS
 /// connection of its own; an agent's three watches were three connections, about 86 KiB of
-/// apiserver memory each. Over HTTP/2 a process holds one connection, its watches and calls
+/// apiserver memory each (it now holds two, ADR 0010). Over HTTP/2 a process holds one connection, its watches and calls
 /// multiplexed on it as streams.
 fn multiplexed(config: &kube::Config) -> Result<Option<HttpService>, kube::Error> {
     use kube::client::ConfigExt as _;

@@ -633,6 +633,19 @@ fn rbac_is_least_privilege() {
         serde_json::json!(["get", "list", "watch", "patch"]),
         "the agent reads Nodes and only patches them"
     );
+    // Its inventory is read by name, never listed or watched (issue 41): a stolen agent token
+    // cannot list every node's inventory.
+    let inventory_rule = agent["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|rule| rule["resources"] == serde_json::json!(["acceleratorinventories"]))
+        .expect("agent inventory rule");
+    assert_eq!(
+        inventory_rule["verbs"],
+        serde_json::json!(["get", "create", "patch"]),
+        "the agent reads its inventory by name and applies it"
+    );
 }
 
 #[test]

@@ -1,15 +1,17 @@
 //! What a process's connections to the apiserver are, on the real apiserver (issue 41, ADR
-//! 0013): the project's client speaks HTTP/2, so an agent's three watches and its calls share
-//! one TLS connection, where kube's own stack (HTTP/1.1) holds one per watch.
+//! 0013): the project's client speaks HTTP/2, so an agent's watches and its calls share one
+//! TLS connection, where kube's own stack (HTTP/1.1) holds one per watch.
 //!
 //! `the_agents_watches_share_one_connection` runs in the cluster tier. The scale variant
-//! (`SCALE_RUN=1`, `AGENT_WATCH_AGENTS`, default 1,000) opens that many agents' watches both
-//! ways and prints the apiserver memory each agent costs (RSS and Go heap), the figures in
-//! docs/benchmarks.md:
+//! (`SCALE_RUN=1`, `AGENT_WATCH_AGENTS`, default 1,000) opens that many agents' watches as
+//! agents held them before issue 41 (three: the Node, the inventory's metadata, the slices,
+//! each on its own HTTP/1.1 connection) and as they hold them now (the Node and the slices
+//! over one HTTP/2 connection), and prints the apiserver memory each agent costs (RSS and Go
+//! heap), the figures in docs/benchmarks.md:
 //!
 //! ```text
 //! TC_APISERVER_PROFILING=1 tests/cluster/up.sh DIR; set -a; . DIR/env; set +a
-//! SCALE_RUN=1 AGENT_WATCH_AGENTS=1000 [AGENT_WATCH_ORDER=http2-first] \
+//! SCALE_RUN=1 AGENT_WATCH_AGENTS=1000 [AGENT_WATCH_ORDER=now-first] \
 //!   cargo test --test cluster_tier -- --ignored --nocapture cluster_api_connections::apiserver_memory
 //! ```
 
@@ -22,15 +24,32 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use futures::future::try_join_all;
+use futures::{Stream, StreamExt as _};
+use hwaccel::agent::own_objects::WATCHES;
+use hwaccel::api::AcceleratorInventory;
 use hwaccel::kube_client::{DEFAULT_API_TIMEOUT, HttpVersions, client_over};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{ListParams, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use support::TestCluster;
+use support::{TestCluster, install_crds};
 
-/// The watches an agent holds (its Node, its inventory, its slices: here three Nodes by name).
-const WATCHES_PER_AGENT: usize = 3;
+/// One of the watches an agent holds, scoped to its node as the agent scopes it.
+#[derive(Debug, Clone, Copy)]
+enum Watch {
+    /// Its Node, by `metadata.name`.
+    Node,
+    /// Its inventory's metadata, by `metadata.name` (before issue 41).
+    Inventory,
+    /// Its node's ResourceSlices, by `spec.nodeName`.
+    Slices,
+}
+
+/// The watches an agent holds now (`hwaccel::agent::own_objects`).
+const NOW: [Watch; WATCHES] = [Watch::Node, Watch::Slices];
+/// The watches an agent held before issue 41, each on its own HTTP/1.1 connection.
+const BEFORE: [Watch; 3] = [Watch::Node, Watch::Inventory, Watch::Slices];
 
 /// The apiserver's port, from `https://127.0.0.1:<port>`.
 fn apiserver_port(cluster: &TestCluster) -> Result<u16> {
@@ -89,20 +108,42 @@ async fn client(cluster: &TestCluster, versions: HttpVersions) -> Result<Client>
     Ok(client_over(config, DEFAULT_API_TIMEOUT, versions)?)
 }
 
-/// An agent's watches, each on one object by name, held open; one list made meanwhile.
-async fn open_agent_watches(
-    client: &Client,
-    prefix: &str,
-) -> Result<Vec<impl futures::Stream + use<>>> {
-    let nodes: Api<Node> = Api::all(client.clone());
+/// A held watch's event stream.
+type Held = std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>;
+
+/// Holds `stream` open, dropping its events (none arrive: nothing carries the watched names).
+fn hold<S: Stream + Send + 'static>(stream: S) -> Held {
+    Box::pin(stream.map(|_| ()))
+}
+
+/// An agent's `watches` for the node `node` (which need not exist), held open; one list made
+/// meanwhile, as the agent's calls share the client.
+async fn open_agent_watches(client: &Client, node: &str, watches: &[Watch]) -> Result<Vec<Held>> {
+    let by_name = format!("metadata.name={node}");
+    let params = |selector: &str| WatchParams::default().fields(selector).timeout(290);
     let mut held = Vec::new();
-    for watch in 0..WATCHES_PER_AGENT {
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={prefix}-{watch}"))
-            .timeout(290);
-        held.push(Box::pin(nodes.watch(&params, "0").await?));
+    for watch in watches {
+        held.push(match watch {
+            Watch::Node => hold(
+                Api::<Node>::all(client.clone())
+                    .watch(&params(&by_name), "0")
+                    .await?,
+            ),
+            Watch::Inventory => hold(
+                Api::<AcceleratorInventory>::all(client.clone())
+                    .watch_metadata(&params(&by_name), "0")
+                    .await?,
+            ),
+            Watch::Slices => hold(
+                Api::<ResourceSlice>::all(client.clone())
+                    .watch(&params(&format!("spec.nodeName={node}")), "0")
+                    .await?,
+            ),
+        });
     }
-    nodes.list_metadata(&ListParams::default().limit(1)).await?;
+    Api::<Node>::all(client.clone())
+        .list_metadata(&ListParams::default().limit(1))
+        .await?;
     Ok(held)
 }
 
@@ -111,7 +152,7 @@ async fn connections_of_one_agent(cluster: &TestCluster, versions: HttpVersions)
     let port = apiserver_port(cluster)?;
     let before = connections_to(port)?;
     let client = client(cluster, versions).await?;
-    let held = open_agent_watches(&client, &cluster.unique_name("conn")).await?;
+    let held = open_agent_watches(&client, &cluster.unique_name("conn"), &BEFORE).await?;
     let during = connections_to(port)?;
     drop(held);
     Ok(during.saturating_sub(before))
@@ -121,6 +162,7 @@ async fn connections_of_one_agent(cluster: &TestCluster, versions: HttpVersions)
 #[ignore = "needs cluster"]
 async fn the_agents_watches_share_one_connection() -> Result<()> {
     let cluster = TestCluster::new().await?;
+    install_crds(&cluster.client()).await?;
     let multiplexed = connections_of_one_agent(&cluster, HttpVersions::Http2Preferred).await?;
     assert_eq!(
         multiplexed, 1,
@@ -129,7 +171,7 @@ async fn the_agents_watches_share_one_connection() -> Result<()> {
     // The same calls over HTTP/1.1 hold a connection per watch: what the count above saves.
     let separate = connections_of_one_agent(&cluster, HttpVersions::Http1Only).await?;
     assert!(
-        separate >= WATCHES_PER_AGENT,
+        separate >= BEFORE.len(),
         "over HTTP/1.1 each watch holds a connection: {separate}"
     );
     Ok(())
@@ -163,8 +205,13 @@ async fn apiserver_memory(cluster: &TestCluster) -> Result<(f64, f64)> {
     Ok((rss_kib * 1024.0, heap))
 }
 
-/// Opens `agents` agents' watches over `versions` and prints what each costs the apiserver.
-async fn watch_memory(cluster: &TestCluster, agents: usize, versions: HttpVersions) -> Result<()> {
+/// Opens `agents` agents' `watches` over `versions` and prints what each agent costs the
+/// apiserver.
+async fn watch_memory(
+    cluster: &TestCluster,
+    agents: usize,
+    (versions, watches): (HttpVersions, &[Watch]),
+) -> Result<()> {
     let port = apiserver_port(cluster)?;
     let (rss_before, heap_before) = apiserver_memory(cluster).await?;
     let connections_before = connections_to(port)?;
@@ -172,9 +219,10 @@ async fn watch_memory(cluster: &TestCluster, agents: usize, versions: HttpVersio
     for start in (0..agents).step_by(50) {
         let batch = (start..agents.min(start + 50)).map(|agent| async move {
             let client = client(cluster, versions).await?;
-            let watches =
-                open_agent_watches(&client, &cluster.unique_name(&format!("a{agent}"))).await?;
-            anyhow::Ok((client, watches))
+            let held =
+                open_agent_watches(&client, &cluster.unique_name(&format!("a{agent}")), watches)
+                    .await?;
+            anyhow::Ok((client, held))
         });
         held.extend(try_join_all(batch).await?);
     }
@@ -183,7 +231,7 @@ async fn watch_memory(cluster: &TestCluster, agents: usize, versions: HttpVersio
     let connections = connections_to(port)? - connections_before;
     let per = |after: f64, before: f64| (after - before) / agents as f64 / 1024.0;
     println!(
-        "watch memory: {agents} agents x {WATCHES_PER_AGENT} watches over {versions:?}: \
+        "watch memory: {agents} agents x {watches:?} over {versions:?}: \
          {connections} connections; apiserver per agent: RSS {:.1} KiB, Go heap {:.1} KiB",
         per(rss, rss_before),
         per(heap, heap_before)
@@ -204,17 +252,21 @@ async fn apiserver_memory_per_agent() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    raise_open_files(agents * (WATCHES_PER_AGENT + 2) + 1024)?;
+    raise_open_files(agents * (BEFORE.len() + 2) + 1024)?;
     let cluster = TestCluster::new().await?;
-    // Both from the same apiserver, measured apart; HTTP/1.1 first unless
-    // `AGENT_WATCH_ORDER=http2-first` (the apiserver keeps some memory it grew for the first,
+    install_crds(&cluster.client()).await?;
+    // Both from the same apiserver, measured apart; the agents as before issue 41 first unless
+    // `AGENT_WATCH_ORDER=now-first` (the apiserver keeps some memory it grew for the first,
     // so running both orders shows how much that flatters the second).
-    let mut order = [HttpVersions::Http1Only, HttpVersions::Http2Preferred];
-    if std::env::var("AGENT_WATCH_ORDER").as_deref() == Ok("http2-first") {
+    let mut order = [
+        (HttpVersions::Http1Only, &BEFORE[..]),
+        (HttpVersions::Http2Preferred, &NOW[..]),
+    ];
+    if std::env::var("AGENT_WATCH_ORDER").as_deref() == Ok("now-first") {
         order.reverse();
     }
-    for versions in order {
-        watch_memory(&cluster, agents, versions).await?;
+    for shape in order {
+        watch_memory(&cluster, agents, shape).await?;
     }
     Ok(())
 }

@@ -6,8 +6,8 @@
 //! [`hotplug`] (device-directory fingerprint), [`own_slice`] (the opt-in `hwaccel.io`
 //! ResourceSlice), [`devices_missing`] (expected versus present devices), [`host_mounts`]
 //! (host mounts left writable by the runtime), [`compat_labels`] (the opt-in vendor labels
-//! other tools read), [`watched`] and [`own_objects`] (the watches of the agent's own Node,
-//! inventory and slices that a steady cycle reads instead of the API), [`metrics`].
+//! other tools read), [`watched`] and [`own_objects`] (the watches of the agent's own Node
+//! and slices that a steady cycle reads instead of the API), [`metrics`].
 
 pub mod compat_labels;
 pub mod devices_missing;

@@ -1,5 +1,5 @@
-//! A long-lived watch of a few of the agent's own objects (its Node, its inventory, its
-//! node's ResourceSlices), kept by a small task so that a cycle reads the cache instead of
+//! A long-lived watch of a few of the agent's own objects (its Node, its node's
+//! ResourceSlices), kept by a small task so that a cycle reads the cache instead of
 //! the API. See `docs/decisions/0010-the-agent-watches-its-own-objects.md` for why.
 //!
 //! The task lists the objects that match a field selector, then watches from the list's
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use kube::api::{ListParams, ObjectList, PartialObjectMeta, WatchEvent, WatchParams};
+use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
@@ -86,33 +86,6 @@ impl<T: Clone> Debug for Source<T> {
             .field("what", &self.what)
             .field("selector", &self.selector)
             .finish_non_exhaustive()
-    }
-}
-
-impl<K> Source<PartialObjectMeta<K>>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default,
-{
-    /// The metadata only (`PartialObjectMetadata`) of `api`'s objects matching `selector`:
-    /// what the apiserver sends on every change is then a few hundred bytes, not the object.
-    pub fn metadata(what: &'static str, api: Api<K>, selector: String) -> Self {
-        let lister = api.clone();
-        Self {
-            what,
-            selector,
-            list: Box::new(move |params| {
-                let api = lister.clone();
-                Box::pin(async move { api.list_metadata(&params).await })
-            }),
-            watch: Box::new(move |params, version| {
-                let api = api.clone();
-                Box::pin(async move {
-                    let events = api.watch_metadata(&params, &version).await?;
-                    Ok(events.boxed())
-                })
-            }),
-        }
     }
 }
 

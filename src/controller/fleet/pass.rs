@@ -16,7 +16,7 @@
 //! [`fleet_figures`]: crate::controller::core::fleet_figures
 //! [`model_capacity`]: super::core::model_capacity
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use crate::plan::Reservations;
 
 use super::core::model_capacity::{self, CountedModel};
 use super::core::node_stats::NodeStatsCache;
-use super::publication::{self, Audits, NodeAudit, audit_nodes};
+use super::publication::{self, Audits, audit_nodes};
 use crate::controller::cache::{
     any_allocated, any_published, claimed_in_cache, fleet_view, outlived_in_cache,
 };
@@ -192,9 +192,9 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
         _ => BTreeMap::new(),
     };
     ctx.metrics.fleet.publish_share_headroom(&headroom);
-    let audited = audit_nodes(ctx, &mut memory.audits);
-    write_status(ctx, memory, &stats, &audited).await;
-    publication::publish(ctx, &mut memory.audits, &audited);
+    audit_nodes(ctx, &mut memory.audits);
+    write_status(ctx, memory, &stats).await;
+    publication::publish(ctx, &mut memory.audits);
     node_events(ctx, memory, &stats);
     report_outlived(ctx, memory, &outlived_in_cache(ctx));
     Figures { stats, view }
@@ -245,12 +245,7 @@ type Written = (u32, (String, String, String));
 /// apply on the status subresource: `status.freeDevices` and the `DRAPublished` condition,
 /// always together (an apply that left one out would remove it), in one request; the agent's
 /// fields stay its own.
-async fn write_status(
-    ctx: &Context,
-    memory: &mut Memory,
-    stats: &[Arc<NodeStats>],
-    audited: &BTreeMap<String, NodeAudit>,
-) {
+async fn write_status(ctx: &Context, memory: &mut Memory, stats: &[Arc<NodeStats>]) {
     let now = Instant::now();
     memory
         .status_written
@@ -260,8 +255,11 @@ async fn write_status(
         .iter()
         .filter_map(|node| {
             let free = node.free_devices();
-            let audit = audited.get(&node.node);
-            let condition = audit.map(|audit| audit.condition(&stamp))?;
+            let audit = memory.audits.get(&node.node)?;
+            if node.written_free == Some(free) && audit.is_written() {
+                return None;
+            }
+            let condition = audit.condition(&stamp);
             let key = (
                 free,
                 (
@@ -270,15 +268,13 @@ async fn write_status(
                     condition.message.clone(),
                 ),
             );
-            let current =
-                node.written_free == Some(free) && audit.is_some_and(NodeAudit::is_written);
             // The cache may still show the status before our own write: trust that write
             // for a while rather than writing it again.
             let fresh = memory
                 .status_written
                 .get(&node.node)
                 .map(|(written, _)| written);
-            (!current && fresh != Some(&key)).then(|| (node.node.clone(), free, condition))
+            (fresh != Some(&key)).then(|| (node.node.clone(), free, condition))
         })
         .collect();
     let api: Api<AcceleratorInventory> = Api::all(ctx.client.clone());
@@ -337,13 +333,13 @@ async fn apply_status(
 /// Normal `DevicesRestored` when it turns back; nothing while it stays. After a restart a
 /// node already missing devices gets one Warning, a healthy one nothing.
 fn node_events(ctx: &Context, memory: &mut Memory, stats: &[Arc<NodeStats>]) {
-    let present: BTreeSet<&str> = stats.iter().map(|s| s.node.as_str()).collect();
-    memory
-        .missing_seen
-        .retain(|node, _| present.contains(node.as_str()));
+    // Updated in place: a pass where nothing changed allocates nothing here.
     for node in stats {
         let missing = node.missing.is_some();
-        let before = memory.missing_seen.insert(node.node.clone(), missing);
+        let before = match memory.missing_seen.get_mut(&node.node) {
+            Some(seen) => Some(std::mem::replace(seen, missing)),
+            None => memory.missing_seen.insert(node.node.clone(), missing),
+        };
         let event = match (before, &node.missing) {
             (None | Some(false), Some(message)) => Event {
                 type_: EventType::Warning,
@@ -365,6 +361,13 @@ fn node_events(ctx: &Context, memory: &mut Memory, stats: &[Arc<NodeStats>]) {
             _ => continue,
         };
         publish_node_event(ctx, &node.node, event);
+    }
+    // Every node counted now has an entry; more entries than nodes are nodes gone since.
+    if memory.missing_seen.len() > stats.len() {
+        let present: HashSet<&str> = stats.iter().map(|s| s.node.as_str()).collect();
+        memory
+            .missing_seen
+            .retain(|node, _| present.contains(node.as_str()));
     }
 }
 

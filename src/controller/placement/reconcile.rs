@@ -71,7 +71,7 @@ use super::status::{StatusError, report_failure, report_undecodable, write_statu
 use crate::controller::cache::{claimed_in_cache, fleet_view, own_claims_in_cache};
 use crate::controller::context::{Context, State, lock};
 use crate::controller::core::fleet_view::FleetView;
-use crate::controller::core::ledger::rebuild::precedence_of;
+use crate::controller::core::ledger::rebuild::{precedence_of, precedes};
 use crate::controller::core::ledger::{Holding, PlacementKey};
 use crate::controller::core::step::Step;
 
@@ -477,9 +477,13 @@ async fn decide_and_commit(
         attempt += 1;
         let deciding = Instant::now();
         let waiting = waiting_placements(ctx);
+        // `decide` tries only placements older than this one: the others are left out here,
+        // before a candidate copies their names.
         let older: Vec<Candidate<'_>> = waiting
             .iter()
-            .filter_map(|p| candidate(p.decoded()?).ok())
+            .filter_map(|p| p.decoded())
+            .filter(|p| precedes(p, &me.precedence))
+            .filter_map(|p| candidate(p).ok())
             .filter(|c| c.precedence.key != *key)
             .collect();
         let mut draft = snapshot;

@@ -35,6 +35,8 @@ pub struct FleetIndex {
     position: HashMap<String, u32>,
     /// How many device classes the nodes have.
     classes: usize,
+    /// Per class, how many nodes have devices of it: the most bins a plan's class holds.
+    class_bins: Vec<usize>,
     /// Per node, its bins with nothing reserved, in class order.
     bins: Vec<Vec<IndexedBin>>,
     /// Whether some device is published shareable (a plan may then size shares of one).
@@ -72,6 +74,12 @@ impl FleetIndex {
         for (class, number) in class_of.values_mut().zip(0u32..) {
             *class = number;
         }
+        let mut class_bins = vec![0; class_of.len()];
+        for groups in &found {
+            for (key, _, _) in groups {
+                class_bins[class_of[key] as usize] += 1;
+            }
+        }
         let bins = found
             .into_iter()
             .map(|groups| {
@@ -96,6 +104,7 @@ impl FleetIndex {
             order,
             position,
             classes: class_of.len(),
+            class_bins,
             bins,
             any_shareable: any_shareable(nodes),
             any_clique: nodes.iter().any(|node| node.nvlink_clique().is_some()),
@@ -160,7 +169,12 @@ pub(super) fn free_devices<'a>(
                 bin.fast
             };
             classes[bin.class as usize]
-                .get_or_insert_with(|| DeviceClass::open(node, &domains))
+                .get_or_insert_with(|| {
+                    let mut class = DeviceClass::open(node, &domains);
+                    // Pushed once per node: sized up front, not regrown as a fleet fills it.
+                    class.bins.reserve(index.class_bins[bin.class as usize]);
+                    class
+                })
                 .add(node, node_index, domains, fast);
         }
     }

@@ -8,8 +8,8 @@
 //! 3,000-placement run (docs/benchmarks.md). What the cache answers is always what a count
 //! from scratch answers (the tests below hold it to that through random changes).
 
-use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -33,8 +33,7 @@ impl NodeStatsCache {
         held: &Holdings<'_>,
         view: Option<&FleetView>,
     ) -> Vec<Arc<NodeStats>> {
-        let mut kept = HashMap::with_capacity(self.by_node.len());
-        let stats = inventories
+        let stats: Vec<Arc<NodeStats>> = inventories
             .into_iter()
             .filter(|inventory| names_its_node(inventory))
             .map(|inventory| {
@@ -53,15 +52,30 @@ impl NodeStatsCache {
                     notices.hash(&mut hasher);
                     hasher.finish()
                 };
-                let stats = match self.by_node.get(node) {
+                // Kept in place: a node whose inputs did not change costs a hash and a lookup.
+                match self.by_node.get_mut(node) {
                     Some((hash, stats)) if *hash == inputs => stats.clone(),
-                    _ => Arc::new(NodeStats::with_notices(inventory, held, published, notices)),
-                };
-                kept.insert(node.to_string(), (inputs, stats.clone()));
-                stats
+                    kept => {
+                        let stats =
+                            Arc::new(NodeStats::with_notices(inventory, held, published, notices));
+                        match kept {
+                            Some(kept) => *kept = (inputs, stats.clone()),
+                            None => {
+                                self.by_node
+                                    .insert(node.to_string(), (inputs, stats.clone()));
+                            }
+                        }
+                        stats
+                    }
+                }
             })
             .collect();
-        self.by_node = kept;
+        // Every node counted has an entry; more entries than that are nodes gone since.
+        if self.by_node.len() > stats.len() {
+            let present: HashSet<&str> = stats.iter().map(|s| s.node.as_str()).collect();
+            self.by_node
+                .retain(|node, _| present.contains(node.as_str()));
+        }
         stats
     }
 
