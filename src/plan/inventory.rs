@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
 use crate::hardware::Report;
@@ -240,10 +241,15 @@ fn list(names: &[&str]) -> String {
 /// Devices already taken, by node name and device id, and what is consumed of devices shared
 /// by memory (`allowMultipleAllocations`): such a device others hold shares of is no whole
 /// device to plan on, and a share of it may take only what is left.
+///
+/// Persistent maps (`imbl`, ADR 0014): a copy shares everything with its original and a
+/// change copies only the path to what it changes, so the controller keeps every
+/// placement's reservations in its ledger and hands each plan a copy less its own for the
+/// price of that placement's devices, not the fleet's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reservations {
-    taken: BTreeMap<String, BTreeSet<String>>,
-    consumed: BTreeMap<String, BTreeMap<String, u64>>,
+    taken: OrdMap<String, OrdSet<String>>,
+    consumed: OrdMap<String, OrdMap<String, u64>>,
 }
 
 impl Reservations {
@@ -260,12 +266,22 @@ impl Reservations {
             .insert(device.into());
     }
 
+    /// Marks a device as no longer taken (a node left with none is dropped).
+    pub fn remove(&mut self, node: &str, device: &str) {
+        if let Some(ids) = self.taken.get_mut(node) {
+            ids.remove(device);
+            if ids.is_empty() {
+                self.taken.remove(node);
+            }
+        }
+    }
+
     /// Marks `devices` of `node` as taken (one lookup of the node for all of them).
     pub fn insert_all(&mut self, node: &str, devices: impl IntoIterator<Item = String>) {
         match self.taken.get_mut(node) {
             Some(taken) => taken.extend(devices),
             None => {
-                let devices: BTreeSet<String> = devices.into_iter().collect();
+                let devices: OrdSet<String> = devices.into_iter().collect();
                 if !devices.is_empty() {
                     self.taken.insert(node.to_string(), devices);
                 }
@@ -295,12 +311,12 @@ impl Reservations {
 
     /// The reserved device ids on `node`, if any (one lookup per node instead of one per
     /// device).
-    pub fn on_node(&self, node: &str) -> Option<&BTreeSet<String>> {
+    pub fn on_node(&self, node: &str) -> Option<&OrdSet<String>> {
         self.taken.get(node)
     }
 
     /// Bytes consumed of each shared device on `node` that anything consumes, if any.
-    pub fn consumed_on(&self, node: &str) -> Option<&BTreeMap<String, u64>> {
+    pub fn consumed_on(&self, node: &str) -> Option<&OrdMap<String, u64>> {
         self.consumed.get(node)
     }
 
@@ -380,7 +396,7 @@ impl Reservations {
 
     /// Number of reserved devices.
     pub fn len(&self) -> usize {
-        self.taken.values().map(BTreeSet::len).sum()
+        self.taken.values().map(OrdSet::len).sum()
     }
 
     /// True when nothing is reserved and nothing consumed.

@@ -21,6 +21,8 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use imbl::OrdMap;
+
 use crate::api::placement::{Assignment, ModelPlacementStatus};
 use crate::plan::Reservations;
 use crate::plan::report::FractionKind;
@@ -233,16 +235,22 @@ impl DraftLog {
 /// Every placement's devices.
 ///
 /// Holdings and refusals are shared (`Arc`) so that a [`Ledger::snapshot`] copies pointers,
-/// not statuses.
+/// not statuses; the holdings and their device indexes are persistent maps (`imbl::OrdMap`,
+/// ADR 0014), so a snapshot shares them whole and a change copies only the path to what it
+/// changes: every plan takes one, and copying 3,000 holdings' 20,000 device entries each
+/// time was a tenth of the controller's CPU at 10,000 nodes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
-    holdings: BTreeMap<PlacementKey, Arc<Holding>>,
+    holdings: OrdMap<PlacementKey, Arc<Holding>>,
     /// (node, device) -> holder of the whole device; kept in step with `holdings` for
     /// O(log n) conflict checks.
-    owners: BTreeMap<(String, String), PlacementKey>,
+    owners: OrdMap<(String, String), PlacementKey>,
     /// (node, device) -> the shares placements hold of it; kept in step with `holdings` like
     /// `owners`. A device is in at most one of the two.
-    shares: BTreeMap<(String, String), SharedDevice>,
+    shares: OrdMap<(String, String), SharedDevice>,
+    /// The keys of `owners` as reservations, kept in step with it: what every plan starts
+    /// from (a copy shares it whole), less its own placement's devices.
+    owned: Reservations,
     /// Holdings removed so far.
     releases: u64,
     /// Placements that did not fit, by key.
@@ -327,6 +335,7 @@ impl Ledger {
         self.touch(&key);
         self.remove(&key);
         for pair in whole {
+            self.owned.insert(pair.0.clone(), pair.1.clone());
             self.owners.insert(pair, key.clone());
         }
         if let Take::Share { capacity, .. } = take {
@@ -403,6 +412,17 @@ impl Ledger {
             return Some(format!(
                 "{} devices indexed whole, {} held whole",
                 self.owners.len(),
+                owners.len()
+            ));
+        }
+        if self.owned.len() != owners.len()
+            || owners
+                .keys()
+                .any(|(node, device)| !self.owned.contains(node, device))
+        {
+            return Some(format!(
+                "{} devices reserved whole, {} held whole",
+                self.owned.len(),
                 owners.len()
             ));
         }
@@ -592,21 +612,17 @@ impl Ledger {
     /// ledger, and what others consume of shared devices (other placements' shares and other
     /// claims'), for the planner.
     pub fn reserved_by_others(&self, key: &PlacementKey) -> Reservations {
-        let mut reserved = self.external.devices.clone();
-        // `owners` is in (node, device) order: one node name is copied per node, not per
-        // device (this runs for every plan, over every device the ledger holds).
-        let mut owned = self
-            .owners
-            .iter()
-            .filter(|(_, holder)| *holder != key)
-            .peekable();
-        while let Some(((node, device), _)) = owned.next() {
-            let mut devices = vec![device.clone()];
-            while let Some(((_, device), _)) = owned.next_if(|((next, _), _)| next == node) {
-                devices.push(device.clone());
+        // Every whole device held (shared with the ledger, not copied), less this
+        // placement's own: the cost follows its devices, not the fleet's.
+        let mut reserved = self.owned.clone();
+        if let Some(own) = self.holdings.get(key) {
+            for (node, device) in own.devices() {
+                if self.owners.get(&(node.to_string(), device.to_string())) == Some(key) {
+                    reserved.remove(node, device);
+                }
             }
-            reserved.insert_all(node, devices);
         }
+        reserved.merge(&self.external.devices);
         for ((node, device), shared) in &self.shares {
             reserved.consume(
                 node.clone(),
@@ -619,10 +635,8 @@ impl Ledger {
 
     /// Every device held, whole or in part, by placements and outside the ledger.
     pub fn reserved_all(&self) -> Reservations {
-        let mut reserved = self.external.devices.clone();
-        for (node, device) in self.owners.keys() {
-            reserved.insert(node.clone(), device.clone());
-        }
+        let mut reserved = self.owned.clone();
+        reserved.merge(&self.external.devices);
         for ((node, device), shared) in &self.shares {
             reserved.consume(node.clone(), device.clone(), shared.used_except(|_| false));
         }

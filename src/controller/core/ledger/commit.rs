@@ -245,6 +245,7 @@ impl Ledger {
         for (node, device) in holding.devices() {
             let pair = (node.to_string(), device.to_string());
             if self.owners.get(&pair) == Some(key) {
+                self.owned.remove(&pair.0, &pair.1);
                 self.owners.remove(&pair);
             }
             if let Some(shared) = self.shares.get_mut(&pair) {
@@ -270,6 +271,7 @@ impl Ledger {
             let pair = (node.to_string(), device.to_string());
             match take {
                 Take::Whole => {
+                    self.owned.insert(pair.0.clone(), pair.1.clone());
                     self.owners.insert(pair, key.clone());
                 }
                 Take::Share { bytes, capacity } => self.add_share(pair, &key, bytes, capacity),

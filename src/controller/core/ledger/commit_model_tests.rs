@@ -437,7 +437,13 @@ impl Sim {
                 );
             }
         }
-        prop_assert_eq!(&owners, &self.ledger.owners, "the ledger's index drifted");
+        let indexed: BTreeMap<_, _> = self
+            .ledger
+            .owners
+            .iter()
+            .map(|(pair, key)| (pair.clone(), key.clone()))
+            .collect();
+        prop_assert_eq!(&owners, &indexed, "the ledger's index drifted");
         Ok(())
     }
 
