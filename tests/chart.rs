@@ -620,29 +620,26 @@ fn rbac_is_least_privilege() {
         .iter()
         .find(|role| name_of(role) == "hwaccel-agent")
         .expect("agent ClusterRole");
-    let node_rule = agent["rules"]
-        .as_array()
-        .expect("rules")
-        .iter()
-        .find(|rule| rule["resources"] == serde_json::json!(["nodes"]))
-        .expect("agent node rule");
+    let verbs_for = |resource: &str| {
+        agent["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|rule| rule["resources"] == serde_json::json!([resource]))
+            .map(|rule| rule["verbs"].clone())
+            .unwrap_or_else(|| panic!("no agent rule for {resource}"))
+    };
     // Reads (its Node's metadata is watched by name, docs/decisions/0010) and one write verb:
     // server-side apply of its labels; never update or delete.
     assert_eq!(
-        node_rule["verbs"],
+        verbs_for("nodes"),
         serde_json::json!(["get", "list", "watch", "patch"]),
         "the agent reads Nodes and only patches them"
     );
     // Its inventory is read by name, never listed or watched (issue 41): a stolen agent token
     // cannot list every node's inventory.
-    let inventory_rule = agent["rules"]
-        .as_array()
-        .expect("rules")
-        .iter()
-        .find(|rule| rule["resources"] == serde_json::json!(["acceleratorinventories"]))
-        .expect("agent inventory rule");
     assert_eq!(
-        inventory_rule["verbs"],
+        verbs_for("acceleratorinventories"),
         serde_json::json!(["get", "create", "patch"]),
         "the agent reads its inventory by name and applies it"
     );
