@@ -1420,6 +1420,91 @@ async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
     assert_eq!(results.len(), 1);
     assert!(results[0].device.contains("-mig-3g40gb-"), "{results:?}");
     eprintln!("bound to MIG device {}", results[0].device);
+    held_mig_devices(cluster, &results[0].device).await
+}
+
+/// Issue 39, claims-mode partitions: placements holding their own claims take the other
+/// three 3g.40gb MIG devices of the node beside the template pod's (`pod_device`): each
+/// claim names the MIG class and the controller allocates a MIG device no other holds, the
+/// apiserver accepts it, and the scheduler counts it; a fifth placement waits, and takes the
+/// MIG device a deleted placement gives back within a reconcile.
+async fn held_mig_devices(cluster: &TestCluster, pod_device: &str) -> Result<()> {
+    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    let claims = Api::<ResourceClaim>::namespaced(cluster.client(), cluster.namespace());
+    let allocated = |status: ModelPlacementStatus| {
+        let claims = claims.clone();
+        async move {
+            let held = status.claims.first().expect("a claim").clone();
+            assert!(held.allocated, "{status:?}");
+            let claim = claims.get(&held.name).await?;
+            let class = claim
+                .spec
+                .devices
+                .and_then(|d| d.requests)
+                .and_then(|r| r.into_iter().next())
+                .and_then(|r| r.exactly)
+                .map(|e| e.device_class_name);
+            let device = claim
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|a| a.devices)
+                .and_then(|d| d.results)
+                .and_then(|r| r.into_iter().next())
+                .map(|r| r.device)
+                .expect("the controller's allocation");
+            anyhow::Ok((device, class))
+        }
+    };
+    let mut taken = vec![pod_device.to_string()];
+    for name in ["mig-a", "mig-b", "mig-c"] {
+        create_placement(
+            cluster,
+            name,
+            bf16_at_8k("llama-3.1-8b"),
+            AllocationMode::Claims,
+        )
+        .await?;
+        let status = wait_ready(cluster, name).await?;
+        let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
+        assert_eq!(
+            fraction
+                .as_ref()
+                .map(|f| (f.kind.as_str(), f.profile.as_deref())),
+            Some(("partition", Some("3g.40gb"))),
+            "{status:?}"
+        );
+        let (device, class) = allocated(status).await?;
+        assert_eq!(class.as_deref(), Some("mig.nvidia.com"));
+        assert!(device.contains("-mig-3g40gb-"), "{device}");
+        assert!(
+            !taken.contains(&device),
+            "{device} handed out twice: {taken:?}"
+        );
+        taken.push(device);
+    }
+    eprintln!("four 3g.40gb MIG devices, one per holder: {taken:?}");
+    // Every 3g.40gb of both GPUs is held: a fifth waits.
+    create_placement(
+        cluster,
+        "mig-d",
+        bf16_at_8k("llama-3.1-8b"),
+        AllocationMode::Claims,
+    )
+    .await?;
+    let planned = |api: Api<ModelPlacement>| async move {
+        let status = api.get("mig-d").await?.status;
+        Ok(status
+            .and_then(|s| conditions::find(&s.conditions, "Planned").cloned())
+            .map(|c| c.status))
+    };
+    let phase = wait_for(DEFAULT_TIMEOUT, "mig-d evaluated", || planned(api.clone())).await?;
+    assert_eq!(phase, "False", "no 3g.40gb is left");
+    // Deleting a placement frees its MIG device (its claim goes with it): the fifth takes it.
+    api.delete("mig-a", &DeleteParams::default()).await?;
+    let status = wait_ready(cluster, "mig-d").await?;
+    let (device, _) = allocated(status).await?;
+    assert_eq!(device, taken[1], "the MIG device mig-a gave back");
+    eprintln!("mig-d took {device} when mig-a gave it back");
     Ok(())
 }
 

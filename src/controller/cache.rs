@@ -20,6 +20,7 @@ use crate::names::keys::is_placement_label;
 
 use super::context::{Context, State};
 use super::core::claim_holdings::{OutlivedClaim, held_outside, outlived_claims};
+use super::core::counter_book::CounterBook;
 use super::core::fleet_view::{FleetView, names_its_node};
 use super::core::ledger::{HeldOutside, Ledger};
 
@@ -47,7 +48,15 @@ pub fn claimed_in_cache(
     };
     let claims = store.state();
     if !claims.iter().any(|claim| is_allocated(claim)) {
-        return HeldOutside::default();
+        // Nothing allocated: only the DRA counter sets, which keep the ledger's own
+        // partitions apart before their claims are allocated.
+        if ctx.slices.is_none() {
+            return HeldOutside::default();
+        }
+        return HeldOutside {
+            counters: CounterBook::new(fleet().counters().clone(), []),
+            ..HeldOutside::default()
+        };
     }
     let slices = slices_in_cache(ctx);
     let claims: Vec<&ResourceClaim> = claims.iter().map(|claim| &**claim).collect();
@@ -159,6 +168,7 @@ pub fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
         .iter()
         .filter_map(|i| i.decoded())
         .filter(|i| names_its_node(i));
+    let mut counted: Vec<ResourceSlice> = Vec::new();
     let parts = match &ctx.slices {
         Some(slices) => {
             // Only slices of Nodes in this controller's view: a controller scoped by a label
@@ -176,14 +186,20 @@ pub fn fleet_view(ctx: &Context, state: &mut State) -> Arc<FleetView> {
                 .map(|s| (**s).clone())
                 .collect();
             let published = published_devices(&slices);
-            state
+            let parts = state
                 .parts
-                .refresh_with_published(inventories, &published.nodes)
+                .refresh_with_published(inventories, &published.nodes);
+            counted = slices;
+            parts
         }
         None => state.parts.refresh(inventories),
     };
     let awaiting = awaited_inventories(ctx, state, &had_inventory);
-    let view = Arc::new(FleetView::from_parts(parts, &node_labels).with_awaiting(awaiting));
+    let view = Arc::new(
+        FleetView::from_parts(parts, &node_labels)
+            .with_awaiting(awaiting)
+            .with_counters(&counted),
+    );
     ctx.metrics
         .fleet_view_seconds
         .observe(building.elapsed().as_secs_f64());

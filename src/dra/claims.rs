@@ -66,6 +66,9 @@ pub struct ClaimPlan {
     pub devices: Vec<DeviceRef>,
     /// On devices shared by memory: what the claim takes of each.
     pub share: Option<ClaimShare>,
+    /// The devices are partitions (MIG devices): the request names the driver's partition
+    /// DeviceClass (`mig.nvidia.com`), not its whole-device one.
+    pub partition: bool,
 }
 
 /// What a claim takes of each of its devices when their driver publishes them shareable by
@@ -162,6 +165,7 @@ impl ClaimPlan {
             node: node.to_string(),
             devices: refs,
             share: None,
+            partition: false,
         })
     }
 
@@ -178,6 +182,26 @@ impl ClaimPlan {
             share,
         );
         self
+    }
+
+    /// The same claim on partitions of its devices (each device a partition the driver
+    /// publishes, such as a MIG device): its request names the partition DeviceClass.
+    #[must_use]
+    pub fn on_partitions(mut self) -> Self {
+        self.partition = true;
+        self
+    }
+
+    /// The DeviceClass the request names: the driver's own (each vendor chart installs one
+    /// named after its driver), or its partition class for partitions.
+    pub fn device_class(&self) -> &str {
+        let partition_class = known(self.driver())
+            .and_then(|driver| driver.partition)
+            .map(|source| source.class);
+        match partition_class {
+            Some(class) if self.partition => class,
+            _ => self.driver(),
+        }
     }
 
     /// The driver's memory capacity and the quantity the claim takes of it, for a share.
@@ -221,7 +245,7 @@ impl ClaimPlan {
                     requests: Some(vec![DeviceRequest {
                         name: CLAIM_REQUEST.to_string(),
                         exactly: Some(ExactDeviceRequest {
-                            device_class_name: self.driver().to_string(),
+                            device_class_name: self.device_class().to_string(),
                             allocation_mode: Some("ExactCount".to_string()),
                             count: Some(i64::try_from(self.devices.len()).unwrap_or(1)),
                             capacity: self.memory_taken().map(|requests| CapacityRequirements {
@@ -436,6 +460,31 @@ mod tests {
             ("metadata.name", Some(&["gpu-a".to_string()][..]))
         );
         assert!(allocation.allocation_timestamp.is_some());
+    }
+
+    /// Issue 39: a claim on a MIG device names the driver's MIG class (the whole-device class
+    /// selects `type == 'gpu'` and would not match it); a driver without a partition class
+    /// keeps its own.
+    #[test]
+    fn a_claim_on_partitions_names_the_partition_class() {
+        let exactly = |plan: ClaimPlan| {
+            plan.claim(None).spec.devices.unwrap().requests.unwrap()[0]
+                .exactly
+                .clone()
+                .unwrap()
+        };
+        let mig = exactly(plan(&["gpu0"]).unwrap().on_partitions());
+        assert_eq!(mig.device_class_name, "mig.nvidia.com");
+        assert_eq!(mig.count, Some(1));
+        assert_eq!(
+            exactly(plan(&["gpu0"]).unwrap()).device_class_name,
+            "gpu.nvidia.com"
+        );
+        let classless = plan(&["amd0"]).unwrap().on_partitions();
+        let expected = known("gpu.amd.com")
+            .and_then(|d| d.partition)
+            .map_or("gpu.amd.com", |p| p.class);
+        assert_eq!(exactly(classless).device_class_name, expected);
     }
 
     #[test]

@@ -288,6 +288,92 @@ pub fn blocked_by_counters<'a>(
     blocked
 }
 
+/// A counter set by its pool: `(driver, pool, set name)`.
+pub type CounterSetRef = (String, String, String);
+
+/// The counters of partitionable devices as numbers: what each counter set holds and what
+/// each device consumes of it, in thousandths of the counter's unit. For keeping count of
+/// devices someone is about to hold (the controller's own partitions, between its commit and
+/// the claim's allocation), where [`blocked_by_counters`] only sees what is allocated.
+/// Sets and consumptions that do not parse, or that a pool publishes twice, are left out:
+/// [`blocked_by_counters`] already blocks every device that consumes them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PublishedCounters {
+    /// Counter set → counter → amount published.
+    pub sets: BTreeMap<CounterSetRef, BTreeMap<String, u128>>,
+    /// Device → counter set → counter → amount consumed.
+    pub consumers: BTreeMap<DeviceRef, BTreeMap<CounterSetRef, BTreeMap<String, u128>>>,
+}
+
+/// The counter sets of known drivers' pools and what their devices consume, read as
+/// [`blocked_by_counters`] reads them (node-local pools of their current, complete generation).
+pub fn published_counters<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+) -> PublishedCounters {
+    let mut pools: BTreeMap<(&str, &str), Vec<&ResourceSlice>> = BTreeMap::new();
+    let mut with_counters: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for slice in slices {
+        let spec = &slice.spec;
+        if drivers::known(&spec.driver).is_none()
+            || spec.node_name.as_deref().is_none_or(str::is_empty)
+        {
+            continue;
+        }
+        let key = (spec.driver.as_str(), spec.pool.name.as_str());
+        if spec.shared_counters.as_ref().is_some_and(|s| !s.is_empty()) {
+            with_counters.insert(key);
+        }
+        pools.entry(key).or_default().push(slice);
+    }
+    let mut published = PublishedCounters::default();
+    for (driver, pool) in with_counters {
+        let Some(current) = pools
+            .get(&(driver, pool))
+            .and_then(|slices| complete_generation(driver, pool, slices, &mut Vec::new()))
+        else {
+            continue;
+        };
+        let counters = PoolCounters::new(driver, pool, &current);
+        let set_ref = |set: &str| (driver.to_string(), pool.to_string(), set.to_string());
+        for (set, amounts) in &counters.sets {
+            if counters.duplicated.contains(set) {
+                continue;
+            }
+            if let Some(known) = known_amounts(amounts) {
+                published.sets.insert(set_ref(set), known);
+            }
+        }
+        for (device, consumption) in &counters.consumers {
+            let known: Option<BTreeMap<CounterSetRef, BTreeMap<String, u128>>> = consumption
+                .iter()
+                .map(|(set, amounts)| Some((set_ref(set), known_amounts(amounts)?)))
+                .collect();
+            let Some(known) = known.filter(|k| k.keys().all(|s| published.sets.contains_key(s)))
+            else {
+                continue;
+            };
+            let reference = DeviceRef {
+                driver: driver.to_string(),
+                pool: pool.to_string(),
+                device: device.clone(),
+            };
+            published.consumers.insert(reference, known);
+        }
+    }
+    published
+}
+
+/// Every amount of `amounts` as a number, or `None` when one is not a quantity.
+fn known_amounts(amounts: &BTreeMap<String, Amount>) -> Option<BTreeMap<String, u128>> {
+    amounts
+        .iter()
+        .map(|(name, amount)| match amount {
+            Amount::Known(millis) => Some((name.clone(), *millis)),
+            Amount::Unreadable(_) => None,
+        })
+        .collect()
+}
+
 /// A count of thousandths as a quantity reads: whole units where exact (`132`,
 /// `85899345920`), else thousandths (`500m`).
 fn shown(millis: u128) -> String {

@@ -20,7 +20,7 @@
 //! gave one of its MIG slices to a pod. [`held_outside`] is the one place both are added up,
 //! for the controller's planning and fleet pass and for `hwaccel fleet`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
@@ -29,6 +29,7 @@ use crate::dra::claims::{allocated_devices, consumed_capacity, owning_placement}
 use crate::dra::counters::blocked_by_counters;
 use crate::plan::Reservations;
 
+use super::counter_book::CounterBook;
 use super::ledger::{HeldOutside, Ledger, PlacementKey};
 use crate::controller::core::fleet_view::FleetView;
 
@@ -64,7 +65,9 @@ pub fn devices_with_holder(claim: &ResourceClaim) -> impl Iterator<Item = (Devic
 
 /// What allocated `claims` hold outside `ledger` ([`claimed_devices`]) plus the devices of
 /// `fleet` whose counters the allocated devices of every claim (ours included: a placement's
-/// whole GPU blocks its MIG slices for everyone) used up, as `slices` publish them.
+/// whole GPU blocks its MIG slices for everyone) used up, as `slices` publish them; and the
+/// counter book of `fleet` ([`FleetView::with_counters`]) with what allocations the ledger
+/// does not count consume, for the ledger's own partitions.
 pub fn held_outside(
     claims: &[&ResourceClaim],
     slices: &[&ResourceSlice],
@@ -73,8 +76,28 @@ pub fn held_outside(
 ) -> HeldOutside {
     let mut held = HeldOutside {
         devices: claimed_devices(claims.iter().copied(), ledger, fleet),
-        blocked: BTreeMap::new(),
+        ..HeldOutside::default()
     };
+    if !fleet.counters().is_empty() {
+        // What the ledger's holdings may take is counted against what every other allocation
+        // consumes: the claims of other parties, and our own claims the ledger does not count.
+        let index = dra_index(fleet);
+        let outside: Vec<DeviceRef> = claims
+            .iter()
+            .flat_map(|claim| {
+                let owner = own_placement(claim, ledger);
+                allocated_devices(claim)
+                    .into_iter()
+                    .filter(|device| {
+                        !index.get(device).is_some_and(|(node, id)| {
+                            counted_by_ledger(owner.as_ref(), ledger, node, id)
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        held.counters = CounterBook::new(fleet.counters().clone(), &outside);
+    }
     let allocated = claims.iter().copied().flat_map(devices_with_holder);
     let blocked = blocked_by_counters(slices.iter().copied(), allocated);
     if blocked.is_empty() {
@@ -116,13 +139,7 @@ pub fn claimed_devices<'a>(
             let Some((node, id)) = index.get(&device) else {
                 continue;
             };
-            let counted = owner.as_ref().is_some_and(|key| {
-                ledger.holder_of(node, id) == Some(key)
-                    || ledger
-                        .shares_of(node, id)
-                        .is_some_and(|shared| shared.by.contains_key(key))
-            });
-            if counted {
+            if counted_by_ledger(owner.as_ref(), ledger, node, id) {
                 continue;
             }
             match consumed {
@@ -132,6 +149,17 @@ pub fn claimed_devices<'a>(
         }
     }
     taken
+}
+
+/// True when the ledger already counts device `id` of `node` for `owner`, the placement
+/// that holds the claim naming it: whole, or as a share.
+fn counted_by_ledger(owner: Option<&PlacementKey>, ledger: &Ledger, node: &str, id: &str) -> bool {
+    owner.is_some_and(|key| {
+        ledger.holder_of(node, id) == Some(key)
+            || ledger
+                .shares_of(node, id)
+                .is_some_and(|shared| shared.by.contains_key(key))
+    })
 }
 
 /// The allocated claims labelled for a placement that is gone. `placement_uid` gives the uid
@@ -191,7 +219,8 @@ fn own_placement(claim: &ResourceClaim, ledger: &Ledger) -> Option<PlacementKey>
         .then_some(key)
 }
 
-/// Every DRA-published device in the fleet, by its DRA name (shared ones included).
+/// Every DRA-published device in the fleet, by its DRA name (shared ones and partitions
+/// included).
 fn dra_index(fleet: &FleetView) -> HashMap<DeviceRef, (String, String)> {
     fleet
         .dra_devices()

@@ -217,7 +217,7 @@ fn a_mig_slice_the_scheduler_allocated_holds_its_whole_gpu_with_the_counter_set_
         None,
         published.node(MIG_NODE),
     ));
-    let fleet = FleetView::from_parts([part], &BTreeMap::new());
+    let fleet = FleetView::from_parts([part], &BTreeMap::new()).with_counters(&slices);
     let id_of = |device: &str| {
         fleet.nodes()[0]
             .devices
@@ -235,8 +235,23 @@ fn a_mig_slice_the_scheduler_allocated_holds_its_whole_gpu_with_the_counter_set_
     let slices: Vec<&ResourceSlice> = slices.iter().collect();
     let mut ledger = Ledger::new();
     let held = held_outside(&[&slice], &slices, &ledger, &fleet);
-    // The MIG device is no planner device; the whole GPU 0 it blocks is, GPU 1 stays free.
-    assert_eq!(taken(&held.devices), std::slice::from_ref(&gpu0));
+    // The MIG device is taken; the whole GPU 0 and the MIG devices sharing its memory slice
+    // are blocked; the other 3g.40gb of GPU 0 and GPU 1 stay free.
+    let mig = |name: &str| format!("gpu-nvidia-com-{name}");
+    assert_eq!(
+        taken(&held.devices),
+        [
+            gpu0.clone(),
+            mig("gpu-0-mig-1g10gb-19-3"),
+            mig("gpu-0-mig-3g40gb-9-0"),
+            mig("gpu-0-mig-7g80gb-0-0"),
+        ]
+    );
+    assert!(
+        !held
+            .devices
+            .contains(MIG_NODE, &mig("gpu-0-mig-3g40gb-9-4"))
+    );
     let why = &held.blocked[&(MIG_NODE.to_string(), gpu0.clone())];
     assert!(
         why.contains("gpu-0-counter-set") && why.contains("team/mig"),
@@ -251,7 +266,11 @@ fn a_mig_slice_the_scheduler_allocated_holds_its_whole_gpu_with_the_counter_set_
             .contains(MIG_NODE, &gpu0)
     );
     let lines = ledger.blocked_by_counters(5);
-    assert_eq!(lines.len(), 1);
+    assert_eq!(
+        lines.len(),
+        3,
+        "the GPU and its two overlapping MIG devices: {lines:?}"
+    );
     assert!(lines[0].starts_with(&format!("{MIG_NODE}/{gpu0} cannot be allocated: ")));
     // Freed: nothing is held, and that counts as a release (waiting placements try again).
     let releases = ledger.releases();

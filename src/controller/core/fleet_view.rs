@@ -21,6 +21,10 @@ use crate::dra::inventory_node::{PlannerDeviceIds, planner_node};
 use crate::dra::merge::merge_node;
 use crate::dra::{DeviceRef, PublishedDevice};
 use crate::plan::{FleetIndex, NodeSpec};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::counter_book::CounterIndex;
+use crate::dra::counters::published_counters;
 
 use crate::api::placement::Assignment;
 
@@ -37,8 +41,9 @@ pub struct DeviceFilter {
     /// placements also see the devices a driver publishes shareable by memory, since their
     /// claims can ask for a share of one or for all of its memory.
     pub dra_only: bool,
-    /// Also the published partitions of whole devices (`allocation: claimTemplate`: its
-    /// claims ask the scheduler for a partition by its profile).
+    /// Also the published partitions of whole devices (`allocation: claimTemplate`, whose
+    /// claims ask the scheduler for a partition by its profile, and `claims`, whose claims
+    /// the controller allocates a partition device in).
     pub fractions: bool,
 }
 
@@ -72,7 +77,7 @@ pub struct NodePart {
     /// by claims ([`DeviceFilter::dra_only`]).
     shareable: Vec<crate::plan::DeviceSpec>,
     /// The partitions a driver publishes of each device, by device id: offered as fractions
-    /// to claim-template placements only.
+    /// to placements held by claims.
     partitions: BTreeMap<String, Vec<crate::plan::share::Partition>>,
     /// Plannable devices their DRA driver flags with an informational taint, with it.
     notices: BTreeMap<String, String>,
@@ -166,7 +171,7 @@ impl NodePart {
             .partition(|device| device.share.is_some());
         part.node.devices = whole;
         part.shareable = shareable;
-        // The controller's own claims hold no partition: only a template's plans see them.
+        // Partitions are fractions: only plans held by claims see them.
         for device in &mut part.node.devices {
             let partitions = std::mem::take(&mut device.partitions);
             if !partitions.is_empty() {
@@ -219,6 +224,8 @@ pub struct FleetView {
     /// The planner's index of `nodes`, built by the first plan on the whole view and shared
     /// by every later one (a plan then indexes only the nodes something is reserved on).
     planner_index: OnceLock<FleetIndex>,
+    /// The DRA counter sets the view's devices consume from ([`FleetView::with_counters`]).
+    counters: Arc<CounterIndex>,
 }
 
 impl FleetView {
@@ -259,7 +266,37 @@ impl FleetView {
             parts,
             awaiting: BTreeMap::new(),
             planner_index: OnceLock::new(),
+            counters: Arc::default(),
         }
+    }
+
+    /// The same view, with the DRA counter sets its devices consume from, as `slices` (the
+    /// ones its parts were built from) publish them: what the ledger needs to hold partitions.
+    pub fn with_counters<'a>(
+        mut self,
+        slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    ) -> Self {
+        let published = published_counters(slices);
+        if published.consumers.is_empty() {
+            return self;
+        }
+        let index: HashMap<&DeviceRef, (&str, &str)> = self
+            .dra_devices()
+            .map(|(node, id, reference)| (reference, (node, id)))
+            .collect();
+        let counters = CounterIndex::new(&published, |device| {
+            index
+                .get(device)
+                .map(|(node, id)| (node.to_string(), id.to_string()))
+        });
+        self.counters = Arc::new(counters);
+        self
+    }
+
+    /// The DRA counter sets the view's devices consume from (empty unless built
+    /// [`FleetView::with_counters`]).
+    pub fn counters(&self) -> &Arc<CounterIndex> {
+        &self.counters
     }
 
     /// The same view, with `awaiting` (node → why) as nodes whose plans are kept although
@@ -303,18 +340,21 @@ impl FleetView {
         self.parts.get(node)?.dra.get(device)
     }
 
-    /// Every plannable device a DRA driver publishes, shared ones included, as `(node,
-    /// planner device id, DRA name)`.
+    /// Every plannable device a DRA driver publishes, shared ones and the partitions of whole
+    /// ones included, as `(node, planner device id, DRA name)`.
     pub fn dra_devices(&self) -> impl Iterator<Item = (&str, &str, &DeviceRef)> {
         self.parts.iter().flat_map(|(node, part)| {
-            part.node
+            let devices = part
+                .node
                 .devices
                 .iter()
                 .chain(&part.shareable)
-                .filter_map(move |device| {
-                    let reference = part.dra.get(&device.id)?;
-                    Some((node.as_str(), device.id.as_str(), reference))
-                })
+                .map(|device| device.id.as_str());
+            let partitions = part.partitions.values().flatten().map(|p| p.id.as_str());
+            devices.chain(partitions).filter_map(move |id| {
+                let reference = part.dra.get(id)?;
+                Some((node.as_str(), id, reference))
+            })
         })
     }
 

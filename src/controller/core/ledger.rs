@@ -32,6 +32,8 @@ use super::outcome::Outcome;
 pub mod commit;
 #[cfg(test)]
 mod commit_model_tests;
+#[cfg(test)]
+mod counter_tests;
 pub mod rebuild;
 #[cfg(test)]
 mod share_tests;
@@ -213,6 +215,9 @@ pub struct HeldOutside {
     pub devices: Reservations,
     /// Why a device no claim names is held: `(node, device)` → the counter set it cannot get.
     pub blocked: BTreeMap<(String, String), String>,
+    /// The DRA counters of the fleet's partitionable devices and what those claims consume
+    /// of them: how the ledger keeps its own partitions and whole GPUs apart.
+    pub counters: super::counter_book::CounterBook,
 }
 
 /// What a snapshot was taken from, and what each placement it changed held then.
@@ -314,6 +319,9 @@ impl Ledger {
                     if let Some(holder) = others.and_then(|s| s.by.keys().find(|h| **h != key)) {
                         return Err(conflict(holder));
                     }
+                    if let Some(holder) = self.counter_conflict(&pair, |h| *h != key, &whole) {
+                        return Err(conflict(holder.unwrap_or(&key)));
+                    }
                     if !whole.insert(pair.clone()) {
                         return Err(conflict(&key));
                     }
@@ -363,6 +371,54 @@ impl Ledger {
     /// The shares placements hold of `device` on `node`, if any.
     pub fn shares_of(&self, node: &str, device: &str) -> Option<&SharedDevice> {
         self.shares.get(&(node.to_string(), device.to_string()))
+    }
+
+    /// When `pair` consumes DRA counters that, beside the devices held by placements `counts`
+    /// picks out, those in `also` and what claims outside the ledger consume, are used up:
+    /// `Some` of a placement holding a device of the same counter set, if one does.
+    fn counter_conflict(
+        &self,
+        pair: &(String, String),
+        counts: impl Fn(&PlacementKey) -> bool,
+        also: &BTreeSet<(String, String)>,
+    ) -> Option<Option<&PlacementKey>> {
+        let book = &self.external.counters;
+        if book.is_empty() || !book.counts(pair) {
+            return None;
+        }
+        let held = |device: &(String, String)| {
+            also.contains(device) || self.owners.get(device).is_some_and(&counts)
+        };
+        let (_, members) = book.misfit(pair, held)?;
+        Some(
+            members
+                .into_iter()
+                .find_map(|m| self.owners.get(m).filter(|h| counts(h))),
+        )
+    }
+
+    /// The devices no placement `counts` picks out holds that DRA counters keep from being
+    /// held beside what those do hold (a GPU one of whose MIG devices is held, the MIG devices
+    /// of a GPU held whole, overlapping MIG devices), with why.
+    fn blocked_by_holdings(
+        &self,
+        counts: impl Fn(&PlacementKey) -> bool,
+    ) -> Vec<(&(String, String), String)> {
+        let book = &self.external.counters;
+        if book.is_empty() {
+            return Vec::new();
+        }
+        book.blocked(|device| self.owners.get(device).is_some_and(&counts))
+    }
+
+    /// The devices no placement holds that what placements hold keeps from anyone else through
+    /// DRA counters: the GPU of a MIG device a placement holds, the other MIG devices of a GPU
+    /// a placement holds whole. Counted as held by placements, as the scheduler will count
+    /// them once the claims are allocated.
+    pub fn held_through_counters(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.blocked_by_holdings(|_| true)
+            .into_iter()
+            .map(|((node, device), _)| (node.as_str(), device.as_str()))
     }
 
     /// Forgets what `key` holds; returns it.
@@ -593,7 +649,20 @@ impl Ledger {
     /// up), one `node/device: why` each, for a refusal's reasons; at most `limit`, then how
     /// many more.
     pub fn blocked_by_counters(&self, limit: usize) -> Vec<String> {
-        let blocked = &self.external.blocked;
+        // What claims used up, then what placements' holdings use up that no claim says yet.
+        let mut blocked: Vec<(&(String, String), &str)> = self
+            .external
+            .blocked
+            .iter()
+            .map(|(device, why)| (device, why.as_str()))
+            .collect();
+        let by_holdings = self.blocked_by_holdings(|_| true);
+        blocked.extend(
+            by_holdings
+                .iter()
+                .filter(|(device, _)| !self.external.blocked.contains_key(*device))
+                .map(|(device, why)| (*device, why.as_str())),
+        );
         let mut lines: Vec<String> = blocked
             .iter()
             .take(limit)
@@ -630,6 +699,9 @@ impl Ledger {
                 shared.used_except(|h| h == key),
             );
         }
+        for ((node, device), _) in self.blocked_by_holdings(|h| h != key) {
+            reserved.insert(node.clone(), device.clone());
+        }
         reserved
     }
 
@@ -639,6 +711,9 @@ impl Ledger {
         reserved.merge(&self.external.devices);
         for ((node, device), shared) in &self.shares {
             reserved.consume(node.clone(), device.clone(), shared.used_except(|_| false));
+        }
+        for ((node, device), _) in self.blocked_by_holdings(|_| true) {
+            reserved.insert(node.clone(), device.clone());
         }
         reserved
     }

@@ -6,6 +6,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`claim_holdings`] | devices every allocated claim holds, whoever holds it; claims that outlived their placement |
+//! | [`counter_book`] | DRA counter sets in planner ids: which devices what the ledger holds leaves no room for |
 //! | [`fleet_figures`] | the fleet's numbers per node and product label, asked of `src/fleet` (the one device-state rule), never counted here; unhealthy nodes. The fleet loop publishes them and hands them to the taint loop |
 //! | [`fleet_view`] | inventories → planner nodes, converted once per inventory version |
 //! | [`ledger`] | which placement holds which devices; devices held outside it; refusals remembered |
@@ -17,6 +18,7 @@
 //! and `clap`.
 
 pub mod claim_holdings;
+pub mod counter_book;
 pub mod fleet_figures;
 pub mod fleet_view;
 pub mod ledger;

@@ -132,6 +132,10 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
                 ours.insert(node, device);
             }
         }
+        // A GPU one of whose MIG devices a placement holds is the placement's too.
+        for (node, device) in state.ledger.held_through_counters() {
+            ours.insert(node, device);
+        }
         let mut placements: BTreeMap<PlacementKey, PlacementFigures> = state
             .states
             .iter()

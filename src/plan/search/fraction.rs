@@ -62,7 +62,7 @@ pub(super) fn choose(
         Err(why) => why_not.push(why),
         Ok(()) => {
             if partitioned.is_some() {
-                match partitions(plan, model, nodes, request) {
+                match partitions(plan, model, (nodes, reserved), request) {
                     Ok(chosen) => return apply_partition(plan, chosen),
                     Err(why) => why_not.push(why),
                 }
@@ -174,6 +174,42 @@ pub(super) fn share_view(
     any_room.then_some((view, view_reserved))
 }
 
+/// The reservations as a search for partitions sees them: a device that is reserved only
+/// because some of its partitions are taken (a GPU one of whose MIG devices is held), and
+/// that still has a free partition leaving room for others, is free, so the search can put a
+/// replica on it; the rest as they are. `None` when no such device exists, or the request
+/// may take no fraction. A plan made on this view is kept only when every replica then gets
+/// a free partition ([`choose`] on the real reservations): the view only lets the search
+/// size the replicas. A device held whole has every partition reserved too, so it stays so.
+pub(super) fn partition_view(
+    nodes: &[NodeSpec],
+    reserved: &Reservations,
+    request: &PlanRequest,
+) -> Option<Reservations> {
+    if request.whole_devices || request.disaggregation.is_some() {
+        return None;
+    }
+    let mut view = reserved.clone();
+    let mut any = false;
+    for node in nodes {
+        let Some(taken) = reserved.on_node(&node.name) else {
+            continue;
+        };
+        for device in &node.devices {
+            let has_room = !device.partitions.is_empty()
+                && taken.contains(&device.id)
+                && device.partitions.iter().any(|partition| {
+                    leaves_room(partition, device) && !taken.contains(&partition.id)
+                });
+            if has_room {
+                view.remove(&node.name, &device.id);
+                any = true;
+            }
+        }
+    }
+    any.then_some(view)
+}
+
 /// Why no replica of `plan` may take a fraction, whatever the devices publish.
 fn eligible(plan: &Plan, request: &PlanRequest) -> Result<(), String> {
     if plan.goal != "serve" {
@@ -225,13 +261,13 @@ struct Partitions {
     product: String,
 }
 
-/// For every replica, the smallest published partition of its device whose memory holds the
-/// replica's requests (the engine sees the partition as its device, so the request's budget
-/// applies to the partition's memory), or why none does.
+/// For every replica, the smallest published partition of its device, not reserved, whose
+/// memory holds the replica's requests (the engine sees the partition as its device, so the
+/// request's budget applies to the partition's memory), or why none does.
 fn partitions(
     plan: &Plan,
     model: &Model,
-    nodes: &[NodeSpec],
+    (nodes, reserved): (&[NodeSpec], &Reservations),
     request: &PlanRequest,
 ) -> Result<Partitions, String> {
     let (_, precision, context, per_replica) = layout(plan)?;
@@ -254,6 +290,7 @@ fn partitions(
             .partitions
             .iter()
             .filter(|partition| leaves_room(partition, device))
+            .filter(|partition| !reserved.contains(&assignment.node, &partition.id))
             .find_map(|partition| {
                 let serving = ServingDevice::new(device.vendor, partition.memory, &device.product);
                 let fit = serving_fit(model, &weights, serving, 1, 1, &target);
@@ -261,8 +298,8 @@ fn partitions(
             });
         let Some((partition, fit)) = pick else {
             return Err(format!(
-                "no published partition of {} on {} holds a replica's {per_replica} request(s) \
-                 of {context} tokens",
+                "no free published partition of {} on {} holds a replica's {per_replica} \
+                 request(s) of {context} tokens",
                 device.id, assignment.node
             ));
         };
@@ -882,10 +919,61 @@ mod tests {
             whole
                 .reasons
                 .iter()
-                .any(|r| r.contains("no published partition of gpu0")),
+                .any(|r| r.contains("no free published partition of gpu0")),
             "{:?}",
             whole.reasons
         );
+    }
+
+    /// Issue 39, claims-mode partitions: a GPU reserved only because some of its partitions
+    /// are taken still takes a replica on a free partition (the search sees it through
+    /// [`partition_view`]); reserved partitions are never chosen; a GPU whose partitions are
+    /// all reserved (held whole) is not offered; and a model no free partition holds is
+    /// refused rather than given a reserved whole GPU.
+    #[test]
+    fn partitions_left_free_beside_others_are_planned_and_taken_ones_never() {
+        let nodes = partitioned_h100s(2, None);
+        let node = nodes[0].name.clone();
+        let mut reserved = Reservations::none();
+        // GPU 0: held whole (every partition reserved with it); GPU 1: its 1g.10gb is
+        // someone's, so the GPU is reserved, its 3g.40gb free.
+        for id in [
+            "gpu0",
+            "gpu0-mig-1g.10gb",
+            "gpu0-mig-3g.40gb",
+            "gpu0-mig-7g.80gb",
+        ] {
+            reserved.insert(node.clone(), id);
+        }
+        for id in ["gpu1", "gpu1-mig-1g.10gb", "gpu1-mig-7g.80gb"] {
+            reserved.insert(node.clone(), id);
+        }
+        let view = partition_view(&nodes, &reserved, &serve(4)).expect("GPU 1 has room");
+        assert!(view.contains(&node, "gpu0"), "held whole stays reserved");
+        assert!(!view.contains(&node, "gpu1"));
+        let on_mig = plan(&model("llama-3.1-8b"), &nodes, &reserved, &serve(4)).unwrap();
+        assert!(on_mig.fits, "{:?}", on_mig.reasons);
+        assert_eq!(devices_of(&on_mig), ["gpu1-mig-3g.40gb"]);
+        assert_eq!(
+            on_mig.fraction.as_ref().map(|f| f.kind),
+            Some(FractionKind::Partition)
+        );
+
+        // A 70B model fits no partition: refused, not put on the reserved GPU 1 whole.
+        let big = plan(&model("llama-3.1-70b"), &nodes, &reserved, &serve(1));
+        assert!(big.is_err() || !big.unwrap().fits);
+
+        // With GPU 1's 3g.40gb taken too, nothing is left.
+        reserved.insert(node.clone(), "gpu1-mig-3g.40gb");
+        assert_eq!(partition_view(&nodes, &reserved, &serve(4)), None);
+        let none = plan(&model("llama-3.1-8b"), &nodes, &reserved, &serve(4));
+        assert!(none.is_err(), "{none:?}");
+
+        // Whole devices asked for: no view.
+        let mut whole = serve(4);
+        whole.whole_devices = true;
+        reserved.remove(&node, "gpu1-mig-3g.40gb");
+        assert_eq!(partition_view(&nodes, &reserved, &whole), None);
     }
 
     /// Devices no driver publishes shareable keep every plan as it was: no fraction at all.

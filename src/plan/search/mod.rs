@@ -164,7 +164,12 @@ fn plan_checked(
     };
     let may_share =
         matches!(request.goal, Goal::Serve { .. }) && fraction::may_share(any_shareable, request);
-    if fleet.classes.is_empty() && !may_share {
+    // And partitions may, of devices some of whose partitions others hold.
+    let may_partition = || {
+        matches!(request.goal, Goal::Serve { .. })
+            && fraction::partition_view(nodes, reserved, request).is_some()
+    };
+    if fleet.classes.is_empty() && !may_share && !may_partition() {
         let reason = if nodes.is_empty() {
             "the inventory has no nodes".to_string()
         } else {
@@ -220,7 +225,25 @@ fn plan_checked(
                     }),
                 _ => None,
             };
-            let Some(mut plan) = shared.or(whole) else {
+            // Likewise partitions: of devices some of whose partitions others hold.
+            let is_partition = |plan: &Plan| {
+                plan.fits
+                    && plan
+                        .fraction
+                        .as_ref()
+                        .is_some_and(|f| f.kind == crate::plan::report::FractionKind::Partition)
+            };
+            let partitioned = match (&whole, &shared) {
+                (Some(plan), _) if plan.fits => None,
+                (_, Some(_)) => None,
+                _ => fraction::partition_view(nodes, reserved, request)
+                    .map(|view_reserved| {
+                        let view_fleet = FreeDevices::new(nodes, &view_reserved);
+                        serve_on(&view_fleet, (nodes, &view_reserved))
+                    })
+                    .filter(is_partition),
+            };
+            let Some(mut plan) = shared.or(partitioned).or(whole) else {
                 return Err(PlanError::NoDevices(no_free_accelerator(nodes)));
             };
             attach_engine(&mut plan, &request.engine);

@@ -208,6 +208,16 @@ impl Ledger {
                 if outside > 0 {
                     return Err(external());
                 }
+                let pair = (node.to_string(), device.to_string());
+                if let Some(holder) =
+                    self.counter_conflict(&pair, |h| !changes.contains_key(h), &handed_out.owned)
+                {
+                    return Err(match holder {
+                        Some(holder) => taken(holder.clone()),
+                        None => taken(key.clone()),
+                    });
+                }
+                handed_out.owned.insert(pair);
                 if handed_out.shares.contains_key(&(node, device))
                     || !handed_out.whole.insert((node, device))
                 {
@@ -285,6 +295,8 @@ impl Ledger {
 #[derive(Debug, Default)]
 struct HandedOut<'a> {
     whole: BTreeSet<(&'a str, &'a str)>,
+    /// `whole` owned, for the DRA counter check.
+    owned: BTreeSet<(String, String)>,
     shares: BTreeMap<(&'a str, &'a str), u64>,
 }
 

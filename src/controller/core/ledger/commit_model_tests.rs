@@ -380,7 +380,7 @@ impl Sim {
                 self.ledger = Ledger::rebuild(entries).0;
                 self.ledger.set_external(HeldOutside {
                     devices: self.foreign.clone(),
-                    blocked: Default::default(),
+                    ..HeldOutside::default()
                 });
             }
             Step::Foreign { node, device } => {
@@ -398,7 +398,7 @@ impl Sim {
                     self.foreign = foreign;
                     self.ledger.set_external(HeldOutside {
                         devices: self.foreign.clone(),
-                        blocked: Default::default(),
+                        ..HeldOutside::default()
                     });
                 }
             }

@@ -45,12 +45,11 @@ pub fn holding(
     if mode == AllocationMode::Labels || status.assignments.is_empty() {
         return Holding::Labels;
     }
-    let share = status
-        .plan
-        .as_ref()
-        .and_then(|plan| plan.fraction.as_ref())
+    let fraction = status.plan.as_ref().and_then(|plan| plan.fraction.as_ref());
+    let share = fraction
         .filter(|fraction| fraction.kind == FractionKind::Share.as_str())
         .map(|fraction| fraction.bytes);
+    let partition = fraction.is_some_and(|f| f.kind == FractionKind::Partition.as_str());
     let plans: Result<Vec<ClaimPlan>, ClaimPlanError> = status
         .assignments
         .iter()
@@ -62,7 +61,12 @@ pub fn holding(
                 &a.devices,
                 |node, device| fleet.dra_device(node, device).cloned(),
             )?;
-            Ok(plan.with_share(claim_share(a, share, fleet)))
+            let plan = plan.with_share(claim_share(a, share, fleet));
+            Ok(if partition {
+                plan.on_partitions()
+            } else {
+                plan
+            })
         })
         .collect();
     match (plans, mode) {
@@ -156,3 +160,7 @@ impl ClaimsReport {
 #[cfg(test)]
 #[path = "share_tests.rs"]
 mod share_tests;
+
+#[cfg(test)]
+#[path = "partition_tests.rs"]
+mod partition_tests;

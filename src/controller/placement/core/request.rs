@@ -63,7 +63,12 @@ pub fn request_from_spec(spec: &ModelPlacementSpec) -> Result<Request, Vec<Strin
                 spec.allocation,
                 Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
             ),
-            fractions: spec.allocation == Some(AllocationMode::ClaimTemplate),
+            // A partition is held through a claim: the scheduler's for a template, the
+            // controller's own allocation of the partition's device for `claims`.
+            fractions: matches!(
+                spec.allocation,
+                Some(AllocationMode::Claims | AllocationMode::ClaimTemplate)
+            ),
             ..filter(&constraints)
         },
         notes: prepared.notes,

@@ -312,7 +312,7 @@ fn a_template_asks_for_a_share_of_a_shareable_gpu_and_labels_cannot_hold_one() {
 /// Issue 39: on GPUs whose driver publishes MIG partitions (dynamic MIG,
 /// `fixtures/dra/nvidia-h100-dynamic-mig.yaml`), a template's first choice is the smallest
 /// profile that holds the model, through the driver's MIG DeviceClass, and its next the same
-/// GPUs whole; a placement holding its own claims plans the whole GPU as before.
+/// GPUs whole; a placement holding its own claims takes the same profile's MIG device.
 #[test]
 fn a_template_asks_for_the_smallest_mig_profile_then_the_whole_gpu() {
     let fleet = one_node_fleet("nvidia-h100-dynamic-mig.yaml", "h100-mig-node");
@@ -344,12 +344,13 @@ fn a_template_asks_for_the_smallest_mig_profile_then_the_whole_gpu() {
         &fleet,
         &Reservations::none(),
     ) else {
-        panic!("a whole H100 holds an 8B model");
+        panic!("a MIG device of an H100 holds an 8B model");
     };
-    assert_eq!(status.plan.and_then(|p| p.fraction), None);
+    let fraction = status.plan.and_then(|p| p.fraction).expect("a fraction");
+    assert_eq!(fraction.kind, "partition");
+    assert_eq!(fraction.profile.as_deref(), Some("3g.40gb"));
     assert!(
-        status.assignments[0].devices[0].ends_with("gpu-0")
-            || status.assignments[0].devices[0].ends_with("gpu-1"),
+        status.assignments[0].devices[0].contains("-mig-3g40gb-"),
         "{:?}",
         status.assignments
     );

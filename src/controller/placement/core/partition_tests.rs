@@ -1,0 +1,128 @@
+//! Issue 39: placements that hold their own claims take MIG devices of GPUs their driver
+//! publishes through counter sets (`fixtures/dra/nvidia-h100-dynamic-mig.yaml`: two H100s,
+//! each with two 3g.40gb placements). The ledger applies the counter sets to what it holds, so
+//! the four 3g.40gb devices go to four placements, never overlapping, a fifth is refused with
+//! the counter set named, and one freed goes to it; the claims name the MIG class.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::*;
+use crate::api::placement::PrecisionChoice;
+use crate::controller::core::claim_holdings::held_outside;
+use crate::controller::core::fleet_view::{FleetView, NodePart};
+use crate::controller::core::ledger::{Ledger, PlacementKey};
+use crate::controller::placement::core::decide::decide;
+use crate::controller::placement::core::decide::tests::candidate;
+use crate::controller::placement::core::outcome::Outcome;
+use crate::dra::slices::published_devices;
+use crate::testing::PlacementBuilder;
+use crate::testing::dra::fixture_slices;
+
+const NODE: &str = "h100-mig-node";
+
+fn mig_fleet() -> (FleetView, Vec<ResourceSlice>) {
+    let slices = fixture_slices(&["nvidia-h100-dynamic-mig.yaml"]);
+    let published = published_devices(&slices);
+    let part = NodePart::with_published(NODE, None, published.node(NODE));
+    (
+        FleetView::from_parts([Arc::new(part)], &BTreeMap::new()).with_counters(&slices),
+        slices,
+    )
+}
+
+/// An 8B model at 8k context and bf16, held by its own claims: a 3g.40gb MIG device.
+fn small() -> crate::api::placement::ModelPlacementSpec {
+    let mut spec = PlacementBuilder::serve("llama-3.1-8b")
+        .context(8192)
+        .precision(PrecisionChoice::Bf16)
+        .spec();
+    spec.allocation = Some(AllocationMode::Claims);
+    spec
+}
+
+/// The one device `name` holds.
+fn held_by(ledger: &Ledger, name: &str) -> String {
+    let holding = ledger.get(&PlacementKey::new("ml", name)).expect("held");
+    let devices: Vec<&str> = holding.devices().map(|(_, d)| d).collect();
+    assert_eq!(devices.len(), 1, "one replica, one device");
+    devices[0].to_string()
+}
+
+#[test]
+fn claims_placements_take_the_mig_devices_that_fit_and_never_overlapping_ones() {
+    let (fleet, slices) = mig_fleet();
+    let slices: Vec<&ResourceSlice> = slices.iter().collect();
+    let mut ledger = Ledger::new();
+    ledger.set_external(held_outside(&[], &slices, &ledger, &fleet));
+    let spec = small();
+    let mut taken = Vec::new();
+    for i in 0..4 {
+        let name = format!("p{i}");
+        let decision = decide(&mut ledger, &candidate(&name, i, &spec), &[], &fleet);
+        let Outcome::Planned(status) = &decision.outcome else {
+            panic!("{name}: {:?}", decision.outcome)
+        };
+        let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
+        assert_eq!(
+            fraction
+                .as_ref()
+                .map(|f| (f.kind.as_str(), f.profile.as_deref())),
+            Some(("partition", Some("3g.40gb"))),
+            "{name}"
+        );
+        let device = held_by(&ledger, &name);
+        assert!(device.contains("-mig-3g40gb-"), "{name}: {device}");
+        assert!(!taken.contains(&device), "{device} handed out twice");
+        // The claim names the MIG class and the MIG device.
+        let Holding::Claims(plans) = holding("ml", &name, AllocationMode::Claims, status, &fleet)
+        else {
+            panic!("held by claims")
+        };
+        assert_eq!(plans[0].device_class(), "mig.nvidia.com");
+        assert!(plans[0].devices[0].device.contains("-mig-3g40gb-"));
+        taken.push(device);
+    }
+    assert_eq!(ledger.index_mismatch(), None);
+    // Two on each GPU.
+    let on_gpu0 = taken.iter().filter(|d| d.contains("gpu-0-mig")).count();
+    assert_eq!(on_gpu0, 2, "{taken:?}");
+
+    // Nothing is left: a fifth is refused, and the refusal names the counter sets.
+    let fifth = decide(&mut ledger, &candidate("p4", 4, &spec), &[], &fleet);
+    let Outcome::Unschedulable(status) = &fifth.outcome else {
+        panic!("{:?}", fifth.outcome)
+    };
+    let said = format!("{status:?}");
+    assert!(said.contains("counter set gpu-0-counter-set"), "{said}");
+    // A 70B model gets no GPU either: both are held in part.
+    let mut big = small();
+    big.model = PlacementBuilder::serve("llama-3.1-70b").spec().model;
+    let big = decide(&mut ledger, &candidate("big", 5, &big), &[], &fleet);
+    assert!(!matches!(big.outcome, Outcome::Planned(_)), "{big:?}");
+
+    // One freed: the fifth takes exactly that MIG device.
+    let freed = held_by(&ledger, "p1");
+    ledger.forget(&PlacementKey::new("ml", "p1"));
+    let again = decide(&mut ledger, &candidate("p4", 4, &spec), &[], &fleet);
+    assert!(
+        matches!(again.outcome, Outcome::Planned(_)),
+        "{:?}",
+        again.outcome
+    );
+    assert_eq!(held_by(&ledger, "p4"), freed);
+
+    // A planned placement reconciled again keeps its MIG device: its own holding blocks
+    // nothing it needs.
+    let kept = held_by(&ledger, "p0");
+    let again = decide(&mut ledger, &candidate("p0", 0, &spec), &[], &fleet);
+    assert!(
+        matches!(again.outcome, Outcome::Planned(_)),
+        "{:?}",
+        again.outcome
+    );
+    assert_eq!(held_by(&ledger, "p0"), kept);
+    assert_eq!(ledger.index_mismatch(), None);
+}
