@@ -1655,3 +1655,95 @@ fn a_small_model_takes_the_smallest_mig_profile_that_holds_it() {
     assert_eq!(chosen.len(), 1);
     assert!(chosen[0].2.contains("-mig-3g40gb-"), "{chosen:?}");
 }
+
+/// Issue 39: `--emit` of a plan on a fraction asks for the fraction, not a whole GPU. A share
+/// comes with a ResourceClaimTemplate requesting the share's memory of the DRA driver (a
+/// device plugin only hands out whole devices), which each pod names; a MIG partition asks
+/// NVIDIA's device plugin for the profile's own resource (`mixed` MIG strategy); with
+/// `--whole-devices` it is `nvidia.com/gpu` again.
+#[test]
+fn emit_of_a_fraction_asks_for_the_fraction() {
+    let emit = |slices: &str, extra: &[&str]| -> Value {
+        let mut args = vec![
+            "--model",
+            "llama-3.1-8b",
+            "--precision",
+            "bf16",
+            "--context",
+            "8192",
+            "--concurrency",
+            "4",
+            "--resource-slices",
+            slices,
+            "--emit",
+            "deployment",
+            "--namespace",
+            "ml",
+            "-o",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let out = hwaccel(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (_, plan) = json(&[
+        "--model",
+        "llama-3.1-8b",
+        "--precision",
+        "bf16",
+        "--context",
+        "8192",
+        "--concurrency",
+        "4",
+        "--resource-slices",
+        "fixtures/dra/nvidia-h100-shareable.yaml",
+    ]);
+    let share = plan["fraction"]["bytes"].as_u64().unwrap();
+
+    let list = emit("fixtures/dra/nvidia-h100-shareable.yaml", &[]);
+    assert_eq!(list["kind"], "List", "{list}");
+    let template = &list["items"][0];
+    assert_eq!(template["kind"], "ResourceClaimTemplate", "{list}");
+    assert_eq!(template["metadata"]["namespace"], "ml");
+    let subrequest = &template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0];
+    assert_eq!(subrequest["count"], 1, "{template}");
+    let asked = subrequest["capacity"]["requests"]["memory"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        asked,
+        hwaccel::api::quantity::bytes(share).0,
+        "the plan's share: {template}"
+    );
+    let deployment = &list["items"][1];
+    assert_eq!(deployment["kind"], "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["resourceClaims"][0]["resourceClaimTemplateName"],
+        template["metadata"]["name"]
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["resources"]["claims"][0]["name"],
+        pod["resourceClaims"][0]["name"]
+    );
+    assert!(container["resources"]["limits"].is_null(), "{container}");
+    assert!(pod["affinity"]["nodeAffinity"].is_object(), "{pod}");
+
+    let mig = emit("fixtures/dra/nvidia-h100-dynamic-mig.yaml", &[]);
+    assert_eq!(mig["kind"], "Deployment", "{mig}");
+    let limits = &mig["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    assert_eq!(limits["nvidia.com/mig-3g.40gb"], "1", "{limits}");
+    let whole = emit(
+        "fixtures/dra/nvidia-h100-dynamic-mig.yaml",
+        &["--whole-devices"],
+    );
+    let limits = &whole["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
+    assert_eq!(limits["nvidia.com/gpu"], "1", "{limits}");
+}

@@ -49,7 +49,7 @@ use crate::plan::engine::images::device_plugin_resource;
 use crate::plan::error::{PlanError, Result};
 use crate::plan::inventory::NodeSpec;
 use crate::plan::load::read_text;
-use crate::plan::report::Plan;
+use crate::plan::report::{FractionKind, Plan};
 
 mod validate;
 
@@ -160,6 +160,16 @@ pub enum Target {
     Claims(Vec<Vec<PlacementClaim>>),
     /// A ResourceClaimTemplate each pod gets its own claim from: (pod claim name, template).
     ClaimTemplate(String, String),
+    /// Nodes by name, each pod's device a share of one through a ResourceClaimTemplate
+    /// emitted with the workload (a plan on devices a DRA driver publishes shareable).
+    Share {
+        /// Node names.
+        nodes: Vec<String>,
+        /// The pod's name for its claim.
+        claim: String,
+        /// The ResourceClaimTemplate, as emitted.
+        template: Box<Value>,
+    },
 }
 
 /// Runs `hwaccel plan --emit KIND`; `planned` plans from the flags (used without
@@ -242,9 +252,21 @@ fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String
         .iter()
         .map(|a| (a.replica, a.node.clone(), a.devices.len()));
     let shape = Shape::of(groups)?;
-    let resource = match &args.resource_name {
-        Some(name) => name.clone(),
-        None => device_resource(plan, nodes)?,
+    let nodes_of_plan: Vec<String> = shape.nodes.iter().cloned().collect();
+    let share = plan
+        .fraction
+        .as_ref()
+        .filter(|f| f.kind == FractionKind::Share && args.resource_name.is_none());
+    let target = match share {
+        // A device plugin hands out whole devices: a share is asked of the DRA driver.
+        Some(share) => share_target(args, plan, nodes, &name, share.bytes.0, nodes_of_plan)?,
+        None => Target::Hosts {
+            nodes: nodes_of_plan,
+            resource: match &args.resource_name {
+                Some(name) => name.clone(),
+                None => device_resource(plan, nodes)?,
+            },
+        },
     };
     let model = served_model(args, engine.model.as_deref())?;
     let kind = engine_kind(&engine.engine)?;
@@ -263,13 +285,69 @@ fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String
         replicas: shape.replicas,
         nodes_per_replica: shape.nodes_per_replica,
         devices_per_pod: shape.devices_per_pod,
-        target: Target::Hosts {
-            nodes: shape.nodes.into_iter().collect(),
-            resource,
-        },
+        target,
         prefill: None,
         placement: None,
     }))
+}
+
+/// The pod claim name and template suffix of a share.
+const SHARE_CLAIM: &str = "accelerator-share";
+
+/// Where a plan's share-sized replicas go: the plan's nodes, each pod with a claim made from
+/// a ResourceClaimTemplate that requests `bytes` of one device's memory of the plan's DRA
+/// driver (the scheduler rounds it to the driver's policy and packs the shares, as it does for
+/// a placement's template).
+fn share_target(
+    args: &EmitArgs,
+    plan: &Plan,
+    nodes: &[NodeSpec],
+    name: &str,
+    bytes: u64,
+    on: Vec<String>,
+) -> Result<Target> {
+    let device = plan_device(plan, nodes)?;
+    let driver = crate::dra::drivers::KNOWN_DRIVERS
+        .iter()
+        .find(|d| d.vendor == device.vendor && d.family == device.family && d.memory.is_some())
+        .ok_or_else(|| {
+            bad(format!(
+                "the plan takes a share of a {} device, and no known DRA driver of it publishes \
+                 memory: plan with --whole-devices",
+                device.product
+            ))
+        })?;
+    let alternative = crate::dra::claim_template::Alternative {
+        name: "share".to_string(),
+        driver: driver.name.to_string(),
+        product: None,
+        min_memory_bytes: None,
+        count: 1,
+        same_domain_attribute: None,
+        memory_request: Some(bytes),
+        partition_profile: None,
+    };
+    let template_name = format!("{name}-share");
+    let namespace = args.namespace.as_deref().unwrap_or("default");
+    let template =
+        crate::dra::claim_template::claim_template(namespace, &template_name, None, &[alternative])
+            .map_err(|err| bad(format!("the share's claim template: {err}")))?;
+    let mut template =
+        serde_json::to_value(template).map_err(|err| bad(format!("internal: {err}")))?;
+    if let Some(object) = template.as_object_mut() {
+        object.insert("apiVersion".into(), json!("resource.k8s.io/v1"));
+        object.insert("kind".into(), json!("ResourceClaimTemplate"));
+        if args.namespace.is_none()
+            && let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            meta.remove("namespace");
+        }
+    }
+    Ok(Target::Share {
+        nodes: on,
+        claim: SHARE_CLAIM.to_string(),
+        template: Box::new(template),
+    })
 }
 
 /// A ModelPlacement as read from a file: the parts `--emit` uses.
@@ -569,26 +647,53 @@ impl Shape {
 /// The device plugin resource for the plan's devices
 /// ([`crate::plan::engine::images::device_plugin_resource`]).
 fn device_resource(plan: &Plan, nodes: &[NodeSpec]) -> Result<String> {
-    let first = plan
-        .assignments
-        .first()
-        .ok_or_else(|| bad("the plan places no devices"))?;
-    let device = nodes
-        .iter()
-        .find(|n| n.name == first.node)
-        .and_then(|n| n.devices.iter().find(|d| first.devices.contains(&d.id)))
-        .ok_or_else(|| {
-            bad(format!(
-                "node {} of the plan is not in the inventory",
-                first.node
-            ))
-        })?;
+    let device = plan_device(plan, nodes)?;
+    let partition = plan
+        .fraction
+        .as_ref()
+        .filter(|f| f.kind == FractionKind::Partition);
+    if let Some(partition) = partition {
+        let profile = partition.profile.as_deref().unwrap_or_default();
+        // NVIDIA's device plugin with the `mixed` MIG strategy advertises each MIG profile as
+        // its own resource (NVIDIA/k8s-device-plugin README, "MIG support").
+        return match device.vendor {
+            crate::hardware::Vendor::Nvidia => Ok(format!("nvidia.com/mig-{profile}")),
+            _ => Err(bad(format!(
+                "no known device plugin resource for a {profile} partition of {}: give \
+                 --resource-name, or plan with --whole-devices",
+                device.product
+            ))),
+        };
+    }
     device_plugin_resource(device.vendor, device.family, &device.product)
         .map(str::to_string)
         .ok_or_else(|| {
             bad(format!(
                 "no known device plugin resource for {:?} {}: give --resource-name",
                 device.vendor, device.family
+            ))
+        })
+}
+
+/// The device of the plan's first assignment (for a partition, the device it is part of).
+fn plan_device<'a>(plan: &Plan, nodes: &'a [NodeSpec]) -> Result<&'a crate::plan::DeviceSpec> {
+    let first = plan
+        .assignments
+        .first()
+        .ok_or_else(|| bad("the plan places no devices"))?;
+    nodes
+        .iter()
+        .find(|n| n.name == first.node)
+        .and_then(|n| {
+            n.devices.iter().find(|d| {
+                first.devices.contains(&d.id)
+                    || d.partitions.iter().any(|p| first.devices.contains(&p.id))
+            })
+        })
+        .ok_or_else(|| {
+            bad(format!(
+                "node {} of the plan is not in the inventory",
+                first.node
             ))
         })
 }
@@ -674,14 +779,20 @@ pub fn objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
 
 fn pool_objects(workload: &Workload, kind: EmitKind) -> Result<Vec<Value>> {
     validate::check(workload)?;
-    match kind {
+    // The claim template a share's pods name comes first, so one apply creates both.
+    let mut objects = match &workload.target {
+        Target::Share { template, .. } => vec![(**template).clone()],
+        _ => Vec::new(),
+    };
+    objects.extend(match kind {
         EmitKind::Deployment if workload.nodes_per_replica > 1 => Err(bad(format!(
             "a replica spans {} nodes: a Deployment pod runs on one node; use --emit lws",
             workload.nodes_per_replica
         ))),
         EmitKind::Deployment => deployments(workload),
         EmitKind::Lws => lws(workload).map(|object| vec![object]),
-    }
+    }?);
+    Ok(objects)
 }
 
 fn deployments(workload: &Workload) -> Result<Vec<Value>> {
@@ -877,17 +988,27 @@ fn pod_template(
                 json!({resource.as_str(): workload.devices_per_pod.to_string()}),
             );
         }
-        (Target::Hosts { nodes, resource }, _) => {
+        (
+            Target::Share {
+                nodes,
+                claim,
+                template,
+            },
+            _,
+        ) => {
+            spec.insert("affinity".into(), host_affinity(nodes));
+            let template_name = template
+                .pointer("/metadata/name")
+                .cloned()
+                .unwrap_or_default();
             spec.insert(
-                "affinity".into(),
-                json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [{
-                        "key": "kubernetes.io/hostname",
-                        "operator": "In",
-                        "values": nodes,
-                    }]}],
-                }}}),
+                "resourceClaims".into(),
+                json!([{"name": claim, "resourceClaimTemplateName": template_name}]),
             );
+            resources.insert("claims".into(), json!([{"name": claim}]));
+        }
+        (Target::Hosts { nodes, resource }, _) => {
+            spec.insert("affinity".into(), host_affinity(nodes));
             resources.insert(
                 "limits".into(),
                 json!({resource.as_str(): workload.devices_per_pod.to_string()}),
@@ -931,6 +1052,17 @@ fn pod_template(
     let typed: PodTemplateSpec = serde_json::from_value(value)
         .map_err(|err| bad(format!("internal: not a pod template: {err}")))?;
     serde_json::to_value(typed).map_err(|err| bad(format!("internal: {err}")))
+}
+
+/// Required node affinity to `nodes` by hostname.
+fn host_affinity(nodes: &[String]) -> Value {
+    json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{
+            "key": "kubernetes.io/hostname",
+            "operator": "In",
+            "values": nodes,
+        }]}],
+    }}})
 }
 
 /// `text` as one shell word.

@@ -55,6 +55,13 @@ pub(super) fn check(workload: &Workload) -> Result<()> {
             dns_label(name).map_err(|why| refuse("pod claim name", name, why))?;
             dns_subdomain(template).map_err(|why| refuse("claim template name", template, why))?;
         }
+        // The template itself was built and checked by `dra::claim_template`.
+        Target::Share { nodes, claim, .. } => {
+            for node in nodes {
+                dns_subdomain(node).map_err(|why| refuse("node name", node, why))?;
+            }
+            dns_label(claim).map_err(|why| refuse("pod claim name", claim, why))?;
+        }
     }
     Ok(())
 }
