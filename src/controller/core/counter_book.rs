@@ -89,6 +89,44 @@ impl CounterIndex {
     pub fn is_empty(&self) -> bool {
         self.consumers.is_empty()
     }
+
+    /// For a device whose published partitions consume no counters (a driver, or an
+    /// apiserver without partitionable devices, that says nothing of how they share the
+    /// device): a set that keeps the device and its partitions apart, and nothing more. The
+    /// device consumes all of it and each partition a part, so the device is never held
+    /// beside any partition, while partitions may be held side by side, as DRA would allocate
+    /// them. Nothing is added when the device or a partition already consumes counters.
+    pub fn add_exclusive_parts(
+        &mut self,
+        (parent, parent_ref): (DeviceKey, &DeviceRef),
+        parts: &[(DeviceKey, &DeviceRef)],
+    ) {
+        if parts.is_empty()
+            || self.consumers.contains_key(&parent)
+            || parts
+                .iter()
+                .any(|(key, _)| self.consumers.contains_key(key))
+        {
+            return;
+        }
+        let count = u128::try_from(parts.len()).unwrap_or(u128::MAX);
+        let at = self.sets.len();
+        self.sets.push(CounterSet {
+            name: format!("{} and its partitions (no counters published)", parent.1),
+            capacity: Amounts::from([("parts".to_string(), count.saturating_mul(1000))]),
+            members: std::iter::once(parent.clone())
+                .chain(parts.iter().map(|(key, _)| key.clone()))
+                .collect(),
+        });
+        let whole = Amounts::from([("parts".to_string(), count.saturating_mul(1000))]);
+        self.by_reference.insert(parent_ref.clone(), parent.clone());
+        self.consumers.insert(parent, vec![(at, whole)]);
+        for (key, reference) in parts {
+            let one = Amounts::from([("parts".to_string(), 1000)]);
+            self.by_reference.insert((*reference).clone(), key.clone());
+            self.consumers.insert(key.clone(), vec![(at, one)]);
+        }
+    }
 }
 
 /// Counter sets, their consumers, and what allocations outside the ledger consume of them.
@@ -97,6 +135,8 @@ pub struct CounterBook {
     index: Arc<CounterIndex>,
     /// Set index → counter → amount consumed by allocated devices the ledger does not count.
     outside: BTreeMap<usize, Amounts>,
+    /// Those devices: taken, so never reported blocked.
+    allocated: BTreeSet<DeviceKey>,
 }
 
 impl CounterBook {
@@ -124,9 +164,11 @@ impl CounterBook {
                 }
             }
         }
+        let allocated = counted.into_iter().cloned().collect();
         Self {
             index,
             outside: used,
+            allocated,
         }
     }
 
@@ -183,16 +225,21 @@ impl CounterBook {
         None
     }
 
-    /// The devices not `held` that cannot be held beside those that are, with why: each
-    /// partition of a GPU held whole, the GPU and the overlapping partitions of one held in
-    /// part. Only sets with a held member are looked at.
+    /// The devices not `held` that cannot be held beside those that are (and what is
+    /// allocated outside the ledger), with why: each partition of a GPU held whole, the GPU
+    /// and the overlapping partitions of one held in part. Only sets with a held member or
+    /// an outside allocation are looked at.
     pub fn blocked(&self, held: impl Fn(&DeviceKey) -> bool) -> Vec<(&DeviceKey, String)> {
         let mut blocked = Vec::new();
-        for set in &self.index.sets {
-            if !set.members.iter().any(&held) {
+        for (at, set) in self.index.sets.iter().enumerate() {
+            if !set.members.iter().any(&held) && !self.outside.contains_key(&at) {
                 continue;
             }
-            for member in set.members.iter().filter(|m| !held(m)) {
+            for member in set
+                .members
+                .iter()
+                .filter(|m| !held(m) && !self.allocated.contains(*m))
+            {
                 if let Some((why, _)) = self.misfit(member, &held) {
                     blocked.push((member, why));
                 }

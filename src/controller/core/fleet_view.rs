@@ -23,7 +23,7 @@ use crate::dra::{DeviceRef, PublishedDevice};
 use crate::plan::{FleetIndex, NodeSpec};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-use super::counter_book::CounterIndex;
+use super::counter_book::{CounterIndex, DeviceKey};
 use crate::dra::counters::published_counters;
 
 use crate::api::placement::Assignment;
@@ -272,24 +272,42 @@ impl FleetView {
 
     /// The same view, with the DRA counter sets its devices consume from, as `slices` (the
     /// ones its parts were built from) publish them: what the ledger needs to hold partitions.
+    /// A device with partitions none of which consumes counters is kept apart from them
+    /// all the same ([`CounterIndex::add_exclusive_parts`]).
     pub fn with_counters<'a>(
         mut self,
         slices: impl IntoIterator<Item = &'a ResourceSlice>,
     ) -> Self {
         let published = published_counters(slices);
-        if published.consumers.is_empty() {
+        let partitioned = self.parts.values().any(|part| !part.partitions.is_empty());
+        if published.consumers.is_empty() && !partitioned {
             return self;
         }
         let index: HashMap<&DeviceRef, (&str, &str)> = self
             .dra_devices()
             .map(|(node, id, reference)| (reference, (node, id)))
             .collect();
-        let counters = CounterIndex::new(&published, |device| {
+        let mut counters = CounterIndex::new(&published, |device| {
             index
                 .get(device)
                 .map(|(node, id)| (node.to_string(), id.to_string()))
         });
-        self.counters = Arc::new(counters);
+        for (node, part) in &self.parts {
+            for (parent, partitions) in &part.partitions {
+                let key = |id: &str| (node.clone(), id.to_string());
+                let Some(parent_ref) = part.dra.get(parent) else {
+                    continue;
+                };
+                let parts: Vec<(DeviceKey, &DeviceRef)> = partitions
+                    .iter()
+                    .filter_map(|p| Some((key(&p.id), part.dra.get(&p.id)?)))
+                    .collect();
+                counters.add_exclusive_parts((key(parent), parent_ref), &parts);
+            }
+        }
+        if !counters.is_empty() {
+            self.counters = Arc::new(counters);
+        }
         self
     }
 

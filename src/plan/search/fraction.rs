@@ -210,6 +210,25 @@ pub(super) fn partition_view(
     any.then_some(view)
 }
 
+/// Most searches on a partition view for one plan ([`without_chosen`] takes out the devices
+/// each failed one chose): enough for the GPUs of a node or two, and a bound on the cost.
+pub const MAX_PARTITION_TRIES: usize = 8;
+
+/// `view` with the devices `plan` chose reserved too, or `None` when it chose none that was
+/// not already (nothing left to try).
+pub(super) fn without_chosen(mut view: Reservations, plan: &Plan) -> Option<Reservations> {
+    let mut changed = false;
+    for assignment in &plan.assignments {
+        for device in &assignment.devices {
+            if !view.contains(&assignment.node, device) {
+                view.insert(assignment.node.clone(), device.clone());
+                changed = true;
+            }
+        }
+    }
+    changed.then_some(view)
+}
+
 /// Why no replica of `plan` may take a fraction, whatever the devices publish.
 fn eligible(plan: &Plan, request: &PlanRequest) -> Result<(), String> {
     if plan.goal != "serve" {

@@ -236,12 +236,28 @@ fn plan_checked(
             let partitioned = match (&whole, &shared) {
                 (Some(plan), _) if plan.fits => None,
                 (_, Some(_)) => None,
-                _ => fraction::partition_view(nodes, reserved, request)
-                    .map(|view_reserved| {
-                        let view_fleet = FreeDevices::new(nodes, &view_reserved);
-                        serve_on(&view_fleet, (nodes, &view_reserved))
-                    })
-                    .filter(is_partition),
+                _ => {
+                    // The view frees every device with some free partition, which may be too
+                    // small for this model: a device the search chose that gave no partition
+                    // is left out of the next try.
+                    let mut view = fraction::partition_view(nodes, reserved, request);
+                    let mut found = None;
+                    for _ in 0..fraction::MAX_PARTITION_TRIES {
+                        let Some(view_reserved) = view.take() else {
+                            break;
+                        };
+                        let plan = serve_on(
+                            &FreeDevices::new(nodes, &view_reserved),
+                            (nodes, &view_reserved),
+                        );
+                        if is_partition(&plan) {
+                            found = Some(plan);
+                            break;
+                        }
+                        view = fraction::without_chosen(view_reserved, &plan);
+                    }
+                    found
+                }
             };
             let Some(mut plan) = shared.or(partitioned).or(whole) else {
                 return Err(PlanError::NoDevices(no_free_accelerator(nodes)));

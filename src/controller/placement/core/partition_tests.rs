@@ -126,3 +126,84 @@ fn claims_placements_take_the_mig_devices_that_fit_and_never_overlapping_ones() 
     assert_eq!(held_by(&ledger, "p0"), kept);
     assert_eq!(ledger.index_mismatch(), None);
 }
+
+/// The same slices as an apiserver without partitionable devices keeps them (Kubernetes 1.35:
+/// `sharedCounters` and `consumesCounters` dropped): nothing says how MIG devices share their
+/// GPU, so the GPU and its MIG devices are kept apart (never the GPU beside one of its MIG
+/// devices), while MIG devices may be held side by side, as the scheduler would allocate them.
+#[test]
+fn without_counters_a_gpu_is_never_held_beside_its_mig_devices() {
+    let mut slices = fixture_slices(&["nvidia-h100-dynamic-mig.yaml"]);
+    slices.retain(|slice| slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()));
+    for slice in &mut slices {
+        slice.spec.shared_counters = None;
+        for device in slice.spec.devices.iter_mut().flatten() {
+            device.consumes_counters = None;
+        }
+        slice.spec.pool.resource_slice_count = 1;
+    }
+    let published = published_devices(&slices);
+    let part = NodePart::with_published(NODE, None, published.node(NODE));
+    let fleet = FleetView::from_parts([Arc::new(part)], &BTreeMap::new()).with_counters(&slices);
+    assert!(
+        !fleet.counters().is_empty(),
+        "the GPUs and their MIG devices are kept apart"
+    );
+    let slices: Vec<&ResourceSlice> = slices.iter().collect();
+
+    // A pod's MIG device on GPU 0 (allocated by the scheduler): GPU 0 is no whole device.
+    let pod_claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pod-mig", "namespace": "team"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "r", "driver": "gpu.nvidia.com", "pool": NODE,
+                "device": "gpu-0-mig-3g40gb-9-0",
+            }]}}},
+        }))
+        .unwrap();
+    let mut ledger = Ledger::new();
+    ledger.set_external(held_outside(&[&pod_claim], &slices, &ledger, &fleet));
+    let gpu0 = fleet
+        .dra_devices()
+        .find(|(_, _, r)| r.device == "gpu-0")
+        .map(|(_, id, _)| id.to_string())
+        .unwrap();
+    assert!(
+        ledger
+            .reserved_by_others(&PlacementKey::new("ml", "any"))
+            .contains(NODE, &gpu0)
+    );
+
+    let spec = small();
+    let mut taken = Vec::new();
+    for i in 0..3 {
+        let name = format!("p{i}");
+        let decision = decide(&mut ledger, &candidate(&name, i, &spec), &[], &fleet);
+        let Outcome::Planned(status) = &decision.outcome else {
+            panic!("{name}: {:?}", decision.outcome)
+        };
+        let kind = status
+            .plan
+            .as_ref()
+            .and_then(|p| p.fraction.clone())
+            .map(|f| f.kind);
+        assert_eq!(kind.as_deref(), Some("partition"), "{name}: {status:?}");
+        let device = held_by(&ledger, &name);
+        assert!(device.contains("-mig-3g40gb-"), "{device}");
+        assert!(!taken.contains(&device));
+        taken.push(device);
+    }
+    // Every GPU holds MIG devices now: a model that needs whole GPUs gets none.
+    let mut whole = small();
+    whole
+        .constraints
+        .get_or_insert_with(Default::default)
+        .whole_devices = Some(true);
+    let refused = decide(&mut ledger, &candidate("whole", 9, &whole), &[], &fleet);
+    assert!(
+        !matches!(refused.outcome, Outcome::Planned(_)),
+        "{:?}",
+        refused.outcome
+    );
+}
