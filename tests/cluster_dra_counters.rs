@@ -335,7 +335,8 @@ async fn a_partition_the_scheduler_allocated_keeps_its_whole_gpu_from_us_until_f
         "{slice:?}"
     );
 
-    // A placement that needs both GPUs (two replicas of one GPU each) on that node: GPU 0 is
+    // A placement that needs both GPUs whole (two replicas of one GPU each, no fractions: a
+    // small model would otherwise take MIG devices beside the pod's) on that node: GPU 0 is
     // reserved although no claim names it, so it does not fit, and the status says why.
     let controller = start_controller(&cluster);
     let spec = PlacementBuilder::serve("llama-3.1-8b")
@@ -344,6 +345,9 @@ async fn a_partition_the_scheduler_allocated_keeps_its_whole_gpu_from_us_until_f
         .spec();
     let mut spec = spec;
     spec.allocation = Some(AllocationMode::Claims);
+    spec.constraints
+        .get_or_insert_with(Default::default)
+        .whole_devices = Some(true);
     Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
         .create(&PostParams::default(), &ModelPlacement::new("both", spec))
         .await?;
