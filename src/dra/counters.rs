@@ -237,6 +237,40 @@ pub fn blocked_by_counters<'a>(
     slices: impl IntoIterator<Item = &'a ResourceSlice>,
     allocated: impl IntoIterator<Item = (DeviceRef, String)>,
 ) -> BTreeMap<DeviceRef, String> {
+    let pools = counter_pools(slices);
+    if pools.is_empty() {
+        return BTreeMap::new();
+    }
+    let mut held: BTreeMap<(String, String), BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for (device, holder) in allocated {
+        held.entry((device.driver, device.pool))
+            .or_default()
+            .entry(device.device)
+            .or_default()
+            .push(holder);
+    }
+    let mut blocked = BTreeMap::new();
+    let none = BTreeMap::new();
+    for ((driver, pool), counters) in pools {
+        let allocated = held.get(&(driver.clone(), pool.clone())).unwrap_or(&none);
+        for (device, why) in counters.blocked(allocated) {
+            let reference = DeviceRef {
+                driver: driver.clone(),
+                pool: pool.clone(),
+                device,
+            };
+            blocked.insert(reference, why);
+        }
+    }
+    blocked
+}
+
+/// The pools of known drivers that publish counter sets, each read from its node-local
+/// slices of the current, complete generation (as [`super::slices::published_devices`]
+/// reads pools), by `(driver, pool)`.
+fn counter_pools<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+) -> Vec<((String, String), PoolCounters)> {
     let mut pools: BTreeMap<(&str, &str), Vec<&ResourceSlice>> = BTreeMap::new();
     let mut with_counters: BTreeSet<(&str, &str)> = BTreeSet::new();
     for slice in slices {
@@ -252,40 +286,16 @@ pub fn blocked_by_counters<'a>(
         }
         pools.entry(key).or_default().push(slice);
     }
-    if with_counters.is_empty() {
-        return BTreeMap::new();
-    }
-    let mut held: BTreeMap<(String, String), BTreeMap<String, Vec<String>>> = BTreeMap::new();
-    for (device, holder) in allocated {
-        held.entry((device.driver, device.pool))
-            .or_default()
-            .entry(device.device)
-            .or_default()
-            .push(holder);
-    }
-    let mut blocked = BTreeMap::new();
-    let none = BTreeMap::new();
-    for (driver, pool) in with_counters {
-        let Some(current) = pools
-            .get(&(driver, pool))
-            .and_then(|slices| complete_generation(driver, pool, slices, &mut Vec::new()))
-        else {
-            continue;
-        };
-        let counters = PoolCounters::new(driver, pool, &current);
-        let allocated = held
-            .get(&(driver.to_string(), pool.to_string()))
-            .unwrap_or(&none);
-        for (device, why) in counters.blocked(allocated) {
-            let reference = DeviceRef {
-                driver: driver.to_string(),
-                pool: pool.to_string(),
-                device,
-            };
-            blocked.insert(reference, why);
-        }
-    }
-    blocked
+    with_counters
+        .into_iter()
+        .filter_map(|(driver, pool)| {
+            let current = pools
+                .get(&(driver, pool))
+                .and_then(|slices| complete_generation(driver, pool, slices, &mut Vec::new()))?;
+            let counters = PoolCounters::new(driver, pool, &current);
+            Some(((driver.to_string(), pool.to_string()), counters))
+        })
+        .collect()
 }
 
 /// A counter set by its pool: `(driver, pool, set name)`.
@@ -310,31 +320,9 @@ pub struct PublishedCounters {
 pub fn published_counters<'a>(
     slices: impl IntoIterator<Item = &'a ResourceSlice>,
 ) -> PublishedCounters {
-    let mut pools: BTreeMap<(&str, &str), Vec<&ResourceSlice>> = BTreeMap::new();
-    let mut with_counters: BTreeSet<(&str, &str)> = BTreeSet::new();
-    for slice in slices {
-        let spec = &slice.spec;
-        if drivers::known(&spec.driver).is_none()
-            || spec.node_name.as_deref().is_none_or(str::is_empty)
-        {
-            continue;
-        }
-        let key = (spec.driver.as_str(), spec.pool.name.as_str());
-        if spec.shared_counters.as_ref().is_some_and(|s| !s.is_empty()) {
-            with_counters.insert(key);
-        }
-        pools.entry(key).or_default().push(slice);
-    }
     let mut published = PublishedCounters::default();
-    for (driver, pool) in with_counters {
-        let Some(current) = pools
-            .get(&(driver, pool))
-            .and_then(|slices| complete_generation(driver, pool, slices, &mut Vec::new()))
-        else {
-            continue;
-        };
-        let counters = PoolCounters::new(driver, pool, &current);
-        let set_ref = |set: &str| (driver.to_string(), pool.to_string(), set.to_string());
+    for ((driver, pool), counters) in counter_pools(slices) {
+        let set_ref = |set: &str| (driver.clone(), pool.clone(), set.to_string());
         for (set, amounts) in &counters.sets {
             if counters.duplicated.contains(set) {
                 continue;
@@ -353,8 +341,8 @@ pub fn published_counters<'a>(
                 continue;
             };
             let reference = DeviceRef {
-                driver: driver.to_string(),
-                pool: pool.to_string(),
+                driver: driver.clone(),
+                pool: pool.clone(),
                 device: device.clone(),
             };
             published.consumers.insert(reference, known);
