@@ -64,6 +64,20 @@ pub fn claimed_in_cache(
     held_outside(&claims, &slices, ledger, &fleet())
 }
 
+/// Installs `external` in `ledger` ([`Ledger::set_external`]); each placement that removed
+/// for a holding whose DRA counters an older one's use up is logged and reconciled again,
+/// to be planned anew.
+pub fn set_external(ctx: &Context, ledger: &mut Ledger, external: HeldOutside) {
+    ledger.set_external(external);
+    for key in ledger.take_counter_dropped() {
+        tracing::warn!(
+            placement = %key,
+            "status holds devices whose DRA counters an older placement's holding uses up; re-planning it"
+        );
+        let _ = ctx.requeue_one.send(key);
+    }
+}
+
 /// Every slice in the watch cache (none when the cluster serves no DRA).
 pub fn slices_in_cache(ctx: &Context) -> Vec<Arc<ResourceSlice>> {
     ctx.slices

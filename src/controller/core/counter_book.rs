@@ -177,6 +177,16 @@ impl CounterBook {
         self.index.is_empty()
     }
 
+    /// True when both books read the same counter sets (one fleet view's index).
+    pub fn same_sets(&self, other: &CounterBook) -> bool {
+        Arc::ptr_eq(&self.index, &other.index) || self.index == other.index
+    }
+
+    /// The same sets, with nothing allocated outside the ledger.
+    pub fn without_outside(&self) -> CounterBook {
+        CounterBook::new(self.index.clone(), [])
+    }
+
     /// True when `device` consumes counters.
     pub fn counts(&self, device: &DeviceKey) -> bool {
         self.index.consumers.contains_key(device)

@@ -263,6 +263,9 @@ pub struct Ledger {
     /// Devices held outside the ledger: allocated by ResourceClaims that are not ours, or
     /// blocked by DRA counters those claims used up (with why).
     external: HeldOutside,
+    /// Placements whose holding conflicted with an older one's through DRA counters when the
+    /// counters became known ([`Ledger::set_external`]), removed so they are planned again.
+    counter_dropped: Vec<PlacementKey>,
     /// On a snapshot only: what it was taken from and what it changed since, for
     /// [`Ledger::commit`].
     draft: Option<DraftLog>,
@@ -634,6 +637,13 @@ impl Ledger {
     /// not ours, or blocked by the DRA counters claims used up). Returns true when they
     /// changed; a release among them counts as a release, so placements that did not fit are
     /// tried again (freeing a MIG slice makes its whole GPU plannable again).
+    ///
+    /// When the counter sets themselves are new (the first fleet view after a rebuild, a
+    /// driver publishing again), the holdings are checked against them, older first: one
+    /// whose devices no longer fit beside the older ones' (two statuses naming overlapping MIG
+    /// devices, which the rebuild could not see without the slices) is removed, to be planned
+    /// again ([`Ledger::take_counter_dropped`]), as the rebuild leaves out a whole device
+    /// claimed twice.
     pub fn set_external(&mut self, external: HeldOutside) -> bool {
         if external == self.external {
             return false;
@@ -641,8 +651,66 @@ impl Ledger {
         if !self.external.devices.is_empty() {
             self.releases = self.releases.wrapping_add(1);
         }
+        let new_counters = !self.external.counters.same_sets(&external.counters);
         self.external = external;
+        if new_counters {
+            self.drop_counter_conflicts();
+        }
         true
+    }
+
+    /// The placements [`Ledger::set_external`] removed because their holding conflicted with
+    /// an older one's through DRA counters, since the last call: to log and reconcile again.
+    pub fn take_counter_dropped(&mut self) -> Vec<PlacementKey> {
+        std::mem::take(&mut self.counter_dropped)
+    }
+
+    /// Removes every holding whose counted devices do not fit beside those of older holdings
+    /// (claims outside the ledger left out: the allocation step judges those).
+    fn drop_counter_conflicts(&mut self) {
+        let book = self.external.counters.without_outside();
+        if book.is_empty() {
+            return;
+        }
+        let mut order: Vec<(i64, &PlacementKey)> = self
+            .holdings
+            .iter()
+            .map(|(key, holding)| (holding.created, key))
+            .collect();
+        order.sort();
+        let mut accepted: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut dropped = Vec::new();
+        for (_, key) in order {
+            let Some(holding) = self.holdings.get(key) else {
+                continue;
+            };
+            if holding.take() != Take::Whole {
+                continue;
+            }
+            let devices: Vec<(String, String)> = holding
+                .devices()
+                .map(|(node, device)| (node.to_string(), device.to_string()))
+                .collect();
+            let conflicts = devices.iter().enumerate().any(|(at, device)| {
+                book.counts(device)
+                    && book
+                        .misfit(device, |other| {
+                            accepted.contains(other) || devices[..at].contains(other)
+                        })
+                        .is_some()
+            });
+            if conflicts {
+                dropped.push(key.clone());
+            } else {
+                accepted.extend(devices);
+            }
+        }
+        for key in &dropped {
+            self.remove_unlogged(key);
+            self.unfit.remove(key);
+        }
+        self.counter_dropped.extend(dropped);
+        self.debug_check_index();
     }
 
     /// Why devices no claim names are held outside the ledger (their DRA counters are used

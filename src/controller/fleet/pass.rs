@@ -35,7 +35,7 @@ use super::core::model_capacity::{self, CountedModel};
 use super::core::node_stats::NodeStatsCache;
 use super::publication::{self, Audits, audit_nodes};
 use crate::controller::cache::{
-    any_allocated, any_published, claimed_in_cache, fleet_view, outlived_in_cache,
+    any_allocated, any_published, claimed_in_cache, fleet_view, outlived_in_cache, set_external,
 };
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::claim_holdings::OutlivedClaim;
@@ -121,7 +121,7 @@ pub(crate) async fn pass(ctx: &Context, memory: &mut Memory, needs_view: bool) -
             .as_ref()
             .map(|view| claimed_in_cache(ctx, &state.ledger, || view.clone()))
             .unwrap_or_default();
-        state.ledger.set_external(claimed.clone());
+        set_external(ctx, &mut state.ledger, claimed.clone());
         // A device other claims take shares of is no free whole device.
         let claimed = claimed.devices.with_consumed_taken();
         // Who holds what, for the one device-state rule: our placements, then any other

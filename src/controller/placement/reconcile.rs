@@ -68,7 +68,7 @@ use super::dereference::{
 };
 use super::pod_health::consumer_pods;
 use super::status::{StatusError, report_failure, report_undecodable, write_status};
-use crate::controller::cache::{claimed_in_cache, fleet_view, own_claims_in_cache};
+use crate::controller::cache::{claimed_in_cache, fleet_view, own_claims_in_cache, set_external};
 use crate::controller::context::{Context, State, lock};
 use crate::controller::core::fleet_view::FleetView;
 use crate::controller::core::ledger::rebuild::{precedence_of, precedes};
@@ -451,7 +451,7 @@ async fn decide_and_commit(
             // Every device an allocated claim holds is taken, whoever holds the claim,
             // unless the ledger already counts it for the claim's own placement.
             let external = claimed_in_cache(ctx, &state.ledger, || fleet.clone());
-            state.ledger.set_external(external);
+            set_external(ctx, &mut state.ledger, external);
             if keeps(&state.ledger, me, &fleet) {
                 let deciding = Instant::now();
                 let decision = decide(&mut state.ledger, me, &[], &fleet);
