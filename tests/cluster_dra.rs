@@ -1410,6 +1410,10 @@ async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
         status.alternatives
     );
     let fragment = status.pod_template.clone().expect("a pod fragment");
+    // Placements holding their own claims take three of the node's four 3g.40gb devices
+    // first: each step below waits only on what the controller and the scheduler count as
+    // taken, never on them having seen a release or an allocation of the other's in time.
+    let taken = held_mig_devices(cluster).await?;
     create_template_pod(cluster, "on-mig", &fragment).await?;
     let bound = wait_for(DEFAULT_TIMEOUT, "on-mig scheduled", || async {
         scheduled_node(cluster, "on-mig").await
@@ -1419,43 +1423,50 @@ async fn mig_profile_on(cluster: &TestCluster, node: &str) -> Result<()> {
     let results = allocation_results(cluster, "on-mig").await?;
     assert_eq!(results.len(), 1);
     assert!(results[0].device.contains("-mig-3g40gb-"), "{results:?}");
+    assert!(
+        !taken.contains(&results[0].device),
+        "the scheduler counts the controller's MIG devices: {results:?} {taken:?}"
+    );
     eprintln!("bound to MIG device {}", results[0].device);
-    held_mig_devices(cluster, &results[0].device).await
+    // Deleting a placement frees its MIG device (its claim goes with it): the next pod is
+    // bound to it.
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("mig-a", &DeleteParams::default())
+        .await?;
+    create_template_pod(cluster, "on-freed-mig", &fragment).await?;
+    wait_for(DEFAULT_TIMEOUT, "on-freed-mig scheduled", || async {
+        scheduled_node(cluster, "on-freed-mig").await
+    })
+    .await?;
+    let freed = allocation_results(cluster, "on-freed-mig").await?;
+    // Without partitionable devices (the compat tier drops the counters) the scheduler sees
+    // no tie between a GPU and its MIG devices and may take the GPU whole instead.
+    let counters_served = Api::<ResourceSlice>::all(cluster.client())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|slice| {
+            slice.spec.node_name.as_deref() == Some(node)
+                && slice
+                    .spec
+                    .shared_counters
+                    .as_ref()
+                    .is_some_and(|c| !c.is_empty())
+        });
+    if counters_served {
+        assert_eq!(freed[0].device, taken[0], "the MIG device mig-a gave back");
+    }
+    Ok(())
 }
 
-/// Issue 39, claims-mode partitions: placements holding their own claims take the other
-/// three 3g.40gb MIG devices of the node beside the template pod's (`pod_device`): each
-/// claim names the MIG class and the controller allocates a MIG device no other holds, the
-/// apiserver accepts it, and the scheduler counts it; a fifth placement waits, and takes the
-/// MIG device a deleted placement gives back within a reconcile.
-async fn held_mig_devices(cluster: &TestCluster, pod_device: &str) -> Result<()> {
-    let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+/// Issue 39, claims-mode partitions: three placements holding their own claims take three
+/// 3g.40gb MIG devices of the node, one each: each claim names the MIG class and the
+/// controller allocates a MIG device no other holds, which the apiserver accepts. Returns
+/// the devices, in order.
+async fn held_mig_devices(cluster: &TestCluster) -> Result<Vec<String>> {
     let claims = Api::<ResourceClaim>::namespaced(cluster.client(), cluster.namespace());
-    let allocated = |status: ModelPlacementStatus| {
-        let claims = claims.clone();
-        async move {
-            let held = status.claims.first().expect("a claim").clone();
-            assert!(held.allocated, "{status:?}");
-            let claim = claims.get(&held.name).await?;
-            let class = claim
-                .spec
-                .devices
-                .and_then(|d| d.requests)
-                .and_then(|r| r.into_iter().next())
-                .and_then(|r| r.exactly)
-                .map(|e| e.device_class_name);
-            let device = claim
-                .status
-                .and_then(|s| s.allocation)
-                .and_then(|a| a.devices)
-                .and_then(|d| d.results)
-                .and_then(|r| r.into_iter().next())
-                .map(|r| r.device)
-                .expect("the controller's allocation");
-            anyhow::Ok((device, class))
-        }
-    };
-    let mut taken = vec![pod_device.to_string()];
+    let mut taken: Vec<String> = Vec::new();
     for name in ["mig-a", "mig-b", "mig-c"] {
         create_placement(
             cluster,
@@ -1473,8 +1484,25 @@ async fn held_mig_devices(cluster: &TestCluster, pod_device: &str) -> Result<()>
             Some(("partition", Some("3g.40gb"))),
             "{status:?}"
         );
-        let (device, class) = allocated(status).await?;
+        let held = status.claims.first().expect("a claim").clone();
+        assert!(held.allocated, "{status:?}");
+        let claim = claims.get(&held.name).await?;
+        let class = claim
+            .spec
+            .devices
+            .and_then(|d| d.requests)
+            .and_then(|r| r.into_iter().next())
+            .and_then(|r| r.exactly)
+            .map(|e| e.device_class_name);
         assert_eq!(class.as_deref(), Some("mig.nvidia.com"));
+        let device = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .and_then(|r| r.into_iter().next())
+            .map(|r| r.device)
+            .expect("the controller's allocation");
         assert!(device.contains("-mig-3g40gb-"), "{device}");
         assert!(
             !taken.contains(&device),
@@ -1482,30 +1510,8 @@ async fn held_mig_devices(cluster: &TestCluster, pod_device: &str) -> Result<()>
         );
         taken.push(device);
     }
-    eprintln!("four 3g.40gb MIG devices, one per holder: {taken:?}");
-    // Every 3g.40gb of both GPUs is held: a fifth waits.
-    create_placement(
-        cluster,
-        "mig-d",
-        bf16_at_8k("llama-3.1-8b"),
-        AllocationMode::Claims,
-    )
-    .await?;
-    let planned = |api: Api<ModelPlacement>| async move {
-        let status = api.get("mig-d").await?.status;
-        Ok(status
-            .and_then(|s| conditions::find(&s.conditions, "Planned").cloned())
-            .map(|c| c.status))
-    };
-    let phase = wait_for(DEFAULT_TIMEOUT, "mig-d evaluated", || planned(api.clone())).await?;
-    assert_eq!(phase, "False", "no 3g.40gb is left");
-    // Deleting a placement frees its MIG device (its claim goes with it): the fifth takes it.
-    api.delete("mig-a", &DeleteParams::default()).await?;
-    let status = wait_ready(cluster, "mig-d").await?;
-    let (device, _) = allocated(status).await?;
-    assert_eq!(device, taken[1], "the MIG device mig-a gave back");
-    eprintln!("mig-d took {device} when mig-a gave it back");
-    Ok(())
+    eprintln!("three 3g.40gb MIG devices, one per holder: {taken:?}");
+    Ok(taken)
 }
 
 /// Without consumable capacity served, a small model's template asks for a whole GPU.
