@@ -63,6 +63,7 @@ fn device(product: &str, id: usize, domain: Option<&str>) -> DeviceSpec {
             driver_version: None,
             share: None,
             partitions: Vec::new(),
+            partitions_only: false,
         },
     };
     spec.domain = domain.map(str::to_string);

@@ -1656,6 +1656,56 @@ fn a_small_model_takes_the_smallest_mig_profile_that_holds_it() {
     assert!(chosen[0].2.contains("-mig-3g40gb-"), "{chosen:?}");
 }
 
+/// Issue 39: AMD's partitions. The 2026 layout's node (`fixtures/dra/amd-mi300x-2026.yaml`)
+/// has one GPU partitioned on the node (DPX, two 98,296 MiB partitions, no whole entry) beside
+/// whole MI300X: a small model takes a partition of it, named by its DRA device; a model no
+/// partition holds, and a request for whole devices, take a whole GPU.
+#[test]
+fn a_small_model_takes_a_partition_of_a_gpu_partitioned_on_its_node() {
+    let run = |model: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--model",
+            model,
+            "--precision",
+            "bf16",
+            "--context",
+            "8192",
+            "--concurrency",
+            "4",
+            "--resource-slices",
+            "fixtures/dra/amd-mi300x-2026.yaml",
+        ];
+        args.extend_from_slice(extra);
+        let (code, plan) = json(&args);
+        assert_eq!(code, 0, "{plan}");
+        plan
+    };
+    let plan = run("llama-3.1-8b", &[]);
+    assert_eq!(plan["fraction"]["kind"], "partition", "{plan}");
+    assert_eq!(plan["fraction"]["profile"], "dpx_nps2");
+    assert_eq!(plan["fraction"]["bytes"], 98_296u64 << 20);
+    assert_eq!(plan["fraction"]["device_bytes"], 196_592u64 << 20);
+    let chosen = dra_devices(&plan);
+    assert_eq!(chosen.len(), 1);
+    assert!(
+        ["gpu-3-130", "gpu-9-136"].contains(&chosen[0].2.rsplit('/').next().unwrap()),
+        "{chosen:?}"
+    );
+    for plan in [
+        run("llama-3.1-70b", &[]),
+        run("llama-3.1-8b", &["--whole-devices"]),
+    ] {
+        assert!(plan.get("fraction").is_none(), "{plan}");
+        let chosen = dra_devices(&plan);
+        assert!(
+            chosen.iter().all(
+                |(_, _, device)| device.ends_with("gpu-1-128") || device.ends_with("gpu-4-131")
+            ),
+            "{chosen:?}"
+        );
+    }
+}
+
 /// Issue 39: `--emit` of a plan on a fraction asks for the fraction, not a whole GPU. A share
 /// comes with a ResourceClaimTemplate requesting the share's memory of the DRA driver (a
 /// device plugin only hands out whole devices), which each pod names; a MIG partition asks

@@ -82,13 +82,24 @@ pub struct KnownDriver {
 /// Where a driver's partition entries say what they are and what they are part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionSource {
-    /// The DeviceClass the driver's chart installs for its partitions (a claim for one names
-    /// it: the family classes take whole devices only).
+    /// The DeviceClass a claim for a partition names: the one the driver's chart installs
+    /// for its partitions (NVIDIA's `mig.nvidia.com`: its whole-device class selects
+    /// `type == 'gpu'`), or the driver's own class where that selects partitions too (AMD's
+    /// `gpu.amd.com` selects by driver alone).
     pub class: &'static str,
-    /// The attribute naming the partition's profile (`1g.10gb`).
+    /// The attribute naming the partition's profile (`1g.10gb`, `cpx_nps4`).
     pub profile: &'static str,
-    /// The attribute holding the parent device's UUID.
-    pub parent_uuid: &'static str,
+    /// How a partition names the device it is part of.
+    pub parent: PartitionParent,
+}
+
+/// How a partition entry names the device it is part of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionParent {
+    /// An attribute holding the parent's UUID (NVIDIA's `parentUUID`).
+    Uuid(&'static str),
+    /// The standard PCI bus id, which a partition carries with its parent's value (AMD).
+    PciBusId,
 }
 
 /// An attribute name a driver no longer publishes (or publishes only for compatibility).
@@ -127,7 +138,7 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         partition: Some(PartitionSource {
             class: "mig.nvidia.com",
             profile: "profile",
-            parent_uuid: "parentUUID",
+            parent: PartitionParent::Uuid("parentUUID"),
         }),
         deprecated: &[],
     },
@@ -150,8 +161,19 @@ pub const KNOWN_DRIVERS: &[KnownDriver] = &[
         aggregate: None,
         health: None,
         interconnect_group: None,
-        // Dropped from whole GPUs in the 2026 layout (docs/driver-attributes.md, above).
-        partition: None,
+        // A GPU partitioned on the node (`amd-smi set --compute-partition`; the driver does
+        // not partition dynamically) is published only as its partitions: `type`
+        // `amdgpu-partition`, `partitionProfile` (`cpx_nps4`, `<compute>_<memory>`), its own
+        // `memory` capacity and the parent's pciBusID; each one exclusive, allocated through
+        // the driver's own class (`helm-charts-k8s/templates/deviceclass.yaml`: `device.driver
+        // == 'gpu.amd.com'`; `example/example-partitions-*.yaml` claim them so).
+        // AutoPartition layouts carry no `partitionProfile` and are shared devices, never
+        // partitions to plan on.
+        partition: Some(PartitionSource {
+            class: "gpu.amd.com",
+            profile: "partitionProfile",
+            parent: PartitionParent::PciBusId,
+        }),
         deprecated: &[
             Deprecated {
                 name: "family",

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::inventory_node::{PlannerDeviceIds, planner_node};
-use super::{DeviceRef, PublishedDevice};
+use super::{DeviceRef, ParentRef, PublishedDevice};
 use crate::api::{AcceleratorInventory, InventoryDevice, attribute};
 use crate::detect::pci::canonical_bus_id;
 use crate::names::{MAX_LABEL_LENGTH, shorten_with_hash, slugify};
@@ -115,16 +115,90 @@ pub fn merge_node(
         }
     }
     published_only_in_parts(&mut merged, &matched, &by_bus, published);
-    attach_partitions(&mut merged, by_uuid, published);
+    unpublished_parents(&mut merged, &mut by_bus, published);
+    attach_partitions(&mut merged, (by_uuid, &by_bus), published);
     merged
 }
 
+/// Devices no inventory and no whole entry stands for, published only as partitions that
+/// name them by PCI bus id (an AMD GPU partitioned on a node without our agent): one planner
+/// device per such bus id, [`DeviceSpec::partitions_only`], whose memory is its partitions'
+/// sum, so a replica may take one of them. Its id is derived from the driver and the bus id;
+/// `by_bus` gains it, so the partitions find it.
+fn unpublished_parents(
+    merged: &mut MergedNode,
+    by_bus: &mut BTreeMap<String, String>,
+    published: &[PublishedDevice],
+) {
+    let whole_buses: BTreeSet<&String> = published
+        .iter()
+        .filter(|d| d.whole)
+        .filter_map(|d| d.pci_bus_id.as_ref())
+        .collect();
+    let mut groups: BTreeMap<&str, Vec<&PublishedDevice>> = BTreeMap::new();
+    for device in published {
+        let Some(ParentRef::PciBusId(bus)) = device.partition.as_ref().map(|p| &p.parent) else {
+            continue;
+        };
+        if by_bus.contains_key(bus) || whole_buses.contains(bus) {
+            continue;
+        }
+        groups.entry(bus.as_str()).or_default().push(device);
+    }
+    for (bus, parts) in groups {
+        let first = parts[0];
+        if first.product.is_none() {
+            // What it is cannot be told: its partitions stay unplanned, as any such device.
+            continue;
+        }
+        let memory = parts
+            .iter()
+            .filter_map(|p| p.memory_bytes)
+            .fold(0u64, u64::saturating_add);
+        let name = first.product.as_deref().unwrap_or("");
+        let parent = DeviceRef {
+            driver: first.reference.driver.clone(),
+            pool: first.reference.pool.clone(),
+            device: bus.to_string(),
+        };
+        let id = unique_id(&merged.present, &parent);
+        let mut spec = match products::lookup_sized(name, Some(Bytes(memory))) {
+            Some(product) => DeviceSpec::of_product(product, id.clone(), Some(Bytes(memory))),
+            None => DeviceSpec::of_unknown_product(
+                id.clone(),
+                name,
+                first.vendor,
+                first.family,
+                Bytes(memory),
+            ),
+        };
+        spec.partitions_only = true;
+        spec.aliases.push(bus.to_string());
+        merged.present.insert(id.clone());
+        merged.products.insert(
+            id.clone(),
+            product_slug(first.vendor.as_str(), first.family.as_str(), &spec.product),
+        );
+        if let Some(numa) = first.numa_node {
+            merged.numa.insert(id.clone(), numa);
+        }
+        merged.notes.push(format!(
+            "{id}: the device at {bus}, published only as {} partition(s) of {}",
+            parts.len(),
+            first.reference.driver
+        ));
+        merged.node.devices.push(spec);
+        by_bus.insert(bus.to_string(), id);
+    }
+}
+
 /// Partitions a driver publishes of a plannable device (MIG devices, matched to their parent
-/// by its UUID) are listed on that device, smallest first, so a replica may take one instead
-/// of the whole device; each stays unusable as a device of its own.
+/// by its UUID; AMD's partitions, by the PCI bus id they carry) are listed on that device,
+/// smallest first, so a replica may take one instead of the whole device; each stays
+/// unusable as a device of its own.
 fn attach_partitions(
     merged: &mut MergedNode,
-    mut by_uuid: BTreeMap<String, String>,
+    (mut by_uuid, by_bus): (BTreeMap<String, String>, &BTreeMap<String, String>),
     published: &[PublishedDevice],
 ) {
     let id_of: BTreeMap<&DeviceRef, &String> = merged
@@ -148,7 +222,11 @@ fn attach_partitions(
         ) else {
             continue;
         };
-        if let Some(parent) = by_uuid.get(&part.parent_uuid.to_ascii_lowercase()) {
+        let parent = match &part.parent {
+            ParentRef::Uuid(uuid) => by_uuid.get(&uuid.to_ascii_lowercase()),
+            ParentRef::PciBusId(bus) => by_bus.get(bus),
+        };
+        if let Some(parent) = parent {
             found.push((
                 parent.clone(),
                 Partition {
@@ -168,18 +246,35 @@ fn attach_partitions(
         spec.partitions
             .sort_by(|a, b| (a.memory, &a.id).cmp(&(b.memory, &b.id)));
     }
+    // A device published only in parts whose parts are no partitions to plan on (VFIO
+    // siblings, blocked partitions) cannot be held at all.
+    let stranded: Vec<String> = merged
+        .node
+        .devices
+        .iter()
+        .filter(|d| d.partitions_only && d.partitions.is_empty())
+        .map(|d| d.id.clone())
+        .collect();
+    for name in stranded {
+        let why = "published only in parts, none of them a partition to plan on".to_string();
+        merged.node.devices.retain(|d| d.id != name);
+        merged.notes.push(format!("{name} not planned: {why}"));
+        merged.unusable.insert(name, why);
+    }
 }
 
 /// Inventory devices a driver publishes only as partitions (no whole-device entry, but
 /// partitions or siblings carrying their PCI address): the scheduler cannot allocate them
-/// whole, so neither may the planner plan them whole.
+/// whole, so neither may the planner plan them whole. One some of whose parts are partitions
+/// to plan on (AMD's GPUs partitioned on the node) stays, marked
+/// [`DeviceSpec::partitions_only`]: a replica may take one of them; any other is unusable.
 fn published_only_in_parts(
     merged: &mut MergedNode,
     matched: &BTreeSet<String>,
     by_bus: &BTreeMap<String, String>,
     published: &[PublishedDevice],
 ) {
-    let mut parts: BTreeMap<&str, &PublishedDevice> = BTreeMap::new();
+    let mut parts: BTreeMap<&str, (&PublishedDevice, bool)> = BTreeMap::new();
     for device in published {
         let Some(name) = device
             .parent_bus_id
@@ -188,11 +283,21 @@ fn published_only_in_parts(
         else {
             continue;
         };
-        if !matched.contains(name) {
-            parts.entry(name.as_str()).or_insert(device);
+        if matched.contains(name) {
+            continue;
         }
+        let plannable = device
+            .partition
+            .as_ref()
+            .is_some_and(|part| matches!(part.parent, ParentRef::PciBusId(_)));
+        let entry = parts.entry(name.as_str()).or_insert((device, false));
+        entry.1 |= plannable;
     }
-    for (name, part) in parts {
+    for (name, (part, plannable)) in parts {
+        if plannable && let Some(spec) = merged.node.devices.iter_mut().find(|d| d.id == name) {
+            spec.partitions_only = true;
+            continue;
+        }
         let why = format!(
             "published only in parts ({} and its siblings), not as a whole device",
             part.reference

@@ -91,7 +91,7 @@ pub struct PublishedDevice {
     /// claim can take a share of: the policy, checked. `None` for every other device.
     pub share: Option<SharePolicy>,
     /// For a partition entry of a driver whose partitions may be planned on (NVIDIA's MIG
-    /// devices): its profile and its parent, when it is healthy, untainted, of known memory
+    /// devices, AMD's partitions of a GPU partitioned on the node): its profile and its parent, when it is healthy, untainted, of known memory
     /// and its counters can be met. It stays `unusable` as a whole device.
     pub partition: Option<PublishedPartition>,
     /// An informational taint the driver put on the device (`effect: None`, as NVIDIA's
@@ -105,8 +105,17 @@ pub struct PublishedDevice {
 pub struct PublishedPartition {
     /// The profile as the driver names it (`3g.40gb`).
     pub profile: String,
-    /// The parent device's UUID.
-    pub parent_uuid: String,
+    /// The parent device, as the partition names it.
+    pub parent: ParentRef,
+}
+
+/// The device a partition is part of, as the partition names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParentRef {
+    /// By the parent's UUID.
+    Uuid(String),
+    /// By the parent's PCI bus id, canonical (`0000:0c:00.0`).
+    PciBusId(String),
 }
 
 impl PublishedDevice {

@@ -14,10 +14,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
 
 use super::counters::PoolCounters;
-use super::drivers::{self, HealthSource, KnownDriver, ProductSource, STANDARD_PCI_BUS_ID};
+use super::drivers::{
+    self, HealthSource, KnownDriver, PartitionParent, ProductSource, STANDARD_PCI_BUS_ID,
+};
 use super::pools::complete_generation;
 use super::share::share_policy;
-use super::{DeviceRef, PublishedDevice, PublishedPartition};
+use super::{DeviceRef, ParentRef, PublishedDevice, PublishedPartition};
 use crate::api::quantity;
 use crate::detect::pci::canonical_bus_id;
 use crate::hardware::HealthStatus;
@@ -224,12 +226,16 @@ fn published(driver: &KnownDriver, pool: &str, node: &str, device: &Device) -> P
         .or(unhealthy)
         .or(not_shareable);
     let part_of = match (&partition, driver.partition, &blocked, memory_bytes) {
-        (Some(_), Some(source), None, Some(_)) => text(source.profile)
-            .zip(text(source.parent_uuid))
-            .map(|(profile, parent_uuid)| PublishedPartition {
-                profile,
-                parent_uuid,
-            }),
+        (Some(_), Some(source), None, Some(_)) => {
+            let parent = match source.parent {
+                PartitionParent::Uuid(name) => text(name).map(ParentRef::Uuid),
+                PartitionParent::PciBusId => parent_bus_id.clone().map(ParentRef::PciBusId),
+            };
+            text(source.profile)
+                .filter(|profile| !is_placeholder(profile))
+                .zip(parent)
+                .map(|(profile, parent)| PublishedPartition { profile, parent })
+        }
         _ => None,
     };
     let unusable = partition.or(blocked);

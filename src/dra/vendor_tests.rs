@@ -70,15 +70,30 @@ fn amd_2026_whole_gpus_alone_carry_the_shared_pci_address() {
     );
 }
 
+/// On a node without our agent, the whole GPUs of known memory are planned, and the GPU
+/// published only as its two DPX partitions stands as one device (named after its bus id,
+/// its memory their sum) that is planned only through them.
 #[test]
-fn amd_2026_on_a_dra_only_node_plans_only_whole_gpus_of_known_memory() {
+fn amd_2026_on_a_dra_only_node_plans_whole_gpus_of_known_memory_and_partitions() {
     let devices = devices("amd-mi300x-2026.yaml", "mi300x-2026");
     let merged = merge_node("mi300x-2026", None, &devices);
     assert_eq!(
         planned(&merged),
-        ["gpu-amd-com-gpu-1-128", "gpu-amd-com-gpu-4-131"]
+        [
+            "gpu-amd-com-0000-46-00-0",
+            "gpu-amd-com-gpu-1-128",
+            "gpu-amd-com-gpu-4-131"
+        ]
     );
-    assert_eq!(merged.present.len(), 6);
+    assert_eq!(merged.present.len(), 7);
+    let split = merged
+        .node
+        .devices
+        .iter()
+        .find(|d| d.partitions_only)
+        .expect("the partitioned GPU");
+    assert_eq!(split.partitions.len(), 2);
+    assert_eq!(split.product, "AMD Instinct MI300X");
     assert!(
         merged.unusable["gpu-amd-com-gpu-2-129"].contains("memory size unknown"),
         "{:?}",
@@ -94,7 +109,7 @@ fn amd_2026_on_a_dra_only_node_plans_only_whole_gpus_of_known_memory() {
 }
 
 #[test]
-fn amd_2026_merged_with_an_inventory_folds_nothing_and_plans_no_split_gpu_whole() {
+fn amd_2026_merged_with_an_inventory_folds_nothing_and_plans_a_split_gpu_by_its_partitions() {
     let inventory = fixture_inventory("mi300x-8x", "mi300x-2026");
     let names: Vec<String> = inventory
         .spec
@@ -115,16 +130,35 @@ fn amd_2026_merged_with_an_inventory_folds_nothing_and_plans_no_split_gpu_whole(
         .iter()
         .find(|n| n.contains("46-00-0"))
         .expect("the GPU at 0000:46:00.0");
+    // Published only as its two DPX partitions: planned only through them (issue 39).
     assert!(
-        merged.unusable[split].contains("only in parts"),
+        !merged.unusable.contains_key(split),
         "{:?}",
         merged.unusable
     );
-    assert!(!planned(&merged).contains(&split.as_str()));
+    let spec = merged
+        .node
+        .devices
+        .iter()
+        .find(|d| &d.id == split)
+        .expect("the partitioned GPU stays");
+    assert!(spec.partitions_only, "{spec:?}");
+    let profiles: Vec<(&str, Bytes)> = spec
+        .partitions
+        .iter()
+        .map(|p| (p.profile.as_str(), p.memory))
+        .collect();
+    assert_eq!(
+        profiles,
+        [
+            ("dpx_nps2", Bytes(98_296 << 20)),
+            ("dpx_nps2", Bytes(98_296 << 20))
+        ]
+    );
     // The GPU whose VRAM the driver could not read keeps the size the agent measured.
     let unread = names.iter().find(|n| n.contains("26-00-0")).unwrap();
     assert!(planned(&merged).contains(&unread.as_str()));
-    assert_eq!(planned(&merged).len(), names.len() - 1);
+    assert_eq!(planned(&merged).len(), names.len());
     // The VFIO sibling is a device of its own, not folded into gpu-1-128's match.
     assert_eq!(
         merged

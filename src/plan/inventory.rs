@@ -57,6 +57,10 @@ pub struct DeviceSpec {
     /// the merge found them; a replica may take one instead of the whole device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<Partition>,
+    /// The device is published only as its [`partitions`](Self::partitions) (an AMD GPU
+    /// partitioned on the node): a replica may take one of them, never the device whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partitions_only: bool,
 }
 
 impl DeviceSpec {
@@ -76,6 +80,7 @@ impl DeviceSpec {
             driver_version: None,
             share: None,
             partitions: Vec::new(),
+            partitions_only: false,
         }
     }
 
@@ -101,6 +106,7 @@ impl DeviceSpec {
             driver_version: None,
             share: None,
             partitions: Vec::new(),
+            partitions_only: false,
         }
     }
 
@@ -175,6 +181,13 @@ pub fn any_shareable(nodes: &[NodeSpec]) -> bool {
     nodes
         .iter()
         .any(|node| node.devices.iter().any(|device| device.share.is_some()))
+}
+
+/// True when some device of `nodes` is published only in partitions.
+pub fn any_partitions_only(nodes: &[NodeSpec]) -> bool {
+    nodes
+        .iter()
+        .any(|node| node.devices.iter().any(|device| device.partitions_only))
 }
 
 /// The node of `nodes` named `name`: found by binary search when `nodes` are in name order, as
@@ -487,6 +500,7 @@ fn device_spec(device: &Device, memory: Bytes, domain: Option<String>) -> Device
         driver_version: device.driver_version.clone(),
         share: None,
         partitions: Vec::new(),
+        partitions_only: false,
     }
 }
 

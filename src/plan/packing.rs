@@ -275,14 +275,26 @@ pub struct Shape {
 }
 
 impl<'a> FreeDevices<'a> {
-    /// Indexes `nodes`, leaving out `reserved` devices.
+    /// Indexes `nodes`, leaving out `reserved` devices and devices published only in
+    /// partitions ([`DeviceSpec::partitions_only`]: never held whole).
     pub fn new(nodes: &'a [NodeSpec], reserved: &Reservations) -> Self {
+        Self::indexing(nodes, reserved, false)
+    }
+
+    /// [`FreeDevices::new`] with the devices published only in partitions too: for a search
+    /// whose plan is kept only if each replica then takes one of its device's partitions
+    /// (`search::fraction::partition_view`).
+    pub fn for_partitions(nodes: &'a [NodeSpec], reserved: &Reservations) -> Self {
+        Self::indexing(nodes, reserved, true)
+    }
+
+    fn indexing(nodes: &'a [NodeSpec], reserved: &Reservations, partitions_only: bool) -> Self {
         let order = name_order(nodes);
         let mut by_key: BTreeMap<ClassKey<'a>, DeviceClass<'a>> = BTreeMap::new();
         let mut scratch = Scratch::default();
         for &node_index in &order {
             let node = &nodes[node_index as usize];
-            index_node(node, reserved, &mut scratch, |group| {
+            index_node(node, (reserved, partitions_only), &mut scratch, |group| {
                 by_key
                     .entry(group.key)
                     .or_insert_with(|| DeviceClass::open(node, &group.domains))
@@ -467,9 +479,11 @@ struct Scratch<'a> {
 /// only; the distinct runs are then sorted by key (none to sort on a node of one product), and
 /// the devices by (class, domain, id, position). `O(d log d)` however many classes the node
 /// claims (a linear search of the classes found so far was `O(d x classes)`).
+///
+/// A device published only in partitions counts only when `partitions_only` says so.
 fn index_node<'a>(
     node: &'a NodeSpec,
-    reserved: &Reservations,
+    (reserved, partitions_only): (&Reservations, bool),
     scratch: &mut Scratch<'a>,
     mut emit: impl FnMut(NodeGroup<'a>),
 ) {
@@ -489,6 +503,7 @@ fn index_node<'a>(
         // (a share of it is chosen after the search, `search::fraction`).
         if device.family == Family::Cpu
             || device.memory == Bytes::ZERO
+            || (device.partitions_only && !partitions_only)
             || taken.is_some_and(|ids| ids.contains(&device.id))
             || consumed.is_some_and(|ids| ids.contains_key(&device.id))
             || device

@@ -96,9 +96,13 @@ impl CounterIndex {
     /// device consumes all of it and each partition a part, so the device is never held
     /// beside any partition, while partitions may be held side by side, as DRA would allocate
     /// them. Nothing is added when the device or a partition already consumes counters.
+    ///
+    /// `parent_ref` is `None` for a device published only in partitions (an AMD GPU
+    /// partitioned on its node): nobody can allocate it, but the set still tells the counts
+    /// that a held partition takes the device.
     pub fn add_exclusive_parts(
         &mut self,
-        (parent, parent_ref): (DeviceKey, &DeviceRef),
+        (parent, parent_ref): (DeviceKey, Option<&DeviceRef>),
         parts: &[(DeviceKey, &DeviceRef)],
     ) {
         if parts.is_empty()
@@ -119,7 +123,9 @@ impl CounterIndex {
                 .collect(),
         });
         let whole = Amounts::from([("parts".to_string(), count.saturating_mul(1000))]);
-        self.by_reference.insert(parent_ref.clone(), parent.clone());
+        if let Some(parent_ref) = parent_ref {
+            self.by_reference.insert(parent_ref.clone(), parent.clone());
+        }
         self.consumers.insert(parent, vec![(at, whole)]);
         for (key, reference) in parts {
             let one = Amounts::from([("parts".to_string(), 1000)]);

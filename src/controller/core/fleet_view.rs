@@ -295,9 +295,8 @@ impl FleetView {
         for (node, part) in &self.parts {
             for (parent, partitions) in &part.partitions {
                 let key = |id: &str| (node.clone(), id.to_string());
-                let Some(parent_ref) = part.dra.get(parent) else {
-                    continue;
-                };
+                // A device published only in partitions has no DRA name of its own.
+                let parent_ref = part.dra.get(parent);
                 let parts: Vec<(DeviceKey, &DeviceRef)> = partitions
                     .iter()
                     .filter_map(|p| Some((key(&p.id), part.dra.get(&p.id)?)))

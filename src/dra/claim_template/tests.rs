@@ -354,12 +354,33 @@ fn a_partition_alternative_asks_the_partition_class_for_its_profile() {
         .unwrap()
         .expression;
     assert!(cel.contains("== '3g.40gb'"), "{cel}");
+    // AMD's partitions are claimed through the driver's own class, by `partitionProfile`.
     let amd = Alternative {
         driver: "gpu.amd.com".to_string(),
+        partition_profile: Some("cpx_nps4".to_string()),
+        ..mig.clone()
+    };
+    let template = build(&[amd]).unwrap();
+    let subrequest = &template.spec.spec.devices.unwrap().requests.unwrap()[0]
+        .first_available
+        .clone()
+        .unwrap()[0];
+    assert_eq!(subrequest.device_class_name, "gpu.amd.com");
+    let cel = &subrequest.selectors.as_ref().unwrap()[0]
+        .cel
+        .as_ref()
+        .unwrap()
+        .expression;
+    assert!(
+        cel.contains("device.attributes['gpu.amd.com'].partitionProfile == 'cpx_nps4'"),
+        "{cel}"
+    );
+    let intel = Alternative {
+        driver: "gpu.intel.com".to_string(),
         ..mig.clone()
     };
     assert!(matches!(
-        build(&[amd]).unwrap_err(),
+        build(&[intel]).unwrap_err(),
         TemplateError::NoPartitions { .. }
     ));
     let long = Alternative {

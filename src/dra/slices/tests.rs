@@ -421,9 +421,12 @@ fn mig_devices_name_their_profile_and_parent() {
                 .contains("partition")
         );
         let part = mig.partition.as_ref().expect("a partition");
+        let ParentRef::Uuid(parent_uuid) = &part.parent else {
+            panic!("a MIG device names its parent by UUID: {part:?}");
+        };
         let parent = devices
             .iter()
-            .find(|d| d.uuid.as_deref() == Some(part.parent_uuid.as_str()))
+            .find(|d| d.uuid.as_deref() == Some(parent_uuid.as_str()))
             .expect("its parent is published");
         assert!(mig.reference.device.starts_with(&parent.reference.device));
         let slug = part.profile.replace('.', "");
@@ -435,6 +438,41 @@ fn mig_devices_name_their_profile_and_parent() {
             .filter(|d| d.partition.is_none())
             .all(|d| !d.reference.device.contains("-mig-"))
     );
+}
+
+/// Issue 39: AMD's partitions of a GPU partitioned on the node (the 2026 layout's
+/// pre-partitioned DPX GPU) name their profile and their parent by the PCI bus id they carry;
+/// VFIO siblings and AutoPartition layouts (shared devices, no `partitionProfile`) are no
+/// partitions to plan on.
+#[test]
+fn amd_partitions_name_their_profile_and_parent_bus() {
+    let fleet = published_devices(&crate::testing::dra::fixture_slices(&[
+        "amd-mi300x-2026.yaml",
+        "amd-mi300x-autopartition.yaml",
+    ]));
+    let node = fleet.nodes.keys().find(|n| !n.contains("autopartition"));
+    let devices = fleet.node(node.expect("the 2026 node"));
+    let parts: Vec<&PublishedDevice> = devices.iter().filter(|d| d.partition.is_some()).collect();
+    assert_eq!(parts.len(), 2, "{devices:#?}");
+    for part in &parts {
+        let partition = part.partition.as_ref().expect("a partition");
+        assert_eq!(partition.profile, "dpx_nps2");
+        assert_eq!(
+            partition.parent,
+            ParentRef::PciBusId("0000:46:00.0".to_string())
+        );
+        assert_eq!(part.memory_bytes, Some(98_296 << 20));
+        assert!(part.unusable.is_some() && !part.whole);
+    }
+    assert!(
+        devices
+            .iter()
+            .filter(|d| d.partition.is_none())
+            .all(|d| d.whole || d.unusable.is_some())
+    );
+    let auto = fleet.node("mi300x-autopartition-node");
+    assert!(!auto.is_empty());
+    assert!(auto.iter().all(|d| d.partition.is_none()), "{auto:#?}");
 }
 
 /// An informational taint (`effect: None`) keeps nothing off the device: it stays usable,

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::{
     ClassKey, DeviceClass, Domains, FreeDevices, Scratch, fast_domain, index_node, name_order,
 };
-use crate::plan::inventory::{NodeSpec, Reservations, any_shareable};
+use crate::plan::inventory::{NodeSpec, Reservations, any_partitions_only, any_shareable};
 
 /// The free-device index of a set of nodes with nothing reserved, to build many plans'
 /// [`FreeDevices`] from ([`FreeDevices::indexed`]). Holds no reference to the nodes: it is
@@ -41,6 +41,8 @@ pub struct FleetIndex {
     bins: Vec<Vec<IndexedBin>>,
     /// Whether some device is published shareable (a plan may then size shares of one).
     any_shareable: bool,
+    /// Whether some device is published only in partitions (a plan may take one of them).
+    any_partitions_only: bool,
     /// Whether some node is in a multi-node NVLink domain (its classes' racks are measured).
     any_clique: bool,
 }
@@ -65,7 +67,7 @@ impl FleetIndex {
         let none = Reservations::none();
         for &node_index in &order {
             let node = &nodes[node_index as usize];
-            index_node(node, &none, &mut scratch, |group| {
+            index_node(node, (&none, false), &mut scratch, |group| {
                 class_of.insert(group.key, 0);
                 found[node_index as usize].push((group.key, group.domains, group.fast));
             });
@@ -107,6 +109,7 @@ impl FleetIndex {
             class_bins,
             bins,
             any_shareable: any_shareable(nodes),
+            any_partitions_only: any_partitions_only(nodes),
             any_clique: nodes.iter().any(|node| node.nvlink_clique().is_some()),
         }
     }
@@ -114,6 +117,11 @@ impl FleetIndex {
     /// True when some device of the nodes is published shareable.
     pub fn any_shareable(&self) -> bool {
         self.any_shareable
+    }
+
+    /// True when some device of the nodes is published only in partitions.
+    pub fn any_partitions_only(&self) -> bool {
+        self.any_partitions_only
     }
 
     /// True when this index was built from `nodes`.

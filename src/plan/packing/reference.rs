@@ -120,6 +120,7 @@ pub(super) fn index_node<'a>(
     for (index, device) in node.devices.iter().enumerate().take(usize::from(u16::MAX)) {
         if device.family == Family::Cpu
             || device.memory == Bytes::ZERO
+            || device.partitions_only
             || reserved.contains(&node.name, &device.id)
         {
             continue;

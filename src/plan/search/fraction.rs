@@ -75,6 +75,17 @@ pub(super) fn choose(
             }
         }
     }
+    if let Some(device) = used.iter().find(|d| d.partitions_only) {
+        // Published only in partitions: without one, nothing of it can be held.
+        plan.fits = false;
+        plan.reasons.push(format!(
+            "{} ({}) is published only in partitions, and {}",
+            device.id,
+            device.product,
+            why_not.join("; ")
+        ));
+        return;
+    }
     let device_bytes = shareable.map_or(sample.memory, |(_, share)| Bytes(share.policy.capacity));
     plan.fraction = Some(Fraction {
         kind: FractionKind::Device,
@@ -174,40 +185,50 @@ pub(super) fn share_view(
     any_room.then_some((view, view_reserved))
 }
 
-/// The reservations as a search for partitions sees them: a device that is reserved only
-/// because some of its partitions are taken (a GPU one of whose MIG devices is held), and
-/// that still has a free partition leaving room for others, is free, so the search can put a
-/// replica on it; the rest as they are. `None` when no such device exists, or the request
-/// may take no fraction. A plan made on this view is kept only when every replica then gets
-/// a free partition ([`choose`] on the real reservations): the view only lets the search
-/// size the replicas. A device held whole has every partition reserved too, so it stays so.
+/// The fleet as a search for partitions sees it: only the devices a replica could take a
+/// partition of (some partition free, leaving room for others), each free, with the nodes'
+/// other devices left out. That takes in a device reserved only because some of its
+/// partitions are taken (a GPU one of whose MIG devices is held) and a device published only
+/// in partitions ([`DeviceSpec::partitions_only`]), which the whole-device search never sees.
+/// `None` when no such device exists, or the request may take no fraction. A plan made on
+/// this view is kept only when every replica then gets a free partition ([`choose`] on the
+/// real fleet): the view only lets the search size the replicas. A device held whole has
+/// every partition reserved too, so it is left out.
 pub(super) fn partition_view(
     nodes: &[NodeSpec],
     reserved: &Reservations,
     request: &PlanRequest,
-) -> Option<Reservations> {
+) -> Option<(Vec<NodeSpec>, Reservations)> {
     if request.whole_devices || request.disaggregation.is_some() {
         return None;
     }
-    let mut view = reserved.clone();
-    let mut any = false;
+    let mut view = Vec::new();
+    let mut view_reserved = reserved.clone();
     for node in nodes {
-        let Some(taken) = reserved.on_node(&node.name) else {
+        let taken = reserved.on_node(&node.name);
+        let free = |id: &String| !taken.is_some_and(|ids| ids.contains(id));
+        let candidates: Vec<DeviceSpec> = node
+            .devices
+            .iter()
+            .filter(|device| {
+                device
+                    .partitions
+                    .iter()
+                    .any(|partition| leaves_room(partition, device) && free(&partition.id))
+            })
+            .cloned()
+            .collect();
+        if candidates.is_empty() {
             continue;
-        };
-        for device in &node.devices {
-            let has_room = !device.partitions.is_empty()
-                && taken.contains(&device.id)
-                && device.partitions.iter().any(|partition| {
-                    leaves_room(partition, device) && !taken.contains(&partition.id)
-                });
-            if has_room {
-                view.remove(&node.name, &device.id);
-                any = true;
-            }
         }
+        for device in &candidates {
+            view_reserved.remove(&node.name, &device.id);
+        }
+        let mut seen = node.clone();
+        seen.devices = candidates;
+        view.push(seen);
     }
-    any.then_some(view)
+    (!view.is_empty()).then_some((view, view_reserved))
 }
 
 /// Most searches on a partition view for one plan ([`without_chosen`] takes out the devices
@@ -331,7 +352,7 @@ fn partitions(
     Ok(Partitions {
         devices: chosen,
         partition: partition.clone(),
-        device_bytes: device.memory,
+        device_bytes: parent_bytes(device),
         fit,
         per_replica,
         product: device.product.clone(),
@@ -341,8 +362,23 @@ fn partitions(
 /// True when `partition` leaves room on `device` for another: at most 7/8 of its memory (an
 /// NVIDIA GPU has 8 memory slices, and `7g.80gb` takes all of an H100's). A profile that
 /// takes all of the memory is the whole device in another form, so the device is held whole.
+/// A device published only in partitions cannot be held whole: any of them will do.
 fn leaves_room(partition: &Partition, device: &DeviceSpec) -> bool {
-    u128::from(partition.memory.0) * 8 <= u128::from(device.memory.0) * 7
+    device.partitions_only || u128::from(partition.memory.0) * 8 <= u128::from(device.memory.0) * 7
+}
+
+/// The memory of the device `partition`s are part of, for the plan's `device_bytes`: its
+/// own, or for a device published only in partitions the sum of them where that is more
+/// (the agent may read one partition's memory as the device's).
+fn parent_bytes(device: &DeviceSpec) -> Bytes {
+    if !device.partitions_only {
+        return device.memory;
+    }
+    let parts = device
+        .partitions
+        .iter()
+        .fold(0u64, |sum, p| sum.saturating_add(p.memory.0));
+    Bytes(device.memory.0.max(parts))
 }
 
 /// Moves `plan` onto `chosen` partitions: its devices, memory and the fraction.
@@ -967,9 +1003,12 @@ mod tests {
         for id in ["gpu1", "gpu1-mig-1g.10gb", "gpu1-mig-7g.80gb"] {
             reserved.insert(node.clone(), id);
         }
-        let view = partition_view(&nodes, &reserved, &serve(4)).expect("GPU 1 has room");
-        assert!(view.contains(&node, "gpu0"), "held whole stays reserved");
-        assert!(!view.contains(&node, "gpu1"));
+        let (view, view_reserved) =
+            partition_view(&nodes, &reserved, &serve(4)).expect("GPU 1 has room");
+        let offered: Vec<&str> = view[0].devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(offered, ["gpu1"], "held whole is not offered");
+        assert!(!view_reserved.contains(&node, "gpu1"));
+        assert!(view_reserved.contains(&node, "gpu1-mig-1g.10gb"));
         let on_mig = plan(&model("llama-3.1-8b"), &nodes, &reserved, &serve(4)).unwrap();
         assert!(on_mig.fits, "{:?}", on_mig.reasons);
         assert_eq!(devices_of(&on_mig), ["gpu1-mig-3g.40gb"]);
@@ -993,6 +1032,63 @@ mod tests {
         whole.whole_devices = true;
         reserved.remove(&node, "gpu1-mig-3g.40gb");
         assert_eq!(partition_view(&nodes, &reserved, &whole), None);
+    }
+
+    /// Issue 39, AMD partitions: an MI300X partitioned on its node (DPX: two partitions of
+    /// 98,296 MiB, no whole entry) is planned only through them. A small model takes a
+    /// partition even where a whole MI300X is free elsewhere; a model no partition holds, or
+    /// a request for whole devices, takes the whole one; with that one reserved, such a
+    /// model is refused rather than given the partitioned GPU whole; with both partitions
+    /// reserved, the small model goes whole.
+    #[test]
+    fn a_gpu_published_only_in_partitions_is_planned_only_through_them() {
+        let mut nodes = parse_hardware("2x1xMI300X").unwrap();
+        let (split_node, whole_node) = (nodes[0].name.clone(), nodes[1].name.clone());
+        let split = &mut nodes[0].devices[0];
+        split.partitions_only = true;
+        split.partitions = (0..2)
+            .map(|i| Partition {
+                id: format!("gpu0-dpx-{i}"),
+                profile: "dpx_nps2".to_string(),
+                memory: Bytes(98_296 * MIB),
+            })
+            .collect();
+        let small = planned("llama-3.1-8b", &nodes, &serve(4));
+        assert_eq!(small.assignments[0].node, split_node);
+        assert_eq!(devices_of(&small), ["gpu0-dpx-0"]);
+        let fraction = small.fraction.clone().unwrap();
+        assert_eq!(
+            (fraction.kind, fraction.profile.as_deref()),
+            (FractionKind::Partition, Some("dpx_nps2"))
+        );
+        assert_eq!(fraction.bytes, Bytes(98_296 * MIB));
+        assert!(
+            fraction.device_bytes >= Bytes(196_592 * MIB),
+            "{fraction:?}"
+        );
+
+        let big = planned("llama-3.1-70b", &nodes, &serve(1));
+        assert_eq!(big.assignments[0].node, whole_node, "{:?}", big.reasons);
+        let mut whole = serve(4);
+        whole.whole_devices = true;
+        let asked_whole = planned("llama-3.1-8b", &nodes, &whole);
+        assert_eq!(asked_whole.assignments[0].node, whole_node);
+
+        let mut reserved = Reservations::none();
+        reserved.insert(whole_node.clone(), nodes[1].devices[0].id.clone());
+        let refused = plan(&model("llama-3.1-70b"), &nodes, &reserved, &serve(1));
+        assert!(
+            refused.as_ref().is_err() || refused.as_ref().is_ok_and(|p| !p.fits),
+            "{refused:?}"
+        );
+        let mut reserved = Reservations::none();
+        reserved.insert(split_node.clone(), "gpu0-dpx-0");
+        let second = plan(&model("llama-3.1-8b"), &nodes, &reserved, &serve(4)).unwrap();
+        assert_eq!(devices_of(&second), ["gpu0-dpx-1"]);
+        reserved.insert(split_node, "gpu0-dpx-1");
+        let full = plan(&model("llama-3.1-8b"), &nodes, &reserved, &serve(4)).unwrap();
+        assert!(full.fits, "{:?}", full.reasons);
+        assert_eq!(full.assignments[0].node, whole_node);
     }
 
     /// Devices no driver publishes shareable keep every plan as it was: no fraction at all.

@@ -164,10 +164,15 @@ fn plan_checked(
     };
     let may_share =
         matches!(request.goal, Goal::Serve { .. }) && fraction::may_share(any_shareable, request);
-    // And partitions may, of devices some of whose partitions others hold.
+    // And partitions may, of devices some of whose partitions others hold, or of devices
+    // published only in partitions (which the whole-device fleet leaves out).
     let may_partition = || {
         matches!(request.goal, Goal::Serve { .. })
             && fraction::partition_view(nodes, reserved, request).is_some()
+    };
+    let any_partitions_only = || match index {
+        Some(index) if index.indexes(nodes) => index.any_partitions_only(),
+        _ => super::inventory::any_partitions_only(nodes),
     };
     if fleet.classes.is_empty() && !may_share && !may_partition() {
         let reason = if nodes.is_empty() {
@@ -225,7 +230,9 @@ fn plan_checked(
                     }),
                 _ => None,
             };
-            // Likewise partitions: of devices some of whose partitions others hold.
+            // Likewise partitions: of devices some of whose partitions others hold, and of
+            // devices published only in partitions, which come first (the smallest fraction
+            // that holds the plan) even where a whole device or a share would do.
             let is_partition = |plan: &Plan| {
                 plan.fits
                     && plan
@@ -233,33 +240,38 @@ fn plan_checked(
                         .as_ref()
                         .is_some_and(|f| f.kind == crate::plan::report::FractionKind::Partition)
             };
-            let partitioned = match (&whole, &shared) {
-                (Some(plan), _) if plan.fits => None,
-                (_, Some(_)) => None,
-                _ => {
-                    // The view frees every device with some free partition, which may be too
-                    // small for this model: a device the search chose that gave no partition
-                    // is left out of the next try.
-                    let mut view = fraction::partition_view(nodes, reserved, request);
-                    let mut found = None;
-                    for _ in 0..fraction::MAX_PARTITION_TRIES {
-                        let Some(view_reserved) = view.take() else {
-                            break;
-                        };
-                        let plan = serve_on(
-                            &FreeDevices::new(nodes, &view_reserved),
-                            (nodes, &view_reserved),
-                        );
-                        if is_partition(&plan) {
-                            found = Some(plan);
-                            break;
-                        }
-                        view = fraction::without_chosen(view_reserved, &plan);
-                    }
-                    found
-                }
+            let try_partitions = match (&whole, &shared) {
+                (Some(plan), _) if is_partition(plan) => false,
+                (Some(plan), _) if plan.fits => any_partitions_only(),
+                (_, Some(_)) => any_partitions_only(),
+                _ => true,
             };
-            let Some(mut plan) = shared.or(partitioned).or(whole) else {
+            let partitioned = if try_partitions {
+                // The view holds only devices with a free partition, which may be too small
+                // for this model: a device the search chose that gave no partition is left
+                // out of the next try.
+                let mut view = fraction::partition_view(nodes, reserved, request);
+                let mut found = None;
+                for _ in 0..fraction::MAX_PARTITION_TRIES {
+                    let Some((view_nodes, view_reserved)) = view.take() else {
+                        break;
+                    };
+                    let plan = serve_on(
+                        &FreeDevices::for_partitions(&view_nodes, &view_reserved),
+                        (&view_nodes, &view_reserved),
+                    );
+                    if is_partition(&plan) {
+                        found = Some(plan);
+                        break;
+                    }
+                    view = fraction::without_chosen(view_reserved, &plan)
+                        .map(|reserved| (view_nodes, reserved));
+                }
+                found
+            } else {
+                None
+            };
+            let Some(mut plan) = partitioned.or(shared).or(whole) else {
                 return Err(PlanError::NoDevices(no_free_accelerator(nodes)));
             };
             attach_engine(&mut plan, &request.engine);
