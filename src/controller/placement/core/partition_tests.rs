@@ -207,3 +207,109 @@ fn without_counters_a_gpu_is_never_held_beside_its_mig_devices() {
         refused.outcome
     );
 }
+
+/// AMD's partitions (`fixtures/dra/amd-mi300x-2026.yaml`: one GPU partitioned on the node,
+/// two DPX partitions and no whole entry, beside whole MI300X): placements holding their own
+/// claims take the two partitions first, one each, through the driver's own class; the next
+/// gets a whole MI300X; a pod's allocation of a partition counts as the GPU's (it is held),
+/// and a placement freed gives its partition to the next.
+#[test]
+fn claims_placements_take_the_partitions_of_a_gpu_partitioned_on_its_node() {
+    const AMD_NODE: &str = "mi300x-2026";
+    let slices = fixture_slices(&["amd-mi300x-2026.yaml"]);
+    let published = published_devices(&slices);
+    let part = NodePart::with_published(AMD_NODE, None, published.node(AMD_NODE));
+    let fleet = FleetView::from_parts([Arc::new(part)], &BTreeMap::new()).with_counters(&slices);
+    let slices: Vec<&ResourceSlice> = slices.iter().collect();
+    let mut ledger = Ledger::new();
+    ledger.set_external(held_outside(&[], &slices, &ledger, &fleet));
+    let spec = small();
+    let mut taken = Vec::new();
+    for i in 0..2 {
+        let name = format!("p{i}");
+        let decision = decide(&mut ledger, &candidate(&name, i, &spec), &[], &fleet);
+        let Outcome::Planned(status) = &decision.outcome else {
+            panic!("{name}: {:?}", decision.outcome)
+        };
+        let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
+        assert_eq!(
+            fraction
+                .as_ref()
+                .map(|f| (f.kind.as_str(), f.profile.as_deref())),
+            Some(("partition", Some("dpx_nps2"))),
+            "{name}: {status:?}"
+        );
+        let Holding::Claims(plans) = holding("ml", &name, AllocationMode::Claims, status, &fleet)
+        else {
+            panic!("held by claims")
+        };
+        assert_eq!(plans[0].device_class(), "gpu.amd.com");
+        let device = plans[0].devices[0].device.clone();
+        assert!(
+            ["gpu-3-130", "gpu-9-136"].contains(&device.as_str()),
+            "{device}"
+        );
+        assert!(!taken.contains(&device), "{device} handed out twice");
+        taken.push(device);
+    }
+    // Both partitions held: the GPU counts as held by them, and the next goes whole.
+    let parent = fleet
+        .nodes()
+        .iter()
+        .flat_map(|n| &n.devices)
+        .find(|d| d.partitions_only)
+        .map(|d| d.id.clone())
+        .expect("the partitioned GPU");
+    assert!(
+        ledger
+            .reserved_by_others(&PlacementKey::new("ml", "any"))
+            .contains(AMD_NODE, &parent)
+    );
+    let third = decide(&mut ledger, &candidate("p2", 2, &spec), &[], &fleet);
+    let Outcome::Planned(status) = &third.outcome else {
+        panic!("{:?}", third.outcome)
+    };
+    assert!(
+        status.plan.as_ref().unwrap().fraction.is_none(),
+        "{status:?}"
+    );
+    assert!(
+        held_by(&ledger, "p2").contains("gpu-1-128")
+            || held_by(&ledger, "p2").contains("gpu-4-131")
+    );
+
+    // One freed: the next small placement takes that partition, not another whole GPU.
+    let freed = held_by(&ledger, "p0");
+    ledger.forget(&PlacementKey::new("ml", "p0"));
+    let again = decide(&mut ledger, &candidate("p3", 3, &spec), &[], &fleet);
+    assert!(
+        matches!(again.outcome, Outcome::Planned(_)),
+        "{:?}",
+        again.outcome
+    );
+    assert_eq!(held_by(&ledger, "p3"), freed);
+    assert_eq!(ledger.index_mismatch(), None);
+
+    // A pod's claim on a partition (allocated by the scheduler) takes that partition only.
+    let pod_claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pod-part", "namespace": "team"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "r", "driver": "gpu.amd.com", "pool": AMD_NODE,
+                "device": "gpu-9-136",
+            }]}}},
+        }))
+        .unwrap();
+    let mut ledger = Ledger::new();
+    ledger.set_external(held_outside(&[&pod_claim], &slices, &ledger, &fleet));
+    let decision = decide(&mut ledger, &candidate("p5", 5, &spec), &[], &fleet);
+    assert!(
+        matches!(decision.outcome, Outcome::Planned(_)),
+        "{:?}",
+        decision.outcome
+    );
+    let held = held_by(&ledger, "p5");
+    let on = fleet.dra_device(AMD_NODE, &held).map(|r| r.device.clone());
+    assert_eq!(on.as_deref(), Some("gpu-3-130"), "the partition left");
+}

@@ -85,14 +85,17 @@ fn filter(constraints: &Constraints) -> DeviceFilter {
     }
 }
 
-/// `nodes` with only the devices a DRA driver publishes, and only nodes left with some.
+/// `nodes` with only the devices a DRA driver publishes (a device published only in
+/// partitions through them), and only nodes left with some.
 fn dra_published(nodes: &[NodeSpec], fleet: &FleetView) -> Vec<NodeSpec> {
     nodes
         .iter()
         .filter_map(|node| {
             let mut node = node.clone();
-            node.devices
-                .retain(|device| fleet.dra_device(&node.name, &device.id).is_some());
+            node.devices.retain(|device| {
+                fleet.dra_device(&node.name, &device.id).is_some()
+                    || (device.partitions_only && !device.partitions.is_empty())
+            });
             (!node.devices.is_empty()).then_some(node)
         })
         .collect()
