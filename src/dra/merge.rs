@@ -237,11 +237,23 @@ fn attach_partitions(
             ));
         }
     }
+    let mut attached = BTreeSet::new();
     for (parent, partition) in found {
         if let Some(spec) = merged.node.devices.iter_mut().find(|d| d.id == parent) {
+            attached.insert(partition.id.clone());
             spec.partitions.push(partition);
         }
     }
+    // A partition planned as a fraction of its device is no device left out: no note.
+    let attached_refs: Vec<String> = merged
+        .dra
+        .iter()
+        .filter(|(id, _)| attached.contains(*id))
+        .map(|(_, reference)| format!("{reference} not planned: "))
+        .collect();
+    merged
+        .notes
+        .retain(|note| !attached_refs.iter().any(|prefix| note.starts_with(prefix)));
     for spec in &mut merged.node.devices {
         spec.partitions
             .sort_by(|a, b| (a.memory, &a.id).cmp(&(b.memory, &b.id)));

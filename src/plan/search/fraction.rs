@@ -78,12 +78,15 @@ pub(super) fn choose(
     if let Some(device) = used.iter().find(|d| d.partitions_only) {
         // Published only in partitions: without one, nothing of it can be held.
         plan.fits = false;
-        plan.reasons.push(format!(
-            "{} ({}) is published only in partitions, and {}",
-            device.id,
-            device.product,
-            why_not.join("; ")
-        ));
+        plan.reasons.insert(
+            0,
+            format!(
+                "{} ({}) is published only in partitions, and {}",
+                device.id,
+                device.product,
+                why_not.join("; ")
+            ),
+        );
         return;
     }
     let device_bytes = shareable.map_or(sample.memory, |(_, share)| Bytes(share.policy.capacity));

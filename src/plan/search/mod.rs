@@ -246,6 +246,9 @@ fn plan_checked(
                 (_, Some(_)) => any_partitions_only(),
                 _ => true,
             };
+            // A plan the partition search refused: the answer when nothing else fits, since
+            // it says why (a device published only in partitions, none of which holds it).
+            let mut refused_on_partitions = None;
             let partitioned = if try_partitions {
                 // The view holds only devices with a free partition, which may be too small
                 // for this model: a device the search chose that gave no partition is left
@@ -266,12 +269,15 @@ fn plan_checked(
                     }
                     view = fraction::without_chosen(view_reserved, &plan)
                         .map(|reserved| (view_nodes, reserved));
+                    if refused_on_partitions.is_none() && !plan.fits {
+                        refused_on_partitions = Some(plan);
+                    }
                 }
                 found
             } else {
                 None
             };
-            let Some(mut plan) = partitioned.or(shared).or(whole) else {
+            let Some(mut plan) = partitioned.or(shared).or(whole).or(refused_on_partitions) else {
                 return Err(PlanError::NoDevices(no_free_accelerator(nodes)));
             };
             attach_engine(&mut plan, &request.engine);
