@@ -270,7 +270,7 @@ async fn create_any_gpus_template(cluster: &TestCluster, name: &str, count: usiz
     Ok(())
 }
 
-async fn scheduled_node(cluster: &TestCluster, pod: &str) -> Result<Option<String>> {
+pub(crate) async fn scheduled_node(cluster: &TestCluster, pod: &str) -> Result<Option<String>> {
     let pod = Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
         .get(pod)
         .await?;
@@ -635,7 +635,7 @@ async fn add_amd_slice_node(cluster: &TestCluster) -> Result<String> {
 }
 
 /// The hwaccel DeviceClasses (a claim template's subrequests name the family class).
-async fn apply_hwaccel_classes(cluster: &TestCluster) -> Result<()> {
+pub(crate) async fn apply_hwaccel_classes(cluster: &TestCluster) -> Result<()> {
     let api: Api<DeviceClass> = Api::all(cluster.client());
     for class in hwaccel::dra::device_classes::device_classes() {
         let name = class.metadata.name.clone().unwrap_or_default();
@@ -654,7 +654,7 @@ async fn apply_hwaccel_classes(cluster: &TestCluster) -> Result<()> {
 
 /// A pod using the placement's template fragment, free to go to either of this test's
 /// nodes (selected by the test label, so other tests' GPUs stay out).
-async fn create_template_pod(
+pub(crate) async fn create_template_pod(
     cluster: &TestCluster,
     name: &str,
     fragment: &hwaccel::api::placement::PodTemplateClaimFragment,
@@ -684,7 +684,7 @@ async fn pod_claim_results(cluster: &TestCluster, pod: &str) -> Result<Vec<(Stri
 }
 
 /// The allocation results of the claim the pod's template made, once it is allocated.
-async fn allocation_results(
+pub(crate) async fn allocation_results(
     cluster: &TestCluster,
     pod: &str,
 ) -> Result<Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult>> {
@@ -741,7 +741,7 @@ async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_
 }
 
 /// Deletes `nodes` and every ResourceSlice published for them.
-async fn remove_nodes(cluster: &TestCluster, nodes: &[&str]) -> Result<()> {
+pub(crate) async fn remove_nodes(cluster: &TestCluster, nodes: &[&str]) -> Result<()> {
     let slices: Api<ResourceSlice> = Api::all(cluster.client());
     for slice in slices.list(&ListParams::default()).await?.items {
         if slice
@@ -1312,7 +1312,7 @@ pub(crate) async fn serves_shares(cluster: &TestCluster, slice: &str) -> Result<
 }
 
 /// A placement serving `model` at 8k context in BF16, the shape the template tests ask for.
-fn bf16_at_8k(model: &str) -> ModelPlacementSpec {
+pub(crate) fn bf16_at_8k(model: &str) -> ModelPlacementSpec {
     PlacementBuilder::serve(model)
         .context(8192)
         .precision(hwaccel::api::placement::PrecisionChoice::Bf16)

@@ -570,3 +570,154 @@ async fn gpus_their_driver_publishes_as_shared_are_not_counted_free() -> Result<
     );
     Ok(())
 }
+
+/// Issue 39, AMD partitions on the real scheduler: a kwok node whose inventory has 8 MI300X
+/// and whose driver publishes the first two only as partitions, as ROCm's DRA driver does for
+/// GPUs partitioned on the node (`fixtures/dra/amd-mi300x-partitioned.yaml`: GPU 0 in CPX,
+/// eight 24,574 MiB partitions; GPU 1 in DPX, two 98,296 MiB). Both GPUs count free before
+/// anything holds them; two 8B placements holding their own claims take two CPX partitions
+/// (the smallest profile that holds them), a 32B one a DPX partition, each claim naming the
+/// driver's class and the controller's allocation accepted by the apiserver; the GPUs then
+/// count held; a claim-template placement's pod is bound by kube-scheduler to a third CPX
+/// partition; deleting a placement frees its GPU's count once nothing else holds it.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn amd_partitions_are_planned_as_fractions_and_allocated() -> Result<()> {
+    let _turn = crate::cluster_dra::SLICES.lock().await;
+    let cluster = TestCluster::new().await?;
+    if !cluster.full() {
+        eprintln!("skipped: needs the full tier (kube-scheduler, kwok)");
+        return Ok(());
+    }
+    install_crds(&cluster.client()).await?;
+    crate::cluster_dra::apply_hwaccel_classes(&cluster).await?;
+    ensure_driver_class(&cluster, AMD).await?;
+    let node = cluster.unique_name("mi300x-split");
+    create_kwok_node(&cluster, &node).await?;
+    let inventory = InventoryBuilder::fixture("mi300x-8x")
+        .node(&node)
+        .label(TEST_LABEL, cluster.prefix())
+        .build();
+    let total = inventory
+        .spec
+        .devices
+        .iter()
+        .filter(|d| d.text(attribute::VENDOR).as_deref() == Some("amd"))
+        .count();
+    apply_inventory(&cluster.client(), &inventory).await?;
+    crate::cluster_dra::publish_fixture(&cluster, "amd-mi300x-partitioned.yaml", &node).await?;
+    let result = amd_partitions_on(&cluster, &node, total).await;
+    let removed = crate::cluster_dra::remove_nodes(&cluster, &[&node]).await;
+    result.and(removed)
+}
+
+async fn amd_partitions_on(cluster: &TestCluster, node: &str, total: usize) -> Result<()> {
+    use crate::cluster_dra::{
+        allocation_results, bf16_at_8k, create_placement, create_template_pod, scheduled_node,
+        wait_ready,
+    };
+    let _controller = start_controller(cluster);
+    // Partitioned GPUs are plannable through their partitions: every GPU counts free.
+    wait_for(DEFAULT_TIMEOUT, "every GPU free", || async {
+        Ok(free_devices(cluster, node)
+            .await?
+            .filter(|n| *n as usize == total))
+    })
+    .await?;
+    let claims = Api::<ResourceClaim>::namespaced(cluster.client(), cluster.namespace());
+    let mut taken: Vec<String> = Vec::new();
+    for (name, model, profile) in [
+        ("amd-a", "llama-3.1-8b", "cpx_nps4"),
+        ("amd-b", "llama-3.1-8b", "cpx_nps4"),
+        ("amd-big", "qwen2.5-32b", "dpx_nps2"),
+    ] {
+        create_placement(cluster, name, bf16_at_8k(model), AllocationMode::Claims).await?;
+        let status = wait_ready(cluster, name).await?;
+        let fraction = status.plan.as_ref().and_then(|p| p.fraction.clone());
+        assert_eq!(
+            fraction
+                .as_ref()
+                .map(|f| (f.kind.as_str(), f.profile.as_deref())),
+            Some(("partition", Some(profile))),
+            "{name}: {status:?}"
+        );
+        let held = status.claims.first().expect("a claim").clone();
+        assert!(held.allocated, "{status:?}");
+        let claim = claims.get(&held.name).await?;
+        let class = claim
+            .spec
+            .devices
+            .and_then(|d| d.requests)
+            .and_then(|r| r.into_iter().next())
+            .and_then(|r| r.exactly)
+            .map(|e| e.device_class_name);
+        assert_eq!(class.as_deref(), Some(AMD));
+        let device = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .and_then(|r| r.into_iter().next())
+            .map(|r| r.device)
+            .expect("the controller's allocation");
+        let card: u32 = device
+            .strip_prefix("gpu-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|card| card.parse().ok())
+            .expect("gpu-<card>-<render>");
+        // Cards 1-8 are GPU 0's CPX partitions, 9-10 GPU 1's DPX partitions.
+        let expected = if profile == "cpx_nps4" { 1..=8 } else { 9..=10 };
+        assert!(expected.contains(&card), "{name}: {device}");
+        assert!(!taken.contains(&device), "{device} handed out twice");
+        taken.push(device);
+    }
+    eprintln!("held AMD partitions: {taken:?}");
+    // Both partitioned GPUs are held through their partitions.
+    wait_for(DEFAULT_TIMEOUT, "both partitioned GPUs held", || async {
+        Ok(free_devices(cluster, node)
+            .await?
+            .filter(|n| *n as usize == total - 2))
+    })
+    .await?;
+
+    // A template placement's pod: the scheduler binds it to a CPX partition nobody holds.
+    create_placement(
+        cluster,
+        "amd-chat",
+        bf16_at_8k("llama-3.1-8b"),
+        AllocationMode::ClaimTemplate,
+    )
+    .await?;
+    let status = wait_ready(cluster, "amd-chat").await?;
+    assert!(
+        status.alternatives[0].ends_with("profile=cpx_nps4"),
+        "{:?}",
+        status.alternatives
+    );
+    let fragment = status.pod_template.clone().expect("a pod fragment");
+    create_template_pod(cluster, "on-cpx", &fragment).await?;
+    let bound = wait_for(DEFAULT_TIMEOUT, "on-cpx scheduled", || async {
+        scheduled_node(cluster, "on-cpx").await
+    })
+    .await?;
+    assert_eq!(bound, node);
+    let results = allocation_results(cluster, "on-cpx").await?;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        !taken.contains(&results[0].device),
+        "the scheduler counts the controller's partitions: {results:?} {taken:?}"
+    );
+    eprintln!("pod bound to AMD partition {}", results[0].device);
+
+    // Deleting the 32B placement frees GPU 1 (nothing else holds a partition of it).
+    Api::<ModelPlacement>::namespaced(cluster.client(), cluster.namespace())
+        .delete("amd-big", &DeleteParams::default())
+        .await?;
+    wait_for(DEFAULT_TIMEOUT, "GPU 1 free again", || async {
+        Ok(free_devices(cluster, node)
+            .await?
+            .filter(|n| *n as usize == total - 1))
+    })
+    .await?;
+    Ok(())
+}

@@ -313,3 +313,66 @@ fn claims_placements_take_the_partitions_of_a_gpu_partitioned_on_its_node() {
     let on = fleet.dra_device(AMD_NODE, &held).map(|r| r.device.clone());
     assert_eq!(on.as_deref(), Some("gpu-3-130"), "the partition left");
 }
+
+/// The same with the node's inventory (8 MI300X, the first two published only in
+/// partitions, `fixtures/dra/amd-mi300x-partitioned.yaml`): a held partition counts its GPU,
+/// by its inventory name, as held by the placements.
+#[test]
+fn a_held_amd_partition_counts_its_inventory_gpu_as_held() {
+    const AMD_NODE: &str = "mi300x-partitioned-node";
+    let inventory = crate::testing::inventory::fixture_inventory("mi300x-8x", AMD_NODE);
+    let slices = fixture_slices(&["amd-mi300x-partitioned.yaml"]);
+    let published = published_devices(&slices);
+    let part = NodePart::with_published(AMD_NODE, Some(&inventory), published.node(AMD_NODE));
+    let fleet = FleetView::from_parts([Arc::new(part)], &BTreeMap::new()).with_counters(&slices);
+    let split: Vec<String> = fleet.nodes()[0]
+        .devices
+        .iter()
+        .filter(|d| d.partitions_only)
+        .map(|d| d.id.clone())
+        .collect();
+    assert_eq!(split.len(), 2, "{:?}", fleet.nodes());
+    let slices: Vec<&ResourceSlice> = slices.iter().collect();
+    let mut ledger = Ledger::new();
+    ledger.set_external(held_outside(&[], &slices, &ledger, &fleet));
+    let decision = decide(&mut ledger, &candidate("p0", 0, &small()), &[], &fleet);
+    assert!(
+        matches!(decision.outcome, Outcome::Planned(_)),
+        "{:?}",
+        decision.outcome
+    );
+    let held: Vec<(&str, &str)> = ledger.held_through_counters().collect();
+    assert_eq!(
+        held,
+        [(AMD_NODE, split[0].as_str())],
+        "{:?}",
+        ledger.get(&PlacementKey::new("ml", "p0"))
+    );
+    // Counted as the fleet pass counts: the GPU is held, the rest free.
+    let mut ours = crate::plan::Reservations::none();
+    for (_, holding) in ledger.iter() {
+        for (node, device) in holding.devices() {
+            ours.insert(node, device);
+        }
+    }
+    for (node, device) in ledger.held_through_counters() {
+        ours.insert(node, device);
+    }
+    let before = crate::controller::core::fleet_figures::NodeStats::of(
+        &inventory,
+        &crate::fleet::health::Holdings {
+            placements: &crate::plan::Reservations::none(),
+            claims: None,
+        },
+        fleet.unplannable_on(AMD_NODE),
+    );
+    let after = crate::controller::core::fleet_figures::NodeStats::of(
+        &inventory,
+        &crate::fleet::health::Holdings {
+            placements: &ours,
+            claims: None,
+        },
+        fleet.unplannable_on(AMD_NODE),
+    );
+    assert_eq!(after.free_devices() + 1, before.free_devices(), "{ours:?}");
+}
