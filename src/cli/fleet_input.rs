@@ -13,7 +13,7 @@
 //! with the controller's and the scheduler's.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -250,7 +250,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
                     Some(published) => with_shares(
                         node.with_published_verdicts(&published.unusable)
                             .with_published_notices(&published.notices),
-                        &published.shares,
+                        published,
                     ),
                     None => node,
                 })
@@ -311,6 +311,9 @@ struct Published {
     notices: BTreeMap<String, String>,
     /// Devices published shareable by memory, with their policy, by planner device id.
     shares: BTreeMap<String, Shareable>,
+    /// Devices published only in partitions (an AMD GPU partitioned on its node): never
+    /// planned whole.
+    partitions_only: BTreeSet<String>,
 }
 
 /// Per node, what its DRA drivers publish.
@@ -318,11 +321,14 @@ type Verdicts = BTreeMap<String, Published>;
 
 /// `node` with the share policy of each device its driver publishes shareable by memory, so
 /// the capacity answers count replicas as shares of it.
-fn with_shares(mut node: NodeInput, shares: &BTreeMap<String, Shareable>) -> NodeInput {
+fn with_shares(mut node: NodeInput, published: &Published) -> NodeInput {
     for device in &mut node.node.devices {
-        if let Some(share) = shares.get(&device.id) {
+        if let Some(share) = published.shares.get(&device.id) {
             device.share = Some(share.clone());
         }
+        // Its partitions are not offered here (the answers count whole devices and shares),
+        // so it is left out of them rather than counted as a whole device.
+        device.partitions_only = published.partitions_only.contains(&device.id);
     }
     node
 }
@@ -346,7 +352,7 @@ fn claimed(
             published.node(node),
         ))
     });
-    let fleet = FleetView::from_parts(parts, &BTreeMap::new());
+    let fleet = FleetView::from_parts(parts, &BTreeMap::new()).with_counters(slices);
     let (ledger, _dropped) = Ledger::rebuild(placements.iter().filter_map(holding_from_status));
     let claims: Vec<&ResourceClaim> = claims.iter().collect();
     let slices: Vec<&ResourceSlice> = slices.iter().collect();
@@ -361,12 +367,22 @@ fn claimed(
                 .iter()
                 .filter_map(|device| Some((device.id.clone(), device.share.clone()?)))
                 .collect();
+            let partitions_only = crate::plan::inventory::find_node(fleet.nodes(), node)
+                .map(|spec| {
+                    spec.devices
+                        .iter()
+                        .filter(|d| d.partitions_only)
+                        .map(|d| d.id.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
             Some((
                 node.clone(),
                 Published {
                     unusable,
                     notices,
                     shares,
+                    partitions_only,
                 },
             ))
         })

@@ -97,6 +97,18 @@ pub fn held_outside(
             })
             .collect();
         held.counters = CounterBook::new(fleet.counters().clone(), &outside);
+        // What those allocations alone keep from anyone, where the slices publish no counters
+        // to say so (a GPU one of whose AMD partitions, or MIG devices on an apiserver
+        // without partitionable devices, a pod holds): taken by a claim, as the counts and
+        // every plan see it. Devices a placement holds stay its own.
+        for ((node, id), why) in held.counters.blocked(|_| false) {
+            if ledger.holder_of(node, id).is_none() {
+                held.devices.insert(node.clone(), id.clone());
+                held.blocked
+                    .entry((node.clone(), id.clone()))
+                    .or_insert(why);
+            }
+        }
     }
     let allocated = claims.iter().copied().flat_map(devices_with_holder);
     let blocked = blocked_by_counters(slices.iter().copied(), allocated);

@@ -375,4 +375,27 @@ fn a_held_amd_partition_counts_its_inventory_gpu_as_held() {
         fleet.unplannable_on(AMD_NODE),
     );
     assert_eq!(after.free_devices() + 1, before.free_devices(), "{ours:?}");
+
+    // A pod's claim on a partition of the other GPU (allocated by the scheduler): that GPU
+    // is held by a claim, for the counts and every plan, though no counter is published.
+    let pod_claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pod-part", "namespace": "team"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "r", "driver": "gpu.amd.com", "pool": AMD_NODE,
+                "device": "gpu-9-136",
+            }]}}},
+        }))
+        .unwrap();
+    let outside = held_outside(&[&pod_claim], &slices, &ledger, &fleet);
+    assert!(
+        outside.devices.contains(AMD_NODE, &split[1]),
+        "{:?}",
+        outside.devices
+    );
+    assert!(
+        !outside.devices.contains(AMD_NODE, &split[0]),
+        "the placement's own GPU"
+    );
 }
