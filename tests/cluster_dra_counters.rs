@@ -719,5 +719,35 @@ async fn amd_partitions_on(cluster: &TestCluster, node: &str, total: usize) -> R
             .filter(|n| *n as usize == total - 1))
     })
     .await?;
+
+    // A pod of nobody's placement takes a DPX partition through the scheduler: its GPU is
+    // held by a claim, though no counter set ties the partition to it, and `hwaccel fleet`
+    // counts it reserved.
+    claim_and_pod(
+        cluster,
+        "dpx-pod",
+        AMD,
+        "device.attributes['gpu.amd.com'].partitionProfile == 'dpx_nps2'",
+        node,
+    )
+    .await?;
+    let allocated = allocated_to(cluster, "dpx-pod").await?;
+    assert_eq!(allocated.len(), 1, "{allocated:?}");
+    wait_for(DEFAULT_TIMEOUT, "GPU 1 held by the pod's claim", || async {
+        Ok(free_devices(cluster, node)
+            .await?
+            .filter(|n| *n as usize == total - 2))
+    })
+    .await?;
+    let (devices, reserved, counted_free) = fleet_counts(cluster, node).await?;
+    assert_eq!(
+        (devices, counted_free),
+        (total as i64, total as i64 - 2),
+        "hwaccel fleet (reserved {reserved})"
+    );
+    assert!(
+        reserved >= 1,
+        "hwaccel fleet counts the pod's GPU reserved: {reserved}"
+    );
     Ok(())
 }
