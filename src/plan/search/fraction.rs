@@ -189,8 +189,9 @@ pub(super) fn share_view(
 }
 
 /// The fleet as a search for partitions sees it: only the devices a replica could take a
-/// partition of (some partition free, leaving room for others), each free, with the nodes'
-/// other devices left out. That takes in a device reserved only because some of its
+/// partition of (some partition free, leaving room for others), each free and appearing once
+/// per free partition (so several replicas may go to one device's partitions), with the
+/// nodes' other devices left out. That takes in a device reserved only because some of its
 /// partitions are taken (a GPU one of whose MIG devices is held) and a device published only
 /// in partitions ([`DeviceSpec::partitions_only`]), which the whole-device search never sees.
 /// `None` when no such device exists, or the request may take no fraction. A plan made on
@@ -210,22 +211,29 @@ pub(super) fn partition_view(
     for node in nodes {
         let taken = reserved.on_node(&node.name);
         let free = |id: &String| !taken.is_some_and(|ids| ids.contains(id));
-        let candidates: Vec<DeviceSpec> = node
-            .devices
-            .iter()
-            .filter(|device| {
-                device
-                    .partitions
-                    .iter()
-                    .any(|partition| leaves_room(partition, device) && free(&partition.id))
-            })
-            .cloned()
-            .collect();
+        // Each appears once per free partition (at most [`MAX_SHARES_PER_DEVICE`]) under its
+        // own id, so the search may size more replicas than there are devices; the fraction
+        // step then gives each replica a partition of its own.
+        let mut candidates: Vec<DeviceSpec> = Vec::new();
+        for device in &node.devices {
+            let free_parts = device
+                .partitions
+                .iter()
+                .filter(|partition| leaves_room(partition, device) && free(&partition.id))
+                .count();
+            if free_parts == 0 {
+                continue;
+            }
+            view_reserved.remove(&node.name, &device.id);
+            let copies = u64::try_from(free_parts)
+                .unwrap_or(u64::MAX)
+                .min(MAX_SHARES_PER_DEVICE);
+            for _ in 0..copies {
+                candidates.push(device.clone());
+            }
+        }
         if candidates.is_empty() {
             continue;
-        }
-        for device in &candidates {
-            view_reserved.remove(&node.name, &device.id);
         }
         let mut seen = node.clone();
         seen.devices = candidates;
@@ -304,9 +312,12 @@ struct Partitions {
     product: String,
 }
 
-/// For every replica, the smallest published partition of its device, not reserved, whose
-/// memory holds the replica's requests (the engine sees the partition as its device, so the
-/// request's budget applies to the partition's memory), or why none does.
+/// For every replica, the smallest published partition of its device, not reserved nor taken
+/// by an earlier replica, whose memory holds the replica's requests (the engine sees the
+/// partition as its device, so the request's budget applies to the partition's memory), or
+/// why none does. Replicas on one device take partitions of one profile: a driver's
+/// partitions of one profile never overlap (MIG placements of a profile tile the GPU; AMD's
+/// are the GPU's whole layout), where two profiles may.
 fn partitions(
     plan: &Plan,
     model: &Model,
@@ -316,7 +327,8 @@ fn partitions(
     let (_, precision, context, per_replica) = layout(plan)?;
     let target = serving_target(request, context);
     let weights = WeightBytes::of(model, precision);
-    let mut chosen = Vec::with_capacity(plan.assignments.len());
+    let mut chosen: Vec<String> = Vec::with_capacity(plan.assignments.len());
+    let mut profile_on: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     let mut smallest: Option<(&Partition, ServingFit, &DeviceSpec)> = None;
     for assignment in &plan.assignments {
         let Some(device) = assignment
@@ -334,6 +346,12 @@ fn partitions(
             .iter()
             .filter(|partition| leaves_room(partition, device))
             .filter(|partition| !reserved.contains(&assignment.node, &partition.id))
+            .filter(|partition| !chosen.contains(&partition.id))
+            .filter(|partition| {
+                profile_on
+                    .get(&(assignment.node.as_str(), device.id.as_str()))
+                    .is_none_or(|profile| *profile == partition.profile)
+            })
             .find_map(|partition| {
                 let serving = ServingDevice::new(device.vendor, partition.memory, &device.product);
                 let fit = serving_fit(model, &weights, serving, 1, 1, &target);
@@ -349,6 +367,10 @@ fn partitions(
         if smallest.is_none_or(|(best, _, _)| partition.memory < best.memory) {
             smallest = Some((partition, fit, device));
         }
+        profile_on.insert(
+            (assignment.node.as_str(), device.id.as_str()),
+            partition.profile.as_str(),
+        );
         chosen.push(partition.id.clone());
     }
     let (partition, fit, device) = smallest.ok_or("the plan has no replicas")?;
@@ -1092,6 +1114,48 @@ mod tests {
         let full = plan(&model("llama-3.1-8b"), &nodes, &reserved, &serve(4)).unwrap();
         assert!(full.fits, "{:?}", full.reasons);
         assert_eq!(full.assignments[0].node, whole_node);
+    }
+
+    /// A GPU in CPX mode (eight 24 GiB partitions, published only as them) holds up to eight
+    /// replicas of a small model, each on a partition of its own; a ninth replica needs a
+    /// second such GPU.
+    #[test]
+    fn several_replicas_take_partitions_of_one_gpu() {
+        let mut nodes = parse_hardware("1x2xMI300X").unwrap();
+        for (g, device) in nodes[0].devices.iter_mut().enumerate() {
+            device.partitions_only = true;
+            device.partitions = (0..8)
+                .map(|i| Partition {
+                    id: format!("gpu{g}-cpx-{i}"),
+                    profile: "cpx_nps4".to_string(),
+                    memory: Bytes(24_574 * MIB),
+                })
+                .collect();
+        }
+        let mut request = serve(4);
+        request.replicas = Some(4);
+        let four = planned("llama-3.1-8b", &nodes, &request);
+        let devices = devices_of(&four);
+        assert_eq!(devices.len(), 4, "{devices:?}");
+        let distinct: std::collections::BTreeSet<&String> = devices.iter().collect();
+        assert_eq!(distinct.len(), 4, "a partition each: {devices:?}");
+        assert!(
+            devices.iter().all(|d| d.starts_with("gpu0-cpx-")),
+            "{devices:?}"
+        );
+        assert_eq!(
+            four.fraction.as_ref().and_then(|f| f.profile.as_deref()),
+            Some("cpx_nps4")
+        );
+        request.replicas = Some(9);
+        let nine = planned("llama-3.1-8b", &nodes, &request);
+        let devices = devices_of(&nine);
+        let distinct: std::collections::BTreeSet<&String> = devices.iter().collect();
+        assert_eq!(distinct.len(), 9, "{devices:?}");
+        assert!(
+            devices.iter().any(|d| d.starts_with("gpu1-")),
+            "{devices:?}"
+        );
     }
 
     /// Devices no driver publishes shareable keep every plan as it was: no fraction at all.
