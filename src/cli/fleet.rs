@@ -312,8 +312,15 @@ fn packed_text(p: &capacity::Packed) -> String {
     format!("{}{precision}", packed_shape(p))
 }
 
-/// `1× NVIDIA H100 80GB HBM3, TP 1 × PP 1` (the precision has its own column).
+/// `1× NVIDIA H100 80GB HBM3, TP 1 × PP 1` (the precision has its own column), `a 24Gi
+/// share of ...` or `a cpx_nps4 partition of ...` for replicas on fractions.
 fn packed_shape(p: &capacity::Packed) -> String {
+    if let Some(profile) = &p.partition {
+        return format!(
+            "a {profile} partition of {}, TP {} × PP {}",
+            p.device, p.tp, p.pp
+        );
+    }
     match p.share_bytes {
         Some(bytes) => format!(
             "a {} share of {}, TP {} × PP {}",

@@ -189,11 +189,15 @@ fn resolved(held: Reservations, nodes: &[NodeInput], notes: &mut Vec<String>) ->
             out.insert(node, found.id.clone());
             continue;
         }
-        // Held although not plannable now (it went unhealthy under its placement).
-        let present = nodes
-            .iter()
-            .find(|n| n.node.name == node)
-            .is_some_and(|n| n.devices.iter().any(|d| d.name == device));
+        // Held although not plannable now (it went unhealthy under its placement), or a
+        // published partition of a device.
+        let present = nodes.iter().find(|n| n.node.name == node).is_some_and(|n| {
+            n.devices.iter().any(|d| d.name == device)
+                || n.node
+                    .devices
+                    .iter()
+                    .any(|d| d.partitions.iter().any(|p| p.id == device))
+        });
         if present {
             out.insert(node, device);
         } else {
@@ -236,14 +240,17 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
         notes.extend(skipped);
     }
     nodes.sort_by(|a, b| a.node.name.cmp(&b.node.name));
-    let (reserved, count) = held(&placements);
-    let reserved = resolved(reserved, &nodes, &mut notes);
+    let (mut reserved, count) = held(&placements);
     let publication;
     let claimed = match read_dra(&client).await? {
         Some((slices, claims)) => {
             // Node labels are not read (a list of every whole Node): no stale-label check.
             publication = audit_fleet(&inventories, &slices, &BTreeMap::new());
-            let (claimed, verdicts) = claimed(&inventories, &placements, &slices, &claims);
+            let (claimed, verdicts, through) = claimed(&inventories, &placements, &slices, &claims);
+            // A placement holding partitions holds their device, as the controller counts it.
+            for (node, device) in through {
+                reserved.insert(node, device);
+            }
             nodes = nodes
                 .into_iter()
                 .map(|node| match verdicts.get(&node.node.name) {
@@ -266,6 +273,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
             Reservations::none()
         }
     };
+    let reserved = resolved(reserved, &nodes, &mut notes);
     Ok(FleetInput {
         nodes,
         reserved,
@@ -314,10 +322,18 @@ struct Published {
     /// Devices published only in partitions (an AMD GPU partitioned on its node): never
     /// planned whole.
     partitions_only: BTreeSet<String>,
+    /// The partitions published of each device, by device id: the answers count replicas on
+    /// them first.
+    partitions: BTreeMap<String, Vec<crate::plan::share::Partition>>,
 }
 
 /// Per node, what its DRA drivers publish.
 type Verdicts = BTreeMap<String, Published>;
+
+/// The devices placements hold through partitions of them, as `(node, device)`: the GPU of a
+/// MIG device or an AMD partition a placement holds, counted as the placement's, as the
+/// controller counts it (`Ledger::held_through_counters`).
+type HeldThrough = Vec<(String, String)>;
 
 /// `node` with the share policy of each device its driver publishes shareable by memory, so
 /// the capacity answers count replicas as shares of it.
@@ -326,9 +342,13 @@ fn with_shares(mut node: NodeInput, published: &Published) -> NodeInput {
         if let Some(share) = published.shares.get(&device.id) {
             device.share = Some(share.clone());
         }
-        // Its partitions are not offered here (the answers count whole devices and shares),
-        // so it is left out of them rather than counted as a whole device.
+        // A device published only in partitions is counted through them, never whole.
         device.partitions_only = published.partitions_only.contains(&device.id);
+        device.partitions = published
+            .partitions
+            .get(&device.id)
+            .cloned()
+            .unwrap_or_default();
     }
     node
 }
@@ -342,7 +362,7 @@ fn claimed(
     placements: &[ModelPlacement],
     slices: &[ResourceSlice],
     claims: &[ResourceClaim],
-) -> (Reservations, Verdicts) {
+) -> (Reservations, Verdicts, HeldThrough) {
     let published = published_devices(slices);
     let parts = inventories.iter().map(|inventory| {
         let node = inventory.spec.node_name.as_str();
@@ -376,6 +396,7 @@ fn claimed(
                         .collect()
                 })
                 .unwrap_or_default();
+            let partitions = fleet.partitions_on(node).cloned().unwrap_or_default();
             Some((
                 node.clone(),
                 Published {
@@ -383,14 +404,20 @@ fn claimed(
                     notices,
                     shares,
                     partitions_only,
+                    partitions,
                 },
             ))
         })
         .collect();
-    (
-        held_outside(&claims, &slices, &ledger, &fleet).devices,
-        verdicts,
-    )
+    let outside = held_outside(&claims, &slices, &ledger, &fleet);
+    let claimed = outside.devices.clone();
+    let mut ledger = ledger;
+    ledger.set_external(outside);
+    let through: HeldThrough = ledger
+        .held_through_counters()
+        .map(|(node, device)| (node.to_string(), device.to_string()))
+        .collect();
+    (claimed, verdicts, through)
 }
 
 /// Every object of `K` in all namespaces, page by page (DRA objects: typed, one malformed

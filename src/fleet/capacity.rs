@@ -65,6 +65,10 @@ pub struct Packed {
     /// device).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub share_bytes: Option<u64>,
+    /// The partition profile each replica takes, when the devices are published in
+    /// partitions (`3g.40gb`, `cpx_nps4`) and a replica fits one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
 }
 
 /// Free devices of one product on one node that no replica of the model can use.
@@ -236,17 +240,20 @@ fn plannable(family: Family, memory: Bytes) -> bool {
     family != Family::Cpu && memory != Bytes::ZERO
 }
 
-/// Free plannable devices, an upper bound on replicas.
+/// Free plannable devices, an upper bound on replicas: a device published in partitions
+/// counts once per free partition (each may hold a replica).
 fn free_devices(nodes: &[NodeSpec], reserved: &Reservations) -> u32 {
     let mut free = 0u32;
     for node in nodes {
         let taken = reserved.on_node(&node.name);
+        let is_free = |id: &String| !taken.is_some_and(|ids| ids.contains(id));
         for device in &node.devices {
-            if plannable(device.family, device.memory)
-                && !taken.is_some_and(|ids| ids.contains(&device.id))
-            {
-                free = free.saturating_add(1);
+            if !plannable(device.family, device.memory) {
+                continue;
             }
+            let parts = device.partitions.iter().filter(|p| is_free(&p.id)).count();
+            let whole = u32::from(is_free(&device.id) && !device.partitions_only);
+            free = free.saturating_add(whole.max(u32::try_from(parts).unwrap_or(u32::MAX)));
         }
     }
     free
@@ -261,16 +268,17 @@ struct Rounds {
 
 impl Rounds {
     /// Packs placements onto `nodes`, one after the other, each holding what it takes in
-    /// `held` (a share holds its bytes of the device, so the next packs beside it), until
-    /// nothing more plans or the bounds are reached; with `shares_only`, until a plan would
-    /// not be one of shares.
+    /// `held` (a share holds its bytes of the device, so the next packs beside it; a
+    /// partition holds itself and its device, whose other free partitions the next may
+    /// take), until nothing more plans or the bounds are reached; with `only`, until a plan
+    /// would not be on that kind of fraction.
     fn pack(
         &mut self,
         question: &Question<'_>,
         nodes: &[NodeSpec],
         held: &mut Reservations,
         packing: &mut Vec<Packed>,
-        shares_only: bool,
+        only: Option<FractionKind>,
     ) -> Result<()> {
         while self.done < MAX_ROUNDS && self.total < MAX_REPLICAS {
             let (count, Some(placed)) =
@@ -278,13 +286,22 @@ impl Rounds {
             else {
                 break;
             };
+            let kind = placed.fraction.as_ref().map(|fraction| fraction.kind);
             let share = placed
                 .fraction
                 .as_ref()
                 .filter(|fraction| fraction.kind == FractionKind::Share)
                 .map(|fraction| fraction.bytes.0);
-            if shares_only && share.is_none() {
+            let partition = placed
+                .fraction
+                .as_ref()
+                .filter(|fraction| fraction.kind == FractionKind::Partition)
+                .and_then(|fraction| fraction.profile.clone());
+            if only.is_some() && kind != only {
                 break;
+            }
+            if partition.is_some() {
+                hold_partitions(nodes, &placed, held);
             }
             self.done += 1;
             self.total = self.total.saturating_add(count);
@@ -304,10 +321,61 @@ impl Rounds {
                 replicas: count,
                 devices: placed.devices.unwrap_or(0),
                 share_bytes: share,
+                partition,
             });
         }
         Ok(())
     }
+}
+
+/// Holds what a plan on partitions takes: the device each partition is part of (so no later
+/// whole-device plan counts it) and, beside the partitions themselves, those of its other
+/// profiles (partitions of two profiles may overlap; of one, never).
+fn hold_partitions(nodes: &[NodeSpec], placed: &Plan, held: &mut Reservations) {
+    for assignment in &placed.assignments {
+        let Some(node) = crate::plan::inventory::find_node(nodes, &assignment.node) else {
+            continue;
+        };
+        for id in &assignment.devices {
+            let Some(device) = node
+                .devices
+                .iter()
+                .find(|d| d.partitions.iter().any(|p| &p.id == id))
+            else {
+                continue;
+            };
+            let profile = device
+                .partitions
+                .iter()
+                .find(|p| &p.id == id)
+                .map(|p| p.profile.as_str());
+            held.insert(node.name.clone(), device.id.clone());
+            for other in device
+                .partitions
+                .iter()
+                .filter(|p| Some(p.profile.as_str()) != profile)
+            {
+                held.insert(node.name.clone(), other.id.clone());
+            }
+        }
+    }
+}
+
+/// The nodes with only their devices published in partitions, when there are any and the
+/// request may take fractions.
+fn partitioned_only(nodes: &[NodeSpec], request: &PlanRequest) -> Option<Vec<NodeSpec>> {
+    if request.whole_devices {
+        return None;
+    }
+    let partitioned: Vec<NodeSpec> = nodes
+        .iter()
+        .filter_map(|node| {
+            let mut node = node.clone();
+            node.devices.retain(|device| !device.partitions.is_empty());
+            (!node.devices.is_empty()).then_some(node)
+        })
+        .collect();
+    (!partitioned.is_empty()).then_some(partitioned)
 }
 
 /// The nodes with only their devices published shareable by memory, when there are any and
@@ -346,17 +414,33 @@ pub fn capacity(
     // first, then whole devices. One plan takes one fraction for all its replicas, so a plan
     // across shareable and other devices would take every one of them whole.
     let mut rounds = Rounds::default();
-    let more_replicas = match shareable_only(nodes, question.request) {
-        Some(shareable) => {
-            rounds.pack(question, &shareable, &mut held, &mut packing, true)?;
-            rounds.pack(question, nodes, &mut held, &mut packing, false)?;
-            // What one more placement could take now is asked of the whole fleet as it is.
-            most_replicas(question.model, nodes, reserved, question.request)?.0
-        }
-        None => {
-            rounds.pack(question, nodes, &mut held, &mut packing, false)?;
-            packing.first().map_or(0, |first| first.replicas)
-        }
+    // Partitions come first, as the planner takes them first.
+    let partitioned = partitioned_only(nodes, question.request);
+    if let Some(partitioned) = &partitioned {
+        rounds.pack(
+            question,
+            partitioned,
+            &mut held,
+            &mut packing,
+            Some(FractionKind::Partition),
+        )?;
+    }
+    let shareable = shareable_only(nodes, question.request);
+    if let Some(shareable) = &shareable {
+        rounds.pack(
+            question,
+            shareable,
+            &mut held,
+            &mut packing,
+            Some(FractionKind::Share),
+        )?;
+    }
+    rounds.pack(question, nodes, &mut held, &mut packing, None)?;
+    let more_replicas = if partitioned.is_some() || shareable.is_some() {
+        // What one more placement could take now is asked of the whole fleet as it is.
+        most_replicas(question.model, nodes, reserved, question.request)?.0
+    } else {
+        packing.first().map_or(0, |first| first.replicas)
     };
     let total = rounds.total;
     let stranded = stranded(nodes, &held, &packing, &question.model.name);
@@ -894,6 +978,45 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// Issue 39: on GPUs published only in partitions (two MI300X in CPX, eight 24 GiB
+    /// partitions each), a small model's replicas are counted one per partition, and a
+    /// placement's partitions are left out; a model no partition holds counts none there.
+    #[test]
+    fn replicas_of_a_small_model_are_counted_on_partitions() {
+        use crate::plan::share::Partition;
+        let mut nodes = parse_hardware("1x2xMI300X").unwrap();
+        for (g, device) in nodes[0].devices.iter_mut().enumerate() {
+            device.partitions_only = true;
+            device.partitions = (0..8)
+                .map(|i| Partition {
+                    id: format!("gpu{g}-cpx-{i}"),
+                    profile: "cpx_nps4".to_string(),
+                    memory: Bytes(24_574 << 20),
+                })
+                .collect();
+        }
+        let small = model("llama-3.1-8b");
+        let request = PlanRequest::serve(Some(8192), 1).with_precision(Precision::Bf16);
+        let answer = capacity(&ask(&small, &request, None), &nodes, &Reservations::none()).unwrap();
+        assert_eq!(answer.total_replicas, 16, "{answer:?}");
+        assert!(
+            answer
+                .packing
+                .iter()
+                .all(|p| p.partition.as_deref() == Some("cpx_nps4")),
+            "{:?}",
+            answer.packing
+        );
+        let mut held = Reservations::none();
+        held.insert(nodes[0].name.clone(), "gpu0-cpx-0");
+        held.insert(nodes[0].name.clone(), "gpu1-cpx-3");
+        let answer = capacity(&ask(&small, &request, None), &nodes, &held).unwrap();
+        assert_eq!(answer.total_replicas, 14, "{answer:?}");
+        let big = model("llama-3.1-70b");
+        let answer = capacity(&ask(&big, &request, None), &nodes, &Reservations::none()).unwrap();
+        assert_eq!(answer.total_replicas, 0, "{answer:?}");
     }
 
     /// Issue 39: on GPUs published shareable by memory, the free devices hold more replicas

@@ -310,6 +310,14 @@ impl FleetView {
         self
     }
 
+    /// The partitions the drivers publish of each device of `node`, by device id.
+    pub fn partitions_on(
+        &self,
+        node: &str,
+    ) -> Option<&BTreeMap<String, Vec<crate::plan::share::Partition>>> {
+        self.parts.get(node).map(|part| &part.partitions)
+    }
+
     /// The DRA counter sets the view's devices consume from (empty unless built
     /// [`FleetView::with_counters`]).
     pub fn counters(&self) -> &Arc<CounterIndex> {
