@@ -749,5 +749,30 @@ async fn amd_partitions_on(cluster: &TestCluster, node: &str, total: usize) -> R
         reserved >= 1,
         "hwaccel fleet counts the pod's GPU reserved: {reserved}"
     );
+    // And counts replicas of an 8B model on the partitions nobody holds: five CPX (eight less
+    // the two placements' and the template pod's) and the DPX one the pod left.
+    let report = support::process::hwaccel_json(
+        cluster,
+        &[
+            "fleet",
+            "--model",
+            "llama-3.1-8b",
+            "--context",
+            "8192",
+            "--precision",
+            "bf16",
+            "-o",
+            "json",
+        ],
+    )
+    .await?;
+    let on_partitions: u64 = report["capacity"][0]["packing"]
+        .as_array()
+        .expect("packing")
+        .iter()
+        .filter(|p| p.get("partition").is_some())
+        .map(|p| p["replicas"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(on_partitions, 6, "{}", report["capacity"][0]);
     Ok(())
 }
