@@ -40,7 +40,7 @@ use crate::controller::cache::{
 use crate::controller::context::{Context, FIELD_MANAGER};
 use crate::controller::core::claim_holdings::OutlivedClaim;
 use crate::controller::core::fleet_figures::{FleetTotals, NodeStats, share_headroom};
-use crate::controller::core::fleet_view::FleetView;
+use crate::controller::core::fleet_view::{DeviceFilter, FleetView};
 use crate::controller::core::placement_key::PlacementKey;
 use crate::controller::metrics::fleet::PlacementFigures;
 use crate::controller::node_events::{cut, node_span, publish_node_event};
@@ -222,7 +222,13 @@ pub(crate) async fn count_models(ctx: &Context, memory: &mut Memory, counting: &
     let models = counting.models.clone();
     let started = Instant::now();
     let counted = tokio::task::spawn_blocking(move || {
-        model_capacity::count(&models, view.nodes(), &reserved)
+        // With the fractions a placement held by claims may take (published partitions,
+        // devices shareable by memory), as `hwaccel fleet` counts them.
+        let nodes = view.filtered(&DeviceFilter {
+            fractions: true,
+            ..DeviceFilter::default()
+        });
+        model_capacity::count(&models, &nodes, &reserved)
     })
     .await;
     memory.counted_at = Some(Instant::now());
