@@ -1486,23 +1486,9 @@ async fn held_mig_devices(cluster: &TestCluster) -> Result<Vec<String>> {
         );
         let held = status.claims.first().expect("a claim").clone();
         assert!(held.allocated, "{status:?}");
-        let claim = claims.get(&held.name).await?;
-        let class = claim
-            .spec
-            .devices
-            .and_then(|d| d.requests)
-            .and_then(|r| r.into_iter().next())
-            .and_then(|r| r.exactly)
-            .map(|e| e.device_class_name);
+        let (class, device) = class_and_device(claims.get(&held.name).await?);
         assert_eq!(class.as_deref(), Some("mig.nvidia.com"));
-        let device = claim
-            .status
-            .and_then(|s| s.allocation)
-            .and_then(|a| a.devices)
-            .and_then(|d| d.results)
-            .and_then(|r| r.into_iter().next())
-            .map(|r| r.device)
-            .expect("the controller's allocation");
+        let device = device.expect("the controller's allocation");
         assert!(device.contains("-mig-3g40gb-"), "{device}");
         assert!(
             !taken.contains(&device),
@@ -1512,6 +1498,25 @@ async fn held_mig_devices(cluster: &TestCluster) -> Result<Vec<String>> {
     }
     eprintln!("three 3g.40gb MIG devices, one per holder: {taken:?}");
     Ok(taken)
+}
+
+/// The DeviceClass a one-request claim names, and the device its allocation holds.
+pub(crate) fn class_and_device(claim: ResourceClaim) -> (Option<String>, Option<String>) {
+    let class = claim
+        .spec
+        .devices
+        .and_then(|d| d.requests)
+        .and_then(|r| r.into_iter().next())
+        .and_then(|r| r.exactly)
+        .map(|e| e.device_class_name);
+    let device = claim
+        .status
+        .and_then(|s| s.allocation)
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .and_then(|r| r.into_iter().next())
+        .map(|r| r.device);
+    (class, device)
 }
 
 /// Without consumable capacity served, a small model's template asks for a whole GPU.

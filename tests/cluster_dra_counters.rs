@@ -643,23 +643,9 @@ async fn amd_partitions_on(cluster: &TestCluster, node: &str, total: usize) -> R
         );
         let held = status.claims.first().expect("a claim").clone();
         assert!(held.allocated, "{status:?}");
-        let claim = claims.get(&held.name).await?;
-        let class = claim
-            .spec
-            .devices
-            .and_then(|d| d.requests)
-            .and_then(|r| r.into_iter().next())
-            .and_then(|r| r.exactly)
-            .map(|e| e.device_class_name);
+        let (class, device) = crate::cluster_dra::class_and_device(claims.get(&held.name).await?);
         assert_eq!(class.as_deref(), Some(AMD));
-        let device = claim
-            .status
-            .and_then(|s| s.allocation)
-            .and_then(|a| a.devices)
-            .and_then(|d| d.results)
-            .and_then(|r| r.into_iter().next())
-            .map(|r| r.device)
-            .expect("the controller's allocation");
+        let device = device.expect("the controller's allocation");
         let card: u32 = device
             .strip_prefix("gpu-")
             .and_then(|rest| rest.split('-').next())

@@ -985,18 +985,7 @@ mod tests {
     /// placement's partitions are left out; a model no partition holds counts none there.
     #[test]
     fn replicas_of_a_small_model_are_counted_on_partitions() {
-        use crate::plan::share::Partition;
-        let mut nodes = parse_hardware("1x2xMI300X").unwrap();
-        for (g, device) in nodes[0].devices.iter_mut().enumerate() {
-            device.partitions_only = true;
-            device.partitions = (0..8)
-                .map(|i| Partition {
-                    id: format!("gpu{g}-cpx-{i}"),
-                    profile: "cpx_nps4".to_string(),
-                    memory: Bytes(24_574 << 20),
-                })
-                .collect();
-        }
+        let nodes = crate::testing::dra::partitioned_mi300x(2, 8, "cpx_nps4");
         let small = model("llama-3.1-8b");
         let request = PlanRequest::serve(Some(8192), 1).with_precision(Precision::Bf16);
         let answer = capacity(&ask(&small, &request, None), &nodes, &Reservations::none()).unwrap();
@@ -1010,8 +999,8 @@ mod tests {
             answer.packing
         );
         let mut held = Reservations::none();
-        held.insert(nodes[0].name.clone(), "gpu0-cpx-0");
-        held.insert(nodes[0].name.clone(), "gpu1-cpx-3");
+        held.insert(nodes[0].name.clone(), "gpu0-cpx_nps4-0");
+        held.insert(nodes[0].name.clone(), "gpu1-cpx_nps4-3");
         let answer = capacity(&ask(&small, &request, None), &nodes, &held).unwrap();
         assert_eq!(answer.total_replicas, 14, "{answer:?}");
         let big = model("llama-3.1-70b");

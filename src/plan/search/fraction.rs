@@ -1121,17 +1121,7 @@ mod tests {
     /// second such GPU.
     #[test]
     fn several_replicas_take_partitions_of_one_gpu() {
-        let mut nodes = parse_hardware("1x2xMI300X").unwrap();
-        for (g, device) in nodes[0].devices.iter_mut().enumerate() {
-            device.partitions_only = true;
-            device.partitions = (0..8)
-                .map(|i| Partition {
-                    id: format!("gpu{g}-cpx-{i}"),
-                    profile: "cpx_nps4".to_string(),
-                    memory: Bytes(24_574 * MIB),
-                })
-                .collect();
-        }
+        let nodes = crate::testing::dra::partitioned_mi300x(2, 8, "cpx_nps4");
         let mut request = serve(4);
         request.replicas = Some(4);
         let four = planned("llama-3.1-8b", &nodes, &request);
@@ -1140,7 +1130,7 @@ mod tests {
         let distinct: std::collections::BTreeSet<&String> = devices.iter().collect();
         assert_eq!(distinct.len(), 4, "a partition each: {devices:?}");
         assert!(
-            devices.iter().all(|d| d.starts_with("gpu0-cpx-")),
+            devices.iter().all(|d| d.starts_with("gpu0-cpx_nps4-")),
             "{devices:?}"
         );
         assert_eq!(
