@@ -56,8 +56,7 @@ async fn agent_client(cluster: &TestCluster) -> Result<Client> {
 #[tokio::test]
 #[ignore = "scale run: scripts/scale.sh"]
 async fn one_agent_at_steady_state() -> Result<()> {
-    if std::env::var_os("SCALE_RUN").is_none() {
-        eprintln!("skipped: set SCALE_RUN=1 (scripts/scale.sh does) to measure the agent");
+    if !support::scale_run("measure the agent") {
         return Ok(());
     }
     let cluster = TestCluster::new().await?;

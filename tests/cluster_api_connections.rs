@@ -244,8 +244,7 @@ async fn watch_memory(
 #[tokio::test]
 #[ignore = "scale run: scripts/scale.sh"]
 async fn apiserver_memory_per_agent() -> Result<()> {
-    if std::env::var_os("SCALE_RUN").is_none() {
-        eprintln!("skipped: set SCALE_RUN=1 to measure the agents' watches");
+    if !support::scale_run("measure the agents' watches") {
         return Ok(());
     }
     let agents: usize = std::env::var("AGENT_WATCH_AGENTS")

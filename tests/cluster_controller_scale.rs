@@ -205,8 +205,7 @@ fn quantile_from_metrics(text: &str, name: &str, q: f64) -> Option<(f64, u64)> {
 #[ignore = "scale run: scripts/scale.sh"]
 async fn scale_run() -> Result<()> {
     // `make cluster-test` runs every ignored test; the scale run only runs when asked for.
-    if std::env::var_os("SCALE_RUN").is_none() {
-        eprintln!("skipped: set SCALE_RUN=1 (scripts/scale.sh does) to run the scale test");
+    if !support::scale_run("run the scale test") {
         return Ok(());
     }
     let nodes = env_number("SCALE_NODES", 1000);

@@ -297,6 +297,17 @@ impl TestCluster {
     }
 }
 
+/// True when the scale harness asked for the expensive measurements (`SCALE_RUN` set, as
+/// `scripts/scale.sh` sets it); otherwise says on stderr that `what` was skipped, so a plain
+/// `make cluster-test` does not pay for it.
+pub fn scale_run(what: &str) -> bool {
+    if std::env::var_os("SCALE_RUN").is_some() {
+        return true;
+    }
+    eprintln!("skipped: set SCALE_RUN=1 (scripts/scale.sh does) to {what}");
+    false
+}
+
 /// Poll `check` every 250 ms until it returns `Ok(Some(v))`; fail after `timeout`
 /// with the last error (if any). `Ok(None)` means "not yet".
 pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
