@@ -1710,7 +1710,8 @@ fn a_small_model_takes_a_partition_of_a_gpu_partitioned_on_its_node() {
 /// comes with a ResourceClaimTemplate requesting the share's memory of the DRA driver (a
 /// device plugin only hands out whole devices), which each pod names; a MIG partition asks
 /// NVIDIA's device plugin for the profile's own resource (`mixed` MIG strategy); with
-/// `--whole-devices` it is `nvidia.com/gpu` again.
+/// `--whole-devices` it is `nvidia.com/gpu` again; an AMD partition, which no device plugin
+/// resource names, comes with a ResourceClaimTemplate asking `gpu.amd.com` for its profile.
 #[test]
 fn emit_of_a_fraction_asks_for_the_fraction() {
     let emit = |slices: &str, extra: &[&str]| -> Value {
@@ -1796,4 +1797,30 @@ fn emit_of_a_fraction_asks_for_the_fraction() {
     );
     let limits = &whole["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"];
     assert_eq!(limits["nvidia.com/gpu"], "1", "{limits}");
+
+    // An AMD partition: no device plugin resource names one, so the pod's claim asks the DRA
+    // driver's class for the profile.
+    let amd = emit("fixtures/dra/amd-mi300x-2026.yaml", &[]);
+    assert_eq!(amd["kind"], "List", "{amd}");
+    let template = &amd["items"][0];
+    assert_eq!(template["kind"], "ResourceClaimTemplate", "{amd}");
+    assert!(
+        template["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .ends_with("-partition"),
+        "{template}"
+    );
+    let subrequest = &template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0];
+    assert_eq!(subrequest["deviceClassName"], "gpu.amd.com", "{template}");
+    let cel = subrequest["selectors"][0]["cel"]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(cel.contains("partitionProfile == 'dpx_nps2'"), "{cel}");
+    let pod = &amd["items"][1]["spec"]["template"]["spec"];
+    assert_eq!(pod["resourceClaims"][0]["name"], "accelerator-partition");
+    assert_eq!(
+        pod["resourceClaims"][0]["resourceClaimTemplateName"],
+        template["metadata"]["name"]
+    );
 }

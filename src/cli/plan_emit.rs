@@ -42,6 +42,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::placement::{ModelPlacementStatus, PlacementClaim, PrefillStatus};
+use crate::hardware::Vendor;
 use crate::names::keys::PLACEMENT_LABEL;
 use crate::output::{self, Format};
 use crate::plan::engine::choice::EngineKind;
@@ -160,8 +161,9 @@ pub enum Target {
     Claims(Vec<Vec<PlacementClaim>>),
     /// A ResourceClaimTemplate each pod gets its own claim from: (pod claim name, template).
     ClaimTemplate(String, String),
-    /// Nodes by name, each pod's device a share of one through a ResourceClaimTemplate
-    /// emitted with the workload (a plan on devices a DRA driver publishes shareable).
+    /// Nodes by name, each pod's device a fraction of one through a ResourceClaimTemplate
+    /// emitted with the workload: a share of a device a DRA driver publishes shareable, or a
+    /// partition no device plugin resource names (AMD's).
     Share {
         /// Node names.
         nodes: Vec<String>,
@@ -253,14 +255,27 @@ fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String
         .map(|a| (a.replica, a.node.clone(), a.devices.len()));
     let shape = Shape::of(groups)?;
     let nodes_of_plan: Vec<String> = shape.nodes.iter().cloned().collect();
-    let share = plan
+    let fraction = plan
         .fraction
         .as_ref()
-        .filter(|f| f.kind == FractionKind::Share && args.resource_name.is_none());
-    let target = match share {
+        .filter(|_| args.resource_name.is_none());
+    let partition = fraction
+        .filter(|f| f.kind == FractionKind::Partition)
+        .and_then(|f| f.profile.as_deref())
+        .filter(|_| plan_device(plan, nodes).is_ok_and(|d| d.vendor != Vendor::Nvidia));
+    let target = match (fraction, partition) {
         // A device plugin hands out whole devices: a share is asked of the DRA driver.
-        Some(share) => share_target(args, plan, nodes, &name, share.bytes.0, nodes_of_plan)?,
-        None => Target::Hosts {
+        (Some(f), _) if f.kind == FractionKind::Share => {
+            let ask = Asked::Share(f.bytes.0);
+            fraction_target(args, plan, nodes, (&name, ask), nodes_of_plan)?
+        }
+        // NVIDIA's device plugin names each MIG profile (`device_resource`); no other
+        // vendor's does, so the partition is asked of the DRA driver by its profile.
+        (_, Some(profile)) => {
+            let ask = Asked::Partition(profile);
+            fraction_target(args, plan, nodes, (&name, ask), nodes_of_plan)?
+        }
+        _ => Target::Hosts {
             nodes: nodes_of_plan,
             resource: match &args.resource_name {
                 Some(name) => name.clone(),
@@ -291,47 +306,74 @@ fn pool_from_plan(args: &EmitArgs, plan: &Plan, nodes: &[NodeSpec], name: String
     }))
 }
 
-/// The pod claim name and template suffix of a share.
-const SHARE_CLAIM: &str = "accelerator-share";
+/// What a fraction's claim asks the DRA driver for.
+#[derive(Debug, Clone, Copy)]
+enum Asked<'a> {
+    /// This many bytes of a device's memory.
+    Share(u64),
+    /// One partition of this profile.
+    Partition(&'a str),
+}
 
-/// Where a plan's share-sized replicas go: the plan's nodes, each pod with a claim made from
-/// a ResourceClaimTemplate that requests `bytes` of one device's memory of the plan's DRA
-/// driver (the scheduler rounds it to the driver's policy and packs the shares, as it does for
-/// a placement's template).
-fn share_target(
+impl Asked<'_> {
+    /// The pod's claim name and the template's suffix.
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Share(_) => "share",
+            Self::Partition(_) => "partition",
+        }
+    }
+}
+
+/// Where a plan's fraction-sized replicas go: the plan's nodes, each pod with a claim made
+/// from a ResourceClaimTemplate that asks the plan's DRA driver for its fraction: `bytes` of
+/// one device's memory (the scheduler rounds it to the driver's policy and packs the shares,
+/// as it does for a placement's template), or one partition of the profile.
+fn fraction_target(
     args: &EmitArgs,
     plan: &Plan,
     nodes: &[NodeSpec],
-    name: &str,
-    bytes: u64,
+    (name, asked): (&str, Asked<'_>),
     on: Vec<String>,
 ) -> Result<Target> {
     let device = plan_device(plan, nodes)?;
     let driver = crate::dra::drivers::KNOWN_DRIVERS
         .iter()
-        .find(|d| d.vendor == device.vendor && d.family == device.family && d.memory.is_some())
+        .find(|d| {
+            d.vendor == device.vendor
+                && d.family == device.family
+                && match asked {
+                    Asked::Share(_) => d.memory.is_some(),
+                    Asked::Partition(_) => d.partition.is_some(),
+                }
+        })
         .ok_or_else(|| {
             bad(format!(
-                "the plan takes a share of a {} device, and no known DRA driver of it publishes \
-                 memory: plan with --whole-devices",
+                "the plan takes a {} of a {} device, and no known DRA driver of it publishes \
+                 one: plan with --whole-devices",
+                asked.kind(),
                 device.product
             ))
         })?;
+    let (memory_request, partition_profile) = match asked {
+        Asked::Share(bytes) => (Some(bytes), None),
+        Asked::Partition(profile) => (None, Some(profile.to_string())),
+    };
     let alternative = crate::dra::claim_template::Alternative {
-        name: "share".to_string(),
+        name: asked.kind().to_string(),
         driver: driver.name.to_string(),
         product: None,
         min_memory_bytes: None,
         count: 1,
         same_domain_attribute: None,
-        memory_request: Some(bytes),
-        partition_profile: None,
+        memory_request,
+        partition_profile,
     };
-    let template_name = format!("{name}-share");
+    let template_name = format!("{name}-{}", asked.kind());
     let namespace = args.namespace.as_deref().unwrap_or("default");
     let template =
         crate::dra::claim_template::claim_template(namespace, &template_name, None, &[alternative])
-            .map_err(|err| bad(format!("the share's claim template: {err}")))?;
+            .map_err(|err| bad(format!("the {}'s claim template: {err}", asked.kind())))?;
     let mut template =
         serde_json::to_value(template).map_err(|err| bad(format!("internal: {err}")))?;
     if let Some(object) = template.as_object_mut() {
@@ -345,7 +387,7 @@ fn share_target(
     }
     Ok(Target::Share {
         nodes: on,
-        claim: SHARE_CLAIM.to_string(),
+        claim: format!("accelerator-{}", asked.kind()),
         template: Box::new(template),
     })
 }
