@@ -176,6 +176,65 @@ pub struct Addresses {
     pub metrics: SocketAddr,
 }
 
+/// Both ports, bound.
+#[derive(Debug)]
+pub struct Bound {
+    health: tokio::net::TcpListener,
+    metrics: tokio::net::TcpListener,
+}
+
+impl Bound {
+    /// Binds both ports. A process binds them first thing, before it reaches the apiserver,
+    /// so the kubelet's first readiness probe (1 s after the container starts) finds the port
+    /// open however slow the rest of the start is: a refused connection is a failed probe and
+    /// a Warning Event, where a held /readyz answer is neither. An error is a port that could
+    /// not be bound (the same address for both included).
+    pub async fn bind(addrs: Addresses) -> std::io::Result<Self> {
+        // Port 0 asks the system for a free port, which differs for each.
+        if addrs.health == addrs.metrics && addrs.health.port() != 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the health and metrics addresses must differ (both {}): the probes need a \
+                     port of their own",
+                    addrs.health
+                ),
+            ));
+        }
+        Ok(Self {
+            health: tokio::net::TcpListener::bind(addrs.health).await?,
+            metrics: tokio::net::TcpListener::bind(addrs.metrics).await?,
+        })
+    }
+
+    /// Serves on the bound ports until `shutdown` completes, each with its own [`Limits`].
+    pub async fn serve(
+        self,
+        registry: Arc<Registry>,
+        readiness: Arc<Readiness>,
+        liveness: Liveness,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let (health, metrics) = (
+            self.health.local_addr().ok(),
+            self.metrics.local_addr().ok(),
+        );
+        tracing::info!(
+            ?health,
+            ?metrics,
+            "serving /healthz and /readyz, and /metrics"
+        );
+        serve_both(
+            self.health,
+            self.metrics,
+            health_router(readiness, liveness),
+            metrics_router(registry),
+            shutdown,
+        )
+        .await;
+    }
+}
+
 /// Binds both ports and serves until `shutdown` completes, each with its own [`Limits`]. An
 /// error is a port that could not be bound (the same address for both included).
 pub async fn serve(
@@ -185,28 +244,10 @@ pub async fn serve(
     liveness: Liveness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // Port 0 asks the system for a free port, which differs for each.
-    if addrs.health == addrs.metrics && addrs.health.port() != 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "the health and metrics addresses must differ (both {}): the probes need a \
-                 port of their own",
-                addrs.health
-            ),
-        ));
-    }
-    let health = tokio::net::TcpListener::bind(addrs.health).await?;
-    let metrics = tokio::net::TcpListener::bind(addrs.metrics).await?;
-    tracing::info!(health = %addrs.health, metrics = %addrs.metrics, "serving /healthz and /readyz, and /metrics");
-    serve_both(
-        health,
-        metrics,
-        health_router(readiness, liveness),
-        metrics_router(registry),
-        shutdown,
-    )
-    .await;
+    Bound::bind(addrs)
+        .await?
+        .serve(registry, readiness, liveness, shutdown)
+        .await;
     Ok(())
 }
 

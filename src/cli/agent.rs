@@ -69,7 +69,11 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let runtime = process::runtime()?;
     let flags = args.process;
     let outcome = runtime.block_on(async move {
-        let mut start = process::start(flags.api_timeout, "agent").await?;
+        let addrs = crate::server::Addresses {
+            health: args.health_addr,
+            metrics: args.metrics_addr,
+        };
+        let mut start = process::start(flags.api_timeout, "agent", addrs).await?;
         let metrics = crate::agent::metrics::AgentMetrics::register(&mut start.registry);
         let config = crate::agent::AgentConfig {
             node_name: args.node_name,
@@ -96,10 +100,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .with_heartbeat(heartbeat)
             .with_own_slices(args.own_slice_families.into_iter().collect())
             .with_compat_labels(args.compat_labels);
-        let server = start.spawn_server(crate::server::Addresses {
-            health: args.health_addr,
-            metrics: args.metrics_addr,
-        });
+        let server = start.spawn_server();
         let worker = crate::agent::run::run(agent, start.readiness.clone(), start.stopped.clone());
         let mut worker = tokio::spawn(worker);
         let stop = start.stop;

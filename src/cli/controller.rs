@@ -104,7 +104,11 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
     let outcome = runtime.block_on(async move {
         // Ready means "alive and talking to the apiserver", never "leader": a standby that is
         // never Ready would block rollouts.
-        let mut start = process::start(flags.api_timeout, "controller").await?;
+        let addrs = crate::server::Addresses {
+            health: args.health_addr,
+            metrics: args.metrics_addr,
+        };
+        let mut start = process::start(flags.api_timeout, "controller", addrs).await?;
         let metrics = crate::controller::metrics::ControllerMetrics::register(&mut start.registry);
         let mut config = crate::controller::Config::cluster_wide(&identity);
         config.namespace = args.namespace;
@@ -122,10 +126,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             "controller reconcile",
             crate::health::reconcile_bound(flags.api_timeout),
         );
-        let server = start.spawn_server(crate::server::Addresses {
-            health: args.health_addr,
-            metrics: args.metrics_addr,
-        });
+        let server = start.spawn_server();
         let lease = crate::controller::leader::LeaseConfig::new(
             &args.leader_election_namespace,
             &args.lease_name,

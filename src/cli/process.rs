@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::health::Liveness;
-use crate::server::{Addresses, Readiness};
+use crate::server::Readiness;
 
 /// Flags every long-running command shares.
 #[derive(Debug, clap::Args)]
@@ -35,6 +35,8 @@ pub(super) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// What a long-running command starts with: a client, the metrics registry, the health
 /// state the server reports, and the stop signal (`stop` sends it, `stopped` sees it).
 pub(super) struct Start {
+    /// The health and metrics ports, bound first; served by [`Start::spawn_server`].
+    bound: Option<crate::server::Bound>,
     pub(super) client: kube::Client,
     pub(super) registry: Registry,
     pub(super) readiness: Arc<Readiness>,
@@ -43,12 +45,19 @@ pub(super) struct Start {
     pub(super) stopped: watch::Receiver<bool>,
 }
 
-/// Connects to the apiserver as `component` (its User-Agent; every call bounded by
-/// `api_timeout`) and sets up the rest.
-pub(super) async fn start(api_timeout: Duration, component: &str) -> anyhow::Result<Start> {
+/// Binds the health and metrics ports at `addrs` first (the kubelet probes them 1 s after
+/// the container starts), then connects to the apiserver as `component` (its User-Agent; every
+/// call bounded by `api_timeout`) and sets up the rest.
+pub(super) async fn start(
+    api_timeout: Duration,
+    component: &str,
+    addrs: crate::server::Addresses,
+) -> anyhow::Result<Start> {
+    let bound = crate::server::Bound::bind(addrs).await?;
     let client = crate::kube_client::client(api_timeout, component).await?;
     let (stop, stopped) = watch::channel(false);
     Ok(Start {
+        bound: Some(bound),
         client,
         registry: Registry::default(),
         readiness: Arc::new(Readiness::default()),
@@ -59,21 +68,25 @@ pub(super) async fn start(api_timeout: Duration, component: &str) -> anyhow::Res
 }
 
 impl Start {
-    /// Starts /healthz and /readyz on the health address and /metrics on the metrics one,
-    /// serving the metrics registered so far (register before calling this); the server stops
-    /// once `stop` sends `true`.
-    pub(super) fn spawn_server(&mut self, addrs: Addresses) -> JoinHandle<std::io::Result<()>> {
+    /// Serves /healthz and /readyz on the health port and /metrics on the metrics one, bound
+    /// by [`start`], with the metrics registered so far (register before calling this); the
+    /// server stops once `stop` sends `true`. A second call serves nothing.
+    pub(super) fn spawn_server(&mut self) -> JoinHandle<std::io::Result<()>> {
         let registry = std::mem::take(&mut self.registry);
         let mut stopped = self.stopped.clone();
-        tokio::spawn(crate::server::serve(
-            addrs,
-            Arc::new(registry),
-            self.readiness.clone(),
-            self.liveness.clone(),
-            async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            },
-        ))
+        let bound = self.bound.take();
+        let (readiness, liveness) = (self.readiness.clone(), self.liveness.clone());
+        tokio::spawn(async move {
+            if let Some(bound) = bound {
+                let shutdown = async move {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                };
+                bound
+                    .serve(Arc::new(registry), readiness, liveness, shutdown)
+                    .await;
+            }
+            Ok(())
+        })
     }
 }
 

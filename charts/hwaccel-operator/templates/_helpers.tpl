@@ -96,7 +96,8 @@ Both probes use the health port, which no Service exposes and no NetworkPolicy r
 fail them (issue 27 item 3). /readyz holds a request that comes before the first cycle for up
 to 8 s (src/server/readiness.rs READY_HOLD) and answers as soon as the process is ready, so the
 readiness timeoutSeconds stays above that hold and a normal start fails no probe and causes no
-Warning Event (issue 28); initialDelaySeconds 1 lets the server bind first.
+Warning Event (issue 28); the process binds its ports before anything else, within the 1 s
+initialDelaySeconds.
 */ -}}
 livenessProbe:
   httpGet:
