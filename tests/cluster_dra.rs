@@ -659,10 +659,25 @@ pub(crate) async fn create_template_pod(
     name: &str,
     fragment: &hwaccel::api::placement::PodTemplateClaimFragment,
 ) -> Result<()> {
+    create_template_pod_on(cluster, name, fragment, None).await
+}
+
+/// [`create_template_pod`], kept to `node` when one is given.
+async fn create_template_pod_on(
+    cluster: &TestCluster,
+    name: &str,
+    fragment: &hwaccel::api::placement::PodTemplateClaimFragment,
+    node: Option<&str>,
+) -> Result<()> {
+    let mut selector = serde_json::Map::new();
+    selector.insert(TEST_LABEL.to_string(), json!(cluster.prefix()));
+    if let Some(node) = node {
+        selector.insert("kubernetes.io/hostname".to_string(), json!(node));
+    }
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
-            "nodeSelector": {TEST_LABEL: cluster.prefix()},
+            "nodeSelector": selector,
             "containers": [{
                 "name": "model",
                 "image": "registry.invalid/model:test",
@@ -719,8 +734,9 @@ pub(crate) async fn allocation_results(
 /// (c) `allocation: claimTemplate` on an NVIDIA node (8x H100 80GB, with an inventory) and
 /// an AMD node (8x MI300X, slices only): the controller writes one template whose
 /// alternatives follow the planner (1x MI300X first for 70B at bf16, then an H100 group),
-/// holds nothing itself, and the real scheduler gives a pod the first choice, then the
-/// second once another claim holds the rest of the first choice's devices.
+/// holds nothing itself, and the real scheduler gives a pod on the AMD node the first choice,
+/// then a pod free to go to either node the second once another claim holds the rest of the
+/// first choice's devices.
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn claim_template_lists_the_planners_alternatives_and_the_scheduler_falls_back() -> Result<()>
@@ -842,8 +858,10 @@ async fn template_fallback(cluster: &TestCluster, nvidia: &str, amd: &str) -> Re
     );
     let fragment = status.pod_template.clone().expect("a pod fragment");
 
-    // A pod free to go to either node gets the first choice.
-    create_template_pod(cluster, "first", &fragment).await?;
+    // On a node where the first choice is available, a pod gets it. (Which node a pod free to
+    // go to either lands on is the scheduler's scoring: `firstAvailable` orders the choices
+    // on each node, not the nodes; a CI run saw such a pod bound to the H100 node.)
+    create_template_pod_on(cluster, "first", &fragment, Some(&amd)).await?;
     let node = wait_for(DEFAULT_TIMEOUT, "first scheduled", || async {
         scheduled_node(cluster, "first").await
     })
