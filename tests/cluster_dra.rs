@@ -174,10 +174,11 @@ pub(crate) async fn create_placement(
     Ok(())
 }
 
-/// Waits until the placement is Ready for its current generation.
+/// Waits until the placement is Ready for its current generation; on a timeout the error
+/// carries the placement's last status, which says why it was not.
 pub(crate) async fn wait_ready(cluster: &TestCluster, name: &str) -> Result<ModelPlacementStatus> {
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
-    wait_for(DEFAULT_TIMEOUT, &format!("{name} Ready"), || {
+    let ready = wait_for(DEFAULT_TIMEOUT, &format!("{name} Ready"), || {
         let api = api.clone();
         async move {
             let placement = api.get(name).await?;
@@ -188,7 +189,14 @@ pub(crate) async fn wait_ready(cluster: &TestCluster, name: &str) -> Result<Mode
             }))
         }
     })
-    .await
+    .await;
+    match ready {
+        Ok(status) => Ok(status),
+        Err(err) => {
+            let last = api.get(name).await.map(|p| p.status);
+            Err(err.context(format!("{name}'s last status: {last:?}")))
+        }
+    }
 }
 
 pub(crate) async fn claims_of(
