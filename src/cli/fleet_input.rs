@@ -254,7 +254,7 @@ async fn read_cluster() -> anyhow::Result<FleetInput> {
             nodes = nodes
                 .into_iter()
                 .map(|node| match verdicts.get(&node.node.name) {
-                    Some(published) => with_shares(
+                    Some(published) => with_published(
                         node.with_published_verdicts(&published.unusable)
                             .with_published_notices(&published.notices),
                         published,
@@ -335,9 +335,10 @@ type Verdicts = BTreeMap<String, Published>;
 /// controller counts it (`Ledger::held_through_counters`).
 type HeldThrough = Vec<(String, String)>;
 
-/// `node` with the share policy of each device its driver publishes shareable by memory, so
-/// the capacity answers count replicas as shares of it.
-fn with_shares(mut node: NodeInput, published: &Published) -> NodeInput {
+/// `node` with what its drivers publish of each device that the capacity answers count on:
+/// the share policy of a device shareable by memory, the partitions of a partitioned one, and
+/// whether it is published only in partitions.
+fn with_published(mut node: NodeInput, published: &Published) -> NodeInput {
     for device in &mut node.node.devices {
         if let Some(share) = published.shares.get(&device.id) {
             device.share = Some(share.clone());
