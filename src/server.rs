@@ -207,6 +207,11 @@ impl Bound {
         })
     }
 
+    /// The address the health port is bound to (its real port when asked for port 0).
+    pub fn health_addr(&self) -> std::io::Result<SocketAddr> {
+        self.health.local_addr()
+    }
+
     /// Serves on the bound ports until `shutdown` completes, each with its own [`Limits`].
     pub async fn serve(
         self,

@@ -281,7 +281,9 @@ fn is_kubelet_cache_transient(event: &Event) -> bool {
 
 /// The Warning events in the test's namespace, as "<kind>/<name>: <reason>: <message>",
 /// less the kubelet's cache transient (printed, not counted).
-async fn warnings(cluster: &TestCluster) -> Result<Vec<String>> {
+/// Warning events in the test's namespace; those about a pod in `before` (uids of the pods
+/// before a rollout) say so, so that a failure tells the old pod's stop from the new one's start.
+async fn warnings(cluster: &TestCluster, before: &[String]) -> Result<Vec<String>> {
     let api: Api<Event> = Api::namespaced(cluster.client(), cluster.namespace());
     let list = api.list(&ListParams::default()).await?;
     for event in list.items.iter().filter(|e| is_kubelet_cache_transient(e)) {
@@ -296,11 +298,22 @@ async fn warnings(cluster: &TestCluster) -> Result<Vec<String>> {
         .iter()
         .filter(|e| e.type_.as_deref() == Some("Warning") && !is_kubelet_cache_transient(e))
         .map(|e| {
+            let old = e
+                .involved_object
+                .uid
+                .as_ref()
+                .is_some_and(|uid| before.contains(uid));
             format!(
-                "{}/{}: {}: {}",
+                "{}/{}{}: {} at {:?}: {}",
                 e.involved_object.kind.clone().unwrap_or_default(),
                 e.involved_object.name.clone().unwrap_or_default(),
+                if old {
+                    " (a pod from before the rollout)"
+                } else {
+                    ""
+                },
                 e.reason.clone().unwrap_or_default(),
+                e.last_timestamp.as_ref().map(|t| t.0),
                 e.message.clone().unwrap_or_default()
             )
         })
@@ -734,7 +747,7 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
     }
 
     // No Warning event from anything the chart started.
-    let seen = warnings(&cluster).await?;
+    let seen = warnings(&cluster, &[]).await?;
     ensure!(seen.is_empty(), "Warning events:\n{}", seen.join("\n"));
 
     // helm upgrade with a changed value rolls the pods.
@@ -765,7 +778,11 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
             >= Some(2),
         "Deployment not updated"
     );
-    let seen = warnings(&cluster).await?;
+    let before: Vec<String> = uids(&agents)
+        .into_iter()
+        .chain(uids(&controllers))
+        .collect();
+    let seen = warnings(&cluster, &before).await?;
     ensure!(
         seen.is_empty(),
         "Warning events after the upgrade:\n{}",

@@ -117,7 +117,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         let _ = stop.send(true);
         let stopping = async move {
             let _ = worker.await;
-            process::join_server(server).await;
+            server.stop().await;
         };
         anyhow::Ok(crate::shutdown::finish_within(flags.shutdown_timeout, stopping).await)
     });

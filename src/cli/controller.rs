@@ -154,7 +154,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
                 let _ = stop.send(true);
                 let stopping = async move {
                     let outcome = result.await;
-                    process::join_server(server).await;
+                    server.stop().await;
                     outcome
                 };
                 return match crate::shutdown::finish_within(flags.shutdown_timeout, stopping).await {
@@ -164,7 +164,7 @@ pub(super) fn run(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             }
         };
         let _ = stop.send(true);
-        process::join_server(server).await;
+        server.stop().await;
         outcome.map(|()| true)
     });
     crate::shutdown::close_runtime(runtime);

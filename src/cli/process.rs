@@ -33,7 +33,7 @@ pub(super) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// What a long-running command starts with: a client, the metrics registry, the health
-/// state the server reports, and the stop signal (`stop` sends it, `stopped` sees it).
+/// state the server reports, and the loops' stop signal (`stop` sends it, `stopped` sees it).
 pub(super) struct Start {
     /// The health and metrics ports, bound first; served by [`Start::spawn_server`].
     bound: Option<crate::server::Bound>,
@@ -69,30 +69,110 @@ pub(super) async fn start(
 
 impl Start {
     /// Serves /healthz and /readyz on the health port and /metrics on the metrics one, bound
-    /// by [`start`], with the metrics registered so far (register before calling this); the
-    /// server stops once `stop` sends `true`. A second call serves nothing.
-    pub(super) fn spawn_server(&mut self) -> JoinHandle<std::io::Result<()>> {
+    /// by [`start`], with the metrics registered so far (register before calling this). The
+    /// server has a stop of its own, [`Server::stop`], and does not end with the loops'
+    /// `stop`: see [`Server`]. A second call serves nothing.
+    pub(super) fn spawn_server(&mut self) -> Server {
         let registry = std::mem::take(&mut self.registry);
-        let mut stopped = self.stopped.clone();
-        let bound = self.bound.take();
+        let (stop, mut stopped) = watch::channel(false);
         let (readiness, liveness) = (self.readiness.clone(), self.liveness.clone());
-        tokio::spawn(async move {
-            if let Some(bound) = bound {
+        let task = self.bound.take().map(|bound| {
+            tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stopped.wait_for(|stop| *stop).await;
                 };
                 bound
                     .serve(Arc::new(registry), readiness, liveness, shutdown)
                     .await;
-            }
-            Ok(())
-        })
+            })
+        });
+        Server { stop, task }
     }
 }
 
-/// Waits for the server to end, logging a failure (the process is stopping either way).
-pub(super) async fn join_server(server: JoinHandle<std::io::Result<()>>) {
-    if let Ok(Err(err)) = server.await {
-        tracing::warn!(error = %err, "metrics server failed");
+/// The running health and metrics server. It answers until [`Server::stop`], which a command
+/// calls only once its loops have ended: the kubelet keeps probing /readyz while a pod
+/// terminates, and a loop finishing its last cycle (a detection, API calls) can take seconds;
+/// a port closed at SIGTERM refused those probes, each a failed probe and a `Warning
+/// Unhealthy` Event on every rollout (a real-node CI run saw one after `helm upgrade`).
+#[derive(Debug)]
+pub(super) struct Server {
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Stops serving and waits for the server to end, logging a task that failed (the
+    /// process is stopping either way).
+    pub(super) async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task
+            && let Err(err) = task.await
+        {
+            tracing::warn!(error = %err, "health and metrics server failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer)
+    }
+
+    /// The loops' stop leaves the probes answered; only the server's own stop closes the port.
+    #[tokio::test]
+    async fn the_server_answers_probes_until_its_own_stop() {
+        let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let bound = crate::server::Bound::bind(crate::server::Addresses {
+            health: loopback,
+            metrics: loopback,
+        })
+        .await
+        .unwrap();
+        let health = bound.health_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let readiness = Arc::new(Readiness::default());
+        readiness.set(true);
+        let mut start = Start {
+            bound: Some(bound),
+            client: test_client(),
+            registry: Registry::default(),
+            readiness,
+            liveness: Liveness::default(),
+            stop,
+            stopped,
+        };
+        let server = start.spawn_server();
+        start.stop.send(true).unwrap();
+        // A loop draining its last cycle: the kubelet's probes still get their answer.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let answer = get(health, "/readyz").await.unwrap();
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        }
+        server.stop().await;
+        assert!(
+            get(health, "/readyz").await.is_err(),
+            "the port is closed after the stop"
+        );
+    }
+
+    /// A client that is never called: these tests need the struct, not the API.
+    fn test_client() -> kube::Client {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        kube::Client::try_from(config).unwrap()
     }
 }
