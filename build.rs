@@ -21,8 +21,21 @@ fn main() {
     if !(target.ends_with("-linux-musl") && profile == "release") {
         return;
     }
+    // The linker reads the script from OUT_DIR, inside the target directory, never from the
+    // checkout: cargo keeps a build script's output while its inputs' mtimes are older than
+    // its last run, so a target directory shared by two checkouts (the project's scripts
+    // share one under ~/.cache) kept the other checkout's absolute path, and linking failed
+    // once that checkout was gone.
     let manifest = env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-    let script = Path::new(&manifest).join(layout);
+    let out_dir = env::var("OUT_DIR").expect("cargo sets OUT_DIR for build scripts");
+    let script = Path::new(&out_dir).join("detect-layout.ld");
+    std::fs::copy(Path::new(&manifest).join(layout), &script).unwrap_or_else(|err| {
+        panic!(
+            "copying {} to {}: {err}",
+            layout.display(),
+            script.display()
+        )
+    });
     println!(
         "cargo:rustc-link-arg-bin=hwaccel=-Wl,-T,{}",
         script.display()

@@ -260,7 +260,7 @@ async fn scale_run() -> Result<()> {
     // `SCALE_PERF_OUT=FILE`: a CPU profile of the controller for the whole run, for a flame
     // graph (docs/benchmarks.md says how it is made).
     let profiler = match std::env::var_os("SCALE_PERF_OUT") {
-        Some(out) => Some(Profiler::attach(controller_pid, &out)?),
+        Some(out) => Some(Profiler::attach(controller_pid, &out, "dwarf,16384")?),
         None => None,
     };
     let metrics_url = format!("http://127.0.0.1:{port}/metrics");
@@ -289,6 +289,16 @@ async fn scale_run() -> Result<()> {
     );
     let placements_audit = AuditCursor::now(&work)?;
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
+    // The apiserver's own CPU while the placements are created and planned (the figure above
+    // also holds the start-up's lists and the first fleet pass), and with
+    // `SCALE_APISERVER_PERF_OUT=FILE` its profile over the same span: what a reconcile's
+    // writes wait for. Go keeps frame pointers, so perf walks its stacks without DWARF.
+    let apiserver_pid = component_pid(&work, "kube-apiserver");
+    let apiserver_cpu = apiserver_pid.and_then(cpu_seconds);
+    let apiserver_profiler = match (std::env::var_os("SCALE_APISERVER_PERF_OUT"), apiserver_pid) {
+        (Some(out), Some(pid)) => Some(Profiler::attach(pid, &out, "fp")?),
+        _ => None,
+    };
     let created = Instant::now();
     futures::stream::iter(0..placements)
         .map(|i| {
@@ -307,6 +317,15 @@ async fn scale_run() -> Result<()> {
         .await?;
     let creation = created.elapsed();
     let progress = watch_until_all_planned(&api, placements, created, timeout).await;
+    if let Some(profiler) = apiserver_profiler {
+        profiler.stop();
+    }
+    if let (Some(before), Some(after)) = (apiserver_cpu, apiserver_pid.and_then(cpu_seconds)) {
+        println!(
+            "scale: kube-apiserver used {:.1} CPU s from the first creation until all were planned",
+            after - before
+        );
+    }
     // The watch can show the last status before the controller has counted its write.
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Printed whether or not every placement was planned: a run that missed its goal shows
@@ -342,7 +361,9 @@ async fn scale_run() -> Result<()> {
 struct Profiler(ChildGuard);
 
 impl Profiler {
-    fn attach(pid: u32, out: &std::ffi::OsStr) -> Result<Self> {
+    /// `call_graph`: perf's `--call-graph` mode (`dwarf,16384` for the controller, whose
+    /// release build keeps unwind tables; `fp` for Go).
+    fn attach(pid: u32, out: &std::ffi::OsStr, call_graph: &str) -> Result<Self> {
         let child = Command::new("perf")
             .args([
                 "record",
@@ -352,7 +373,7 @@ impl Profiler {
                 "-F",
                 "49",
                 "--call-graph",
-                "dwarf,16384",
+                call_graph,
             ])
             .arg("-p")
             .arg(pid.to_string())
@@ -390,13 +411,16 @@ fn print_controller_figures(text: &str) -> Result<()> {
     let (wait_p99, _) =
         quantile_from_metrics(text, "hwaccel_controller_reconcile_lock_wait_seconds", 0.99)
             .context("lock wait histogram")?;
-    if let Some((within, total)) =
-        count_at_most(text, "hwaccel_controller_reconcile_duration_seconds", 0.05)
-    {
-        println!(
-            "scale: {within} of {total} reconciles ({:.2} %) took at most 50 ms",
-            within as f64 * 100.0 / total.max(1) as f64
-        );
+    // 100 ms is the goal's p99 (issue 41): the share within it says how far off a miss is.
+    for (bound, label) in [(0.05, "50 ms"), (0.1, "100 ms")] {
+        if let Some((within, total)) =
+            count_at_most(text, "hwaccel_controller_reconcile_duration_seconds", bound)
+        {
+            println!(
+                "scale: {within} of {total} reconciles ({:.2} %) took at most {label}",
+                within as f64 * 100.0 / total.max(1) as f64
+            );
+        }
     }
     println!(
         "scale: lock wait p99 <= {:.1} ms (the ledger lock, for snapshot and commit; {} placement workers)",
