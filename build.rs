@@ -12,14 +12,15 @@
 use std::env;
 use std::path::Path;
 
-fn main() {
+/// An error ends the build with its message (a build script's `main` may return one).
+fn main() -> Result<(), String> {
     let layout = Path::new("scripts/link/detect-layout.ld");
     println!("cargo:rerun-if-changed={}", layout.display());
     println!("cargo:rerun-if-changed=build.rs");
     let target = env::var("TARGET").unwrap_or_default();
     let profile = env::var("PROFILE").unwrap_or_default();
     if !(target.ends_with("-linux-musl") && profile == "release") {
-        return;
+        return Ok(());
     }
     // The linker reads the script from OUT_DIR, inside the target directory, never from the
     // checkout: cargo keeps a build script's output while its inputs' mtimes are older than
@@ -27,18 +28,19 @@ fn main() {
     // share one under ~/.cache) kept the other checkout's absolute path, and linking failed
     // once that checkout was gone.
     let manifest = env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-    let out_dir = env::var("OUT_DIR").expect("cargo sets OUT_DIR for build scripts");
+    let out_dir = env::var("OUT_DIR").map_err(|err| format!("OUT_DIR: {err}"))?;
     let script = Path::new(&out_dir).join("detect-layout.ld");
-    std::fs::copy(Path::new(&manifest).join(layout), &script).unwrap_or_else(|err| {
-        panic!(
+    std::fs::copy(Path::new(&manifest).join(layout), &script).map_err(|err| {
+        format!(
             "copying {} to {}: {err}",
             layout.display(),
             script.display()
         )
-    });
+    })?;
     println!(
         "cargo:rustc-link-arg-bin=hwaccel=-Wl,-T,{}",
         script.display()
     );
     println!("cargo:rustc-link-arg-bin=hwaccel=-Wl,-z,pack-relative-relocs");
+    Ok(())
 }

@@ -8,6 +8,10 @@
 #   SCALE_WORKERS=1 scripts/scale.sh      # --placement-workers (default: the controller's, 4)
 #   SCALE_PERF_OUT=/tmp/c.data scripts/scale.sh   # perf record the controller (flame graph:
 #                                         # docs/benchmarks.md, "Round 2")
+#   TC_APISERVER_PROFILING=1 SCALE_APISERVER_PROFILE=/tmp/a.pprof scripts/scale.sh
+#                                         # the apiserver's CPU profile while placements are
+#                                         # planned (SCALE_APISERVER_PROFILE_S seconds, 30):
+#                                         # go tool pprof -top /tmp/a.pprof
 #
 # Every run gets a fresh control plane of its own: etcd and kube-apiserver only (no
 # controller-manager, scheduler or kwok: the run's Nodes are plain objects that nothing

@@ -260,7 +260,7 @@ async fn scale_run() -> Result<()> {
     // `SCALE_PERF_OUT=FILE`: a CPU profile of the controller for the whole run, for a flame
     // graph (docs/benchmarks.md says how it is made).
     let profiler = match std::env::var_os("SCALE_PERF_OUT") {
-        Some(out) => Some(Profiler::attach(controller_pid, &out, "dwarf,16384")?),
+        Some(out) => Some(Profiler::attach(controller_pid, &out)?),
         None => None,
     };
     let metrics_url = format!("http://127.0.0.1:{port}/metrics");
@@ -291,14 +291,21 @@ async fn scale_run() -> Result<()> {
     let api: Api<ModelPlacement> = Api::namespaced(cluster.client(), cluster.namespace());
     // The apiserver's own CPU while the placements are created and planned (the figure above
     // also holds the start-up's lists and the first fleet pass), and with
-    // `SCALE_APISERVER_PERF_OUT=FILE` its profile over the same span: what a reconcile's
-    // writes wait for. Go keeps frame pointers, so perf walks its stacks without DWARF.
+    // `SCALE_APISERVER_PROFILE=FILE` its Go CPU profile over the first
+    // `SCALE_APISERVER_PROFILE_S` seconds (30) of the same span: what a reconcile's writes
+    // wait for. The control plane must serve /debug/pprof (`TC_APISERVER_PROFILING=1`); the
+    // binary is stripped, so perf could not name its functions, and pprof can.
     let apiserver_pid = component_pid(&work, "kube-apiserver");
     let apiserver_cpu = apiserver_pid.and_then(cpu_seconds);
-    let apiserver_profiler = match (std::env::var_os("SCALE_APISERVER_PERF_OUT"), apiserver_pid) {
-        (Some(out), Some(pid)) => Some(Profiler::attach(pid, &out, "fp")?),
-        _ => None,
-    };
+    let apiserver_profile = std::env::var_os("SCALE_APISERVER_PROFILE").map(|out| {
+        let seconds = env_number("SCALE_APISERVER_PROFILE_S", 30) as u64;
+        let client = cluster.client();
+        tokio::spawn(async move {
+            let profile = apiserver_cpu_profile(client, seconds).await?;
+            std::fs::write(&out, profile)
+                .with_context(|| format!("writing {}", out.to_string_lossy()))
+        })
+    });
     let created = Instant::now();
     futures::stream::iter(0..placements)
         .map(|i| {
@@ -317,8 +324,12 @@ async fn scale_run() -> Result<()> {
         .await?;
     let creation = created.elapsed();
     let progress = watch_until_all_planned(&api, placements, created, timeout).await;
-    if let Some(profiler) = apiserver_profiler {
-        profiler.stop();
+    if let Some(profile) = apiserver_profile {
+        match profile.await {
+            Ok(Ok(())) => println!("scale: the apiserver's CPU profile is written"),
+            Ok(Err(err)) => println!("scale: no apiserver profile: {err:#}"),
+            Err(err) => println!("scale: no apiserver profile: {err}"),
+        }
     }
     if let (Some(before), Some(after)) = (apiserver_cpu, apiserver_pid.and_then(cpu_seconds)) {
         println!(
@@ -356,14 +367,25 @@ async fn scale_run() -> Result<()> {
     Ok(())
 }
 
+/// The apiserver's Go CPU profile over the next `seconds` (pprof's protobuf, gzipped):
+/// `go tool pprof -top FILE` reads it.
+async fn apiserver_cpu_profile(client: kube::Client, seconds: u64) -> Result<Vec<u8>> {
+    let request =
+        http::Request::get(format!("/debug/pprof/profile?seconds={seconds}")).body(Vec::new())?;
+    let mut stream = client.request_stream(request).await.context(
+        "the apiserver's CPU profile: start the control plane with TC_APISERVER_PROFILING=1",
+    )?;
+    let mut bytes = Vec::new();
+    futures::AsyncReadExt::read_to_end(&mut stream, &mut bytes).await?;
+    Ok(bytes)
+}
+
 /// `perf record` attached to the controller: CPU-clock samples with DWARF call graphs (the
 /// release binary keeps its symbols and unwind tables).
 struct Profiler(ChildGuard);
 
 impl Profiler {
-    /// `call_graph`: perf's `--call-graph` mode (`dwarf,16384` for the controller, whose
-    /// release build keeps unwind tables; `fp` for Go).
-    fn attach(pid: u32, out: &std::ffi::OsStr, call_graph: &str) -> Result<Self> {
+    fn attach(pid: u32, out: &std::ffi::OsStr) -> Result<Self> {
         let child = Command::new("perf")
             .args([
                 "record",
@@ -373,7 +395,7 @@ impl Profiler {
                 "-F",
                 "49",
                 "--call-graph",
-                call_graph,
+                "dwarf,16384",
             ])
             .arg("-p")
             .arg(pid.to_string())
