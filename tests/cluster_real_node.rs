@@ -279,11 +279,105 @@ fn is_kubelet_cache_transient(event: &Event) -> bool {
     kubelet_mount || ip_repair
 }
 
-/// The Warning events in the test's namespace, as "<kind>/<name>: <reason>: <message>",
-/// less the kubelet's cache transient (printed, not counted).
-/// Warning events in the test's namespace; those about a pod in `before` (uids of the pods
-/// before a rollout) say so, so that a failure tells the old pod's stop from the new one's start.
-async fn warnings(cluster: &TestCluster, before: &[String]) -> Result<Vec<String>> {
+/// When the containers of each pod in the test's namespace exited (by uid: the latest
+/// `finishedAt` among its terminated containers), as a pod watch saw them; kept while the
+/// watch runs, through a rollout.
+#[derive(Clone, Default)]
+struct ContainerExits(
+    std::sync::Arc<std::sync::Mutex<BTreeMap<String, k8s_openapi::jiff::Timestamp>>>,
+);
+
+impl ContainerExits {
+    /// Starts the watch and returns once it has listed the pods; it ends with the returned
+    /// task (abort it when done).
+    async fn watch(cluster: &TestCluster) -> Result<(Self, tokio::task::JoinHandle<()>)> {
+        use futures::StreamExt;
+        use kube::runtime::watcher;
+        let exits = Self::default();
+        let api: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+        let seen = exits.clone();
+        let (listed, on_list) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut listed = Some(listed);
+            let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                let pod = match event {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
+                    Ok(watcher::Event::Delete(pod)) => pod,
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
+                seen.record(&pod);
+            }
+        });
+        tokio::time::timeout(DEFAULT_TIMEOUT, on_list)
+            .await
+            .context("the pod watch did not list in time")?
+            .context("the pod watch ended before it listed")?;
+        Ok((exits, task))
+    }
+
+    fn record(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let finished = pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+            .map(|t| t.0)
+            .max();
+        if let (Some(finished), Ok(mut exits)) = (finished, self.0.lock()) {
+            exits.insert(uid, finished);
+        }
+    }
+
+    fn of(&self, uid: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.0.lock().ok()?.get(uid).copied()
+    }
+}
+
+/// A readiness probe the kubelet ran on a pod whose container had already exited: the prober
+/// goes on until the kubelet notices the exit (its pod lifecycle relist, about a second), and
+/// a probe in that window finds nothing listening (kubernetes/kubernetes#52817, #122824). No
+/// process can close that window: it opens when the process exits. The probe must come at or
+/// after the exit (both to the second, so a probe refused less than a second before the exit
+/// passes too); a refusal while the process ran, or on a pod whose exit the watch did not see,
+/// still counts.
+fn is_probe_after_exit(event: &Event, exits: &ContainerExits) -> bool {
+    let refused_readiness = event.reason.as_deref() == Some("Unhealthy")
+        && event.message.as_deref().is_some_and(|m| {
+            m.starts_with("Readiness probe failed:") && m.ends_with("connect: connection refused")
+        });
+    let first = event
+        .first_timestamp
+        .as_ref()
+        .or(event.last_timestamp.as_ref());
+    let exited = event
+        .involved_object
+        .uid
+        .as_deref()
+        .and_then(|uid| exits.of(uid));
+    refused_readiness
+        && event.involved_object.kind.as_deref() == Some("Pod")
+        && matches!((first, exited), (Some(first), Some(exited)) if first.0 >= exited)
+}
+
+/// The Warning events in the test's namespace, as "<kind>/<name>: <reason> at <time>:
+/// <message>", less the kubelet's cache transient and its probes of exited containers (both
+/// printed, not counted). Those about a pod in `before` (uids of the pods before a rollout)
+/// say so, so that a failure tells the old pod's stop from the new one's start.
+async fn warnings(
+    cluster: &TestCluster,
+    before: &[String],
+    exits: &ContainerExits,
+) -> Result<Vec<String>> {
     let api: Api<Event> = Api::namespaced(cluster.client(), cluster.namespace());
     let list = api.list(&ListParams::default()).await?;
     for event in list.items.iter().filter(|e| is_kubelet_cache_transient(e)) {
@@ -293,10 +387,21 @@ async fn warnings(cluster: &TestCluster, before: &[String]) -> Result<Vec<String
             event.message.clone().unwrap_or_default()
         );
     }
+    for event in list.items.iter().filter(|e| is_probe_after_exit(e, exits)) {
+        println!(
+            "kubelet probe after the container exited, not counted: {}: {}",
+            event.involved_object.name.clone().unwrap_or_default(),
+            event.message.clone().unwrap_or_default()
+        );
+    }
     Ok(list
         .items
         .iter()
-        .filter(|e| e.type_.as_deref() == Some("Warning") && !is_kubelet_cache_transient(e))
+        .filter(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && !is_kubelet_cache_transient(e)
+                && !is_probe_after_exit(e, exits)
+        })
         .map(|e| {
             let old = e
                 .involved_object
@@ -313,7 +418,7 @@ async fn warnings(cluster: &TestCluster, before: &[String]) -> Result<Vec<String
                     ""
                 },
                 e.reason.clone().unwrap_or_default(),
-                e.last_timestamp.as_ref().map(|t| t.0),
+                e.first_timestamp.as_ref().map(|t| t.0),
                 e.message.clone().unwrap_or_default()
             )
         })
@@ -747,7 +852,7 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
     }
 
     // No Warning event from anything the chart started.
-    let seen = warnings(&cluster, &[]).await?;
+    let seen = warnings(&cluster, &[], &ContainerExits::default()).await?;
     ensure!(seen.is_empty(), "Warning events:\n{}", seen.join("\n"));
 
     // helm upgrade with a changed value rolls the pods.
@@ -760,6 +865,8 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
     ];
     let second_values = values(&node.name, "debug");
     upgrade.extend(second_values.iter().map(String::as_str));
+    // The old pods' exits, seen through the rollout (see `is_probe_after_exit`).
+    let (exits, exit_watch) = ContainerExits::watch(&cluster).await?;
     helm(&cluster, home.path(), &upgrade)?;
     wait_ready_pods(&cluster, "agent", 1, &uids(&agents)).await?;
     wait_ready_pods(&cluster, "controller", 2, &uids(&controllers)).await?;
@@ -782,7 +889,8 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
         .into_iter()
         .chain(uids(&controllers))
         .collect();
-    let seen = warnings(&cluster, &before).await?;
+    let seen = warnings(&cluster, &before, &exits).await?;
+    exit_watch.abort();
     ensure!(
         seen.is_empty(),
         "Warning events after the upgrade:\n{}",
