@@ -932,3 +932,60 @@ async fn real_node_chart_runs_from_the_local_image_and_holds_every_promise() -> 
     eprintln!("real-node test done in {:.1?}", started.elapsed());
     Ok(())
 }
+
+/// The exception for the kubelet's probe race is that narrow: a refused readiness probe of a
+/// pod at or after its container's exit, nothing else.
+#[test]
+fn only_a_refused_readiness_probe_after_the_exit_is_set_aside() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let at = |s: &str| Time(s.parse().unwrap());
+    let exits = ContainerExits::default();
+    exits
+        .0
+        .lock()
+        .unwrap()
+        .insert("old".into(), at("2026-11-30T07:26:02Z").0);
+    let event = |uid: &str, when: &str, message: &str| Event {
+        type_: Some("Warning".into()),
+        reason: Some("Unhealthy".into()),
+        message: Some(message.into()),
+        first_timestamp: Some(at(when)),
+        last_timestamp: Some(at(when)),
+        involved_object: k8s_openapi::api::core::v1::ObjectReference {
+            kind: Some("Pod".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let refused = r#"Readiness probe failed: Get "http://10.89.0.10:8081/readyz": dial tcp 10.89.0.10:8081: connect: connection refused"#;
+    assert!(is_probe_after_exit(
+        &event("old", "2026-11-30T07:26:02Z", refused),
+        &exits
+    ));
+    assert!(is_probe_after_exit(
+        &event("old", "2026-11-30T07:26:05Z", refused),
+        &exits
+    ));
+    // While the process ran: counted.
+    assert!(!is_probe_after_exit(
+        &event("old", "2026-11-30T07:26:01Z", refused),
+        &exits
+    ));
+    // A pod whose exit the watch did not see: counted.
+    assert!(!is_probe_after_exit(
+        &event("new", "2026-11-30T07:26:05Z", refused),
+        &exits
+    ));
+    // Any other failure: counted.
+    let liveness = refused.replacen("Readiness", "Liveness", 1);
+    assert!(!is_probe_after_exit(
+        &event("old", "2026-11-30T07:26:05Z", &liveness),
+        &exits
+    ));
+    let answered = r#"Readiness probe failed: HTTP probe failed with statuscode: 503"#;
+    assert!(!is_probe_after_exit(
+        &event("old", "2026-11-30T07:26:05Z", answered),
+        &exits
+    ));
+}
