@@ -380,38 +380,23 @@ async fn warnings(
 ) -> Result<Vec<String>> {
     let api: Api<Event> = Api::namespaced(cluster.client(), cluster.namespace());
     let list = api.list(&ListParams::default()).await?;
-    for event in list.items.iter().filter(|e| is_kubelet_cache_transient(e)) {
-        println!(
-            "kubelet transient, not counted: {}: {}",
-            event.involved_object.name.clone().unwrap_or_default(),
-            event.message.clone().unwrap_or_default()
-        );
-    }
-    for event in list.items.iter().filter(|e| is_probe_after_exit(e, exits)) {
-        println!(
-            "kubelet probe after the container exited, not counted: {}: {}",
-            event.involved_object.name.clone().unwrap_or_default(),
-            event.message.clone().unwrap_or_default()
-        );
-    }
-    Ok(list
-        .items
-        .iter()
-        .filter(|e| {
-            e.type_.as_deref() == Some("Warning")
-                && !is_kubelet_cache_transient(e)
-                && !is_probe_after_exit(e, exits)
-        })
-        .map(|e| {
+    let mut counted = Vec::new();
+    for e in &list.items {
+        let name = e.involved_object.name.clone().unwrap_or_default();
+        let message = e.message.clone().unwrap_or_default();
+        if is_kubelet_cache_transient(e) {
+            println!("kubelet transient, not counted: {name}: {message}");
+        } else if is_probe_after_exit(e, exits) {
+            println!("kubelet probe after the container exited, not counted: {name}: {message}");
+        } else if e.type_.as_deref() == Some("Warning") {
             let old = e
                 .involved_object
                 .uid
                 .as_ref()
                 .is_some_and(|uid| before.contains(uid));
-            format!(
-                "{}/{}{}: {} at {:?}: {}",
+            counted.push(format!(
+                "{}/{name}{}: {} at {:?}: {message}",
                 e.involved_object.kind.clone().unwrap_or_default(),
-                e.involved_object.name.clone().unwrap_or_default(),
                 if old {
                     " (a pod from before the rollout)"
                 } else {
@@ -419,10 +404,10 @@ async fn warnings(
                 },
                 e.reason.clone().unwrap_or_default(),
                 e.first_timestamp.as_ref().map(|t| t.0),
-                e.message.clone().unwrap_or_default()
-            )
-        })
-        .collect())
+            ));
+        }
+    }
+    Ok(counted)
 }
 
 fn condition_times(inventory: &AcceleratorInventory) -> BTreeMap<String, String> {

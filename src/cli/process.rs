@@ -93,8 +93,9 @@ impl Start {
 /// The running health and metrics server. It answers until [`Server::stop`], which a command
 /// calls only once its loops have ended: the kubelet keeps probing /readyz while a pod
 /// terminates, and a loop finishing its last cycle (a detection, API calls) can take seconds;
-/// a port closed at SIGTERM refused those probes, each a failed probe and a `Warning
-/// Unhealthy` Event on every rollout (a real-node CI run saw one after `helm upgrade`).
+/// a port closed at SIGTERM would refuse the probes in that drain, each a failed probe and a
+/// `Warning Unhealthy` Event. (A probe after the process has exited is the kubelet's race, which
+/// no process can close: docs/health-and-shutdown.md.)
 #[derive(Debug)]
 pub(super) struct Server {
     stop: watch::Sender<bool>,
