@@ -409,8 +409,12 @@ mod tests {
         let slices = crate::testing::dra::fixture_slices(&["amd-mi300x-autopartition.yaml"]);
         let text = serde_json::to_string(&slices)
             .expect("slices")
-            .replace("0000:0c:00.0", &bus_id(&names[0]))
-            .replace("0000:22:00.0", &bus_id(&names[1]));
+            // Through placeholders: the fixture's addresses are the inventory's own, in
+            // whichever order `accelerators` lists them.
+            .replace("0000:05:00.0", "first-gpu")
+            .replace("0000:26:00.0", "second-gpu")
+            .replace("first-gpu", &bus_id(&names[0]))
+            .replace("second-gpu", &bus_id(&names[1]));
         let slices: Vec<k8s_openapi::api::resource::v1::ResourceSlice> =
             serde_json::from_str(&text).expect("slices");
         let published = published_devices(&slices);
