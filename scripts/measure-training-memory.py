@@ -12,8 +12,16 @@ process, so one case's cache, context and fragmentation never leak into the next
     scripts/measure-training-memory.py --dry-run          # validate them, print the plan as JSON
     scripts/measure-training-memory.py --out rows.json --csv rows.csv
     scripts/measure-training-memory.py --only llama-3.1-8b-full-2k --out rows.json
+    scripts/measure-training-memory.py --trace --out traced.json   # no GPU: allocations only
 
-Needs: PyTorch with CUDA, transformers, PEFT (LoRA cases); bitsandbytes for `8bit` optimizer
+`--trace` runs the same training code on fake tensors (PyTorch's FakeTensorMode: shapes and
+dtypes, no storage) and adds up the bytes of the live storages after every operation, so any
+machine with PyTorch gives each case's peak *allocated* memory in seconds, at any model size.
+It cannot see what only a GPU has: the caching allocator's slack, the CUDA context, kernel
+workspaces, and running out of memory. `fixtures/training/` holds such rows; the planner's
+allocations are tested against them (`tests/plan_training_trace.rs`).
+
+Needs: PyTorch with CUDA (any PyTorch for `--trace`), transformers, PEFT (LoRA cases); bitsandbytes for `8bit` optimizer
 states (a case without it is recorded as `"status": "skipped"`). DPO is run without TRL: the
 policy takes the chosen and the rejected sequence (a doubled batch) and a frozen copy of the
 model scores both under `no_grad`, the loss of arXiv:2305.18290 eq. 7, which is the memory
@@ -123,10 +131,12 @@ MIXTRAL_MODULES = {"gate": "w1", "up": "w3", "down": "w2"}
 
 
 def default_cases() -> list[Case]:
-    """21 cases from 1B to 47B: vocabularies 128k-256k, sequences 1k-16k, micro-batches 1-8,
+    """34 cases from 1B to 47B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
     checkpointing on and off, full / LoRA / DPO, all three optimizer precisions, two MoEs.
-    About a minute of H200 time in steps; model building and process start-up add to it."""
+    A few minutes of H200 time (about a minute for the first 21 in steps); model building and
+    process start-up add to it. `--trace` runs them all without a GPU in about ten minutes."""
     qv = ("q", "v")
+    qkvo = ("q", "k", "v", "o")
     return [
         Case("llama-3.2-1b-full-2k", "llama-3.2-1b"),
         Case("llama-3.2-1b-full-8k-mb4", "llama-3.2-1b", seq_len=8192, micro_batch=4),
@@ -154,9 +164,31 @@ def default_cases() -> list[Case]:
         Case("qwen2.5-14b-full-2k-bf16", "qwen2.5-14b", optimizer_states="bf16"),
         Case("qwen2.5-32b-lora-4k", "qwen2.5-32b", method="lora", seq_len=4096),
         Case("qwen2.5-32b-full-1k", "qwen2.5-32b", seq_len=1024),
-        Case("qwen3-30b-a3b-lora-2k", "qwen3-30b-a3b", method="lora"),
+        # transformers 5 keeps an MoE layer's experts as 3-D parameters, which LoRA's
+        # module targets do not reach: adapt the attention, as PEFT's all-linear does there.
+        Case("qwen3-30b-a3b-lora-2k", "qwen3-30b-a3b", method="lora", lora_targets=qkvo),
         Case("mixtral-8x7b-lora-qv-r8-2k", "mixtral-8x7b", method="lora", lora_rank=8,
              lora_targets=qv),
+        # Vocabularies of 32k (Llama 2, Mistral, Phi-3) and 152k (Qwen2), micro-batches of 8,
+        # 16k-token full fine-tuning, FP32-state DPO, a full MoE fine-tune.
+        Case("mistral-7b-full-4k-bf16", "mistral-7b-v0.1", seq_len=4096, optimizer_states="bf16"),
+        Case("mistral-7b-lora-8k-mb2", "mistral-7b-v0.1", method="lora", seq_len=8192, micro_batch=2),
+        Case("llama-2-7b-lora-2k-mb4-nockpt", "llama-2-7b", method="lora", micro_batch=4,
+             gradient_checkpointing=False),
+        Case("phi-3-mini-full-2k-mb4-bf16", "phi-3-mini", micro_batch=4, optimizer_states="bf16"),
+        Case("qwen2-7b-full-1k-mb8-bf16", "qwen2-7b", seq_len=1024, micro_batch=8,
+             optimizer_states="bf16"),
+        Case("qwen2-7b-lora-16k", "qwen2-7b", method="lora", seq_len=16384),
+        Case("qwen3-8b-lora-8k-mb2-nockpt", "qwen3-8b", method="lora", seq_len=8192, micro_batch=2,
+             gradient_checkpointing=False),
+        Case("llama-3.1-8b-full-16k-bf16", "llama-3.1-8b", seq_len=16384, optimizer_states="bf16"),
+        Case("llama-3.2-3b-dpo-2k", "llama-3.2-3b", method="dpo"),
+        Case("gemma-2-9b-lora-1k-mb8", "gemma-2-9b", method="lora", seq_len=1024, micro_batch=8,
+             attention="eager"),
+        Case("qwen3-32b-lora-2k-mb2", "qwen3-32b", method="lora", micro_batch=2),
+        Case("qwen3-30b-a3b-full-2k-bf16", "qwen3-30b-a3b", optimizer_states="bf16"),
+        Case("mixtral-8x7b-lora-qkvo-4k-mb2", "mixtral-8x7b", method="lora", seq_len=4096,
+             micro_batch=2, lora_targets=qkvo),
     ]
 
 
@@ -226,90 +258,26 @@ def versions() -> dict:
 
 
 def measure(case: Case, config: dict) -> dict:
-    """Runs one case in this process and returns its row."""
+    """Runs one case on the GPU in this process and returns its row."""
     import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
 
-    row = {"case": case.name, **dataclasses.asdict(case), "steps": STEPS}
-    row["lora_targets"] = list(case.lora_targets)
+    row = base_row(case)
     torch.cuda.init()
     torch.empty(1, device="cuda")
     free, total = torch.cuda.mem_get_info()
     row["cuda_context_bytes"] = total - free - torch.cuda.memory_reserved()
     row["device_total_bytes"] = total
     torch.cuda.reset_peak_memory_stats()
-
-    bf16 = torch.bfloat16
-    trained_dtype = bf16 if case.optimizer_states == "bf16" else torch.float32
-    model_type = config.get("model_type", "llama")
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")}
-    hf = transformers.AutoConfig.for_model(model_type, **fields)
-    hf.use_cache = False
     phase = "build"
     try:
-        def build(dtype):
-            # Random weights made on the GPU; transformers 5 names the argument `dtype`,
-            # earlier releases `torch_dtype`.
-            with torch.device("cuda"):
-                try:
-                    return transformers.AutoModelForCausalLM.from_config(
-                        hf, dtype=dtype, attn_implementation=case.attention
-                    )
-                except TypeError:
-                    return transformers.AutoModelForCausalLM.from_config(
-                        hf, torch_dtype=dtype, attn_implementation=case.attention
-                    )
-
-        if case.method == "lora":
-            import peft  # noqa: PLC0415
-
-            model = build(bf16)
-            modules = dict(LORA_MODULES)
-            if model_type == "mixtral":
-                modules.update(MIXTRAL_MODULES)
-            targets = [modules[t] for t in case.lora_targets]
-            lora = peft.LoraConfig(r=case.lora_rank, lora_alpha=2 * case.lora_rank,
-                                   target_modules=targets, lora_dropout=0.0,
-                                   task_type="CAUSAL_LM")
-            model = peft.get_peft_model(model, lora)
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.data = p.data.to(trained_dtype)
-            if case.gradient_checkpointing:
-                model.enable_input_require_grads()
-        else:
-            model = build(trained_dtype)
-        reference = build(bf16).eval().requires_grad_(False) if case.method == "dpo" else None
-        if case.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        row["trainable_params"] = sum(p.numel() for p in trainable)
-        row["total_params"] = sum(p.numel() for p in model.parameters())
+        model, reference, hf = build_models(case, config, "cuda")
+        row.update(parameter_counts(model))
         row["after_build_allocated_bytes"] = torch.cuda.memory_allocated()
-        optimizer = make_optimizer(case, trainable)
+        optimizer = make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
         if optimizer is None:
             return {**row, "status": "skipped", "reason": "bitsandbytes is not installed"}
-        vocab = hf.vocab_size
-        batch = case.micro_batch * (2 if case.method == "dpo" else 1)
-        generator = torch.Generator(device="cuda").manual_seed(0)
-        tokens = torch.randint(0, vocab, (batch, case.seq_len), device="cuda", generator=generator)
-        autocast = case.optimizer_states != "bf16"
-        times = []
-        for _ in range(STEPS):
-            phase = "step"
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            with torch.autocast("cuda", dtype=bf16, enabled=autocast):
-                if reference is None:
-                    loss = model(input_ids=tokens, labels=tokens).loss
-                else:
-                    loss = dpo_loss(model, reference, tokens, case.micro_batch)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
+        phase = "step"
+        times = train_steps(case, model, reference, optimizer, hf.vocab_size, "cuda", torch.cuda.synchronize)
         row["status"] = "ok"
         row["step_seconds"] = sum(times[1:]) / max(1, len(times) - 1)
     except torch.OutOfMemoryError as err:
@@ -321,6 +289,204 @@ def measure(case: Case, config: dict) -> dict:
     row["peak_device_bytes"] = row["peak_reserved_bytes"] + row["cuda_context_bytes"]
     row["peak_device_gib"] = round(row["peak_device_bytes"] / GIB, 3)
     return row
+
+
+def trace(case: Case, config: dict) -> dict:
+    """Runs one case without a GPU and returns its row. Every tensor is a FakeTensor (shape,
+    dtype and device, no storage); an allocation tracker counts the bytes of every live
+    storage, as the CUDA caching allocator's `allocated` figure does (rounded up to its
+    512-byte blocks), after every operation. The peak is what the program allocates, op for
+    op: the same model code, autograd, checkpointing, autocast casts and loss; not the
+    allocator's slack, the CUDA context or the kernels' private workspaces, which only a GPU
+    shows. It runs on the cpu device, whose autocast casts linear, matmul and attention to
+    BF16 as CUDA's does and whose SDPA picks a flash kernel that keeps what the CUDA one keeps
+    (the output and the log-sum-exp); the row names the attention and loss kernels used."""
+    import torch  # noqa: PLC0415
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    row = {**base_row(case), "kind": "traced"}
+    if case.optimizer_states == "8bit":
+        return {**row, "status": "skipped", "reason": "8-bit Adam runs bitsandbytes' CUDA kernels; it cannot be traced"}
+    if case.attention == "flash_attention_2":
+        return {**row, "status": "skipped", "reason": "flash_attention_2 needs CUDA; trace sdpa instead"}
+    # `Module.to` swaps a fake parameter for its converted copy, which fails while the fake
+    # mode holds a weak reference to it (PEFT moves every adapter so); the trace only needs
+    # the parameter to take the copy's dtype, which assigning `.data` gives.
+    swap_tensors = torch.utils.swap_tensors
+
+    def swap_or_assign(t1, t2):
+        try:
+            swap_tensors(t1, t2)
+        except RuntimeError:
+            t1.data = t2.data
+
+    torch.utils.swap_tensors = swap_or_assign
+    started = time.perf_counter()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, reference, hf = build_models(case, config, "cpu")
+        row.update(parameter_counts(model))
+        optimizer = make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
+        tracker = allocation_tracker()
+        for m in (model, reference):
+            if m is not None:
+                for t in [*m.parameters(), *m.buffers()]:
+                    tracker.add(t)
+        row["after_build_allocated_bytes"] = tracker.live
+        peaks = []
+
+        def after_step():
+            peaks.append(tracker.peak)
+            tracker.peak = tracker.live
+
+        with tracker:
+            train_steps(case, model, reference, optimizer, hf.vocab_size, "cpu", after_step=after_step)
+        row["after_steps_allocated_bytes"] = tracker.live
+    row["status"] = "ok"
+    row["peak_allocated_bytes"] = max(peaks)
+    row["peak_allocated_by_step_bytes"] = peaks
+    row["kernels"] = sorted(tracker.kernels)
+    row["trace_seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def allocation_tracker():
+    """A dispatch mode that adds up the bytes of live tensor storages: every operation's
+    outputs are counted once per storage, and a storage's bytes leave the count when Python
+    frees it (a weak-reference callback), which is when the caching allocator would take the
+    block back."""
+    import weakref  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
+    from torch.utils._pytree import tree_flatten  # noqa: PLC0415
+
+    class Tracker(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live = 0
+            self.peak = 0
+            self.kernels: set[str] = set()
+            self._refs: dict[int, weakref.ref] = {}
+
+        def add(self, tensor) -> None:
+            storage = tensor.untyped_storage()
+            key = id(storage)
+            ref = self._refs.get(key)
+            if ref is not None and ref() is storage:
+                return
+            size = storage.nbytes()
+            size = 512 if size <= 512 else -(-size // 512) * 512  # the allocator's rounding
+
+            def free(_ref, key=key, size=size):
+                if self._refs.get(key) is _ref:
+                    del self._refs[key]
+                self.live -= size
+
+            self._refs[key] = weakref.ref(storage, free)
+            self.live += size
+            self.peak = max(self.peak, self.live)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if "attention" in name or "softmax" in name or "nll_loss" in name:
+                self.kernels.add(name)
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.add(t)
+            return out
+
+    return Tracker()
+
+
+def base_row(case: Case) -> dict:
+    row = {"case": case.name, **dataclasses.asdict(case), "steps": STEPS}
+    row["lora_targets"] = list(case.lora_targets)
+    return row
+
+
+def parameter_counts(model) -> dict:
+    return {
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "total_params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def build_models(case: Case, config: dict, device: str):
+    """The model to train (PEFT-wrapped for LoRA, checkpointing set) and, for DPO, the frozen
+    reference, with random weights made on `device`; and the transformers config."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    bf16 = torch.bfloat16
+    trained_dtype = bf16 if case.optimizer_states == "bf16" else torch.float32
+    model_type = config.get("model_type", "llama")
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "dtype")}
+    hf = transformers.AutoConfig.for_model(model_type, **fields)
+    hf.use_cache = False
+
+    def build(dtype):
+        # transformers 5 names the argument `dtype`, earlier releases `torch_dtype`.
+        with torch.device(device):
+            try:
+                return transformers.AutoModelForCausalLM.from_config(
+                    hf, dtype=dtype, attn_implementation=case.attention
+                )
+            except TypeError:
+                return transformers.AutoModelForCausalLM.from_config(
+                    hf, torch_dtype=dtype, attn_implementation=case.attention
+                )
+
+    if case.method == "lora":
+        import peft  # noqa: PLC0415
+
+        model = build(bf16)
+        modules = dict(LORA_MODULES)
+        if model_type == "mixtral":
+            modules.update(MIXTRAL_MODULES)
+        targets = [modules[t] for t in case.lora_targets]
+        lora = peft.LoraConfig(r=case.lora_rank, lora_alpha=2 * case.lora_rank,
+                               target_modules=targets, lora_dropout=0.0,
+                               task_type="CAUSAL_LM")
+        model = peft.get_peft_model(model, lora)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(trained_dtype)
+        if case.gradient_checkpointing:
+            model.enable_input_require_grads()
+    else:
+        model = build(trained_dtype)
+    reference = build(bf16).eval().requires_grad_(False) if case.method == "dpo" else None
+    if case.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, reference, hf
+
+
+def train_steps(case: Case, model, reference, optimizer, vocab: int, device: str,
+                synchronize=lambda: None, after_step=lambda: None) -> list[float]:
+    """STEPS optimizer steps on synthetic tokens; the seconds each took."""
+    import torch  # noqa: PLC0415
+
+    batch = case.micro_batch * (2 if case.method == "dpo" else 1)
+    tokens = torch.randint(0, vocab, (batch, case.seq_len), device=device)
+    autocast = case.optimizer_states != "bf16"
+    times = []
+    for _ in range(STEPS):
+        synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            if reference is None:
+                loss = model(input_ids=tokens, labels=tokens).loss
+            else:
+                loss = dpo_loss(model, reference, tokens, case.micro_batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize()
+        times.append(time.perf_counter() - start)
+        after_step()
+    return times
 
 
 def make_optimizer(case: Case, params):
@@ -357,14 +523,20 @@ def dpo_loss(model, reference, tokens, pairs: int, beta: float = 0.1):
 # Driver.
 
 
-def child(case_json: str, config_json: str) -> None:
+def child(case_json: str, config_json: str, traced: bool) -> None:
     """`--child`: one case in a fresh process; prints its row as one JSON line."""
+    import torch  # noqa: PLC0415
+
+    torch.manual_seed(0)  # MoE routing depends on the weights and tokens
     case = Case.from_json(json.loads(case_json))
-    print("ROW " + json.dumps(measure(case, json.loads(config_json))), flush=True)
+    config = json.loads(config_json)
+    print("ROW " + json.dumps(trace(case, config) if traced else measure(case, config)), flush=True)
 
 
-def run_case(case: Case, config: dict, timeout: int) -> dict:
+def run_case(case: Case, config: dict, timeout: int, traced: bool) -> dict:
     cmd = [sys.executable, __file__, "--child", json.dumps(dataclasses.asdict(case)), json.dumps(config)]
+    if traced:
+        cmd.append("--trace")
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -395,10 +567,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="write the rows and their provenance as JSON")
     parser.add_argument("--csv", type=Path, help="also write the rows as CSV")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per case (default 300)")
+    parser.add_argument("--trace", action="store_true",
+                        help="no GPU: trace each case's allocations with fake tensors (peak allocated only)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(*args.child)
+        child(*args.child, traced=args.trace)
         return 0
     try:
         if args.cases:
@@ -430,15 +604,19 @@ def main(argv: list[str]) -> int:
     except ImportError as err:
         print(f"measure-training-memory: {err} (measuring needs PyTorch; --list and --dry-run do not)", file=sys.stderr)
         return 1
-    if not provenance.get("gpu"):
+    if args.trace:
+        provenance["device"] = "none: traced with FakeTensorMode on the cpu device (peak allocated bytes, no allocator, context or workspaces)"
+    elif not provenance.get("gpu"):
         print("measure-training-memory: no CUDA device (use --list or --dry-run without one)", file=sys.stderr)
         return 1
     rows = []
     started = time.time()
     for case in cases:
-        row = run_case(case, configs[case.name], args.timeout)
+        row = run_case(case, configs[case.name], args.timeout, args.trace)
         rows.append(row)
         peak = row.get("peak_device_gib", "-")
+        if args.trace and "peak_allocated_bytes" in row:
+            peak = f"{row['peak_allocated_bytes'] / GIB:.3f} allocated"
         print(f"{case.name:45s} {row['status']:8s} peak {peak} GiB", file=sys.stderr, flush=True)
     provenance["wall_seconds"] = round(time.time() - started, 1)
     provenance["command"] = " ".join([Path(__file__).name, *argv])

@@ -25,4 +25,5 @@ mod plan_calibration;
 mod plan_cli;
 mod plan_deployments;
 mod plan_properties;
+mod plan_training_trace;
 mod setup_script;

@@ -16,7 +16,8 @@ use crate::plan::model::{
 };
 use crate::plan::report::Plan;
 use crate::plan::shorthand::parse_hardware;
-use crate::plan::training::{LoraTarget, Method, TrainingTarget, activation_bytes};
+use crate::plan::training::activations::{Layers, Step, step_activations};
+use crate::plan::training::{LoraTarget, Method, TrainingTarget};
 use crate::plan::units::Bytes;
 use crate::plan::weights::WeightBytes;
 
@@ -60,7 +61,17 @@ fn seq_len_times_micro_batch_beyond_64_bits_is_refused() {
             assert!(!plan.fits, "{seq_len} x {micro_batch} {method:?}");
         }
     }
-    assert!(activation_bytes(&model, u64::MAX, u64::MAX, true).is_saturated());
+    let step = Step {
+        seq_len: u64::MAX,
+        batch: u64::MAX,
+        checkpointing: true,
+        layers: Layers::Trained {
+            fp32_residual: true,
+        },
+        embedding_gradient_bytes: 4,
+        reference_model: true,
+    };
+    assert!(step_activations(&model, &step).loss_phase.is_saturated());
 }
 
 #[test]

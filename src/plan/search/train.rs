@@ -205,10 +205,38 @@ fn describe(
         m.device.total,
         m.device.budget
     ));
+    plan.reasons.push(peak_moment(&m));
+    plan.reasons.push(format!(
+        "margin for the caching allocator beyond the step's allocations: 1.5 GiB + 4 bytes per logit, met by the {} of the device outside the budget{} (provisional until measured on a GPU, docs/planner.md)",
+        m.device.capacity.saturating_sub(m.device.budget),
+        if m.allocator_reserve > Bytes::ZERO {
+            format!(" and {} more in the overhead", m.allocator_reserve)
+        } else {
+            String::new()
+        }
+    ));
     if placement.nodes > 1 && !placement.pipeline_on_fabric {
         plan.reasons.push(
             "data-parallel devices span nodes without a shared InfiniBand fabric".to_string(),
         );
+    }
+}
+
+/// When the step peaks, in words: the activations figure is the larger of the two moments
+/// (`plan::training::activations`), and a user reading "activations 0.4 GiB" beside 3 GiB of
+/// logits should see why.
+fn peak_moment(m: &TrainingMemory) -> String {
+    let peak = m.activation_peak;
+    if peak.loss_phase.saturating_sub(m.gradients) >= peak.backward_phase {
+        format!(
+            "the step peaks when the backward pass starts: saved activations and the loss's logits {}, before the gradients ({}) exist",
+            peak.loss_phase, m.gradients
+        )
+    } else {
+        format!(
+            "the step peaks when the backward pass ends: every gradient ({}) plus the first layer being differentiated and the embedding's gradient {}",
+            m.gradients, peak.backward_phase
+        )
     }
 }
 

@@ -1,0 +1,206 @@
+//! Activation memory of one fine-tuning step: what the backward pass needs saved, the loss's
+//! logits, and the working set while the gradients fill in. Calibrated on traced allocations
+//! of the training code users run (transformers 5, PEFT, PyTorch autograd;
+//! `scripts/measure-training-memory.py --trace`, rows in `fixtures/training/`).
+//!
+//! A step peaks at one of two moments (docs/planner.md, "Training memory, traced"):
+//! * **The start of the backward pass** ([`ActivationPeak::loss_phase`]): every saved
+//!   activation is alive and the loss holds 12 bytes per logit — the FP32 log-probabilities
+//!   log-softmax saved, their gradient and the gradient of its input — but no parameter
+//!   gradient exists yet.
+//! * **The end of the backward pass** ([`ActivationPeak::backward_phase`]): every gradient
+//!   exists and the saved activations are gone, while the first layer is recomputed (with
+//!   checkpointing) and differentiated and the embedding's dense gradient is built (a second
+//!   copy for a moment when the output head shares it).
+//!
+//! So a step needs `weights + optimizer + max(loss phase, gradients + backward phase)`.
+//!
+//! Per layer and token, a decoder layer keeps `26 h + 8 I` bytes for its backward pass with a
+//! 16-bit residual stream (attention through a flash kernel: no `s^2` term; the MLP's gate,
+//! up, activation and product `8 I`; the norms' FP32 inputs, Q/K/V with their rotary copies,
+//! the attention output `26 h`, the largest traced value), and `36 h + 8 I` when the model's
+//! parameters are FP32 under autocast, whose residual stream, norms and their outputs stay
+//! FP32. Korthikanti et al.'s `17 h` (arXiv:2205.05198) assumes 16-bit norms and no rotary
+//! copies; the traces found 21-36. Checkpointing keeps each layer's input instead (2 or 4
+//! bytes per hidden unit) and recomputes one layer at a time.
+
+use super::super::model::Model;
+use super::super::units::Bytes;
+
+/// Bytes per logit the loss holds when the backward pass starts: log-softmax's saved FP32
+/// output, the gradient of that output and the gradient of its input (4 + 4 + 4). The forward
+/// pass peaks lower: 16-bit logits, their FP32 copy and the log-probabilities (2 + 4 + 4).
+const LOSS_BYTES_PER_LOGIT: u128 = 12;
+
+/// DPO scores the reference model while the policy's log-probabilities wait for the loss:
+/// 4 saved bytes per policy logit plus the reference's 10 (16-bit logits, FP32 copy,
+/// log-probabilities), above the 12 of the policy's own backward pass.
+const DPO_BYTES_PER_LOGIT: u128 = 14;
+
+/// Per layer and token, bytes per hidden unit kept for the backward pass of trained layers
+/// with a 16-bit and with an FP32 residual stream.
+const HIDDEN_BYTES_16: u128 = 26;
+const HIDDEN_BYTES_32: u128 = 36;
+/// Per layer and token, bytes per MLP intermediate unit of trained layers: gate, up,
+/// activation, product.
+const INTERMEDIATE_BYTES: u128 = 8;
+/// A frozen layer (LoRA's base) keeps less: its linear layers save no input for a weight
+/// gradient, so `17 h + 6 I` (traced: 16.6 h on Llama 3.1 8B), plus what its adapters keep.
+const FROZEN_HIDDEN_BYTES: u128 = 17;
+const FROZEN_INTERMEDIATE_BYTES: u128 = 6;
+/// Qwen3's per-head RMSNorm on queries and keys keeps their FP32 copies: 4 bytes per query
+/// and key unit (traced: 4 to 5 h more per layer on Qwen3 8B).
+const QK_NORM_BYTES: u128 = 4;
+
+/// Eager attention (Gemma 2 in transformers, whose soft-capping SDPA cannot do) keeps the
+/// `s x s` scores per head: the soft-cap's tanh and the 16-bit probabilities (2 + 2) and
+/// softmax's FP32 output (4).
+const EAGER_SAVED_BYTES_PER_SCORE: u128 = 8;
+/// ... and differentiating one such layer holds as much again in score gradients.
+const EAGER_BACKWARD_BYTES_PER_SCORE: u128 = 8;
+
+/// Gemma 2's final logit soft-capping (`tanh(logits / 30) * 30` in 16 bits) keeps the tanh's
+/// 16-bit output for the backward pass.
+const SOFTCAP_BYTES_PER_LOGIT: u128 = 2;
+
+/// How the decoder layers are trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layers {
+    /// Every weight trained (full fine-tuning, DPO's policy).
+    Trained {
+        /// The parameters are FP32 under autocast, so the residual stream stays FP32.
+        fp32_residual: bool,
+    },
+    /// A frozen base with adapters (LoRA, QLoRA).
+    Frozen {
+        /// Bytes per token and layer the adapters keep: each adapter saves its input.
+        adapter_bytes_per_token: u64,
+    },
+}
+
+/// One training step's shape, as far as activations are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Tokens per sequence.
+    pub seq_len: u64,
+    /// Sequences per micro-batch on the device (DPO's chosen and rejected counted apart).
+    pub batch: u64,
+    /// Whether each layer is recomputed in the backward pass.
+    pub checkpointing: bool,
+    /// Trained or frozen layers.
+    pub layers: Layers,
+    /// Bytes per element of the embedding's gradient when the embedding is trained (full
+    /// fine-tuning, DPO); zero when it is frozen (LoRA).
+    pub embedding_gradient_bytes: u64,
+    /// DPO: a frozen reference model is scored in the same step.
+    pub reference_model: bool,
+}
+
+/// The activation side of a step's peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ActivationPeak {
+    /// Alive when the backward pass starts, before any gradient: saved activations and the
+    /// loss's logits.
+    pub loss_phase: Bytes,
+    /// Alive beside the full gradients at the end of the backward pass: one layer recomputed
+    /// and differentiated, and the embedding's dense gradient.
+    pub backward_phase: Bytes,
+}
+
+/// Whether transformers trains `model_type` with eager attention: Gemma 2 soft-caps its
+/// attention scores, which SDPA cannot (`_supports_sdpa = False` in its modeling file).
+fn eager_attention(model_type: &str) -> bool {
+    model_type == "gemma2"
+}
+
+/// Whether the model normalises each head's queries and keys (`q_norm`, `k_norm`).
+fn qk_norm(model_type: &str) -> bool {
+    matches!(model_type, "qwen3" | "qwen3_moe")
+}
+
+/// Whether the model soft-caps its final logits (Gemma 2's `final_logit_softcapping`).
+fn softcapped_logits(model_type: &str) -> bool {
+    model_type == "gemma2"
+}
+
+/// The activation peak of `step` on `model`.
+///
+/// `seq_len x batch` alone can exceed 64 bits (both are user input), so the products are
+/// taken in 128 bits and saturate: an absurd request comes out as `u64::MAX` bytes, which
+/// never fits.
+pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
+    let arch = &model.arch;
+    let mul = u128::saturating_mul;
+    let add = u128::saturating_add;
+    let tokens = mul(u128::from(step.seq_len), u128::from(step.batch));
+    let h = u128::from(arch.hidden);
+    let intermediate = u128::from(arch.moe.map_or(arch.intermediate, |moe| {
+        moe.experts_per_token
+            .saturating_mul(moe.expert_intermediate)
+            .saturating_add(moe.shared_intermediate)
+    }));
+    let layers = u128::from(arch.layers);
+    let qk = if qk_norm(&arch.model_type) {
+        let query_key = u128::from(arch.heads).saturating_add(u128::from(arch.kv_heads));
+        mul(QK_NORM_BYTES, mul(query_key, u128::from(arch.head_dim)))
+    } else {
+        0
+    };
+    let (per_token, residual_bytes) = match step.layers {
+        Layers::Trained { fp32_residual } => {
+            let hidden_bytes = if fp32_residual {
+                HIDDEN_BYTES_32
+            } else {
+                HIDDEN_BYTES_16
+            };
+            let per_token = add(mul(hidden_bytes, h), mul(INTERMEDIATE_BYTES, intermediate));
+            (per_token, if fp32_residual { 4 } else { 2 })
+        }
+        Layers::Frozen {
+            adapter_bytes_per_token,
+        } => {
+            let base = add(
+                mul(FROZEN_HIDDEN_BYTES, h),
+                mul(FROZEN_INTERMEDIATE_BYTES, intermediate),
+            );
+            (add(base, u128::from(adapter_bytes_per_token)), 2)
+        }
+    };
+    let layer = mul(tokens, add(per_token, qk));
+    let scores = if eager_attention(&arch.model_type) {
+        mul(
+            mul(u128::from(step.batch), u128::from(arch.heads)),
+            mul(u128::from(step.seq_len), u128::from(step.seq_len)),
+        )
+    } else {
+        0
+    };
+    let saved = if step.checkpointing {
+        mul(mul(layers, tokens), mul(residual_bytes, h))
+    } else {
+        mul(layers, add(layer, mul(scores, EAGER_SAVED_BYTES_PER_SCORE)))
+    };
+    let mut per_logit = if step.reference_model {
+        DPO_BYTES_PER_LOGIT
+    } else {
+        LOSS_BYTES_PER_LOGIT
+    };
+    if softcapped_logits(&arch.model_type) {
+        per_logit += SOFTCAP_BYTES_PER_LOGIT;
+    }
+    let logits = mul(mul(tokens, u128::from(arch.vocab)), per_logit);
+    // The first layer's activations (recomputed, or still saved) while it is differentiated.
+    let last_layer = add(layer, mul(scores, EAGER_SAVED_BYTES_PER_SCORE));
+    let backward = add(
+        add(last_layer, mul(scores, EAGER_BACKWARD_BYTES_PER_SCORE)),
+        mul(
+            mul(u128::from(arch.vocab), h),
+            u128::from(step.embedding_gradient_bytes),
+        ),
+    );
+    let bytes = |v: u128| Bytes(u64::try_from(v).unwrap_or(u64::MAX));
+    ActivationPeak {
+        loss_phase: bytes(add(saved, logits)),
+        backward_phase: bytes(backward),
+    }
+}
