@@ -3,7 +3,7 @@ SHELL := bash
 CARGO ?= cargo
 TESTCLUSTER_WORK ?= $(CURDIR)/target/testcluster
 
-.PHONY: all build setup doctor demo scale test unit cluster-test compat-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
+.PHONY: all build setup doctor demo scale training-trace test unit cluster-test compat-test node-test detect-rss image image-static image-glibc check fmt lint generate check-generated chart-crds manifests check-manifests
 
 CHART := charts/hwaccel-operator
 # A helm binary: $$HELM, else the test cluster's (pinned v4, built by tests/cluster/build.sh
@@ -134,6 +134,18 @@ image-glibc:
 ## docs/benchmarks.md. Leaves the test cluster up (tests/cluster/down.sh).
 scale:
 	scripts/scale.sh
+
+## training-trace: the fine-tuning cases traced without a GPU (scripts/measure-training-memory.py
+## --trace) into TRACE_OUT, in a virtual environment of its own with the versions the rows in
+## fixtures/training/ were traced with (PyPI; about 4 GiB the first time, cached after).
+TRACE_VENV ?= $(HOME)/.cache/hwaccel-operator/venv-training-trace
+TRACE_OUT ?= target/training-trace.json
+training-trace:
+	@[ -x "$(TRACE_VENV)/bin/python" ] || python3 -m venv "$(TRACE_VENV)"
+	@"$(TRACE_VENV)/bin/python" -c 'import torch, transformers, peft' 2>/dev/null || \
+	  "$(TRACE_VENV)/bin/pip" install --quiet torch==2.11.0 transformers==5.24.0 peft==0.21.2
+	mkdir -p "$(dir $(TRACE_OUT))"
+	"$(TRACE_VENV)/bin/python" scripts/measure-training-memory.py --trace --out "$(TRACE_OUT)"
 
 ## check: formatting, lints, and generated files up to date
 check: lint check-generated check-manifests

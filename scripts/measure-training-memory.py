@@ -567,6 +567,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="write the rows and their provenance as JSON")
     parser.add_argument("--csv", type=Path, help="also write the rows as CSV")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per case (default 300)")
+    parser.add_argument("--deadline", type=int,
+                        help="seconds for the whole run: a case that might not end before it (its --timeout) is not started")
     parser.add_argument("--trace", action="store_true",
                         help="no GPU: trace each case's allocations with fake tensors (peak allocated only)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -611,24 +613,36 @@ def main(argv: list[str]) -> int:
         return 1
     rows = []
     started = time.time()
+    provenance["command"] = " ".join([Path(__file__).name, *argv])
     for case in cases:
-        row = run_case(case, configs[case.name], args.timeout, args.trace)
+        elapsed = time.time() - started
+        if args.deadline is not None and elapsed + args.timeout > args.deadline:
+            # A case that might not finish before the deadline is not started: a lent GPU's
+            # minutes are counted, and the rows so far are worth more than a killed run.
+            row = {"case": case.name, "status": "not run", "reason": f"--deadline {args.deadline} s"}
+        else:
+            row = run_case(case, configs[case.name], args.timeout, args.trace)
         rows.append(row)
         peak = row.get("peak_device_gib", "-")
         if args.trace and "peak_allocated_bytes" in row:
             peak = f"{row['peak_allocated_bytes'] / GIB:.3f} allocated"
         print(f"{case.name:45s} {row['status']:8s} peak {peak} GiB", file=sys.stderr, flush=True)
-    provenance["wall_seconds"] = round(time.time() - started, 1)
-    provenance["command"] = " ".join([Path(__file__).name, *argv])
-    result = {"provenance": provenance, "rows": rows}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    else:
-        print(text)
+        provenance["wall_seconds"] = round(time.time() - started, 1)
+        if args.out:
+            # Written after every case, so a run cut short keeps what it measured.
+            write_json(args.out, {"provenance": provenance, "rows": rows})
+    if not args.out:
+        print(json.dumps({"provenance": provenance, "rows": rows}, indent=1))
     if args.csv:
         write_csv(args.csv, rows)
     return 0
+
+
+def write_json(path: Path, result: dict) -> None:
+    """Replaces `path` whole (a temporary file renamed over it), never half-written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result, indent=1) + "\n")
+    partial.replace(path)
 
 
 if __name__ == "__main__":

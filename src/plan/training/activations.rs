@@ -204,3 +204,165 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         backward_phase: bytes(backward),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::model::presets;
+
+    fn step(seq_len: u64, batch: u64, checkpointing: bool, layers: Layers) -> Step {
+        Step {
+            seq_len,
+            batch,
+            checkpointing,
+            layers,
+            embedding_gradient_bytes: 0,
+            reference_model: false,
+        }
+    }
+
+    const FROZEN: Layers = Layers::Frozen {
+        adapter_bytes_per_token: 0,
+    };
+
+    /// With checkpointing, the backward pass starts with each layer's 16-bit input and 12
+    /// bytes per logit, nothing else.
+    #[test]
+    fn the_loss_phase_is_the_layer_inputs_and_twelve_bytes_per_logit() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let (s, b) = (2048u64, 2u64);
+        let peak = step_activations(&model, &step(s, b, true, FROZEN));
+        let tokens = s * b;
+        assert_eq!(
+            peak.loss_phase.0,
+            32 * tokens * 4096 * 2 + tokens * 128_256 * 12
+        );
+        // The forward pass's figure (10 bytes per logit) would be short by 2 per logit.
+        assert!(peak.loss_phase.0 > 32 * tokens * 4096 * 2 + tokens * 128_256 * 10);
+    }
+
+    /// An FP32 residual stream doubles what checkpointing keeps and widens every layer.
+    #[test]
+    fn an_fp32_residual_stream_keeps_more() {
+        let model = presets::find("llama-3.2-1b").unwrap().unwrap();
+        let at = |fp32_residual, checkpointing| {
+            step_activations(
+                &model,
+                &step(4096, 1, checkpointing, Layers::Trained { fp32_residual }),
+            )
+            .loss_phase
+        };
+        let logits = Bytes(4096 * 128_256 * 12);
+        let inputs = |bytes: u64| Bytes(16 * 4096 * 2048 * bytes);
+        assert_eq!(at(false, true), inputs(2) + logits);
+        assert_eq!(at(true, true), inputs(4) + logits);
+        // Without checkpointing: 26 h + 8 I against 36 h + 8 I per layer and token.
+        let layers = |h_bytes: u64| Bytes(16 * 4096 * (h_bytes * 2048 + 8 * 8192));
+        assert_eq!(at(false, false), layers(26) + logits);
+        assert_eq!(at(true, false), layers(36) + logits);
+    }
+
+    /// A frozen base keeps `17 h + 6 I` per layer and token plus what its adapters keep.
+    #[test]
+    fn a_frozen_base_keeps_less_than_a_trained_one_plus_its_adapters() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let frozen = |adapter_bytes_per_token| {
+            step_activations(
+                &model,
+                &step(
+                    1024,
+                    1,
+                    false,
+                    Layers::Frozen {
+                        adapter_bytes_per_token,
+                    },
+                ),
+            )
+            .loss_phase
+        };
+        let trained = step_activations(
+            &model,
+            &step(
+                1024,
+                1,
+                false,
+                Layers::Trained {
+                    fp32_residual: false,
+                },
+            ),
+        )
+        .loss_phase;
+        assert!(frozen(0) < trained);
+        assert_eq!(
+            frozen(1000).saturating_sub(frozen(0)),
+            Bytes(32 * 1024 * 1000)
+        );
+        assert_eq!(
+            trained.saturating_sub(frozen(0)),
+            Bytes(32 * 1024 * ((26 - 17) * 4096 + (8 - 6) * 14_336))
+        );
+    }
+
+    /// The backward phase is one layer (recomputed or still saved) plus the embedding's
+    /// gradient when the embedding is trained.
+    #[test]
+    fn the_backward_phase_is_one_layer_and_the_embedding_gradient() {
+        let model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
+        let layer = Bytes(1024 * (26 * 4096 + 8 * 14_336));
+        let trained = Layers::Trained {
+            fp32_residual: false,
+        };
+        let mut s = step(1024, 1, true, trained);
+        assert_eq!(step_activations(&model, &s).backward_phase, layer);
+        s.embedding_gradient_bytes = 2;
+        assert_eq!(
+            step_activations(&model, &s).backward_phase,
+            layer + Bytes(32_000 * 4096 * 2)
+        );
+    }
+
+    /// Gemma 2's eager attention keeps the `s x s` scores, and its soft-capped logits two
+    /// more bytes each; the same shape under another model type keeps neither.
+    #[test]
+    fn gemma_2_pays_for_eager_attention_and_soft_capped_logits() {
+        let gemma = presets::find("gemma-2-9b").unwrap().unwrap();
+        let mut plain = gemma.clone();
+        plain.arch.model_type = "llama".to_string();
+        let s = step(4096, 2, true, FROZEN);
+        let (g, p) = (step_activations(&gemma, &s), step_activations(&plain, &s));
+        let scores = 2 * 16 * 4096 * 4096u64;
+        assert_eq!(
+            g.backward_phase.saturating_sub(p.backward_phase),
+            Bytes(scores * 16)
+        );
+        assert_eq!(
+            g.loss_phase.saturating_sub(p.loss_phase),
+            Bytes(2 * 4096 * 256_000 * 2)
+        );
+    }
+
+    /// Qwen3's query and key norms keep 4 bytes per query and key unit in every layer.
+    #[test]
+    fn qwen3_query_key_norms_add_to_every_layer() {
+        let qwen3 = presets::find("qwen3-8b").unwrap().unwrap();
+        let mut plain = qwen3.clone();
+        plain.arch.model_type = "qwen2".to_string();
+        let s = step(1024, 1, false, FROZEN);
+        let extra = step_activations(&qwen3, &s)
+            .loss_phase
+            .saturating_sub(step_activations(&plain, &s).loss_phase);
+        assert_eq!(extra, Bytes(36 * 1024 * 4 * (32 + 8) * 128));
+    }
+
+    /// DPO holds 14 bytes per logit (the policy's saved log-probabilities while the reference
+    /// is scored), not 12.
+    #[test]
+    fn dpo_scores_the_reference_beside_the_policy_logits() {
+        let model = presets::find("llama-3.2-1b").unwrap().unwrap();
+        let mut s = step(1024, 2, true, FROZEN);
+        let plain = step_activations(&model, &s).loss_phase;
+        s.reference_model = true;
+        let dpo = step_activations(&model, &s).loss_phase;
+        assert_eq!(dpo.saturating_sub(plain), Bytes(2 * 1024 * 128_256 * 2));
+    }
+}

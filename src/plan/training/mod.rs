@@ -34,8 +34,8 @@ use super::units::Bytes;
 use crate::hardware::{MIB, Precision};
 
 /// Default fraction of device memory a training plan may use. Training frameworks reserve no
-/// share up front the way vLLM does; the 5 % left covers the caching allocator's
-/// fragmentation.
+/// share up front the way vLLM does; the 5 % left meets the caching allocator's reserve
+/// first (`ALLOCATOR_RESERVE`), and the overhead holds what it does not.
 pub const DEFAULT_TRAINING_GPU_UTIL: f64 = 0.95;
 
 /// A fine-tuning method (`hwaccel plan --train`, a ModelPlacement's `goal.train.method`).
@@ -664,6 +664,47 @@ mod tests {
         );
         assert_eq!((dpo.weights.0 - full.weights.0) / model.params.total(), 2);
         assert!(dpo.activations > full.activations);
+    }
+
+    /// A step needs `weights + optimizer + max(loss phase, gradients + backward phase)`: LoRA
+    /// (almost no gradients) peaks at the loss, a full fine-tune of a 32k-vocabulary model at
+    /// short sequences when its gradients are complete.
+    #[test]
+    fn the_step_peaks_at_the_larger_of_its_two_moments() {
+        let device = (Bytes::gib(1 << 20), 0.95);
+        let lora_model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let lora = training_memory(&lora_model, &target(Method::Lora, 4096), 1, 0, device);
+        let full_model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
+        let full = training_memory(&full_model, &target(Method::Full, 512), 1, 0, device);
+        for (m, loss_wins) in [(lora, true), (full, false)] {
+            let peak = m.activation_peak;
+            let at_loss = peak.loss_phase.saturating_sub(m.gradients);
+            assert_eq!(at_loss >= peak.backward_phase, loss_wins, "{peak:?}");
+            assert_eq!(m.activations, at_loss.max(peak.backward_phase));
+            assert_eq!(
+                m.device.total,
+                m.weights + m.optimizer + (m.gradients + m.activations) + m.overhead
+            );
+        }
+    }
+
+    /// The allocator's reserve (1.5 GiB + 4 bytes per logit) is met by the share of the device
+    /// outside the budget first: nothing more on an 80 GiB device at 2k tokens, the rest on a
+    /// 24 GiB one, and all of it at a budget of the whole device.
+    #[test]
+    fn the_allocator_reserve_counts_only_beyond_the_unbudgeted_share() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let t = target(Method::Lora, 2048);
+        let reserve = |gib, util| training_memory(&model, &t, 1, 0, (Bytes::gib(gib), util));
+        let whole = Bytes(1536 * MIB + 2048 * 128_256 * 4);
+        assert_eq!(reserve(80, 0.95).allocator_reserve, Bytes::ZERO);
+        let small = reserve(24, 0.95);
+        assert_eq!(
+            small.allocator_reserve,
+            whole.saturating_sub(Bytes::gib(24).saturating_sub(Bytes::gib(24).fraction(0.95)))
+        );
+        assert_eq!(small.overhead, BASE_OVERHEAD + small.allocator_reserve);
+        assert_eq!(reserve(80, 1.0).allocator_reserve, whole);
     }
 
     #[test]
