@@ -130,11 +130,16 @@ LORA_MODULES = {
 MIXTRAL_MODULES = {"gate": "w1", "up": "w3", "down": "w2"}
 
 
+GEMMA_32K = "fixtures/training/configs/gemma-2-9b-vocab-32k.json"
+GPT_OSS_32K = "fixtures/training/configs/gpt-oss-20b-vocab-32k.json"
+
+
 def default_cases() -> list[Case]:
-    """34 cases from 1B to 47B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
-    checkpointing on and off, full / LoRA / DPO, all three optimizer precisions, two MoEs.
-    A few minutes of H200 time (about a minute for the first 21 in steps); model building and
-    process start-up add to it. `--trace` runs them all without a GPU in about ten minutes."""
+    """41 cases from 1B to 47B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
+    checkpointing on and off, full / LoRA / DPO, all three optimizer precisions, two MoEs,
+    eager attention. A few minutes of H200 time (about a minute for the first 21 in steps);
+    model building and process start-up add to it. `--trace` runs them all without a GPU in
+    about ten minutes."""
     qv = ("q", "v")
     qkvo = ("q", "k", "v", "o")
     return [
@@ -189,6 +194,24 @@ def default_cases() -> list[Case]:
         Case("qwen3-30b-a3b-full-2k-bf16", "qwen3-30b-a3b", optimizer_states="bf16"),
         Case("mixtral-8x7b-lora-qkvo-4k-mb2", "mixtral-8x7b", method="lora", seq_len=4096,
              micro_batch=2, lora_targets=qkvo),
+        # Eager attention (transformers trains Gemma 2 and gpt-oss so: `_supports_sdpa =
+        # False`) keeps `s x s` scores per head. With their own vocabularies the loss's logits
+        # hide the scores behind the checkpointed backward pass, so two configs differ only in
+        # a 32k vocabulary (fixtures/training/configs/) and show them.
+        Case("gemma-2-9b-lora-qkvo-2k-nockpt", "gemma-2-9b", method="lora",
+             gradient_checkpointing=False, lora_targets=qkvo, attention="eager"),
+        Case("gpt-oss-20b-lora-qkvo-8k", "gpt-oss-20b", method="lora", seq_len=8192,
+             lora_targets=qkvo, attention="eager"),
+        Case("gpt-oss-20b-lora-qkvo-2k-mb2-nockpt", "gpt-oss-20b", method="lora",
+             micro_batch=2, gradient_checkpointing=False, lora_targets=qkvo, attention="eager"),
+        Case("gemma-2-9b-vocab-32k-lora-qkvo-8k", GEMMA_32K, method="lora", seq_len=8192,
+             lora_targets=qkvo, attention="eager"),
+        Case("gemma-2-9b-vocab-32k-lora-qkvo-1k-nockpt", GEMMA_32K, method="lora",
+             seq_len=1024, gradient_checkpointing=False, lora_targets=qkvo, attention="eager"),
+        Case("gpt-oss-20b-vocab-32k-lora-qkvo-4k", GPT_OSS_32K, method="lora", seq_len=4096,
+             lora_targets=qkvo, attention="eager"),
+        Case("gpt-oss-20b-vocab-32k-lora-qkvo-1k-nockpt", GPT_OSS_32K, method="lora",
+             seq_len=1024, gradient_checkpointing=False, lora_targets=qkvo, attention="eager"),
     ]
 
 
@@ -200,6 +223,8 @@ def load_presets() -> dict[str, dict]:
 def hf_config(model: str, presets: dict[str, dict]) -> dict:
     """The Hugging Face config fields for a preset key or a config.json path."""
     path = Path(model)
+    if not path.is_absolute() and (REPO / path).exists():
+        path = REPO / path  # fixtures/training/configs/... from any working directory
     if path.suffix == ".json" or path.is_dir():
         file = path / "config.json" if path.is_dir() else path
         with file.open() as f:

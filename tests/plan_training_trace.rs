@@ -15,6 +15,7 @@
 
 use hwaccel::hardware::GIB;
 use hwaccel::plan::Bytes;
+use hwaccel::plan::load::load_model;
 use hwaccel::plan::model::presets;
 use hwaccel::plan::training::{
     LoraTarget, Method, OptimizerStates, TrainingTarget, training_memory,
@@ -121,9 +122,15 @@ fn replay() -> Vec<Replayed> {
         );
         for row in traced.rows.iter().filter(|r| r.status == "ok") {
             let name = row.model.as_deref().expect("model");
-            let model = presets::find(name)
-                .expect("preset table")
-                .unwrap_or_else(|| panic!("{}: no preset {name}", row.case));
+            // A preset key, or a config.json in the repository (fixtures/training/configs/).
+            let model = if name.ends_with(".json") {
+                load_model(&format!("{}/{name}", env!("CARGO_MANIFEST_DIR")))
+                    .unwrap_or_else(|e| panic!("{}: {e}", row.case))
+            } else {
+                presets::find(name)
+                    .expect("preset table")
+                    .unwrap_or_else(|| panic!("{}: no preset {name}", row.case))
+            };
             let target = target(row);
             let memory = training_memory(&model, &target, 1, 0, (Bytes(1 << 50), 0.95));
             let planned = memory.weights + memory.gradients + memory.optimizer + memory.activations;

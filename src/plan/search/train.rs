@@ -234,7 +234,7 @@ fn peak_moment(m: &TrainingMemory) -> String {
         )
     } else {
         format!(
-            "the step peaks when the backward pass ends: every gradient ({}) plus the first layer being differentiated and the embedding's gradient {}",
+            "the step peaks while layers are differentiated: the gradients (up to {}) plus a layer's working set, the checkpointed inputs and the embedding's gradient {}",
             m.gradients, peak.backward_phase
         )
     }

@@ -8,10 +8,10 @@
 //!   activation is alive and the loss holds 12 bytes per logit — the FP32 log-probabilities
 //!   log-softmax saved, their gradient and the gradient of its input — but no parameter
 //!   gradient exists yet.
-//! * **The end of the backward pass** ([`ActivationPeak::backward_phase`]): every gradient
-//!   exists and the saved activations are gone, while the first layer is recomputed (with
-//!   checkpointing) and differentiated and the embedding's dense gradient is built (a second
-//!   copy for a moment when the output head shares it).
+//! * **While layers are differentiated** ([`ActivationPeak::backward_phase`]): up to every
+//!   gradient, one layer recomputed (with checkpointing) or still saved and its working set,
+//!   the checkpointed inputs still waiting, and the embedding's dense gradient (a second copy
+//!   for a moment when the output head shares it).
 //!
 //! So a step needs `weights + optimizer + max(loss phase, gradients + backward phase)`.
 //!
@@ -48,16 +48,42 @@ const INTERMEDIATE_BYTES: u128 = 8;
 /// gradient, so `17 h + 6 I` (traced: 16.6 h on Llama 3.1 8B), plus what its adapters keep.
 const FROZEN_HIDDEN_BYTES: u128 = 17;
 const FROZEN_INTERMEDIATE_BYTES: u128 = 6;
+/// An MoE layer also keeps, per token and routed expert, bytes per hidden unit: the token's
+/// copy gathered for its expert and the expert's output before the router's weighting
+/// (transformers 5's grouped experts). Traced per `k x h` (k experts per token): frozen 3.1
+/// (Qwen3-30B-A3B) and 1.9 (Mixtral), trained 5.5 and 3.4; gpt-oss's clamped SwiGLU keeps
+/// more, 8.0 frozen and 11.5 trained.
+const MOE_ROUTED_BYTES_FROZEN: u128 = 4;
+const MOE_ROUTED_BYTES_TRAINED: u128 = 6;
+const GPT_OSS_ROUTED_BYTES_FROZEN: u128 = 8;
+const GPT_OSS_ROUTED_BYTES_TRAINED: u128 = 12;
+
 /// Qwen3's per-head RMSNorm on queries and keys keeps their FP32 copies: 4 bytes per query
 /// and key unit (traced: 4 to 5 h more per layer on Qwen3 8B).
 const QK_NORM_BYTES: u128 = 4;
 
-/// Eager attention (Gemma 2 in transformers, whose soft-capping SDPA cannot do) keeps the
-/// `s x s` scores per head: the soft-cap's tanh and the 16-bit probabilities (2 + 2) and
-/// softmax's FP32 output (4).
-const EAGER_SAVED_BYTES_PER_SCORE: u128 = 8;
-/// ... and differentiating one such layer holds as much again in score gradients.
-const EAGER_BACKWARD_BYTES_PER_SCORE: u128 = 8;
+/// Bytes per attention score (`batch x heads x s x s`) that eager attention keeps for the
+/// backward pass, and that differentiating one such layer holds beside them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct EagerScores {
+    saved: u128,
+    backward: u128,
+}
+
+/// Gemma 2: the soft-cap's tanh (2), softmax's FP32 output (4), the 16-bit probabilities (2)
+/// and the mask's share; traced 9.1-10.2 bytes saved per score without checkpointing and
+/// 12.6-13.5 in all for the layer being differentiated (fixtures/training/).
+const GEMMA2_SCORES: EagerScores = EagerScores {
+    saved: 10,
+    backward: 4,
+};
+/// gpt-oss: the 16-bit probabilities with the sink column (2); traced 2.0 bytes saved (two
+/// rows of different sequence lengths solved for the per-token and per-score bytes) and
+/// 5.8-6.0 in all.
+const GPT_OSS_SCORES: EagerScores = EagerScores {
+    saved: 2,
+    backward: 4,
+};
 
 /// Gemma 2's final logit soft-capping (`tanh(logits / 30) * 30` in 16 bits) keeps the tanh's
 /// 16-bit output for the backward pass.
@@ -102,15 +128,20 @@ pub struct ActivationPeak {
     /// Alive when the backward pass starts, before any gradient: saved activations and the
     /// loss's logits.
     pub loss_phase: Bytes,
-    /// Alive beside the full gradients at the end of the backward pass: one layer recomputed
-    /// and differentiated, and the embedding's dense gradient.
+    /// Alive beside (up to) the full gradients while layers are differentiated: one layer and
+    /// its working set, the checkpointed inputs, and the embedding's dense gradient.
     pub backward_phase: Bytes,
 }
 
-/// Whether transformers trains `model_type` with eager attention: Gemma 2 soft-caps its
-/// attention scores, which SDPA cannot (`_supports_sdpa = False` in its modeling file).
-fn eager_attention(model_type: &str) -> bool {
-    model_type == "gemma2"
+/// What eager attention keeps for `model_type` when transformers trains it so: its modeling
+/// files set `_supports_sdpa = False` for Gemma 2 (SDPA cannot soft-cap scores) and gpt-oss
+/// (attention sinks), so without flash-attention kernels both run eager attention.
+fn eager_scores(model_type: &str) -> Option<EagerScores> {
+    match model_type {
+        "gemma2" => Some(GEMMA2_SCORES),
+        "gpt_oss" => Some(GPT_OSS_SCORES),
+        _ => None,
+    }
 }
 
 /// Whether the model normalises each head's queries and keys (`q_norm`, `k_norm`).
@@ -166,19 +197,31 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
             (add(base, u128::from(adapter_bytes_per_token)), 2)
         }
     };
-    let layer = mul(tokens, add(per_token, qk));
-    let scores = if eager_attention(&arch.model_type) {
-        mul(
-            mul(u128::from(step.batch), u128::from(arch.heads)),
-            mul(u128::from(step.seq_len), u128::from(step.seq_len)),
-        )
-    } else {
-        0
-    };
+    let routed = arch.moe.map_or(0, |moe| {
+        let trained = matches!(step.layers, Layers::Trained { .. });
+        let bytes = match (arch.model_type.as_str(), trained) {
+            ("gpt_oss", false) => GPT_OSS_ROUTED_BYTES_FROZEN,
+            ("gpt_oss", true) => GPT_OSS_ROUTED_BYTES_TRAINED,
+            (_, false) => MOE_ROUTED_BYTES_FROZEN,
+            (_, true) => MOE_ROUTED_BYTES_TRAINED,
+        };
+        mul(bytes, mul(u128::from(moe.experts_per_token), h))
+    });
+    let layer = mul(tokens, add(add(per_token, qk), routed));
+    let eager = eager_scores(&arch.model_type).unwrap_or(EagerScores {
+        saved: 0,
+        backward: 0,
+    });
+    let scores = mul(
+        mul(u128::from(step.batch), u128::from(arch.heads)),
+        mul(u128::from(step.seq_len), u128::from(step.seq_len)),
+    );
+    let layer_saved = add(layer, mul(scores, eager.saved));
+    let checkpoints = mul(mul(layers, tokens), mul(residual_bytes, h));
     let saved = if step.checkpointing {
-        mul(mul(layers, tokens), mul(residual_bytes, h))
+        checkpoints
     } else {
-        mul(layers, add(layer, mul(scores, EAGER_SAVED_BYTES_PER_SCORE)))
+        mul(layers, layer_saved)
     };
     let mut per_logit = if step.reference_model {
         DPO_BYTES_PER_LOGIT
@@ -189,10 +232,13 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         per_logit += SOFTCAP_BYTES_PER_LOGIT;
     }
     let logits = mul(mul(tokens, u128::from(arch.vocab)), per_logit);
-    // The first layer's activations (recomputed, or still saved) while it is differentiated.
-    let last_layer = add(layer, mul(scores, EAGER_SAVED_BYTES_PER_SCORE));
+    // Differentiating a layer: its activations (recomputed, or still saved) and its working
+    // set, while the checkpointed inputs of the layers below wait (the first layer
+    // differentiated peaks highest when the working set is large, as eager scores are), and
+    // the embedding's gradient.
+    let waiting = if step.checkpointing { checkpoints } else { 0 };
     let backward = add(
-        add(last_layer, mul(scores, EAGER_BACKWARD_BYTES_PER_SCORE)),
+        add(waiting, add(layer_saved, mul(scores, eager.backward))),
         mul(
             mul(u128::from(arch.vocab), h),
             u128::from(step.embedding_gradient_bytes),
@@ -303,41 +349,106 @@ mod tests {
         );
     }
 
-    /// The backward phase is one layer (recomputed or still saved) plus the embedding's
-    /// gradient when the embedding is trained.
+    /// The backward phase is one layer (recomputed or still saved), the checkpointed inputs
+    /// still waiting, and the embedding's gradient when the embedding is trained.
     #[test]
-    fn the_backward_phase_is_one_layer_and_the_embedding_gradient() {
+    fn the_backward_phase_is_one_layer_the_waiting_inputs_and_the_embedding_gradient() {
         let model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
         let layer = Bytes(1024 * (26 * 4096 + 8 * 14_336));
+        let inputs = Bytes(32 * 1024 * 4096 * 2);
         let trained = Layers::Trained {
             fp32_residual: false,
         };
         let mut s = step(1024, 1, true, trained);
-        assert_eq!(step_activations(&model, &s).backward_phase, layer);
+        assert_eq!(step_activations(&model, &s).backward_phase, inputs + layer);
         s.embedding_gradient_bytes = 2;
         assert_eq!(
             step_activations(&model, &s).backward_phase,
-            layer + Bytes(32_000 * 4096 * 2)
+            inputs + layer + Bytes(32_000 * 4096 * 2)
+        );
+        s.checkpointing = false;
+        s.embedding_gradient_bytes = 0;
+        assert_eq!(step_activations(&model, &s).backward_phase, layer);
+    }
+
+    /// Gemma 2's eager attention keeps the `s x s` scores (10 bytes each, 14 while its layer
+    /// is differentiated), and its soft-capped logits two more bytes each; gpt-oss's keeps 2
+    /// and 6; the same shapes under another model type keep neither.
+    #[test]
+    fn eager_attention_keeps_the_scores() {
+        let extra = |key: &str, s: &Step| {
+            let model = presets::find(key).unwrap().unwrap();
+            let mut plain = model.clone();
+            plain.arch.model_type = "llama".to_string();
+            let (e, p) = (step_activations(&model, s), step_activations(&plain, s));
+            (
+                e.loss_phase.saturating_sub(p.loss_phase),
+                e.backward_phase.saturating_sub(p.backward_phase),
+            )
+        };
+        let gemma_scores = 2 * 16 * 4096 * 4096u64;
+        let logits = Bytes(2 * 4096 * 256_000 * 2);
+        let checkpointed = step(4096, 2, true, FROZEN);
+        assert_eq!(
+            extra("gemma-2-9b", &checkpointed),
+            (logits, Bytes(gemma_scores * 14))
+        );
+        let saved = step(4096, 2, false, FROZEN);
+        assert_eq!(
+            extra("gemma-2-9b", &saved),
+            (
+                logits + Bytes(42 * gemma_scores * 10),
+                Bytes(gemma_scores * 14)
+            )
+        );
+        // gpt-oss: the scores, and its routed tokens' 8 bytes per hidden unit against the
+        // generic MoE's 4 (4 experts per token, h 2880).
+        let oss_scores = 64 * 8192 * 8192u64;
+        assert_eq!(
+            extra("gpt-oss-20b", &step(8192, 1, true, FROZEN)),
+            (
+                Bytes::ZERO,
+                Bytes(oss_scores * 6 + 8192 * (8 - 4) * 4 * 2880)
+            )
         );
     }
 
-    /// Gemma 2's eager attention keeps the `s x s` scores, and its soft-capped logits two
-    /// more bytes each; the same shape under another model type keeps neither.
+    /// An MoE layer keeps bytes per routed token copy: 4 per `k x h` frozen, 6 trained (8 and
+    /// 12 for gpt-oss); a dense model of the same shape keeps none.
     #[test]
-    fn gemma_2_pays_for_eager_attention_and_soft_capped_logits() {
-        let gemma = presets::find("gemma-2-9b").unwrap().unwrap();
-        let mut plain = gemma.clone();
-        plain.arch.model_type = "llama".to_string();
-        let s = step(4096, 2, true, FROZEN);
-        let (g, p) = (step_activations(&gemma, &s), step_activations(&plain, &s));
-        let scores = 2 * 16 * 4096 * 4096u64;
+    fn moe_layers_keep_each_routed_copy() {
+        let extra = |key: &str, layers: Layers| {
+            let model = presets::find(key).unwrap().unwrap();
+            let mut dense = model.clone();
+            dense.arch.moe = None;
+            dense.arch.intermediate = model.arch.moe.map_or(0, |m| {
+                m.experts_per_token * m.expert_intermediate + m.shared_intermediate
+            });
+            let s = step(1024, 1, false, layers);
+            step_activations(&model, &s)
+                .loss_phase
+                .saturating_sub(step_activations(&dense, &s).loss_phase)
+        };
+        let trained = Layers::Trained {
+            fp32_residual: false,
+        };
+        // Mixtral 8x7B: 32 layers, 2 experts per token, h 4096.
         assert_eq!(
-            g.backward_phase.saturating_sub(p.backward_phase),
-            Bytes(scores * 16)
+            extra("mixtral-8x7b", FROZEN),
+            Bytes(32 * 1024 * 4 * 2 * 4096)
         );
         assert_eq!(
-            g.loss_phase.saturating_sub(p.loss_phase),
-            Bytes(2 * 4096 * 256_000 * 2)
+            extra("mixtral-8x7b", trained),
+            Bytes(32 * 1024 * 6 * 2 * 4096)
+        );
+        // gpt-oss-20b: 24 layers, 4 experts per token, h 2880.
+        assert_eq!(
+            extra("gpt-oss-20b", FROZEN),
+            Bytes(24 * 1024 * 8 * 4 * 2880)
+        );
+        assert_eq!(
+            extra("gpt-oss-20b", trained),
+            Bytes(24 * 1024 * 12 * 4 * 2880)
         );
     }
 

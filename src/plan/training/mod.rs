@@ -407,9 +407,11 @@ pub fn training_memory(
             seq_len: target.seq_len,
             batch,
             checkpointing: target.gradient_checkpointing,
+            // Sharded data parallelism (ZeRO-2/3, FSDP) gathers and computes in 16 bits, so
+            // the residual stream is 16-bit there whatever the states' precision.
             layers: if full {
                 Layers::Trained {
-                    fp32_residual: fp32_params,
+                    fp32_residual: fp32_params && stage < 2,
                 }
             } else {
                 Layers::Frozen {
