@@ -432,24 +432,15 @@ mod tests {
         let trained = Layers::Trained {
             fp32_residual: false,
         };
-        // Mixtral 8x7B: 32 layers, 2 experts per token, h 4096.
-        assert_eq!(
-            extra("mixtral-8x7b", FROZEN),
-            Bytes(32 * 1024 * 4 * 2 * 4096)
-        );
-        assert_eq!(
-            extra("mixtral-8x7b", trained),
-            Bytes(32 * 1024 * 6 * 2 * 4096)
-        );
-        // gpt-oss-20b: 24 layers, 4 experts per token, h 2880.
-        assert_eq!(
-            extra("gpt-oss-20b", FROZEN),
-            Bytes(24 * 1024 * 8 * 4 * 2880)
-        );
-        assert_eq!(
-            extra("gpt-oss-20b", trained),
-            Bytes(24 * 1024 * 12 * 4 * 2880)
-        );
+        // Mixtral 8x7B: 32 layers, 2 experts per token, h 4096; gpt-oss-20b: 24, 4, 2880.
+        for (key, layers, expected) in [
+            ("mixtral-8x7b", FROZEN, 32 * 1024 * 4 * 2 * 4096u64),
+            ("mixtral-8x7b", trained, 32 * 1024 * 6 * 2 * 4096),
+            ("gpt-oss-20b", FROZEN, 24 * 1024 * 8 * 4 * 2880),
+            ("gpt-oss-20b", trained, 24 * 1024 * 12 * 4 * 2880),
+        ] {
+            assert_eq!(extra(key, layers), Bytes(expected), "{key} {layers:?}");
+        }
     }
 
     /// Qwen3's query and key norms keep 4 bytes per query and key unit in every layer.
