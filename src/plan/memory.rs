@@ -470,18 +470,7 @@ pub fn activation_peak(model: &Model, tp: u32, batched_tokens: u64, sequences: u
     let arch = &model.arch;
     // Saturating throughout: config fields are bounded when parsed, but a model built in code
     // is not, and an overflow must read as "too big", never wrap to something that fits.
-    let effective_intermediate = arch.moe.map_or(arch.intermediate, |moe| {
-        let routed = moe
-            .experts_per_token
-            .saturating_mul(moe.expert_intermediate)
-            .saturating_add(moe.shared_intermediate);
-        let has_dense = moe.moe_layers < arch.layers;
-        if has_dense {
-            routed.max(arch.intermediate)
-        } else {
-            routed
-        }
-    });
+    let effective_intermediate = arch.active_intermediate();
     let per_token = arch
         .hidden
         .saturating_mul(2)

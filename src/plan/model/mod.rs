@@ -223,6 +223,23 @@ impl Model {
 }
 
 impl Architecture {
+    /// The MLP width one token passes through in its largest layer: the routed experts'
+    /// (`experts_per_token x expert_intermediate`) plus the shared expert's, or the dense MLP's
+    /// where dense layers are wider. Activation estimates scale with it.
+    pub fn active_intermediate(&self) -> u64 {
+        self.moe.map_or(self.intermediate, |moe| {
+            let routed = moe
+                .experts_per_token
+                .saturating_mul(moe.expert_intermediate)
+                .saturating_add(moe.shared_intermediate);
+            if moe.moe_layers < self.layers {
+                routed.max(self.intermediate)
+            } else {
+                routed
+            }
+        })
+    }
+
     /// A dense, Llama-3-like shape with roughly `params` parameters: the hidden size grows in
     /// the steps Llama 3 and Qwen 2.5 use, heads are 128 wide, 8 KV heads, an MLP 3.5 times the
     /// hidden size, and as many layers as the count allows.

@@ -165,11 +165,7 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
     let add = u128::saturating_add;
     let tokens = mul(u128::from(step.seq_len), u128::from(step.batch));
     let h = u128::from(arch.hidden);
-    let intermediate = u128::from(arch.moe.map_or(arch.intermediate, |moe| {
-        moe.experts_per_token
-            .saturating_mul(moe.expert_intermediate)
-            .saturating_add(moe.shared_intermediate)
-    }));
+    let intermediate = u128::from(arch.active_intermediate());
     let layers = u128::from(arch.layers);
     let qk = if qk_norm(&arch.model_type) {
         let query_key = u128::from(arch.heads).saturating_add(u128::from(arch.kv_heads));

@@ -479,11 +479,7 @@ pub fn training_memory(
 /// (`fixtures/training/`): 2 bytes per input unit per adapter.
 fn adapter_inputs(model: &Model, target: &TrainingTarget) -> u64 {
     let arch = &model.arch;
-    let intermediate = arch.moe.map_or(arch.intermediate, |moe| {
-        moe.experts_per_token
-            .saturating_mul(moe.expert_intermediate)
-            .saturating_add(moe.shared_intermediate)
-    });
+    let intermediate = arch.active_intermediate();
     let attention_out = u64::from(arch.heads).saturating_mul(arch.head_dim);
     let input = |t: &LoraTarget| match t {
         LoraTarget::Q | LoraTarget::K | LoraTarget::V => (0, arch.hidden),
