@@ -8,7 +8,8 @@ use crate::plan::model::Model;
 use crate::plan::packing::{FreeDevices, Placement};
 use crate::plan::report::{Plan, TrainingSummary};
 use crate::plan::training::{
-    Method, OptimizerStates, TrainingMemory, TrainingTarget, ZeroStage, training_memory,
+    ALLOCATOR_RESERVE, ALLOCATOR_RESERVE_BYTES_PER_LOGIT, Method, OptimizerStates, TrainingMemory,
+    TrainingTarget, ZeroStage, training_memory,
 };
 use crate::plan::units::Bytes;
 
@@ -207,7 +208,7 @@ fn describe(
     ));
     plan.reasons.push(peak_moment(&m));
     plan.reasons.push(format!(
-        "margin for the caching allocator beyond the step's allocations: 1.5 GiB + 4 bytes per logit, met by the {} of the device outside the budget{} (provisional until measured on a GPU, docs/planner.md)",
+        "margin for the caching allocator beyond the step's allocations: {ALLOCATOR_RESERVE} + {ALLOCATOR_RESERVE_BYTES_PER_LOGIT} bytes per logit, met by the {} of the device outside the budget{} (provisional until measured on a GPU, docs/planner.md)",
         m.device.capacity.saturating_sub(m.device.budget),
         if m.allocator_reserve > Bytes::ZERO {
             format!(" and {} more in the overhead", m.allocator_reserve)

@@ -263,8 +263,9 @@ const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
 /// matched its allocations (2.6-3.4 GiB beyond them; 2.0 + 1.0 here), the shortfall growing
 /// with sequence x micro-batch x vocabulary — and errs towards refusing until measured rows
 /// replace it. The plan's reasons state it.
-const ALLOCATOR_RESERVE: Bytes = Bytes(1536 * MIB);
-const ALLOCATOR_RESERVE_BYTES_PER_LOGIT: u64 = 4;
+pub const ALLOCATOR_RESERVE: Bytes = Bytes(1536 * MIB);
+/// The reserve's part per logit (see [`ALLOCATOR_RESERVE`]).
+pub const ALLOCATOR_RESERVE_BYTES_PER_LOGIT: u64 = 4;
 
 /// Trainable parameters of `method` on `model`.
 pub fn trainable_params(model: &Model, target: &TrainingTarget) -> u64 {
