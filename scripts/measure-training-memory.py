@@ -12,14 +12,15 @@ process, so one case's cache, context and fragmentation never leak into the next
     scripts/measure-training-memory.py --dry-run          # validate them, print the plan as JSON
     scripts/measure-training-memory.py --out rows.json --csv rows.csv
     scripts/measure-training-memory.py --only llama-3.1-8b-full-2k --out rows.json
-    scripts/measure-training-memory.py --trace --out traced.json   # no GPU: allocations only
+    scripts/measure-training-memory.py --trace --out traced.json   # no GPU: traced and modelled
 
 `--trace` runs the same training code on fake tensors (PyTorch's FakeTensorMode: shapes and
 dtypes, no storage) and adds up the bytes of the live storages after every operation, so any
 machine with PyTorch gives each case's peak *allocated* memory in seconds, at any model size.
-It cannot see what only a GPU has: the caching allocator's slack, the CUDA context, kernel
-workspaces, and running out of memory. `fixtures/training/` holds such rows; the planner's
-allocations are tested against them (`tests/plan_training_trace.rs`).
+The same allocations, in their order, pass through a model of the CUDA caching allocator
+(`caching_allocator.py`) for the memory a GPU would *reserve* and whether an H200 would run
+out; only a GPU shows the CUDA context and what the model leaves out. `fixtures/training/`
+holds such rows; the planner is tested against them (`tests/plan_training_trace.rs`).
 
 Needs: PyTorch with CUDA (any PyTorch for `--trace`), transformers, PEFT (LoRA cases); bitsandbytes for `8bit` optimizer
 states (a case without it is recorded as `"status": "skipped"`). DPO is run without TRL: the
@@ -58,6 +59,17 @@ REPO = Path(__file__).resolve().parent.parent
 PRESETS = REPO / "src" / "plan" / "data" / "model-configs.json"
 STEPS = 3
 GIB = 1 << 30
+sys.path.insert(0, str(REPO / "scripts"))  # caching_allocator.py, however this file is loaded
+
+# What CUDA kernels allocate that the cpu device's kernels, which a trace runs, do not. cuBLAS
+# keeps a workspace per handle and stream, 32 MiB on sm90 by default (PyTorch's
+# CUBLAS_WORKSPACE_CONFIG ":4096:8", aten/src/ATen/cuda/CublasHandlePool.cpp; cuBLASLt
+# shares it), taken from the caching allocator at the first matrix product.
+CUBLAS_WORKSPACE = 32 << 20
+# An H200 as CUDA reports it (139.8 GiB) less a 512 MiB CUDA context: what a modelled H200's
+# allocator can reserve, for whether a traced case would run out of memory on one.
+H200_ALLOCATABLE = 150_108_897_280 - (512 << 20)
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm"}
 
 # Fields of the preset table that are the planner's own, not Hugging Face config fields.
 PLANNER_ONLY = {
@@ -321,11 +333,16 @@ def trace(case: Case, config: dict) -> dict:
     dtype and device, no storage); an allocation tracker counts the bytes of every live
     storage, as the CUDA caching allocator's `allocated` figure does (rounded up to its
     512-byte blocks), after every operation. The peak is what the program allocates, op for
-    op: the same model code, autograd, checkpointing, autocast casts and loss; not the
-    allocator's slack, the CUDA context or the kernels' private workspaces, which only a GPU
-    shows. It runs on the cpu device, whose autocast casts linear, matmul and attention to
-    BF16 as CUDA's does and whose SDPA picks a flash kernel that keeps what the CUDA one keeps
-    (the output and the log-sum-exp); the row names the attention and loss kernels used."""
+    op: the same model code, autograd, checkpointing, autocast casts and loss. It runs on the
+    cpu device, whose autocast casts linear, matmul and attention to BF16 as CUDA's does and
+    whose SDPA picks a flash kernel that keeps what the CUDA one keeps (the output and the
+    log-sum-exp); the row names the attention and loss kernels used.
+
+    The same allocations and frees, in order, also pass through a model of the CUDA caching
+    allocator (`caching_allocator.py`) with the CUDA kernels' own workspaces added
+    (`cuda_scratch`, `CUBLAS_WORKSPACE`): `modelled_gpu_peak_reserved_bytes` is the memory a
+    GPU's allocator would reserve for the step, and `modelled_h200` whether an H200's would
+    run out. Not seen: the CUDA context, and workspaces of kernels not named here."""
     import torch  # noqa: PLC0415
     from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
 
@@ -357,11 +374,14 @@ def trace(case: Case, config: dict) -> dict:
                 for t in [*m.parameters(), *m.buffers()]:
                     tracker.add(t)
         row["after_build_allocated_bytes"] = tracker.live
-        peaks = []
+        peaks, gpu_allocated, gpu_reserved = [], [], []
 
         def after_step():
             peaks.append(tracker.peak)
             tracker.peak = tracker.live
+            gpu_allocated.append(tracker.allocator.peak_allocated)
+            gpu_reserved.append(tracker.allocator.peak_reserved)
+            tracker.allocator.reset_peaks()
 
         with tracker:
             train_steps(case, model, reference, optimizer, hf.vocab_size, "cpu", after_step=after_step)
@@ -369,6 +389,13 @@ def trace(case: Case, config: dict) -> dict:
     row["status"] = "ok"
     row["peak_allocated_bytes"] = max(peaks)
     row["peak_allocated_by_step_bytes"] = peaks
+    # The same run through the model of the CUDA caching allocator: what a GPU would allocate
+    # (with the CUDA kernels' workspaces) and reserve, without the CUDA context.
+    row["modelled_gpu_peak_allocated_bytes"] = max(gpu_allocated)
+    row["modelled_gpu_peak_reserved_bytes"] = max(gpu_reserved)
+    row["modelled_gpu_peak_reserved_by_step_bytes"] = gpu_reserved
+    row["modelled_gpu_segments"] = tracker.allocator.segments
+    row["modelled_h200"] = "out of memory" if tracker.h200_out_of_memory else "fits"
     row["kernels"] = sorted(tracker.kernels)
     row["trace_seconds"] = round(time.perf_counter() - started, 1)
     return row
@@ -378,8 +405,13 @@ def allocation_tracker():
     """A dispatch mode that adds up the bytes of live tensor storages: every operation's
     outputs are counted once per storage, and a storage's bytes leave the count when Python
     frees it (a weak-reference callback), which is when the caching allocator would take the
-    block back."""
+    block back. The same allocations and frees, in their order, also go through a model of
+    the CUDA caching allocator (`caching_allocator.py`), with what CUDA kernels add that the
+    cpu device's do not (cuBLAS workspaces, flash-attention's backward scratch), for the
+    memory a GPU would reserve."""
     import weakref  # noqa: PLC0415
+
+    from caching_allocator import CachingAllocator, OutOfMemory  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
     from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
@@ -391,23 +423,45 @@ def allocation_tracker():
             self.live = 0
             self.peak = 0
             self.kernels: set[str] = set()
-            self._refs: dict[int, weakref.ref] = {}
+            self._refs: dict[int, tuple[weakref.ref, object]] = {}
+            self.allocator = CachingAllocator()
+            # The same program on an H200's allocator, which gives cached blocks back and
+            # retries before running out; None once it has run out.
+            self.h200: CachingAllocator | None = CachingAllocator(capacity=H200_ALLOCATABLE)
+            self.h200_out_of_memory = False
+            self._workspaces: list = []
+
+        def _on_h200(self, nbytes: int):
+            if self.h200 is None or not nbytes:
+                return None
+            try:
+                return self.h200.malloc(nbytes)
+            except OutOfMemory:
+                self.h200, self.h200_out_of_memory = None, True
+                return None
 
         def add(self, tensor) -> None:
             storage = tensor.untyped_storage()
             key = id(storage)
-            ref = self._refs.get(key)
-            if ref is not None and ref() is storage:
+            held = self._refs.get(key)
+            if held is not None and held[0]() is storage:
                 return
-            size = storage.nbytes()
-            size = 512 if size <= 512 else -(-size // 512) * 512  # the allocator's rounding
+            nbytes = storage.nbytes()
+            size = 512 if nbytes <= 512 else -(-nbytes // 512) * 512  # the allocator's rounding
+            # CUDA hands out no memory for an empty storage.
+            block = self.allocator.malloc(nbytes) if nbytes else None
+            on_h200 = self._on_h200(nbytes)
 
-            def free(_ref, key=key, size=size):
-                if self._refs.get(key) is _ref:
+            def free(ref, key=key, size=size, block=block, on_h200=on_h200):
+                if self._refs.get(key, (None,))[0] is ref:
                     del self._refs[key]
                 self.live -= size
+                if block is not None:
+                    self.allocator.free(block)
+                if on_h200 is not None and self.h200 is not None:
+                    self.h200.free(on_h200)
 
-            self._refs[key] = weakref.ref(storage, free)
+            self._refs[key] = (weakref.ref(storage, free), block)
             self.live += size
             self.peak = max(self.peak, self.live)
 
@@ -415,13 +469,45 @@ def allocation_tracker():
             name = str(func)
             if "attention" in name or "softmax" in name or "nll_loss" in name:
                 self.kernels.add(name)
+            if not self._workspaces and name.split(".")[1] in MATMULS:
+                # cuBLAS's workspace, one per handle and stream, through the caching allocator
+                # and never freed: the forward thread's and autograd's device thread's.
+                sizes = [CUBLAS_WORKSPACE] * 2
+                self._workspaces = [(self.allocator.malloc(n), self._on_h200(n)) for n in sizes]
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.add(t)
+            scratch = [(self.allocator.malloc(n), self._on_h200(n)) for n in cuda_scratch(name, args)]
+            for block, on_h200 in scratch:
+                self.allocator.free(block)
+                if on_h200 is not None and self.h200 is not None:
+                    self.h200.free(on_h200)
             return out
 
     return Tracker()
+
+
+def cuda_scratch(op: str, args) -> list[int]:
+    """The bytes a CUDA kernel for `op` takes and gives back beyond its outputs, where the cpu
+    kernel a trace runs does not. Flash attention's backward (PyTorch's port of flash-attention
+    2, `mha_bwd` in aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp) takes an
+    FP32 softmax correction (batch x heads x sequence rounded to 128), an FP32 accumulator for
+    the query gradient (batch x sequence rounded to 128 x heads x head size rounded to 32), and,
+    where keys and values have fewer heads than queries (GQA, which transformers passes to
+    SDPA as is), the key and value gradients expanded to every query head before they are
+    summed. The cpu kernel's arguments are (grad_out, query, key, value, ...), each
+    batch x heads x sequence x head size."""
+    if not (op.startswith("aten._scaled_dot_product_flash_attention") and "backward" in op):
+        return []
+    query, key = args[1], args[2]
+    batch, heads, seq, head_size = query.shape
+    seq_rounded = -(-seq // 128) * 128
+    head_rounded = -(-head_size // 32) * 32 if head_size <= 192 else 256
+    scratch = [4 * batch * heads * seq_rounded, 4 * batch * seq_rounded * heads * head_rounded]
+    if key.shape[1] != heads:
+        scratch += [query.element_size() * batch * key.shape[2] * heads * head_size] * 2
+    return scratch
 
 
 def base_row(case: Case) -> dict:
@@ -595,7 +681,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--deadline", type=int,
                         help="seconds for the whole run: a case that might not end before it (its --timeout) is not started")
     parser.add_argument("--trace", action="store_true",
-                        help="no GPU: trace each case's allocations with fake tensors (peak allocated only)")
+                        help="no GPU: trace each case's allocations with fake tensors (peak allocated; reserved by a model of the caching allocator)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -632,7 +718,11 @@ def main(argv: list[str]) -> int:
         print(f"measure-training-memory: {err} (measuring needs PyTorch; --list and --dry-run do not)", file=sys.stderr)
         return 1
     if args.trace:
-        provenance["device"] = "none: traced with FakeTensorMode on the cpu device (peak allocated bytes, no allocator, context or workspaces)"
+        provenance["device"] = (
+            "none: traced with FakeTensorMode on the cpu device (peak allocated bytes), and the same "
+            "allocations through a model of the CUDA caching allocator (caching_allocator.py) with "
+            "cuBLAS workspaces and flash-attention's backward scratch (modelled_gpu_*; no CUDA context)"
+        )
     elif not provenance.get("gpu"):
         print("measure-training-memory: no CUDA device (use --list or --dry-run without one)", file=sys.stderr)
         return 1
