@@ -41,6 +41,11 @@ in BF16 in every mode, and LoRA adapters are FP32 unless the states are bf16 (PE
 Peak device memory = peak reserved + CUDA context, where the context is what the device had
 in use after CUDA initialised and before the first tensor (`mem_get_info` total - free -
 reserved). The issue's rows use exactly this figure.
+
+On a GPU each row also carries, unless `--no-model`, what `--trace`'s tracker and allocator
+model make of the same run (`tracked_peak_allocated_bytes`, `modelled_gpu_*`): the measured
+peaks beside the modelled ones, step by step, test the model the planner's reserve is
+checked on.
 """
 
 from __future__ import annotations
@@ -294,17 +299,34 @@ def versions() -> dict:
     return info
 
 
-def measure(case: Case, config: dict) -> dict:
-    """Runs one case on the GPU in this process and returns its row."""
+def measure(case: Case, config: dict, model_allocator: bool = True) -> dict:
+    """Runs one case on the GPU in this process and returns its row. With `model_allocator`,
+    the steps also run under the allocation tracker of `--trace` (host-side bookkeeping that
+    holds no tensor alive), so the row carries the modelled allocator's figures for the very
+    run the GPU measured (`tracked_peak_allocated_bytes`, `modelled_gpu_*`); its step times
+    then include the tracker's Python overhead."""
+    import contextlib  # noqa: PLC0415
+
     import torch  # noqa: PLC0415
 
-    row = base_row(case)
+    row = {**base_row(case), "kind": "measured"}
     torch.cuda.init()
     torch.empty(1, device="cuda")
     free, total = torch.cuda.mem_get_info()
     row["cuda_context_bytes"] = total - free - torch.cuda.memory_reserved()
     row["device_total_bytes"] = total
     torch.cuda.reset_peak_memory_stats()
+    tracker = allocation_tracker() if model_allocator else None
+    figures = StepFigures(tracker) if tracker is not None else None
+    by_step: dict[str, list[int]] = {"allocated": [], "reserved": []}
+
+    def after_step():
+        by_step["allocated"].append(torch.cuda.max_memory_allocated())
+        by_step["reserved"].append(torch.cuda.max_memory_reserved())
+        torch.cuda.reset_peak_memory_stats()
+        if figures is not None:
+            figures.after_step()
+
     phase = "build"
     try:
         model, reference, hf = build_models(case, config, "cuda")
@@ -314,17 +336,27 @@ def measure(case: Case, config: dict) -> dict:
         if optimizer is None:
             return {**row, "status": "skipped", "reason": "bitsandbytes is not installed"}
         phase = "step"
-        times = train_steps(case, model, reference, optimizer, hf.vocab_size, "cuda", torch.cuda.synchronize)
+        if tracker is not None:
+            tracker.add_models(model, reference)
+        with tracker if tracker is not None else contextlib.nullcontext():
+            times = train_steps(
+                case, model, reference, optimizer, hf.vocab_size, "cuda", torch.cuda.synchronize, after_step
+            )
         row["status"] = "ok"
         row["step_seconds"] = sum(times[1:]) / max(1, len(times) - 1)
     except torch.OutOfMemoryError as err:
         row["status"] = "oom"
         row["phase"] = phase
         row["reason"] = str(err).splitlines()[0][:300]
-    row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    # A step cut short by running out of memory counts with what it reached.
+    row["peak_allocated_bytes"] = max([*by_step["allocated"], torch.cuda.max_memory_allocated()])
+    row["peak_reserved_bytes"] = max([*by_step["reserved"], torch.cuda.max_memory_reserved()])
+    row["peak_allocated_by_step_bytes"] = by_step["allocated"]
+    row["peak_reserved_by_step_bytes"] = by_step["reserved"]
     row["peak_device_bytes"] = row["peak_reserved_bytes"] + row["cuda_context_bytes"]
     row["peak_device_gib"] = round(row["peak_device_bytes"] / GIB, 3)
+    if figures is not None:
+        row.update(figures.fields("tracked_peak_allocated"))
     return row
 
 
@@ -369,36 +401,53 @@ def trace(case: Case, config: dict) -> dict:
         row.update(parameter_counts(model))
         optimizer = make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
         tracker = allocation_tracker()
-        for m in (model, reference):
-            if m is not None:
-                for t in [*m.parameters(), *m.buffers()]:
-                    tracker.add(t)
+        tracker.add_models(model, reference)
         row["after_build_allocated_bytes"] = tracker.live
-        peaks, gpu_allocated, gpu_reserved = [], [], []
-
-        def after_step():
-            peaks.append(tracker.peak)
-            tracker.peak = tracker.live
-            gpu_allocated.append(tracker.allocator.peak_allocated)
-            gpu_reserved.append(tracker.allocator.peak_reserved)
-            tracker.allocator.reset_peaks()
-
+        figures = StepFigures(tracker)
         with tracker:
-            train_steps(case, model, reference, optimizer, hf.vocab_size, "cpu", after_step=after_step)
+            train_steps(case, model, reference, optimizer, hf.vocab_size, "cpu", after_step=figures.after_step)
         row["after_steps_allocated_bytes"] = tracker.live
     row["status"] = "ok"
-    row["peak_allocated_bytes"] = max(peaks)
-    row["peak_allocated_by_step_bytes"] = peaks
-    # The same run through the model of the CUDA caching allocator: what a GPU would allocate
-    # (with the CUDA kernels' workspaces) and reserve, without the CUDA context.
-    row["modelled_gpu_peak_allocated_bytes"] = max(gpu_allocated)
-    row["modelled_gpu_peak_reserved_bytes"] = max(gpu_reserved)
-    row["modelled_gpu_peak_reserved_by_step_bytes"] = gpu_reserved
-    row["modelled_gpu_segments"] = tracker.allocator.segments
-    row["modelled_h200"] = "out of memory" if tracker.h200_out_of_memory else "fits"
-    row["kernels"] = sorted(tracker.kernels)
+    row.update(figures.fields("peak_allocated"))
     row["trace_seconds"] = round(time.perf_counter() - started, 1)
     return row
+
+
+class StepFigures:
+    """Each step's peaks as an allocation tracker saw them: the tracked storages, and the
+    modelled CUDA caching allocator's allocated and reserved bytes (which start each step
+    from where the last ended, as after `torch.cuda.reset_peak_memory_stats()`)."""
+
+    def __init__(self, tracker):
+        self.tracker = tracker
+        self.allocated: list[int] = []
+        self.gpu_allocated: list[int] = []
+        self.gpu_reserved: list[int] = []
+
+    def after_step(self) -> None:
+        tracker = self.tracker
+        self.allocated.append(tracker.peak)
+        tracker.peak = tracker.live
+        self.gpu_allocated.append(tracker.allocator.peak_allocated)
+        self.gpu_reserved.append(tracker.allocator.peak_reserved)
+        tracker.allocator.reset_peaks()
+
+    def fields(self, allocated_name: str) -> dict:
+        """The row's fields, the tracked peak named `allocated_name`. A step cut short (out of
+        memory) counts in the peaks with what it reached, not in the per-step lists."""
+        tracker = self.tracker
+        return {
+            f"{allocated_name}_bytes": max([*self.allocated, tracker.peak]),
+            f"{allocated_name}_by_step_bytes": self.allocated,
+            # What a GPU would allocate (with the CUDA kernels' workspaces) and reserve,
+            # without the CUDA context.
+            "modelled_gpu_peak_allocated_bytes": max([*self.gpu_allocated, tracker.allocator.peak_allocated]),
+            "modelled_gpu_peak_reserved_bytes": max([*self.gpu_reserved, tracker.allocator.peak_reserved]),
+            "modelled_gpu_peak_reserved_by_step_bytes": self.gpu_reserved,
+            "modelled_gpu_segments": tracker.allocator.segments,
+            "modelled_h200": "out of memory" if tracker.h200_out_of_memory else "fits",
+            "kernels": sorted(tracker.kernels),
+        }
 
 
 def allocation_tracker():
@@ -430,6 +479,14 @@ def allocation_tracker():
             self.h200: CachingAllocator | None = CachingAllocator(capacity=H200_ALLOCATABLE)
             self.h200_out_of_memory = False
             self._workspaces: list = []
+
+        def add_models(self, *models) -> None:
+            """Counts the parameters and buffers of `models` (None skipped), made before the
+            tracker was entered."""
+            for m in models:
+                if m is not None:
+                    for t in [*m.parameters(), *m.buffers()]:
+                        self.add(t)
 
         def _on_h200(self, nbytes: int):
             if self.h200 is None or not nbytes:
@@ -634,20 +691,23 @@ def dpo_loss(model, reference, tokens, pairs: int, beta: float = 0.1):
 # Driver.
 
 
-def child(case_json: str, config_json: str, traced: bool) -> None:
+def child(case_json: str, config_json: str, traced: bool, model_allocator: bool) -> None:
     """`--child`: one case in a fresh process; prints its row as one JSON line."""
     import torch  # noqa: PLC0415
 
     torch.manual_seed(0)  # MoE routing depends on the weights and tokens
     case = Case.from_json(json.loads(case_json))
     config = json.loads(config_json)
-    print("ROW " + json.dumps(trace(case, config) if traced else measure(case, config)), flush=True)
+    row = trace(case, config) if traced else measure(case, config, model_allocator)
+    print("ROW " + json.dumps(row), flush=True)
 
 
-def run_case(case: Case, config: dict, timeout: int, traced: bool) -> dict:
+def run_case(case: Case, config: dict, timeout: int, traced: bool, model_allocator: bool = True) -> dict:
     cmd = [sys.executable, __file__, "--child", json.dumps(dataclasses.asdict(case)), json.dumps(config)]
     if traced:
         cmd.append("--trace")
+    if not model_allocator:
+        cmd.append("--no-model")
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -682,10 +742,12 @@ def main(argv: list[str]) -> int:
                         help="seconds for the whole run: a case that might not end before it (its --timeout) is not started")
     parser.add_argument("--trace", action="store_true",
                         help="no GPU: trace each case's allocations with fake tensors (peak allocated; reserved by a model of the caching allocator)")
+    parser.add_argument("--no-model", action="store_true",
+                        help="on a GPU, measure only: no allocation tracker or allocator model beside the run")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(*args.child, traced=args.trace)
+        child(*args.child, traced=args.trace, model_allocator=not args.no_model)
         return 0
     try:
         if args.cases:
@@ -736,7 +798,7 @@ def main(argv: list[str]) -> int:
             # minutes are counted, and the rows so far are worth more than a killed run.
             row = {"case": case.name, "status": "not run", "reason": f"--deadline {args.deadline} s"}
         else:
-            row = run_case(case, configs[case.name], args.timeout, args.trace)
+            row = run_case(case, configs[case.name], args.timeout, args.trace, not args.no_model)
         rows.append(row)
         peak = row.get("peak_device_gib", "-")
         if args.trace and "peak_allocated_bytes" in row:
