@@ -186,8 +186,6 @@ def default_cases() -> list[Case]:
         Case("qwen2.5-14b-full-2k-bf16", "qwen2.5-14b", optimizer_states="bf16"),
         Case("qwen2.5-32b-lora-4k", "qwen2.5-32b", method="lora", seq_len=4096),
         Case("qwen2.5-32b-full-1k", "qwen2.5-32b", seq_len=1024),
-        # transformers 5 keeps an MoE layer's experts as 3-D parameters, which LoRA's
-        # module targets do not reach: adapt the attention, as PEFT's all-linear does there.
         Case("qwen3-30b-a3b-lora-2k", "qwen3-30b-a3b", method="lora", lora_targets=qkvo),
         Case("mixtral-8x7b-lora-qv-r8-2k", "mixtral-8x7b", method="lora", lora_rank=8,
              lora_targets=qv),
@@ -229,6 +227,14 @@ def default_cases() -> list[Case]:
              lora_targets=qkvo, attention="eager"),
         Case("gpt-oss-20b-vocab-32k-lora-qkvo-1k-nockpt", GPT_OSS_32K, method="lora",
              seq_len=1024, gradient_checkpointing=False, lora_targets=qkvo, attention="eager"),
+        # transformers 5 keeps an MoE layer's experts as 3-D parameters (`gate_up_proj`,
+        # `down_proj`); PEFT converts the module targets of Mixtral's and Qwen's families onto
+        # them, gate and up fused into one adapter of twice the rank.
+        Case("qwen3-30b-a3b-lora-all-2k", "qwen3-30b-a3b", method="lora"),
+        Case("qwen3-30b-a3b-lora-down-4k", "qwen3-30b-a3b", method="lora", seq_len=4096,
+             lora_targets=("down",)),
+        Case("mixtral-8x7b-lora-all-1k-mb2", "mixtral-8x7b", method="lora", seq_len=1024,
+             micro_batch=2),
     ]
 
 

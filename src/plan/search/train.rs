@@ -208,7 +208,7 @@ fn describe(
     ));
     plan.reasons.push(peak_moment(&m));
     plan.reasons.push(format!(
-        "margin for the caching allocator beyond the step's allocations: {ALLOCATOR_RESERVE} + {ALLOCATOR_RESERVE_BYTES_PER_LOGIT} bytes per logit, met by the {} of the device outside the budget{} (within ±8 % of a model of PyTorch's caching allocator on 40 traced steps; GPU measurements still to confirm it, docs/planner.md)",
+        "margin for the caching allocator beyond the step's allocations: {ALLOCATOR_RESERVE} + {ALLOCATOR_RESERVE_BYTES_PER_LOGIT} bytes per logit, met by the {} of the device outside the budget{} (within ±8 % of a model of PyTorch's caching allocator on 43 traced steps; GPU measurements still to confirm it, docs/planner.md)",
         m.device.capacity.saturating_sub(m.device.budget),
         if m.allocator_reserve > Bytes::ZERO {
             format!(" and {} more in the overhead", m.allocator_reserve)

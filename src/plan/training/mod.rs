@@ -262,7 +262,7 @@ const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
 /// that matched its allocations, the shortfall growing with sequence x micro-batch x
 /// vocabulary); then checked on the traced rows' allocations replayed through a model of
 /// PyTorch's CUDA caching allocator (`scripts/caching_allocator.py`): with this reserve the
-/// plan's device figure is within ±8 % of the modelled reserved memory on all 40 rows, where
+/// plan's device figure is within ±8 % of the modelled reserved memory on all 43 rows, where
 /// without it 13 rows fall more than 10 % short (to -20.9 %). The large blocks of the loss
 /// (FP32 logits and their gradient) are what the allocator cannot reuse once smaller
 /// allocations have split them. Measured rows are still to confirm it; the plan's reasons
@@ -279,7 +279,8 @@ pub fn trainable_params(model: &Model, target: &TrainingTarget) -> u64 {
     }
 }
 
-/// `r * (d_in + d_out)` summed over the adapted matrices of every layer (every expert too).
+/// `r * (d_in + d_out)` summed over the adapted matrices of every layer (every expert too; fused
+/// gate and up experts as PEFT adapts them, `PEFT_FUSED_GATE_UP`).
 pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
     let arch = &model.arch;
     // Saturating u128 arithmetic: a rank or a shape far beyond any real model yields a huge
@@ -308,34 +309,93 @@ pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
         }
     };
     let layers = u128::from(arch.layers);
-    let (moe_layers, mlp_copies, expert_i) = match arch.moe {
-        Some(moe) => {
-            let moe_layers = u128::from(moe.moe_layers.min(arch.layers));
-            let copies = u128::from(moe.experts) + u128::from(moe.shared_intermediate > 0);
-            (moe_layers, copies, u128::from(moe.expert_intermediate))
-        }
-        None => (0, 0, 0),
+    let (moe_layers, experts, expert_i, shared_i) = match arch.moe {
+        Some(moe) => (
+            u128::from(moe.moe_layers.min(arch.layers)),
+            u128::from(moe.experts),
+            u128::from(moe.expert_intermediate),
+            u128::from(moe.shared_intermediate),
+        ),
+        None => (0, 0, 0, 0),
     };
     let dense_layers = layers - moe_layers;
     let dense_i = u128::from(arch.intermediate);
+    // One MLP projection's adapters in every layer: the dense layers' and, in MoE layers,
+    // each routed expert's and the shared expert's (a plain MLP of its own width).
+    let mlp = || {
+        let shared = if shared_i > 0 {
+            adapter(h, shared_i)
+        } else {
+            0
+        };
+        let per_moe_layer = experts
+            .saturating_mul(adapter(h, expert_i))
+            .saturating_add(shared);
+        dense_layers
+            .saturating_mul(adapter(h, dense_i))
+            .saturating_add(moe_layers.saturating_mul(per_moe_layer))
+    };
     let mut total: u128 = 0;
     for target in targets {
         let count = match target {
             LoraTarget::Q => layers.saturating_mul(adapter(h, q_out)),
             LoraTarget::K | LoraTarget::V => layers.saturating_mul(adapter(h, kv_out)),
             LoraTarget::O => layers.saturating_mul(adapter(o_in, h)),
-            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => dense_layers
-                .saturating_mul(adapter(h, dense_i))
-                .saturating_add(
-                    moe_layers
-                        .saturating_mul(mlp_copies)
-                        .saturating_mul(adapter(h, expert_i)),
-                ),
+            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => mlp(),
         };
         total = total.saturating_add(count);
     }
+    if targets.contains(&LoraTarget::Gate)
+        && targets.contains(&LoraTarget::Up)
+        && PEFT_FUSED_GATE_UP.contains(&arch.model_type.as_str())
+    {
+        // PEFT adapts these families' routed experts on transformers 5's fused `gate_up_proj`
+        // as one adapter of rank 2r: the same A as the two adapters, but a dense B of
+        // 2I x 2r per expert where the two keep I x r each.
+        let extra = r.saturating_mul(2).saturating_mul(expert_i);
+        total = total.saturating_add(moe_layers.saturating_mul(experts).saturating_mul(extra));
+    }
     u64::try_from(total).unwrap_or(u64::MAX)
 }
+
+/// The MoE families whose experts transformers 5 stores fused (`gate_up_proj`, `down_proj` as
+/// 3-D parameters) and whose LoRA targets PEFT converts onto them, fusing the gate and up
+/// adapters into one of twice the rank (PEFT 0.21, `_MODEL_TO_CONVERSION_PATTERN` and
+/// `_MOE_FUSED_TARGETS` in `peft/utils/transformers_weight_conversion.py`; it refuses gate
+/// without up). Traced: Qwen3-30B-A3B with all seven targets trains 994.8 M parameters.
+/// gpt-oss and Llama 4 keep their experts fused in a layout PEFT's module targets do not
+/// reach (they need `target_parameters`); the planner counts their experts as separate
+/// adapters.
+const PEFT_FUSED_GATE_UP: &[&str] = &[
+    "mixtral",
+    "minimax",
+    "minimax_m2",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_omni_moe",
+    "qwen3_omni_moe_text",
+    "qwen3_omni_moe_thinker",
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "dots1",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "glm4v_moe",
+    "glm_moe_dsa",
+    "hunyuan_v1_moe",
+    "longcat_flash",
+    "flex_olmo",
+    "olmoe",
+    "exaone_moe",
+    "cohere2_moe",
+    "afmoe",
+    "beam",
+    "mellum",
+    "sarvam_mla",
+    "solar_open",
+];
 
 /// Per-device memory for `target` with `devices` data-parallel devices at ZeRO `stage`, on
 /// devices of `capacity` of which the fraction `gpu_util` may be used.
@@ -619,6 +679,38 @@ mod tests {
             zero2.device.total
         );
         assert!(zero3.device.within_budget(), "{}", zero3.device.total);
+    }
+
+    /// Issue 38: PEFT 0.21 on transformers 5 adapts Qwen3-MoE's and Mixtral's fused experts
+    /// with gate and up as one adapter of rank 2r (a dense 2I x 2r B per expert); traced
+    /// counts (`fixtures/training/`): 994,836,480 for Qwen3-30B-A3B with all seven targets at
+    /// r = 16. Without both of gate and up, and on gpt-oss (whose experts PEFT's module
+    /// targets do not reach), each expert projection counts as its own adapter.
+    #[test]
+    fn lora_on_fused_moe_experts_counts_what_peft_trains() {
+        let qwen = presets::find("qwen3-30b-a3b").unwrap().unwrap();
+        assert_eq!(lora_params(&qwen, 16, &LoraTarget::ALL), 994_836_480);
+        let separate = |model: &Model, targets: &[LoraTarget]| {
+            targets
+                .iter()
+                .map(|t| lora_params(model, 16, std::slice::from_ref(t)))
+                .sum::<u64>()
+        };
+        // 48 layers x 128 experts x 2 x 16 x 768 more than seven separate adapters.
+        assert_eq!(
+            lora_params(&qwen, 16, &LoraTarget::ALL) - separate(&qwen, &LoraTarget::ALL),
+            48 * 128 * 2 * 16 * 768
+        );
+        let gate_down = [LoraTarget::Gate, LoraTarget::Down];
+        assert_eq!(
+            lora_params(&qwen, 16, &gate_down),
+            separate(&qwen, &gate_down)
+        );
+        let gpt_oss = presets::find("gpt-oss-20b").unwrap().unwrap();
+        assert_eq!(
+            lora_params(&gpt_oss, 16, &LoraTarget::ALL),
+            separate(&gpt_oss, &LoraTarget::ALL)
+        );
     }
 
     #[test]
