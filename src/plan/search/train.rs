@@ -9,7 +9,7 @@ use crate::plan::packing::{FreeDevices, Placement};
 use crate::plan::report::{Plan, TrainingSummary};
 use crate::plan::training::{
     ALLOCATOR_RESERVE, ALLOCATOR_RESERVE_BYTES_PER_LOGIT, Method, OptimizerStates, TrainingMemory,
-    TrainingTarget, ZeroStage, training_memory,
+    TrainingTarget, ZeroStage, expert_adapter_note, training_memory,
 };
 use crate::plan::units::Bytes;
 
@@ -148,7 +148,9 @@ pub(super) fn plan(
             .map(|p| (*c, p))
     });
     match placed {
-        Some((candidate, placement)) => describe(&mut plan, fleet, target, candidate, placement),
+        Some((candidate, placement)) => {
+            describe(&mut plan, model, fleet, target, candidate, placement);
+        }
         None => refuse(&mut plan, model, fleet, request, target),
     }
     plan
@@ -171,6 +173,7 @@ fn summary(target: &TrainingTarget, memory: &TrainingMemory) -> TrainingSummary 
 
 fn describe(
     plan: &mut Plan,
+    model: &Model,
     fleet: &FreeDevices<'_>,
     target: &TrainingTarget,
     c: Candidate,
@@ -207,6 +210,7 @@ fn describe(
         m.device.budget
     ));
     plan.reasons.push(peak_moment(&m));
+    plan.reasons.extend(expert_adapter_note(model, target));
     plan.reasons.push(format!(
         "margin for the caching allocator beyond the step's allocations: {ALLOCATOR_RESERVE} + {ALLOCATOR_RESERVE_BYTES_PER_LOGIT} bytes per logit, met by the {} of the device outside the budget{} (within ±8 % of a model of PyTorch's caching allocator on 43 traced steps; GPU measurements still to confirm it, docs/planner.md)",
         m.device.capacity.saturating_sub(m.device.budget),

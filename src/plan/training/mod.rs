@@ -358,6 +358,33 @@ pub fn lora_params(model: &Model, rank: u64, targets: &[LoraTarget]) -> u64 {
     u64::try_from(total).unwrap_or(u64::MAX)
 }
 
+/// What a LoRA plan assumed about an MoE model's routed experts, when its targets reach the
+/// MLP: PEFT's fused gate and up adapters, or, where PEFT's module targets do not reach the
+/// experts at all (gpt-oss, Llama 4: 3-D parameters outside PEFT's conversion table; a trace
+/// of gpt-oss with all seven targets adapts the attention only, and no error says so),
+/// separate adapters that PEFT trains only when `target_parameters` names them.
+pub fn expert_adapter_note(model: &Model, target: &TrainingTarget) -> Option<String> {
+    let arch = &model.arch;
+    let lora = matches!(target.method, Method::Lora | Method::Qlora);
+    let mlp = target
+        .lora_targets
+        .iter()
+        .any(|t| matches!(t, LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down));
+    if !lora || !mlp || arch.moe.is_none() {
+        return None;
+    }
+    let model_type = &arch.model_type;
+    Some(if PEFT_FUSED_GATE_UP.contains(&model_type.as_str()) {
+        format!(
+            "LoRA on {model_type}'s routed experts counted as PEFT trains them on transformers 5: gate and up as one adapter of twice the rank on the fused gate_up_proj (its B dense), down on down_proj"
+        )
+    } else {
+        format!(
+            "LoRA on {model_type}'s routed experts counted as a separate adapter per expert projection; PEFT's target_modules do not reach them (transformers keeps them as 3-D parameters) and adapt only the attention and any shared expert unless target_parameters names the experts' gate_up_proj and down_proj"
+        )
+    })
+}
+
 /// The MoE families whose experts transformers 5 stores fused (`gate_up_proj`, `down_proj` as
 /// 3-D parameters) and whose LoRA targets PEFT converts onto them, fusing the gate and up
 /// adapters into one of twice the rank (PEFT 0.21, `_MODEL_TO_CONVERSION_PATTERN` and
@@ -711,6 +738,42 @@ mod tests {
             lora_params(&gpt_oss, 16, &LoraTarget::ALL),
             separate(&gpt_oss, &LoraTarget::ALL)
         );
+    }
+
+    /// The plan says which way it counted an MoE's expert adapters, and only when LoRA
+    /// reaches the MLP of an MoE model.
+    #[test]
+    fn the_expert_adapter_note_names_what_peft_does() {
+        let preset = |key| presets::find(key).unwrap().unwrap();
+        let lora = target(Method::Lora, 2048);
+        let note = |key, t: &TrainingTarget| expert_adapter_note(&preset(key), t);
+        assert!(
+            note("qwen3-30b-a3b", &lora)
+                .unwrap()
+                .contains("twice the rank")
+        );
+        assert!(
+            note("mixtral-8x7b", &lora)
+                .unwrap()
+                .contains("twice the rank")
+        );
+        assert!(
+            note("gpt-oss-20b", &lora)
+                .unwrap()
+                .contains("target_parameters")
+        );
+        assert!(
+            note("llama-4-scout", &lora)
+                .unwrap()
+                .contains("target_parameters")
+        );
+        assert_eq!(note("llama-3.1-8b", &lora), None);
+        assert_eq!(note("qwen3-30b-a3b", &target(Method::Full, 2048)), None);
+        let attention = TrainingTarget {
+            lora_targets: vec![LoraTarget::Q, LoraTarget::V],
+            ..lora
+        };
+        assert_eq!(note("gpt-oss-20b", &attention), None);
     }
 
     #[test]
