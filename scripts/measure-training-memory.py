@@ -478,7 +478,7 @@ def allocation_tracker():
             self.live = 0
             self.peak = 0
             self.kernels: set[str] = set()
-            self._refs: dict[int, tuple[weakref.ref, object]] = {}
+            self._refs: dict[int, weakref.ref] = {}
             self.allocator = CachingAllocator()
             # The same program on an H200's allocator, which gives cached blocks back and
             # retries before running out; None once it has run out.
@@ -494,37 +494,44 @@ def allocation_tracker():
                     for t in [*m.parameters(), *m.buffers()]:
                         self.add(t)
 
-        def _on_h200(self, nbytes: int):
-            if self.h200 is None or not nbytes:
-                return None
+        def _malloc(self, nbytes: int) -> tuple:
+            """`nbytes` from both modelled allocators: (block, H200 block), None where none
+            is taken (CUDA hands out no memory for an empty storage)."""
+            if not nbytes:
+                return None, None
+            block = self.allocator.malloc(nbytes)
+            if self.h200 is None:
+                return block, None
             try:
-                return self.h200.malloc(nbytes)
+                return block, self.h200.malloc(nbytes)
             except OutOfMemory:
                 self.h200, self.h200_out_of_memory = None, True
-                return None
+                return block, None
+
+        def _free(self, blocks: tuple) -> None:
+            block, on_h200 = blocks
+            if block is not None:
+                self.allocator.free(block)
+            if on_h200 is not None and self.h200 is not None:
+                self.h200.free(on_h200)
 
         def add(self, tensor) -> None:
             storage = tensor.untyped_storage()
             key = id(storage)
-            held = self._refs.get(key)
-            if held is not None and held[0]() is storage:
+            ref = self._refs.get(key)
+            if ref is not None and ref() is storage:
                 return
             nbytes = storage.nbytes()
             size = 512 if nbytes <= 512 else -(-nbytes // 512) * 512  # the allocator's rounding
-            # CUDA hands out no memory for an empty storage.
-            block = self.allocator.malloc(nbytes) if nbytes else None
-            on_h200 = self._on_h200(nbytes)
+            blocks = self._malloc(nbytes)
 
-            def free(ref, key=key, size=size, block=block, on_h200=on_h200):
-                if self._refs.get(key, (None,))[0] is ref:
+            def free(ref, key=key, size=size, blocks=blocks):
+                if self._refs.get(key) is ref:
                     del self._refs[key]
                 self.live -= size
-                if block is not None:
-                    self.allocator.free(block)
-                if on_h200 is not None and self.h200 is not None:
-                    self.h200.free(on_h200)
+                self._free(blocks)
 
-            self._refs[key] = (weakref.ref(storage, free), block)
+            self._refs[key] = weakref.ref(storage, free)
             self.live += size
             self.peak = max(self.peak, self.live)
 
@@ -535,17 +542,14 @@ def allocation_tracker():
             if not self._workspaces and name.split(".")[1] in MATMULS:
                 # cuBLAS's workspace, one per handle and stream, through the caching allocator
                 # and never freed: the forward thread's and autograd's device thread's.
-                sizes = [CUBLAS_WORKSPACE] * 2
-                self._workspaces = [(self.allocator.malloc(n), self._on_h200(n)) for n in sizes]
+                self._workspaces = [self._malloc(CUBLAS_WORKSPACE) for _ in range(2)]
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.add(t)
-            scratch = [(self.allocator.malloc(n), self._on_h200(n)) for n in cuda_scratch(name, args)]
-            for block, on_h200 in scratch:
-                self.allocator.free(block)
-                if on_h200 is not None and self.h200 is not None:
-                    self.h200.free(on_h200)
+            scratch = [self._malloc(n) for n in cuda_scratch(name, args)]
+            for blocks in scratch:
+                self._free(blocks)
             return out
 
     return Tracker()

@@ -747,26 +747,15 @@ mod tests {
         let preset = |key| presets::find(key).unwrap().unwrap();
         let lora = target(Method::Lora, 2048);
         let note = |key, t: &TrainingTarget| expert_adapter_note(&preset(key), t);
-        assert!(
-            note("qwen3-30b-a3b", &lora)
-                .unwrap()
-                .contains("twice the rank")
-        );
-        assert!(
-            note("mixtral-8x7b", &lora)
-                .unwrap()
-                .contains("twice the rank")
-        );
-        assert!(
-            note("gpt-oss-20b", &lora)
-                .unwrap()
-                .contains("target_parameters")
-        );
-        assert!(
-            note("llama-4-scout", &lora)
-                .unwrap()
-                .contains("target_parameters")
-        );
+        for (key, says) in [
+            ("qwen3-30b-a3b", "twice the rank"),
+            ("mixtral-8x7b", "twice the rank"),
+            ("gpt-oss-20b", "target_parameters"),
+            ("llama-4-scout", "target_parameters"),
+        ] {
+            let text = note(key, &lora).unwrap_or_else(|| panic!("{key}: no note"));
+            assert!(text.contains(says), "{key}: {text}");
+        }
         assert_eq!(note("llama-3.1-8b", &lora), None);
         assert_eq!(note("qwen3-30b-a3b", &target(Method::Full, 2048)), None);
         let attention = TrainingTarget {
