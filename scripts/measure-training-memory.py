@@ -23,7 +23,10 @@ out; only a GPU shows the CUDA context and what the model leaves out. `fixtures/
 holds such rows; the planner is tested against them (`tests/plan_training_trace.rs`).
 
 Needs: PyTorch with CUDA (any PyTorch for `--trace`), transformers, PEFT (LoRA cases); bitsandbytes for `8bit` optimizer
-states (a case without it is recorded as `"status": "skipped"`). DPO is run without TRL: the
+states (a case without it is recorded as `"status": "skipped"`); Liger Kernel for the cases
+with `"loss": "fused"` (its fused linear cross-entropy in place of transformers' loss, the
+planner's `--loss fused`; traced without launching its Triton kernels, which only write into
+tensors its Python code has allocated). DPO is run without TRL: the
 policy takes the chosen and the rejected sequence (a doubled batch) and a frozen copy of the
 model scores both under `no_grad`, the loss of arXiv:2305.18290 eq. 7, which is the memory
 shape of TRL's `DPOTrainer` with a reference model.
@@ -89,6 +92,9 @@ PLANNER_ONLY = {
 METHODS = ("full", "lora", "dpo")
 STATES = ("fp32", "bf16", "8bit")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
+# The loss: transformers' own (the whole logits tensor, upcast to FP32), or Liger Kernel's
+# fused linear cross-entropy (the planner's `--loss fused`), which never makes it.
+LOSSES = ("standard", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +111,7 @@ class Case:
     lora_rank: int = 16
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
     attention: str = "sdpa"
+    loss: str = "standard"
 
     def check(self) -> None:
         """Raises ValueError naming the field at fault."""
@@ -114,6 +121,10 @@ class Case:
             raise ValueError(f"{self.name}: optimizer_states {self.optimizer_states!r} not in {STATES}")
         if self.attention not in ATTENTION:
             raise ValueError(f"{self.name}: attention {self.attention!r} not in {ATTENTION}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"{self.name}: loss {self.loss!r} not in {LOSSES}")
+        if self.loss == "fused" and self.method == "dpo":
+            raise ValueError(f"{self.name}: the fused loss is measured for full and LoRA, not DPO")
         for field in ("seq_len", "micro_batch", "lora_rank"):
             value = getattr(self, field)
             if not isinstance(value, int) or not 1 <= value <= 1 << 20:
@@ -152,9 +163,9 @@ GPT_OSS_32K = "fixtures/training/configs/gpt-oss-20b-vocab-32k.json"
 
 
 def default_cases() -> list[Case]:
-    """41 cases from 1B to 47B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
+    """49 cases from 1B to 47B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
     checkpointing on and off, full / LoRA / DPO, all three optimizer precisions, two MoEs,
-    eager attention. A few minutes of H200 time (about a minute for the first 21 in steps);
+    eager attention, transformers' loss and Liger Kernel's fused one. A few minutes of H200 time (about a minute for the first 21 in steps);
     model building and process start-up add to it. `--trace` runs them all without a GPU in
     about ten minutes."""
     qv = ("q", "v")
@@ -235,6 +246,17 @@ def default_cases() -> list[Case]:
              lora_targets=("down",)),
         Case("mixtral-8x7b-lora-all-1k-mb2", "mixtral-8x7b", method="lora", seq_len=1024,
              micro_batch=2),
+        # Liger Kernel's fused linear cross-entropy (`--loss fused`): the logits never whole.
+        Case("llama-3.1-8b-lora-16k-fused", "llama-3.1-8b", method="lora", seq_len=16384,
+             loss="fused"),
+        Case("llama-3.2-1b-full-8k-mb4-fused", "llama-3.2-1b", seq_len=8192, micro_batch=4,
+             loss="fused"),
+        Case("qwen2.5-14b-lora-8k-mb2-fused", "qwen2.5-14b", method="lora", seq_len=8192,
+             micro_batch=2, loss="fused"),
+        Case("qwen3-8b-full-4k-bf16-fused", "qwen3-8b", seq_len=4096, optimizer_states="bf16",
+             loss="fused"),
+        Case("mistral-7b-lora-8k-mb2-nockpt-fused", "mistral-7b-v0.1", method="lora",
+             seq_len=8192, micro_batch=2, gradient_checkpointing=False, loss="fused"),
     ]
 
 
@@ -289,11 +311,18 @@ def versions() -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "gpu_total_bytes": torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else None,
     }
-    for module in ("transformers", "peft", "bitsandbytes", "trl", "flash_attn"):
+    for module in ("transformers", "peft", "bitsandbytes", "trl", "flash_attn", "liger_kernel"):
         try:
             info[module] = __import__(module).__version__
-        except ImportError:
+        except (ImportError, AttributeError):
             info[module] = None
+    if info["liger_kernel"] is None:
+        try:
+            from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+            info["liger_kernel"] = version("liger-kernel")
+        except PackageNotFoundError:
+            pass
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -316,6 +345,9 @@ def measure(case: Case, config: dict, model_allocator: bool = True) -> dict:
     import torch  # noqa: PLC0415
 
     row = {**base_row(case), "kind": "measured"}
+    missing = missing_module(case)
+    if missing:
+        return {**row, "status": "skipped", "reason": missing}
     torch.cuda.init()
     torch.empty(1, device="cuda")
     free, total = torch.cuda.mem_get_info()
@@ -385,6 +417,9 @@ def trace(case: Case, config: dict) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
 
     row = {**base_row(case), "kind": "traced"}
+    missing = missing_module(case)
+    if missing:
+        return {**row, "status": "skipped", "reason": missing}
     if case.optimizer_states == "8bit":
         return {**row, "status": "skipped", "reason": "8-bit Adam runs bitsandbytes' CUDA kernels; it cannot be traced"}
     if case.attention == "flash_attention_2":
@@ -472,6 +507,10 @@ def allocation_tracker():
     from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
     from torch.utils._pytree import tree_flatten  # noqa: PLC0415
 
+    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
+
+    DATA_DEPENDENT = {torch.ops.aten._local_scalar_dense.default: 1, torch.ops.aten.equal.default: True}
+
     class Tracker(TorchDispatchMode):
         def __init__(self):
             super().__init__()
@@ -537,6 +576,11 @@ def allocation_tracker():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = str(func)
+            if func in DATA_DEPENDENT and isinstance(args[0], FakeTensor):
+                # A fake tensor has no values. Liger's fused loss asks for two, both read
+                # only by kernels a trace does not launch: how many tokens count (`.item()`)
+                # and whether the loss's gradient is 1 (`torch.equal`). Neither allocates.
+                return DATA_DEPENDENT[func]
             if "attention" in name or "softmax" in name or "nll_loss" in name:
                 self.kernels.add(name)
             if not self._workspaces and name.split(".")[1] in MATMULS:
@@ -615,6 +659,8 @@ def build_models(case: Case, config: dict, device: str):
                     hf, torch_dtype=dtype, attn_implementation=case.attention
                 )
 
+    if case.loss == "fused":
+        use_fused_loss(model_type, traced=device == "cpu")
     if case.method == "lora":
         import peft  # noqa: PLC0415
 
@@ -639,6 +685,45 @@ def build_models(case: Case, config: dict, device: str):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model, reference, hf
+
+
+def missing_module(case: Case) -> str | None:
+    """Why `case` cannot run here, when a package it needs is not installed."""
+    if case.loss == "fused":
+        try:
+            import liger_kernel  # noqa: F401, PLC0415
+        except ImportError:
+            return "liger-kernel is not installed (the fused loss is Liger Kernel's)"
+    return None
+
+
+def use_fused_loss(model_type: str, traced: bool) -> None:
+    """Liger Kernel's fused linear cross-entropy in place of transformers' loss, as TRL's and
+    the HF Trainer's `use_liger_kernel=True` put it there (the model class's forward patched),
+    with Liger's other kernels (RMSNorm, SwiGLU, RoPE) left off so that the layers are the ones
+    the other cases run. Traced, no Triton kernel is launched (there is no GPU): Liger's
+    cross-entropy kernel writes the loss and the logits' gradient into tensors its Python code
+    allocated before the launch, so what the trace counts is that code's allocations, the same
+    launched or not."""
+    import inspect  # noqa: PLC0415
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN  # noqa: PLC0415
+
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        raise ValueError(f"Liger Kernel has no fused loss for model type {model_type!r}")
+    kernels = {name: False for name, p in inspect.signature(apply).parameters.items()
+               if isinstance(p.default, bool)}
+    apply(**{**kernels, "fused_linear_cross_entropy": True})
+    if traced:
+        import liger_kernel.ops.fused_linear_cross_entropy as fused  # noqa: PLC0415
+
+        class NotLaunched:
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: None
+
+        fused.liger_cross_entropy_kernel = NotLaunched()
+        fused.element_mul_kernel = NotLaunched()
 
 
 def train_steps(case: Case, model, reference, optimizer, vocab: int, device: str,

@@ -1500,6 +1500,45 @@ fn optimizer_states_are_stated_and_change_the_plan() {
     );
 }
 
+/// Issue 38: `--loss fused` (a fused linear cross-entropy, Liger Kernel's) plans without the
+/// whole logits; the plan says which loss it assumed, and a plan refused at a long sequence
+/// with the standard loss names the flag and what it would save.
+#[test]
+fn a_fused_loss_is_stated_and_fits_what_the_standard_loss_cannot() {
+    let args = |loss: &'static str| {
+        vec![
+            "--model",
+            "llama-3.1-8b",
+            "--hardware",
+            "1x1xH100",
+            "--train",
+            "lora",
+            "--seq-len",
+            "32768",
+            "--loss",
+            loss,
+        ]
+    };
+    let (code, standard) = json(&args("standard"));
+    assert_eq!(code, 2, "{standard}");
+    assert_eq!(standard["fits"], false, "{standard}");
+    assert!(standard["reasons"].to_string().contains("loss standard"));
+    assert!(
+        standard["suggestions"].to_string().contains("--loss fused"),
+        "{}",
+        standard["suggestions"]
+    );
+    let (code, fused) = json(&args("fused"));
+    assert_eq!(code, 0, "{fused}");
+    assert_eq!(fused["fits"], true, "{fused}");
+    assert_eq!(fused["training"]["loss"], "fused");
+    assert!(fused["reasons"].to_string().contains("loss fused"));
+    assert!(!fused["suggestions"].to_string().contains("--loss fused"));
+    let mut chunky = args("standard");
+    *chunky.last_mut().unwrap() = "chunky";
+    bad_input(&chunky, "--loss");
+}
+
 /// Issue 38: YaRN asked for on a preset lengthens its context and the emitted arguments apply
 /// it: Qwen3-8B at 131,072 tokens (its model card: factor 4 over 32,768) is refused without
 /// it and planned with it; today's vLLM takes `--hf-overrides`, vLLM before 0.12

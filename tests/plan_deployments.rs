@@ -885,6 +885,7 @@ fn train(model: &str, hardware: &str, method: Method, seq_len: u64, rank: u64) -
         lora_rank: rank,
         lora_targets: LoraTarget::ALL.to_vec(),
         optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
+        loss: Default::default(),
     });
     plan(&model, &nodes, &Reservations::none(), &request).unwrap()
 }

@@ -21,7 +21,7 @@ use hwaccel::plan::search::{
     valid_tensor_parallel_sizes,
 };
 use hwaccel::plan::shorthand::parse_hardware;
-use hwaccel::plan::training::{LoraTarget, Method, TrainingTarget, training_memory};
+use hwaccel::plan::training::{LoraTarget, Loss, Method, TrainingTarget, training_memory};
 use hwaccel::plan::weights::WeightBytes;
 use hwaccel::plan::{Bytes, Model, NodeSpec, Reservations};
 use proptest::prelude::*;
@@ -618,6 +618,7 @@ proptest! {
         model_index in 0usize..64,
         method in prop::sample::select(vec![Method::Full, Method::Lora, Method::Qlora, Method::Dpo]),
         seq_len in prop::sample::select(vec![256u64, 1024, 4096]),
+        loss in prop::sample::select(vec![Loss::Standard, Loss::Fused]),
     ) {
         let model = model(model_index);
         let nodes = parse_hardware(&hardware).unwrap();
@@ -630,6 +631,7 @@ proptest! {
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
+            loss,
         });
         let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
         if result.fits {
@@ -772,7 +774,11 @@ proptest! {
 
     /// More sharding never needs more memory per device.
     #[test]
-    fn training_memory_shrinks_with_sharding(model_index in 0usize..64, devices in 2u32..64) {
+    fn training_memory_shrinks_with_sharding(
+        model_index in 0usize..64,
+        devices in 2u32..64,
+        loss in prop::sample::select(vec![Loss::Standard, Loss::Fused]),
+    ) {
         let model = model(model_index);
         let target = TrainingTarget {
             method: Method::Full,
@@ -782,6 +788,7 @@ proptest! {
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
+            loss,
         };
         let device = (Bytes::gib(80), 0.9);
         let total = |n: u32, stage: u8| training_memory(&model, &target, n, stage, device).device.total;

@@ -25,7 +25,7 @@ use hwaccel::plan::Bytes;
 use hwaccel::plan::load::load_model;
 use hwaccel::plan::model::presets;
 use hwaccel::plan::training::{
-    LoraTarget, Method, OptimizerStates, TrainingTarget, training_memory,
+    LoraTarget, Loss, Method, OptimizerStates, TrainingTarget, training_memory,
 };
 use serde::Deserialize;
 
@@ -47,6 +47,7 @@ struct Row {
     micro_batch: Option<u64>,
     gradient_checkpointing: Option<bool>,
     optimizer_states: Option<String>,
+    loss: Option<String>,
     lora_rank: Option<u64>,
     lora_targets: Option<Vec<String>>,
     trainable_params: Option<u64>,
@@ -104,6 +105,12 @@ fn target(row: &Row) -> TrainingTarget {
             .map(|t| LoraTarget::parse(t).unwrap_or_else(|| panic!("{}: target {t}", row.case)))
             .collect(),
         optimizer_states,
+        // Rows traced before the loss was a choice ran transformers' own.
+        loss: match row.loss.as_deref() {
+            None | Some("standard") => Loss::Standard,
+            Some("fused") => Loss::Fused,
+            other => panic!("{}: loss {other:?}", row.case),
+        },
     }
 }
 

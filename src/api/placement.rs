@@ -80,6 +80,21 @@ pub enum OptimizerStates {
     EightBit,
 }
 
+// The doc line below is the CRD field's description.
+/// How the training loss is computed: `standard` (the default: transformers' cross-entropy on
+/// the whole logits tensor, upcast to FP32) or `fused` (a fused linear cross-entropy over
+/// chunks of tokens, such as Liger Kernel's with `use_liger_kernel=True`; the logits are never
+/// whole, which saves about 12 bytes per token and vocabulary entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainLoss {
+    /// transformers' cross-entropy on the whole logits tensor.
+    #[default]
+    Standard,
+    /// A fused linear cross-entropy over chunks of tokens (Liger Kernel).
+    Fused,
+}
+
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -306,6 +321,11 @@ pub struct TrainGoal {
     /// and moments in BF16, 8 bytes) or `8bit` (8-bit Adam moments, FP32 master, 10 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub optimizer_states: Option<OptimizerStates>,
+    /// How the loss is computed: `standard` (the default: transformers' cross-entropy on the
+    /// whole logits tensor, upcast to FP32) or `fused` (a fused linear cross-entropy over
+    /// chunks of tokens, such as Liger Kernel's with `use_liger_kernel=True`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<TrainLoss>,
 }
 
 fn default_seq_len() -> u32 {

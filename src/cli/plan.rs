@@ -25,7 +25,7 @@ use crate::plan::report::Plan;
 use crate::plan::request::{ModelInput, PlanInput, prepare};
 use crate::plan::search::{Disaggregation, Goal, plan};
 use crate::plan::shorthand::parse_hardware;
-use crate::plan::training::{LoraTarget, Method, OptimizerStates, TrainingTarget};
+use crate::plan::training::{LoraTarget, Loss, Method, OptimizerStates, TrainingTarget};
 
 /// The goal flags `hwaccel plan` and `hwaccel fleet` share: serving or training, their
 /// shape, precision and limits. One struct so the two commands cannot drift apart.
@@ -69,6 +69,11 @@ pub struct GoalArgs {
     /// Adam moments), bf16 (everything in BF16) or 8bit (8-bit Adam moments).
     #[arg(long, value_enum, default_value_t = OptimizerStates::Fp32)]
     pub optimizer_states: OptimizerStates,
+    /// The training loss: standard (transformers' cross-entropy on the whole logits, upcast to
+    /// FP32) or fused (a fused linear cross-entropy over chunks of tokens, such as Liger
+    /// Kernel's with `use_liger_kernel=True`; the logits are never whole).
+    #[arg(long, value_enum, default_value_t = Loss::Standard)]
+    pub loss: Loss,
     /// LoRA rank.
     #[arg(long, default_value_t = 16)]
     pub lora_rank: u64,
@@ -271,6 +276,7 @@ impl GoalArgs {
                 lora_rank: self.lora_rank,
                 lora_targets: lora_targets(&self.lora_targets)?,
                 optimizer_states: self.optimizer_states,
+                loss: self.loss,
             }),
             None => Goal::Serve {
                 context: self.context,

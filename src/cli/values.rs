@@ -7,7 +7,7 @@ use clap::builder::PossibleValue;
 
 use crate::output::Format;
 use crate::plan::kv::KvDtype;
-use crate::plan::training::{Method, OptimizerStates};
+use crate::plan::training::{Loss, Method, OptimizerStates};
 use crate::telemetry::LogFormat;
 
 /// Implements `ValueEnum` for a unit enum from `Variant => ("name", "help")` lines.
@@ -65,6 +65,17 @@ value_enum!(OptimizerStates {
     ),
 });
 
+value_enum!(Loss {
+    Loss::Standard => (
+        "standard",
+        "transformers' cross-entropy on the whole logits tensor, upcast to FP32"
+    ),
+    Loss::Fused => (
+        "fused",
+        "A fused linear cross-entropy over chunks of tokens (Liger Kernel, use_liger_kernel=True)"
+    ),
+});
+
 value_enum!(LogFormat {
     LogFormat::Json => ("json", "One JSON object per line"),
     LogFormat::Text => ("text", "Human-readable text"),
@@ -88,6 +99,7 @@ mod tests {
         check::<KvDtype>();
         check::<Method>();
         check::<OptimizerStates>();
+        check::<Loss>();
         for format in Format::value_variants() {
             let name = format.to_possible_value().map(|v| v.get_name().to_string());
             assert_eq!(name, Some(format!("{format:?}").to_lowercase()));

@@ -199,11 +199,13 @@ fn spec_json() -> BoxedStrategy<Value> {
             prop::sample::select(vec!["full", "lora", "qlora", "dpo"]),
             number(),
             number(),
-            number()
+            number(),
+            prop::sample::select(vec!["standard", "fused", "chunky"]),
+            prop::sample::select(vec!["fp32", "bf16", "8bit", "fp8"]),
         )
-            .prop_map(|(method, seq, micro, rank)| {
+            .prop_map(|(method, seq, micro, rank, loss, states)| {
                 json!({"train": {"method": method, "seqLen": seq, "microBatch": micro,
-                                 "loraRank": rank}})
+                                 "loraRank": rank, "loss": loss, "optimizerStates": states}})
             }),
     ]
     .boxed();

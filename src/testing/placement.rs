@@ -12,7 +12,7 @@
 use crate::api::ModelPlacement;
 use crate::api::placement::{
     Constraints, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice, ServeGoal, TrainGoal,
-    TrainMethod,
+    TrainLoss, TrainMethod,
 };
 
 /// The name a built placement gets unless [`PlacementBuilder::name`] says otherwise.
@@ -59,6 +59,7 @@ impl PlacementBuilder {
                     micro_batch: 1,
                     lora_rank: 16,
                     optimizer_states: None,
+                    loss: None,
                 }),
             },
         )
@@ -148,6 +149,15 @@ impl PlacementBuilder {
     pub fn lora_rank(mut self, rank: u32) -> Self {
         if let Some(train) = &mut self.spec.goal.train {
             train.lora_rank = rank;
+        }
+        self
+    }
+
+    /// How the training loss is computed (ignored for serving).
+    #[must_use]
+    pub fn loss(mut self, loss: TrainLoss) -> Self {
+        if let Some(train) = &mut self.spec.goal.train {
+            train.loss = Some(loss);
         }
         self
     }

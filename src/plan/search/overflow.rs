@@ -17,7 +17,7 @@ use crate::plan::model::{
 use crate::plan::report::Plan;
 use crate::plan::shorthand::parse_hardware;
 use crate::plan::training::activations::{Layers, Step, step_activations};
-use crate::plan::training::{LoraTarget, Method, TrainingTarget};
+use crate::plan::training::{LoraTarget, Loss, Method, TrainingTarget};
 use crate::plan::units::Bytes;
 use crate::plan::weights::WeightBytes;
 
@@ -31,6 +31,7 @@ fn train(seq_len: u64, micro_batch: u64, method: Method, lora_rank: u64) -> Plan
         lora_rank,
         lora_targets: LoraTarget::ALL.to_vec(),
         optimizer_states: crate::plan::training::OptimizerStates::Fp32,
+        loss: Default::default(),
     });
     request
 }
@@ -56,22 +57,32 @@ fn seq_len_times_micro_batch_beyond_64_bits_is_refused() {
         (u64::MAX, 1),
     ] {
         for method in [Method::Full, Method::Lora, Method::Qlora, Method::Dpo] {
-            let request = train(seq_len, micro_batch, method, 16);
-            let plan = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
-            assert!(!plan.fits, "{seq_len} x {micro_batch} {method:?}");
+            for loss in [Loss::Standard, Loss::Fused] {
+                let mut request = train(seq_len, micro_batch, method, 16);
+                if let Goal::Train(target) = &mut request.goal {
+                    target.loss = loss;
+                }
+                let plan = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
+                assert!(!plan.fits, "{seq_len} x {micro_batch} {method:?} {loss}");
+            }
         }
     }
-    let step = Step {
-        seq_len: u64::MAX,
-        batch: u64::MAX,
-        checkpointing: true,
-        layers: Layers::Trained {
-            fp32_residual: true,
-        },
-        embedding_gradient_bytes: 4,
-        reference_model: true,
-    };
-    assert!(step_activations(&model, &step).loss_phase.is_saturated());
+    for fused_loss in [false, true] {
+        let step = Step {
+            seq_len: u64::MAX,
+            batch: u64::MAX,
+            checkpointing: true,
+            layers: Layers::Trained {
+                fp32_residual: true,
+            },
+            embedding_gradient_bytes: 4,
+            reference_model: true,
+            fused_loss,
+        };
+        let peak = step_activations(&model, &step);
+        assert!(peak.loss_phase.is_saturated(), "fused {fused_loss}");
+        assert!(peak.backward_phase.is_saturated(), "fused {fused_loss}");
+    }
 }
 
 #[test]

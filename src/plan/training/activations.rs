@@ -7,11 +7,13 @@
 //! * **The start of the backward pass** ([`ActivationPeak::loss_phase`]): every saved
 //!   activation is alive and the loss holds 12 bytes per logit — the FP32 log-probabilities
 //!   log-softmax saved, their gradient and the gradient of its input — but no parameter
-//!   gradient exists yet.
+//!   gradient exists yet. A fused loss (Liger Kernel's) holds one chunk of logits instead, and
+//!   the hidden states' gradient it made in the forward pass.
 //! * **While layers are differentiated** ([`ActivationPeak::backward_phase`]): up to every
-//!   gradient, one layer recomputed (with checkpointing) or still saved and its working set,
-//!   the checkpointed inputs still waiting, and the embedding's dense gradient (a second copy
-//!   for a moment when the output head shares it).
+//!   gradient, the first layer differentiated (recomputed with checkpointing, or still saved)
+//!   and its working set, with what waits below it (the checkpointed inputs, or every other
+//!   layer's saved activations); or, at the very end and when it is larger, the embedding's
+//!   dense gradient (a second copy for a moment when the output head shares it).
 //!
 //! So a step needs `weights + optimizer + max(loss phase, gradients + backward phase)`.
 //!
@@ -48,6 +50,11 @@ const INTERMEDIATE_BYTES: u128 = 8;
 /// gradient, so `17 h + 6 I` (traced: 16.6 h on Llama 3.1 8B), plus what its adapters keep.
 const FROZEN_HIDDEN_BYTES: u128 = 17;
 const FROZEN_INTERMEDIATE_BYTES: u128 = 6;
+/// Differentiating a frozen layer holds, beside what it saved, the gradients of its
+/// activations and the adapters' FP32 copies of their inputs: per token, bytes per hidden and
+/// per intermediate unit.
+const FROZEN_WORKING_HIDDEN_BYTES: u128 = 33;
+const FROZEN_WORKING_INTERMEDIATE_BYTES: u128 = 8;
 /// An MoE layer also keeps, per token and routed expert, bytes per hidden unit: the token's
 /// copy gathered for its expert and the expert's output before the router's weighting
 /// (transformers 5's grouped experts). Traced per `k x h` (k experts per token): frozen 3.1
@@ -85,6 +92,21 @@ const GPT_OSS_SCORES: EagerScores = EagerScores {
     backward: 4,
 };
 
+/// A fused linear cross-entropy (Liger Kernel's, `--loss fused`) keeps, per token, the
+/// hidden states' gradient it computes in the forward pass and the final norm's output it
+/// reads (one residual-stream element per hidden unit each), and its FP32 loss per token;
+/// and one chunk of 16-bit logits at a time, `next_power_of_two(tokens / ceil(V / h))` rows
+/// (`ops/fused_linear_cross_entropy.py`): about as many values as the hidden states.
+const FUSED_HIDDEN_COPIES: u128 = 2;
+const FUSED_LOSS_BYTES_PER_TOKEN: u128 = 4;
+const FUSED_CHUNK_BYTES_PER_LOGIT: u128 = 2;
+/// When the output head is trained, the fused loss makes its gradient in the forward pass
+/// (before any other gradient exists), and a 16-bit head adds each chunk's product to it
+/// through a 16-bit result and its FP32 copy (`torch.mm(...).float()`, 2 + 4 bytes per head
+/// parameter); an FP32 head on CUDA (PyTorch 2.8 and later, sm80 and later) accumulates in
+/// place (`torch.addmm(..., out_dtype=torch.float32)`).
+const FUSED_HEAD_TRANSIENT_BYTES: u128 = 6;
+
 /// Gemma 2's final logit soft-capping (`tanh(logits / 30) * 30` in 16 bits) keeps the tanh's
 /// 16-bit output for the backward pass.
 const SOFTCAP_BYTES_PER_LOGIT: u128 = 2;
@@ -120,6 +142,8 @@ pub struct Step {
     pub embedding_gradient_bytes: u64,
     /// DPO: a frozen reference model is scored in the same step.
     pub reference_model: bool,
+    /// The loss is a fused linear cross-entropy over chunks of tokens, not the whole logits.
+    pub fused_loss: bool,
 }
 
 /// The activation side of a step's peak.
@@ -219,32 +243,80 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
     } else {
         mul(layers, layer_saved)
     };
-    let mut per_logit = if step.reference_model {
-        DPO_BYTES_PER_LOGIT
+    let vocab = u128::from(arch.vocab);
+    let head_gradient = mul(mul(vocab, h), u128::from(step.embedding_gradient_bytes));
+    let logits = if step.fused_loss {
+        let head_transient = if step.embedding_gradient_bytes == 2 {
+            mul(mul(vocab, h), FUSED_HEAD_TRANSIENT_BYTES)
+        } else {
+            0
+        };
+        add(
+            add(
+                mul(
+                    tokens,
+                    add(
+                        mul(FUSED_HIDDEN_COPIES * residual_bytes, h),
+                        FUSED_LOSS_BYTES_PER_TOKEN,
+                    ),
+                ),
+                mul(
+                    mul(fused_chunk_rows(tokens, vocab, h), vocab),
+                    FUSED_CHUNK_BYTES_PER_LOGIT,
+                ),
+            ),
+            add(head_gradient, head_transient),
+        )
     } else {
-        LOSS_BYTES_PER_LOGIT
+        let mut per_logit = if step.reference_model {
+            DPO_BYTES_PER_LOGIT
+        } else {
+            LOSS_BYTES_PER_LOGIT
+        };
+        if softcapped_logits(&arch.model_type) {
+            per_logit += SOFTCAP_BYTES_PER_LOGIT;
+        }
+        mul(mul(tokens, vocab), per_logit)
     };
-    if softcapped_logits(&arch.model_type) {
-        per_logit += SOFTCAP_BYTES_PER_LOGIT;
-    }
-    let logits = mul(mul(tokens, u128::from(arch.vocab)), per_logit);
     // Differentiating a layer: its activations (recomputed, or still saved) and its working
     // set, while the checkpointed inputs of the layers below wait (the first layer
     // differentiated peaks highest when the working set is large, as eager scores are), and
     // the embedding's gradient.
-    let waiting = if step.checkpointing { checkpoints } else { 0 };
-    let backward = add(
-        add(waiting, add(layer_saved, mul(scores, eager.backward))),
-        mul(
-            mul(u128::from(arch.vocab), h),
-            u128::from(step.embedding_gradient_bytes),
+    let waiting = if step.checkpointing {
+        checkpoints
+    } else {
+        mul(layers.saturating_sub(1), layer_saved)
+    };
+    let working = match step.layers {
+        Layers::Frozen { .. } => mul(
+            tokens,
+            add(
+                mul(FROZEN_WORKING_HIDDEN_BYTES, h),
+                mul(FROZEN_WORKING_INTERMEDIATE_BYTES, intermediate),
+            ),
         ),
-    );
+        Layers::Trained { .. } => 0,
+    };
+    let backward = add(
+        add(waiting, working),
+        add(layer_saved, mul(scores, eager.backward)),
+    )
+    .max(head_gradient);
     let bytes = |v: u128| Bytes(u64::try_from(v).unwrap_or(u64::MAX));
     ActivationPeak {
         loss_phase: bytes(add(saved, logits)),
         backward_phase: bytes(backward),
     }
+}
+
+/// The rows of logits a fused linear cross-entropy makes at once for `tokens` tokens: Liger
+/// Kernel's `next_power_of_two(ceil(tokens / ceil(vocab / hidden)))`, at most every token.
+pub fn fused_chunk_rows(tokens: u128, vocab: u128, hidden: u128) -> u128 {
+    let per_hidden = vocab.div_ceil(hidden.max(1)).max(1);
+    let rows = tokens.div_ceil(per_hidden).max(1);
+    rows.checked_next_power_of_two()
+        .unwrap_or(u128::MAX)
+        .min(tokens)
 }
 
 #[cfg(test)]
@@ -260,6 +332,7 @@ mod tests {
             layers,
             embedding_gradient_bytes: 0,
             reference_model: false,
+            fused_loss: false,
         }
     }
 
@@ -281,6 +354,57 @@ mod tests {
         );
         // The forward pass's figure (10 bytes per logit) would be short by 2 per logit.
         assert!(peak.loss_phase.0 > 32 * tokens * 4096 * 2 + tokens * 128_256 * 10);
+    }
+
+    /// Liger Kernel's chunking: `next_power_of_two(ceil(tokens / ceil(V / h)))` rows, at
+    /// most every token (its own example: 16,384 tokens, V 32,000, h 4096: 2048 rows).
+    #[test]
+    fn a_fused_loss_chunks_tokens_as_liger_kernel_does() {
+        assert_eq!(fused_chunk_rows(16_384, 32_000, 4096), 2048);
+        // Llama 3.1 8B: ceil(128,256 / 4096) = 32; 28,454 / 32 = 890 -> 1024.
+        assert_eq!(fused_chunk_rows(28_454, 128_256, 4096), 1024);
+        assert_eq!(fused_chunk_rows(3, 128_256, 4096), 1);
+        assert_eq!(fused_chunk_rows(5, 10, 4096), 5);
+        // No overflow at the edge: 2^128 - 1 tokens in chunks of 2^123 rows.
+        assert_eq!(fused_chunk_rows(u128::MAX, 128_256, 4096), 1 << 123);
+    }
+
+    /// A fused loss keeps, instead of 12 bytes per logit, two residual-stream copies of the
+    /// hidden states and 4 bytes per token, one chunk of 16-bit logits, and, when the head is
+    /// trained, its gradient (and a 16-bit head's 6 transient bytes per parameter).
+    #[test]
+    fn a_fused_loss_keeps_a_chunk_of_logits_not_all_of_them() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let (s, v, h) = (16_384u64, 128_256u64, 4096u64);
+        let mut fused = step(s, 1, true, FROZEN);
+        fused.fused_loss = true;
+        let inputs = 32 * s * h * 2;
+        let loss = s * (2 * 2 * h + 4) + 512 * v * 2;
+        assert_eq!(
+            step_activations(&model, &fused).loss_phase,
+            Bytes(inputs + loss)
+        );
+        let standard = step_activations(&model, &step(s, 1, true, FROZEN)).loss_phase;
+        assert_eq!(standard, Bytes(inputs + s * v * 12));
+        // A trained 16-bit head: its gradient and the chunks' 16-bit and FP32 products.
+        fused.layers = Layers::Trained {
+            fp32_residual: false,
+        };
+        fused.embedding_gradient_bytes = 2;
+        assert_eq!(
+            step_activations(&model, &fused).loss_phase,
+            Bytes(inputs + loss + v * h * (2 + 6))
+        );
+        // An FP32 head accumulates in place: its gradient only, over an FP32 stream.
+        fused.layers = Layers::Trained {
+            fp32_residual: true,
+        };
+        fused.embedding_gradient_bytes = 4;
+        let loss32 = s * (2 * 4 * h + 4) + 512 * v * 2;
+        assert_eq!(
+            step_activations(&model, &fused).loss_phase,
+            Bytes(2 * inputs + loss32 + v * h * 4)
+        );
     }
 
     /// An FP32 residual stream doubles what checkpointing keeps and widens every layer.
@@ -345,10 +469,13 @@ mod tests {
         );
     }
 
-    /// The backward phase is one layer (recomputed or still saved), the checkpointed inputs
-    /// still waiting, and the embedding's gradient when the embedding is trained.
+    /// The backward phase is the first layer differentiated (recomputed, or still saved) and
+    /// its working set beside what waits below it (the checkpointed inputs, or every other
+    /// layer's saved activations); or, at the end, the embedding's dense gradient, when that
+    /// is larger. A frozen layer's working set (the activations' gradients, the adapters'
+    /// FP32 copies) comes on top of what it saved.
     #[test]
-    fn the_backward_phase_is_one_layer_the_waiting_inputs_and_the_embedding_gradient() {
+    fn the_backward_phase_is_the_first_layer_and_what_waits_or_the_embedding_gradient() {
         let model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
         let layer = Bytes(1024 * (26 * 4096 + 8 * 14_336));
         let inputs = Bytes(32 * 1024 * 4096 * 2);
@@ -357,14 +484,22 @@ mod tests {
         };
         let mut s = step(1024, 1, true, trained);
         assert_eq!(step_activations(&model, &s).backward_phase, inputs + layer);
+        // Mistral's embedding gradient (32,000 x 4096 x 2) is smaller than the first layer
+        // and the inputs; a wider one wins.
         s.embedding_gradient_bytes = 2;
+        assert_eq!(step_activations(&model, &s).backward_phase, inputs + layer);
+        s.embedding_gradient_bytes = 4;
         assert_eq!(
             step_activations(&model, &s).backward_phase,
-            inputs + layer + Bytes(32_000 * 4096 * 2)
+            Bytes(32_000 * 4096 * 4)
         );
         s.checkpointing = false;
         s.embedding_gradient_bytes = 0;
-        assert_eq!(step_activations(&model, &s).backward_phase, layer);
+        assert_eq!(step_activations(&model, &s).backward_phase, layer.times(32));
+        let frozen = step_activations(&model, &step(1024, 1, true, FROZEN)).backward_phase;
+        let frozen_layer = Bytes(1024 * (17 * 4096 + 6 * 14_336));
+        let working = Bytes(1024 * (33 * 4096 + 8 * 14_336));
+        assert_eq!(frozen, inputs + frozen_layer + working);
     }
 
     /// Gemma 2's eager attention keeps the `s x s` scores (10 bytes each, 14 while its layer
@@ -389,12 +524,14 @@ mod tests {
             extra("gemma-2-9b", &checkpointed),
             (logits, Bytes(gemma_scores * 14))
         );
+        // Without checkpointing the first layer differentiated holds its own working set
+        // beside every layer's saved scores.
         let saved = step(4096, 2, false, FROZEN);
         assert_eq!(
             extra("gemma-2-9b", &saved),
             (
                 logits + Bytes(42 * gemma_scores * 10),
-                Bytes(gemma_scores * 14)
+                Bytes(gemma_scores * (42 * 10 + 4))
             )
         );
         // gpt-oss: the scores, and its routed tokens' 8 bytes per hidden unit against the

@@ -20,7 +20,8 @@
 //!   runs the chosen and the rejected sequence, doubling activations.
 //! * Activations ([`activations`]): the saved activations and the loss's logits when the
 //!   backward pass starts, or the full gradients with one layer being differentiated when it
-//!   ends, whichever is larger; calibrated on traced allocations of transformers/PEFT
+//!   ends, whichever is larger; the loss's logits whole (transformers' loss) or one chunk at
+//!   a time (a fused loss, [`Loss`]); calibrated on traced allocations of transformers/PEFT
 //!   training (`fixtures/training/`).
 
 pub mod activations;
@@ -149,6 +150,59 @@ impl std::fmt::Display for OptimizerStates {
     }
 }
 
+/// How the loss turns the last hidden states into a loss and its gradient (`hwaccel plan
+/// --loss`, a ModelPlacement's `goal.train.loss`).
+///
+/// `standard` is transformers' own: the output head makes the whole `tokens x vocabulary`
+/// logits tensor, the loss upcasts it to FP32 and keeps the log-probabilities and their
+/// gradient (12 bytes per logit when the backward pass starts; more than the layers at long
+/// sequences and large vocabularies). `fused` is a fused linear cross-entropy: Liger Kernel's
+/// `LigerFusedLinearCrossEntropyLoss` (TRL's and the HF Trainer's `use_liger_kernel=True`,
+/// Axolotl's `liger_fused_linear_cross_entropy`, LLaMA-Factory's `enable_liger_kernel`),
+/// which runs the head and the loss over chunks of about as many logits as the hidden states
+/// have values and computes the hidden states' gradient in the forward pass, so the logits are
+/// never whole (`ops/fused_linear_cross_entropy.py`). Apple's Cut Cross-Entropy (Unsloth) and
+/// torchtune's chunked loss keep as little or less.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Loss {
+    /// The whole logits tensor, upcast to FP32 (transformers' `ForCausalLMLoss`).
+    #[default]
+    Standard,
+    /// A fused linear cross-entropy over chunks of tokens (Liger Kernel).
+    Fused,
+}
+
+impl Loss {
+    /// The name as the flag and the CRD write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::Fused => "fused",
+        }
+    }
+
+    /// The assumption, for the plan's reasons.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Standard => {
+                "loss standard: transformers' cross-entropy on the whole logits tensor, upcast to FP32 (12 bytes per logit; --loss fused for a fused linear cross-entropy such as Liger Kernel's)"
+            }
+            Self::Fused => {
+                "loss fused: a fused linear cross-entropy (Liger Kernel's, `use_liger_kernel=True`) over chunks of tokens; the logits are never whole"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A ZeRO stage (0 is plain data parallelism).
 pub type ZeroStage = u8;
 
@@ -218,6 +272,8 @@ pub struct TrainingTarget {
     pub lora_targets: Vec<LoraTarget>,
     /// The optimizer's precision.
     pub optimizer_states: OptimizerStates,
+    /// How the loss is computed.
+    pub loss: Loss,
 }
 
 /// Model-state and activation bytes on one device.
@@ -262,14 +318,23 @@ const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
 /// that matched its allocations, the shortfall growing with sequence x micro-batch x
 /// vocabulary); then checked on the traced rows' allocations replayed through a model of
 /// PyTorch's CUDA caching allocator (`scripts/caching_allocator.py`): with this reserve the
-/// plan's device figure is within ±8 % of the modelled reserved memory on all 43 rows, where
-/// without it 13 rows fall more than 10 % short (to -20.9 %). The large blocks of the loss
+/// plan's device figure is within -9.4 to +8.0 % of the modelled reserved memory on the 43
+/// rows with transformers' loss, where without it 13 rows fall more than 10 % short (to
+/// -20.9 %). The large blocks of the loss
 /// (FP32 logits and their gradient) are what the allocator cannot reuse once smaller
 /// allocations have split them. Measured rows are still to confirm it; the plan's reasons
 /// state it.
 pub const ALLOCATOR_RESERVE: Bytes = Bytes(1536 * MIB);
-/// The reserve's part per logit (see [`ALLOCATOR_RESERVE`]).
+/// The reserve's part per logit alive at once (see [`ALLOCATOR_RESERVE`]): every logit of
+/// the standard loss, one chunk's of a fused one.
 pub const ALLOCATOR_RESERVE_BYTES_PER_LOGIT: u64 = 4;
+/// With a fused loss no large logits blocks stand for the allocator's fragmentation; what it
+/// reserves beyond the 1.5 GiB then follows the layers' activations (the blocks of the layer
+/// being differentiated, freed and taken again in other sizes). 5 % of the activations: on
+/// the five traced fused-loss rows the modelled reserve's excess over 1.5 GiB was 0.3 to
+/// 4.3 % of them (largest without checkpointing), fitted there, so the least-measured part of
+/// the model errs towards refusing.
+pub const ALLOCATOR_RESERVE_FUSED_ACTIVATIONS: f64 = 0.05;
 
 /// Trainable parameters of `method` on `model`.
 pub fn trainable_params(model: &Model, target: &TrainingTarget) -> u64 {
@@ -518,6 +583,7 @@ pub fn training_memory(
                 (true, false) => 2,
             },
             reference_model: target.method == Method::Dpo,
+            fused_loss: target.loss == Loss::Fused,
         },
     );
     // weights + optimizer + max(loss phase, gradients + backward phase), with the gradients
@@ -526,16 +592,31 @@ pub fn training_memory(
         .loss_phase
         .saturating_sub(gradients)
         .max(peak.backward_phase);
-    let logits = target
-        .seq_len
-        .saturating_mul(batch)
-        .saturating_mul(model.arch.vocab);
+    // The logits alive at once: all of them, or one chunk of a fused loss.
+    let tokens = target.seq_len.saturating_mul(batch);
+    let logits = match target.loss {
+        Loss::Standard => tokens.saturating_mul(model.arch.vocab),
+        Loss::Fused => {
+            let vocab = u128::from(model.arch.vocab);
+            let rows = activations::fused_chunk_rows(
+                u128::from(tokens),
+                vocab,
+                u128::from(model.arch.hidden),
+            );
+            u64::try_from(rows.saturating_mul(vocab)).unwrap_or(u64::MAX)
+        }
+    };
     // The budget's unused share (5 % by default) already stands for the allocator's slack;
     // only what the reserve needs beyond it is added.
     let unbudgeted = capacity.saturating_sub(capacity.fraction(gpu_util));
+    let of_activations = match target.loss {
+        Loss::Standard => Bytes::ZERO,
+        Loss::Fused => activations.fraction(ALLOCATOR_RESERVE_FUSED_ACTIVATIONS),
+    };
     let allocator_reserve = (ALLOCATOR_RESERVE
-        + Bytes(logits.saturating_mul(ALLOCATOR_RESERVE_BYTES_PER_LOGIT)))
-    .saturating_sub(unbudgeted);
+        + Bytes(logits.saturating_mul(ALLOCATOR_RESERVE_BYTES_PER_LOGIT))
+        + of_activations)
+        .saturating_sub(unbudgeted);
     let overhead = if devices > 1 {
         BASE_OVERHEAD + COLLECTIVE_OVERHEAD + allocator_reserve
     } else {
@@ -621,6 +702,7 @@ mod tests {
             lora_rank: 16,
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: OptimizerStates::Fp32,
+            loss: Default::default(),
         }
     }
 
@@ -646,6 +728,7 @@ mod tests {
         let per_param = |states, devices, stage| {
             let t = TrainingTarget {
                 optimizer_states: states,
+                loss: Default::default(),
                 ..target(Method::Full, 512)
             };
             let m = training_memory(&model, &t, devices, stage, (Bytes::gib(80), 0.9));
@@ -666,6 +749,7 @@ mod tests {
         let lora = |states| {
             let t = TrainingTarget {
                 optimizer_states: states,
+                loss: Default::default(),
                 ..target(Method::Lora, 512)
             };
             let m = training_memory(&model, &t, 1, 0, (Bytes::gib(80), 0.9));
@@ -792,19 +876,53 @@ mod tests {
         );
     }
 
+    /// A fused loss drops the whole logits from the step and from the allocator's reserve,
+    /// which counts one chunk's logits and 5 % of the activations instead.
+    #[test]
+    fn a_fused_loss_shrinks_long_sequences_and_reserves_by_the_activations() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let mut t = target(Method::Lora, 32_768);
+        // A budget of the whole device, so the reserve is all in the overhead.
+        let whole = (Bytes::gib(1 << 20), 1.0);
+        let standard = training_memory(&model, &t, 1, 0, whole);
+        t.loss = Loss::Fused;
+        let fused = training_memory(&model, &t, 1, 0, whole);
+        let logits = 32_768 * 128_256;
+        assert_eq!(
+            standard.allocator_reserve,
+            ALLOCATOR_RESERVE + Bytes(logits * ALLOCATOR_RESERVE_BYTES_PER_LOGIT)
+        );
+        let chunk = 1024 * 128_256; // 32,768 / 32 rows
+        assert_eq!(
+            fused.allocator_reserve,
+            ALLOCATOR_RESERVE
+                + Bytes(chunk * ALLOCATOR_RESERVE_BYTES_PER_LOGIT)
+                + fused
+                    .activations
+                    .fraction(ALLOCATOR_RESERVE_FUSED_ACTIVATIONS)
+        );
+        // 12 bytes per logit less at the loss; the step then peaks in the backward pass.
+        assert!(standard.device.total.as_f64() > 1.8 * fused.device.total.as_f64());
+        assert_eq!(fused.activations, fused.activation_peak.backward_phase);
+        assert_eq!(
+            (fused.weights, fused.optimizer),
+            (standard.weights, standard.optimizer)
+        );
+    }
+
     #[test]
     fn dpo_adds_a_reference_model() {
         let model = presets::find("llama-3.2-1b").unwrap().unwrap();
         let full = training_memory(
             &model,
-            &target(Method::Full, 512),
+            &target(Method::Full, 2048),
             1,
             0,
             (Bytes::gib(80), 0.9),
         );
         let dpo = training_memory(
             &model,
-            &target(Method::Dpo, 512),
+            &target(Method::Dpo, 2048),
             1,
             0,
             (Bytes::gib(80), 0.9),

@@ -94,6 +94,7 @@ fn asked_replicas_are_placed_and_training_ignores_them() {
             micro_batch: 1,
             lora_rank: 64,
             optimizer_states: None,
+            loss: None,
         }),
     };
     let request = request_from_spec(&spec).unwrap();

@@ -7,7 +7,7 @@
 
 use crate::api::placement::{
     AllocationMode, EngineName, EngineSpec, Goal, ModelPlacementSpec, ModelSource, OptimizerStates,
-    PrecisionChoice, TrainMethod,
+    PrecisionChoice, TrainLoss, TrainMethod,
 };
 use crate::plan::Bytes;
 use crate::plan::capability::PrecisionChoice as PlannerPrecision;
@@ -15,7 +15,9 @@ use crate::plan::engine::choice::{EngineChoice, EngineKind, EngineVersion};
 use crate::plan::kv::KvDtype;
 use crate::plan::request::{ModelInput, PlanInput};
 use crate::plan::search::{Disaggregation, Goal as PlannerGoal};
-use crate::plan::training::{LoraTarget, Method, OptimizerStates as PlannerStates, TrainingTarget};
+use crate::plan::training::{
+    LoraTarget, Loss as PlannerLoss, Method, OptimizerStates as PlannerStates, TrainingTarget,
+};
 
 /// Where an inline `config.json` comes from, in messages.
 const INLINE_CONFIG_ORIGIN: &str = "spec.model.huggingFaceConfig";
@@ -129,6 +131,7 @@ fn planner_goal(goal: &Goal) -> Result<PlannerGoal, String> {
             lora_rank: u64::from(train.lora_rank),
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: optimizer_states(train.optimizer_states.unwrap_or_default()),
+            loss: loss(train.loss.unwrap_or_default()),
         })),
         _ => Err("goal: set exactly one of serve or train".to_string()),
     }
@@ -168,6 +171,14 @@ pub fn train_method(method: TrainMethod) -> Method {
         TrainMethod::Lora => Method::Lora,
         TrainMethod::Qlora => Method::Qlora,
         TrainMethod::Dpo => Method::Dpo,
+    }
+}
+
+/// The planner's training loss for the API's.
+pub fn loss(loss: TrainLoss) -> PlannerLoss {
+    match loss {
+        TrainLoss::Standard => PlannerLoss::Standard,
+        TrainLoss::Fused => PlannerLoss::Fused,
     }
 }
 
@@ -269,6 +280,7 @@ mod tests {
                 micro_batch: 2,
                 lora_rank: 8,
                 optimizer_states: None,
+                loss: None,
             }),
         };
         let PlannerGoal::Train(target) = plan_input(&spec).unwrap().goal else {
@@ -285,6 +297,22 @@ mod tests {
             panic!("a training goal");
         };
         assert_eq!(target.optimizer_states, PlannerStates::Bf16);
+        assert_eq!(target.loss, PlannerLoss::Standard);
+        // `loss` too; an unknown loss is a decoding error, not the default.
+        let json = r#"{"method": "lora", "seqLen": 32768, "loss": "fused"}"#;
+        spec.goal.train = Some(serde_json::from_str(json).unwrap());
+        let PlannerGoal::Train(target) = plan_input(&spec).unwrap().goal else {
+            panic!("a training goal");
+        };
+        assert_eq!(target.loss, PlannerLoss::Fused);
+        let unknown = r#"{"method": "lora", "loss": "chunky"}"#;
+        assert!(serde_json::from_str::<TrainGoal>(unknown).is_err());
+        for each in [TrainLoss::Standard, TrainLoss::Fused] {
+            assert_eq!(
+                serde_json::to_value(each).unwrap(),
+                serde_json::to_value(loss(each)).unwrap()
+            );
+        }
     }
 
     #[test]
@@ -296,6 +324,7 @@ mod tests {
             micro_batch: 1,
             lora_rank: 1,
             optimizer_states: None,
+            loss: None,
         });
         assert!(plan_input(&two_goals).unwrap_err().starts_with("goal:"));
         let mut int8_cache = spec();
