@@ -350,6 +350,14 @@ fn bare_parameter_counts_and_training_goals_work() {
     assert_eq!(code, 0, "{plan}");
     assert_eq!(plan["precision"], "nf4");
     assert!(plan["training"]["trainable_params"].as_u64().unwrap() > 0);
+    // Nothing has checked QLoRA's memory against a trace or a GPU; the plan says so.
+    assert!(
+        plan["reasons"]
+            .to_string()
+            .contains("qlora: the NF4 base is neither traced"),
+        "{}",
+        plan["reasons"]
+    );
 }
 
 fn write_report(dir: &Path, name: &str, gpus: usize, yaml: bool) {

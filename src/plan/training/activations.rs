@@ -52,7 +52,9 @@ const FROZEN_HIDDEN_BYTES: u128 = 17;
 const FROZEN_INTERMEDIATE_BYTES: u128 = 6;
 /// Differentiating a frozen layer holds, beside what it saved, the gradients of its
 /// activations and the adapters' FP32 copies of their inputs: per token, bytes per hidden and
-/// per intermediate unit.
+/// per intermediate unit. Traced on Llama 3.1 8B LoRA at 16k tokens with a fused loss, where
+/// the backward pass is the peak: `50 h + 14 I` beside the waiting inputs, against the
+/// `17 h + 6 I` the layer saved.
 const FROZEN_WORKING_HIDDEN_BYTES: u128 = 33;
 const FROZEN_WORKING_INTERMEDIATE_BYTES: u128 = 8;
 /// An MoE layer also keeps, per token and routed expert, bytes per hidden unit: the token's
@@ -246,26 +248,12 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
     let vocab = u128::from(arch.vocab);
     let head_gradient = mul(mul(vocab, h), u128::from(step.embedding_gradient_bytes));
     let logits = if step.fused_loss {
-        let head_transient = if step.embedding_gradient_bytes == 2 {
-            mul(mul(vocab, h), FUSED_HEAD_TRANSIENT_BYTES)
-        } else {
-            0
-        };
-        add(
-            add(
-                mul(
-                    tokens,
-                    add(
-                        mul(FUSED_HIDDEN_COPIES * residual_bytes, h),
-                        FUSED_LOSS_BYTES_PER_TOKEN,
-                    ),
-                ),
-                mul(
-                    mul(fused_chunk_rows(tokens, vocab, h), vocab),
-                    FUSED_CHUNK_BYTES_PER_LOGIT,
-                ),
-            ),
-            add(head_gradient, head_transient),
+        fused_loss_bytes(
+            tokens,
+            vocab,
+            h,
+            residual_bytes,
+            step.embedding_gradient_bytes,
         )
     } else {
         let mut per_logit = if step.reference_model {
@@ -278,10 +266,10 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         }
         mul(mul(tokens, vocab), per_logit)
     };
-    // Differentiating a layer: its activations (recomputed, or still saved) and its working
-    // set, while the checkpointed inputs of the layers below wait (the first layer
-    // differentiated peaks highest when the working set is large, as eager scores are), and
-    // the embedding's gradient.
+    // Differentiating the first layer: its activations (recomputed, or still saved) and its
+    // working set, while what the layers below saved waits (the first layer differentiated
+    // peaks highest when the working set is large, as eager scores are); or, at the very end,
+    // the embedding's gradient, which never coexists with them.
     let waiting = if step.checkpointing {
         checkpoints
     } else {
@@ -307,6 +295,39 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         loss_phase: bytes(add(saved, logits)),
         backward_phase: bytes(backward),
     }
+}
+
+/// What a fused linear cross-entropy holds when the backward pass starts (see
+/// [`FUSED_HIDDEN_COPIES`]): per token the hidden states' gradient, the final norm's output and
+/// an FP32 loss; one chunk's 16-bit logits; and a trained head's gradient (`head_bytes` per
+/// parameter, 0 when the head is frozen), with a 16-bit head's transient products.
+fn fused_loss_bytes(
+    tokens: u128,
+    vocab: u128,
+    h: u128,
+    residual_bytes: u128,
+    head_bytes: u64,
+) -> u128 {
+    let mul = u128::saturating_mul;
+    let per_token = (FUSED_HIDDEN_COPIES * residual_bytes)
+        .saturating_mul(h)
+        .saturating_add(FUSED_LOSS_BYTES_PER_TOKEN);
+    let chunk = mul(
+        mul(fused_chunk_rows(tokens, vocab, h), vocab),
+        FUSED_CHUNK_BYTES_PER_LOGIT,
+    );
+    let head_transient = if head_bytes == 2 {
+        FUSED_HEAD_TRANSIENT_BYTES
+    } else {
+        0
+    };
+    let head = mul(
+        mul(vocab, h),
+        u128::from(head_bytes).saturating_add(head_transient),
+    );
+    mul(tokens, per_token)
+        .saturating_add(chunk)
+        .saturating_add(head)
 }
 
 /// The rows of logits a fused linear cross-entropy makes at once for `tokens` tokens: Liger
