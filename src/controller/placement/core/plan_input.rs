@@ -290,21 +290,21 @@ mod tests {
         assert!(target.gradient_checkpointing);
         assert_eq!(target.lora_targets, LoraTarget::ALL.to_vec());
         assert_eq!(target.optimizer_states, PlannerStates::Fp32);
-        // Issue 38: `optimizerStates` reaches the planner as the CRD spells it.
-        let json = r#"{"method": "full", "seqLen": 2048, "optimizerStates": "bf16"}"#;
-        spec.goal.train = Some(serde_json::from_str(json).unwrap());
-        let PlannerGoal::Train(target) = plan_input(&spec).unwrap().goal else {
-            panic!("a training goal");
+        // Issue 38: `optimizerStates` and `loss` reach the planner as the CRD spells them.
+        let decoded = |json: &str| {
+            let mut spec = spec.clone();
+            spec.goal.train = Some(serde_json::from_str(json).unwrap());
+            match plan_input(&spec).unwrap().goal {
+                PlannerGoal::Train(target) => target,
+                other => panic!("a training goal, not {other:?}"),
+            }
         };
+        let target = decoded(r#"{"method": "full", "seqLen": 2048, "optimizerStates": "bf16"}"#);
         assert_eq!(target.optimizer_states, PlannerStates::Bf16);
         assert_eq!(target.loss, PlannerLoss::Standard);
-        // `loss` too; an unknown loss is a decoding error, not the default.
-        let json = r#"{"method": "lora", "seqLen": 32768, "loss": "fused"}"#;
-        spec.goal.train = Some(serde_json::from_str(json).unwrap());
-        let PlannerGoal::Train(target) = plan_input(&spec).unwrap().goal else {
-            panic!("a training goal");
-        };
+        let target = decoded(r#"{"method": "lora", "seqLen": 32768, "loss": "fused"}"#);
         assert_eq!(target.loss, PlannerLoss::Fused);
+        // An unknown loss is a decoding error, not the default.
         let unknown = r#"{"method": "lora", "loss": "chunky"}"#;
         assert!(serde_json::from_str::<TrainGoal>(unknown).is_err());
         for each in [TrainLoss::Standard, TrainLoss::Fused] {
