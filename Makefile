@@ -142,8 +142,8 @@ TRACE_VENV ?= $(HOME)/.cache/hwaccel-operator/venv-training-trace
 TRACE_OUT ?= target/training-trace.json
 training-trace:
 	@[ -x "$(TRACE_VENV)/bin/python" ] || python3 -m venv "$(TRACE_VENV)"
-	@"$(TRACE_VENV)/bin/python" -c 'import torch, transformers, peft, liger_kernel' 2>/dev/null || \
-	  "$(TRACE_VENV)/bin/pip" install --quiet torch==2.11.0 transformers==5.24.0 peft==0.21.2 liger-kernel==0.8.5
+	@"$(TRACE_VENV)/bin/python" -c 'import torch, transformers, peft, liger_kernel, bitsandbytes' 2>/dev/null || \
+	  "$(TRACE_VENV)/bin/pip" install --quiet torch==2.11.0 transformers==5.24.0 peft==0.21.2 liger-kernel==0.8.5 bitsandbytes==0.50.2
 	mkdir -p "$(dir $(TRACE_OUT))"
 	"$(TRACE_VENV)/bin/python" scripts/measure-training-memory.py --trace --out "$(TRACE_OUT)"
 

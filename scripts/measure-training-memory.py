@@ -23,7 +23,9 @@ out; only a GPU shows the CUDA context and what the model leaves out. `fixtures/
 holds such rows; the planner is tested against them (`tests/plan_training_trace.rs`).
 
 Needs: PyTorch with CUDA (any PyTorch for `--trace`), transformers, PEFT (LoRA cases); bitsandbytes for `8bit` optimizer
-states (a case without it is recorded as `"status": "skipped"`); Liger Kernel for the cases
+states and QLoRA (a case without it is recorded as `"status": "skipped"`; QLoRA traces run
+bitsandbytes' own quantisation and matmul ops, which accept fake tensors, and its CUDA
+matmul's dequantised weight is added as the kernel's scratch); Liger Kernel for the cases
 with `"loss": "fused"` (its fused linear cross-entropy in place of transformers' loss, the
 planner's `--loss fused`; traced without launching its Triton kernels, which only write into
 tensors its Python code has allocated). DPO is run without TRL: the
@@ -54,6 +56,7 @@ checked on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import json
@@ -89,7 +92,7 @@ PLANNER_ONLY = {
     "quantization_config",
 }
 
-METHODS = ("full", "lora", "dpo")
+METHODS = ("full", "lora", "qlora", "dpo")
 STATES = ("fp32", "bf16", "8bit")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 # The loss: transformers' own (the whole logits tensor, upcast to FP32), or Liger Kernel's
@@ -163,9 +166,9 @@ GPT_OSS_32K = "fixtures/training/configs/gpt-oss-20b-vocab-32k.json"
 
 
 def default_cases() -> list[Case]:
-    """49 cases from 1B to 47B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
-    checkpointing on and off, full / LoRA / DPO, all three optimizer precisions, two MoEs,
-    eager attention, transformers' loss and Liger Kernel's fused one. A few minutes of H200 time (about a minute for the first 21 in steps);
+    """53 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
+    checkpointing on and off, full / LoRA / QLoRA / DPO, all three optimizer precisions, two
+    MoEs, eager attention, transformers' loss and Liger Kernel's fused one. A few minutes of H200 time (about a minute for the first 21 in steps);
     model building and process start-up add to it. `--trace` runs them all without a GPU in
     about ten minutes."""
     qv = ("q", "v")
@@ -257,6 +260,16 @@ def default_cases() -> list[Case]:
              loss="fused"),
         Case("mistral-7b-lora-8k-mb2-nockpt-fused", "mistral-7b-v0.1", method="lora",
              seq_len=8192, micro_batch=2, gradient_checkpointing=False, loss="fused"),
+        # QLoRA (bitsandbytes NF4, double quantisation) as TRL's SFTTrainer prepares it; rank
+        # 32 on all seven projections, batch 1, as Unsloth's published Hugging Face runs.
+        Case("llama-3.1-8b-qlora-r32-16k", "llama-3.1-8b", method="qlora", seq_len=16384,
+             lora_rank=32),
+        Case("llama-3.1-70b-qlora-r32-4k", "llama-3.1-70b", method="qlora", seq_len=4096,
+             lora_rank=32),
+        Case("llama-3.1-70b-qlora-r32-8k", "llama-3.1-70b", method="qlora", seq_len=8192,
+             lora_rank=32),
+        Case("mistral-7b-qlora-4k-mb2-nockpt", "mistral-7b-v0.1", method="qlora", seq_len=4096,
+             micro_batch=2, gradient_checkpointing=False),
     ]
 
 
@@ -340,8 +353,6 @@ def measure(case: Case, config: dict, model_allocator: bool = True) -> dict:
     holds no tensor alive), so the row carries the modelled allocator's figures for the very
     run the GPU measured (`tracked_peak_allocated_bytes`, `modelled_gpu_*`); its step times
     then include the tracker's Python overhead."""
-    import contextlib  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
 
     row = {**base_row(case), "kind": "measured"}
@@ -376,6 +387,8 @@ def measure(case: Case, config: dict, model_allocator: bool = True) -> dict:
         phase = "step"
         if tracker is not None:
             tracker.add_models(model, reference)
+            for t in quant_state_tensors(model):
+                tracker.add(t)
         with tracker if tracker is not None else contextlib.nullcontext():
             times = train_steps(
                 case, model, reference, optimizer, hf.vocab_size, "cuda", torch.cuda.synchronize, after_step
@@ -436,6 +449,12 @@ def trace(case: Case, config: dict) -> dict:
             t1.data = t2.data
 
     torch.utils.swap_tensors = swap_or_assign
+    if case.method == "qlora":
+        import bitsandbytes.functional as bnb_functional  # noqa: PLC0415
+
+        # Double quantisation's 256-entry code is built from Python numbers (`.tolist()`),
+        # which fake tensors have none of: made for real first, as the first call would.
+        bnb_functional.name2qmap.setdefault("dynamic", bnb_functional.create_dynamic_map())
     started = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=True):
         model, reference, hf = build_models(case, config, "cpu")
@@ -443,6 +462,8 @@ def trace(case: Case, config: dict) -> dict:
         optimizer = make_optimizer(case, [p for p in model.parameters() if p.requires_grad])
         tracker = allocation_tracker()
         tracker.add_models(model, reference)
+        for t in quant_state_tensors(model):
+            tracker.add(t)
         row["after_build_allocated_bytes"] = tracker.live
         figures = StepFigures(tracker)
         with tracker:
@@ -599,6 +620,19 @@ def allocation_tracker():
     return Tracker()
 
 
+def bnb_dequantize_scratch(op: str, args) -> list[int]:
+    """bitsandbytes' 4-bit matmul for training-sized inputs (more rows than its custom kernel
+    takes) dequantises the weight to the input's dtype and calls `F.linear`
+    (`_dequant_linear_fallback`, backends/cuda/ops.py), with the double-quantised absmax
+    dequantised to FP32 first; the op a trace runs has no such intermediates. Arguments:
+    (A, B, shapeB, absmax, blocksize, ...)."""
+    if not op.startswith("bitsandbytes.gemm_4bit"):
+        return []
+    a, shape, blocksize = args[0], args[2], args[4]
+    n, k = shape[0], shape[1]
+    return [n * k * a.element_size(), 4 * -(-(n * k) // blocksize)]
+
+
 def cuda_scratch(op: str, args) -> list[int]:
     """The bytes a CUDA kernel for `op` takes and gives back beyond its outputs, where the cpu
     kernel a trace runs does not. Flash attention's backward (PyTorch's port of flash-attention
@@ -609,6 +643,8 @@ def cuda_scratch(op: str, args) -> list[int]:
     SDPA as is), the key and value gradients expanded to every query head before they are
     summed. The cpu kernel's arguments are (grad_out, query, key, value, ...), each
     batch x heads x sequence x head size."""
+    if op.startswith("bitsandbytes."):
+        return bnb_dequantize_scratch(op, args)
     if not (op.startswith("aten._scaled_dot_product_flash_attention") and "backward" in op):
         return []
     query, key = args[1], args[2]
@@ -661,10 +697,24 @@ def build_models(case: Case, config: dict, device: str):
 
     if case.loss == "fused":
         use_fused_loss(model_type, traced=device == "cpu")
-    if case.method == "lora":
+    if case.method in ("lora", "qlora"):
         import peft  # noqa: PLC0415
 
-        model = build(bf16)
+        if case.method == "lora":
+            model = build(bf16)
+        else:
+            # The BF16 model is only a skeleton on a GPU (the meta device): each linear
+            # weight is made and quantised one at a time, so a 70B model never needs its
+            # 16-bit size there.
+            with torch.device("meta") if device != "cpu" else contextlib.nullcontext():
+                model = build(bf16)
+            quantize_linears(model, device)
+            # What TRL's SFTTrainer (and most QLoRA scripts) do to a 4-bit model: freeze it
+            # and cast every other 16-bit parameter (embedding, head, norms) to FP32.
+            model.is_loaded_in_4bit = True
+            model = peft.prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=False, auto_clear_cache=False
+            )
         modules = dict(LORA_MODULES)
         if model_type == "mixtral":
             modules.update(MIXTRAL_MODULES)
@@ -673,6 +723,16 @@ def build_models(case: Case, config: dict, device: str):
                                target_modules=targets, lora_dropout=0.0,
                                task_type="CAUSAL_LM")
         model = peft.get_peft_model(model, lora)
+        if case.method == "qlora" and case.optimizer_states != "bf16":
+            # TRL's SFTTrainer then, training in BF16 (`peft_module_casting_to_bf16`): norms
+            # stay FP32, the embedding and head go back to BF16.
+            for name, module in model.named_modules():
+                if "norm" in name:
+                    module.to(torch.float32)
+                elif any(k in name for k in ("lm_head", "embed_tokens")) and getattr(
+                    module, "weight", None
+                ) is not None and module.weight.dtype == torch.float32:
+                    module.to(bf16)
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(trained_dtype)
@@ -687,8 +747,105 @@ def build_models(case: Case, config: dict, device: str):
     return model, reference, hf
 
 
+def quantize_linears(model, device: str) -> None:
+    """Replaces every linear layer but the head with bitsandbytes' `Linear4bit`: NF4 weights,
+    double-quantised absmax, BF16 compute, what `BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+    bnb_4bit_compute_dtype=torch.bfloat16)` loads. A weight still on the meta device (a GPU
+    run's skeleton) is made at random on `device` first, then the skeleton's other parameters
+    and buffers are made there too. Traced, the weights are fake tensors, which bitsandbytes'
+    `Params4bit` cannot wrap (it is a tensor subclass of its own); a frozen Parameter carrying
+    the same attributes stands in, and bitsandbytes' quantisation and matmul ops, which accept
+    fake tensors, run as they are."""
+    import bitsandbytes as bnb  # noqa: PLC0415
+    import bitsandbytes.functional as bnb_functional  # noqa: PLC0415
+    import bitsandbytes.nn.modules as bnb_modules  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
+
+    real_params4bit = bnb_modules.Params4bit
+
+    def fake_params4bit(data=None, requires_grad=False, quant_state=None, blocksize=64,
+                        compress_statistics=True, quant_type="fp4", quant_storage=torch.uint8,
+                        module=None, bnb_quantized=False):
+        param = torch.nn.Parameter(torch.empty(0) if data is None else data, requires_grad=False)
+        param.quant_state, param.blocksize = quant_state, blocksize
+        param.compress_statistics, param.quant_type = compress_statistics, quant_type
+        param.quant_storage, param.module, param.bnb_quantized = quant_storage, module, bnb_quantized
+        return param
+
+    class FakeParams4bit:
+        def __new__(cls, *args, **kwargs):
+            return fake_params4bit(*args, **kwargs)
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, torch.nn.Linear) or name == "lm_head":
+                continue
+            weight = child.weight.data
+            if weight.is_meta:
+                weight = torch.empty(weight.shape, dtype=torch.bfloat16, device=device).normal_(std=0.02)
+            fake = isinstance(weight, FakeTensor)
+            packed, state = bnb_functional.quantize_4bit(
+                weight, blocksize=64, compress_statistics=True, quant_type="nf4"
+            )
+            del weight
+            params4bit = FakeParams4bit if fake else real_params4bit
+            bnb_modules.Params4bit = params4bit
+            try:
+                layer = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=False,
+                                          compute_dtype=torch.bfloat16, quant_type="nf4",
+                                          device=packed.device)
+            finally:
+                bnb_modules.Params4bit = real_params4bit
+            layer.weight = params4bit(packed, requires_grad=False, quant_state=state,
+                                      quant_type="nf4", compress_statistics=True,
+                                      bnb_quantized=True, module=layer)
+            if child.bias is not None:
+                bias = child.bias.data
+                if bias.is_meta:
+                    bias = torch.zeros(bias.shape, dtype=torch.bfloat16, device=device)
+                layer.bias = torch.nn.Parameter(bias, requires_grad=False)
+            setattr(parent, name, layer)
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_meta:
+                value = torch.empty(param.shape, dtype=param.dtype, device=device).normal_(std=0.02)
+                module._parameters[name] = torch.nn.Parameter(value, requires_grad=param.requires_grad)
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer is not None and buffer.is_meta:
+                module._buffers[name] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=device)
+
+
+def quant_state_tensors(model) -> list:
+    """The tensors of every 4-bit weight's quantisation state (absmax, its own absmax and
+    code when double-quantised): on the device, yet neither parameters nor buffers."""
+    import bitsandbytes.functional as bnb_functional  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    found = []
+
+    def walk(state):
+        for value in vars(state).values():
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+            elif isinstance(value, bnb_functional.QuantState):
+                walk(value)
+
+    for param in model.parameters():
+        state = getattr(param, "quant_state", None)
+        if isinstance(state, bnb_functional.QuantState):
+            walk(state)
+    return found
+
+
 def missing_module(case: Case) -> str | None:
     """Why `case` cannot run here, when a package it needs is not installed."""
+    if case.method == "qlora":
+        try:
+            import bitsandbytes  # noqa: F401, PLC0415
+        except ImportError:
+            return "bitsandbytes is not installed (QLoRA's NF4 base is bitsandbytes')"
     if case.loss == "fused":
         try:
             import liger_kernel  # noqa: F401, PLC0415

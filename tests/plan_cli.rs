@@ -354,7 +354,7 @@ fn bare_parameter_counts_and_training_goals_work() {
     assert!(
         plan["reasons"]
             .to_string()
-            .contains("qlora: the NF4 base is neither traced"),
+            .contains("qlora: planned as TRL prepares a 4-bit model"),
         "{}",
         plan["reasons"]
     );

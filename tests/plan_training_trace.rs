@@ -83,6 +83,7 @@ fn target(row: &Row) -> TrainingTarget {
     let method = match row.method.as_deref() {
         Some("full") => Method::Full,
         Some("lora") => Method::Lora,
+        Some("qlora") => Method::Qlora,
         Some("dpo") => Method::Dpo,
         other => panic!("{}: method {other:?}", row.case),
     };

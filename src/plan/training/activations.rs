@@ -50,6 +50,14 @@ const INTERMEDIATE_BYTES: u128 = 8;
 /// gradient, so `17 h + 6 I` (traced: 16.6 h on Llama 3.1 8B), plus what its adapters keep.
 const FROZEN_HIDDEN_BYTES: u128 = 17;
 const FROZEN_INTERMEDIATE_BYTES: u128 = 6;
+/// A frozen 4-bit base prepared for training (QLoRA: PEFT's `prepare_model_for_kbit_training`
+/// casts the norms to FP32, and bitsandbytes' `Linear4bit` returns its input's dtype) carries
+/// an FP32 residual stream, FP32 norm outputs and FP32 MLP activations: `20 h + 12 I` beside
+/// the adapters' inputs (traced on Mistral 7B QLoRA at 4k x 2 without checkpointing: three
+/// FP32 and one 16-bit intermediate-wide tensor, two FP32 and eleven 16-bit hidden-wide ones
+/// per layer and token).
+const FROZEN_HIDDEN_BYTES_32: u128 = 20;
+const FROZEN_INTERMEDIATE_BYTES_32: u128 = 12;
 /// Differentiating a frozen layer holds, beside what it saved, the gradients of its
 /// activations and the adapters' FP32 copies of their inputs: per token, bytes per hidden and
 /// per intermediate unit. Traced on Llama 3.1 8B LoRA at 16k tokens with a fused loss, where
@@ -125,6 +133,8 @@ pub enum Layers {
     Frozen {
         /// Bytes per token and layer the adapters keep: each adapter saves its input.
         adapter_bytes_per_token: u64,
+        /// The residual stream is FP32 (a 4-bit base prepared for training).
+        fp32_residual: bool,
     },
 }
 
@@ -211,12 +221,18 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         }
         Layers::Frozen {
             adapter_bytes_per_token,
+            fp32_residual,
         } => {
-            let base = add(
-                mul(FROZEN_HIDDEN_BYTES, h),
-                mul(FROZEN_INTERMEDIATE_BYTES, intermediate),
-            );
-            (add(base, u128::from(adapter_bytes_per_token)), 2)
+            let (hidden_bytes, intermediate_bytes) = if fp32_residual {
+                (FROZEN_HIDDEN_BYTES_32, FROZEN_INTERMEDIATE_BYTES_32)
+            } else {
+                (FROZEN_HIDDEN_BYTES, FROZEN_INTERMEDIATE_BYTES)
+            };
+            let base = add(mul(hidden_bytes, h), mul(intermediate_bytes, intermediate));
+            (
+                add(base, u128::from(adapter_bytes_per_token)),
+                if fp32_residual { 4 } else { 2 },
+            )
         }
     };
     let routed = arch.moe.map_or(0, |moe| {
@@ -359,6 +375,7 @@ mod tests {
 
     const FROZEN: Layers = Layers::Frozen {
         adapter_bytes_per_token: 0,
+        fp32_residual: false,
     };
 
     /// With checkpointing, the backward pass starts with each layer's 16-bit input and 12
@@ -462,6 +479,7 @@ mod tests {
                     false,
                     Layers::Frozen {
                         adapter_bytes_per_token,
+                        fp32_residual: false,
                     },
                 ),
             )

@@ -14,8 +14,10 @@
 //! * LoRA: the frozen base in 16 bits; `r * (d_in + d_out)` trainable parameters per adapted
 //!   matrix (arXiv:2106.09685), kept in FP32 by PEFT with FP32 gradients and Adam: 16 bytes each.
 //! * QLoRA: the base's linear layers in NF4 with double quantisation, 4.127 bits per parameter
-//!   (arXiv:2305.14314 §3), embeddings and head in 16 bits; 16-bit adapters and gradients and
-//!   32-bit paged-Adam states: 12 bytes per trainable parameter.
+//!   (arXiv:2305.14314 §3), embeddings and head in 16 bits; adapters as for LoRA (PEFT keeps
+//!   a 4-bit base's adapters in FP32 too: 16 bytes per trainable parameter), and, as TRL
+//!   prepares a 4-bit model (FP32 norms, `Linear4bit` keeping its input's dtype), an FP32
+//!   residual stream (traced, `fixtures/training/`).
 //! * DPO: the policy as in full fine-tuning plus a frozen 16-bit reference model; each step
 //!   runs the chosen and the rejected sequence, doubling activations.
 //! * Activations ([`activations`]): the saved activations and the loss's logits when the
@@ -60,9 +62,9 @@ pub enum Method {
 ///
 /// | states | full / DPO policy | LoRA adapters | QLoRA adapters |
 /// |---|---|---|---|
-/// | `fp32` | 2 + 2 + 12 (FP32 master, m, v) | 4 + 4 + 8 (PEFT's FP32 adapters) | 2 + 2 + 8 |
+/// | `fp32` | 2 + 2 + 12 (FP32 master, m, v) | 4 + 4 + 8 (PEFT's FP32 adapters) | 4 + 4 + 8 |
 /// | `bf16` | 2 + 2 + 4 (m, v in BF16, no master) | 2 + 2 + 4 | 2 + 2 + 4 |
-/// | `8bit` | 2 + 2 + 6 (FP32 master, 8-bit m and v) | 4 + 4 + 2 | 2 + 2 + 2 |
+/// | `8bit` | 2 + 2 + 6 (FP32 master, 8-bit m and v) | 4 + 4 + 2 | 4 + 4 + 2 |
 ///
 /// `fp32` is mixed precision as DeepSpeed, FSDP's mixed-precision policy and Megatron run it
 /// (ZeRO paper, arXiv:1910.02054 §3.1: 16 bytes per parameter). `bf16` is what a model loaded
@@ -124,22 +126,13 @@ impl OptimizerStates {
     }
 
     /// (weight, gradient, optimizer) bytes per parameter of an adapter that PEFT keeps in
-    /// FP32 (LoRA on a 16-bit base): FP32 adapters need no master copy; BF16 states cast
-    /// the adapters to BF16 too.
+    /// FP32 (LoRA on a 16-bit or a 4-bit base; traced, the QLoRA rows' adapters were FP32
+    /// too): FP32 adapters need no master copy; BF16 states cast the adapters to BF16 too.
     fn fp32_adapter_bytes(self) -> (f64, f64, f64) {
         match self {
             Self::Fp32 => (4.0, 4.0, 8.0),
             Self::Bf16 => (2.0, 2.0, 4.0),
             Self::EightBit => (4.0, 4.0, 2.0),
-        }
-    }
-
-    /// (weight, gradient, optimizer) bytes per parameter of a 16-bit adapter (QLoRA).
-    fn sixteen_bit_adapter_bytes(self) -> (f64, f64, f64) {
-        match self {
-            Self::Fp32 => (2.0, 2.0, 8.0),
-            Self::Bf16 => (2.0, 2.0, 4.0),
-            Self::EightBit => (2.0, 2.0, 2.0),
         }
     }
 }
@@ -541,7 +534,8 @@ pub fn training_memory(
         }
         Method::Qlora => {
             let base = shard(qlora_base_bytes(model), 3);
-            let (w, g, o) = states.sixteen_bit_adapter_bytes();
+            // PEFT keeps a 4-bit base's adapters in FP32 too (traced).
+            let (w, g, o) = states.fp32_adapter_bytes();
             (
                 base + per_param(trainable, w) + gather_buffer,
                 shard(per_param(trainable, g), 2),
@@ -573,6 +567,11 @@ pub fn training_memory(
             } else {
                 Layers::Frozen {
                     adapter_bytes_per_token: adapter_inputs(model, target),
+                    // QLoRA's prepared 4-bit base: FP32 norms, and `Linear4bit` keeps its
+                    // input's dtype, so the stream turns FP32 (traced).
+                    fp32_residual: target.method == Method::Qlora
+                        && states != OptimizerStates::Bf16
+                        && stage < 2,
                 }
             },
             // Autocast differentiates FP32 parameters into FP32 gradients; sharded
@@ -908,6 +907,33 @@ mod tests {
             (fused.weights, fused.optimizer),
             (standard.weights, standard.optimizer)
         );
+    }
+
+    /// QLoRA as TRL prepares a 4-bit model: FP32 adapters (16 bytes per trainable parameter
+    /// with FP32 states) and an FP32 residual stream, so twice LoRA's checkpointed inputs; BF16
+    /// states keep both in 16 bits.
+    #[test]
+    fn qlora_counts_fp32_adapters_and_an_fp32_stream() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let device = (Bytes::gib(1 << 20), 0.95);
+        let qlora = training_memory(&model, &target(Method::Qlora, 4096), 1, 0, device);
+        let lora = training_memory(&model, &target(Method::Lora, 4096), 1, 0, device);
+        let t = qlora.trainable_params;
+        assert_eq!(t, lora.trainable_params);
+        assert_eq!(
+            (qlora.gradients, qlora.optimizer),
+            (Bytes(4 * t), Bytes(8 * t))
+        );
+        let checkpoints = |m: &TrainingMemory| m.activation_peak.loss_phase;
+        let logits = Bytes(4096 * 128_256 * 12);
+        let inputs = Bytes(32 * 4096 * 4096 * 2);
+        assert_eq!(checkpoints(&lora), inputs + logits);
+        assert_eq!(checkpoints(&qlora), inputs.times(2) + logits);
+        let mut bf16 = target(Method::Qlora, 4096);
+        bf16.optimizer_states = OptimizerStates::Bf16;
+        let bf16 = training_memory(&model, &bf16, 1, 0, device);
+        assert_eq!(checkpoints(&bf16), inputs + logits);
+        assert_eq!(bf16.gradients, Bytes(2 * t));
     }
 
     #[test]
