@@ -225,7 +225,7 @@ fn describe(
     let (reserve_shape, checked_on) = match target.loss {
         Loss::Standard => (
             format!("{ALLOCATOR_RESERVE} + {ALLOCATOR_RESERVE_BYTES_PER_LOGIT} bytes per logit"),
-            "within -9.4 to +8.0 % of a model of PyTorch's caching allocator on 43 traced steps",
+            "within -9.4 to +8.0 % of a model of PyTorch's caching allocator on 47 traced steps",
         ),
         Loss::Fused => (
             format!(

@@ -311,9 +311,9 @@ const COLLECTIVE_OVERHEAD: Bytes = Bytes(512 * MIB);
 /// that matched its allocations, the shortfall growing with sequence x micro-batch x
 /// vocabulary); then checked on the traced rows' allocations replayed through a model of
 /// PyTorch's CUDA caching allocator (`scripts/caching_allocator.py`): with this reserve the
-/// plan's device figure is within -9.4 to +8.0 % of the modelled reserved memory on the 43
-/// rows with transformers' loss, where without it 13 rows fall more than 10 % short (to
-/// -20.9 %). The large blocks of the loss
+/// plan's device figure is within -9.4 to +8.0 % of the modelled reserved memory on the 47
+/// rows with transformers' loss (43 when it was chosen, where without it 13 fell more than
+/// 10 % short, to -20.9 %; then four QLoRA rows, -5.0 to +0.8 %). The large blocks of the loss
 /// (FP32 logits and their gradient) are what the allocator cannot reuse once smaller
 /// allocations have split them. Measured rows are still to confirm it; the plan's reasons
 /// state it.
@@ -323,10 +323,12 @@ pub const ALLOCATOR_RESERVE: Bytes = Bytes(1536 * MIB);
 pub const ALLOCATOR_RESERVE_BYTES_PER_LOGIT: u64 = 4;
 /// With a fused loss no large logits blocks stand for the allocator's fragmentation; what it
 /// reserves beyond the 1.5 GiB then follows the layers' activations (the blocks of the layer
-/// being differentiated, freed and taken again in other sizes). 5 % of the activations: on
-/// the five traced fused-loss rows the modelled reserve's excess over 1.5 GiB was 0.3 to
-/// 4.3 % of them (largest without checkpointing), fitted there, so the least-measured part of
-/// the model errs towards refusing.
+/// being differentiated, freed and taken again in other sizes). 5 % of the activations,
+/// fitted on the five traced fused-loss rows: the modelled reserve's excess over 1.5 GiB
+/// there was 0.4 to 3.7 GiB, 3 to 16 % of the plan's activations on four rows and 62 % on
+/// Qwen3 8B full with BF16 states (2.0 GiB of activations beside 15 GiB of gradients); no
+/// share of one figure covers them all, and at 3 % Mistral 7B without checkpointing (the
+/// modelled H200 runs out) fits one in the plan.
 pub const ALLOCATOR_RESERVE_FUSED_ACTIVATIONS: f64 = 0.05;
 
 /// Trainable parameters of `method` on `model`.
