@@ -98,6 +98,10 @@ ATTENTION = ("sdpa", "eager", "flash_attention_2")
 # The loss: transformers' own (the whole logits tensor, upcast to FP32), or Liger Kernel's
 # fused linear cross-entropy (the planner's `--loss fused`), which never makes it.
 LOSSES = ("standard", "fused")
+# How AdamW steps (the planner's `--adamw`): updating each parameter in place (the fused
+# kernel on a GPU, the single-tensor loop under --trace: the same memory), or PyTorch's
+# multi-tensor path, whose step holds a copy of every second moment's square root.
+ADAMWS = ("fused", "foreach")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +119,7 @@ class Case:
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
     attention: str = "sdpa"
     loss: str = "standard"
+    adamw: str = "fused"
 
     def check(self) -> None:
         """Raises ValueError naming the field at fault."""
@@ -126,6 +131,8 @@ class Case:
             raise ValueError(f"{self.name}: attention {self.attention!r} not in {ATTENTION}")
         if self.loss not in LOSSES:
             raise ValueError(f"{self.name}: loss {self.loss!r} not in {LOSSES}")
+        if self.adamw not in ADAMWS:
+            raise ValueError(f"{self.name}: adamw {self.adamw!r} not in {ADAMWS}")
         if self.loss == "fused" and self.method == "dpo":
             raise ValueError(f"{self.name}: the fused loss is measured for full and LoRA, not DPO")
         for field in ("seq_len", "micro_batch", "lora_rank"):
@@ -166,9 +173,10 @@ GPT_OSS_32K = "fixtures/training/configs/gpt-oss-20b-vocab-32k.json"
 
 
 def default_cases() -> list[Case]:
-    """53 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
+    """56 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
     checkpointing on and off, full / LoRA / QLoRA / DPO, all three optimizer precisions, two
-    MoEs, eager attention, transformers' loss and Liger Kernel's fused one. A few minutes of H200 time (about a minute for the first 21 in steps);
+    MoEs, eager attention, transformers' loss and Liger Kernel's fused one, fused and foreach
+    AdamW. A few minutes of H200 time (about a minute for the first 21 in steps);
     model building and process start-up add to it. `--trace` runs them all without a GPU in
     about ten minutes."""
     qv = ("q", "v")
@@ -270,6 +278,15 @@ def default_cases() -> list[Case]:
              lora_rank=32),
         Case("mistral-7b-qlora-4k-mb2-nockpt", "mistral-7b-v0.1", method="qlora", seq_len=4096,
              micro_batch=2, gradient_checkpointing=False),
+        # PyTorch's multi-tensor AdamW (the HF Trainer's `adamw_torch` before torch 2.8). The
+        # first two are fms-acceleration's published single-A100 runs of Mistral 7B (4096
+        # packed tokens x 4, checkpointing; BF16 full fine-tuning and LoRA r16 on q, k, v, o;
+        # `scripts/benchmarks/refs/a100_80gb.csv`), so a trace meets a GPU figure.
+        Case("mistral-7b-full-4k-mb4-bf16-foreach", "mistral-7b-v0.1", seq_len=4096,
+             micro_batch=4, optimizer_states="bf16", adamw="foreach"),
+        Case("mistral-7b-lora-qkvo-4k-mb4-foreach", "mistral-7b-v0.1", method="lora",
+             seq_len=4096, micro_batch=4, lora_targets=("q", "k", "v", "o"), adamw="foreach"),
+        Case("llama-3.2-1b-full-2k-foreach", "llama-3.2-1b", adamw="foreach"),
     ]
 
 
@@ -918,7 +935,15 @@ def make_optimizer(case: Case, params):
         except ImportError:
             return None
         return bitsandbytes.optim.AdamW8bit(params, lr=1e-5)
-    # foreach=False: the default multi-tensor path keeps a transient copy of every update.
+    if case.adamw == "foreach":
+        # PyTorch's multi-tensor path (`torch.optim.AdamW`'s default on CUDA): its step
+        # holds a copy of every second moment's square root at once.
+        return torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    # Each parameter in place: the fused kernel on a GPU (the HF Trainer's
+    # `adamw_torch_fused`); on the trace's fake cpu tensors the single-tensor loop, which
+    # holds no more than one parameter's temporaries.
+    if params and params[0].device.type == "cuda":
+        return torch.optim.AdamW(params, lr=1e-5, fused=True)
     return torch.optim.AdamW(params, lr=1e-5, foreach=False)
 
 

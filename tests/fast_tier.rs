@@ -25,5 +25,6 @@ mod plan_calibration;
 mod plan_cli;
 mod plan_deployments;
 mod plan_properties;
+mod plan_training_published;
 mod plan_training_trace;
 mod setup_script;

@@ -1547,6 +1547,43 @@ fn a_fused_loss_is_stated_and_fits_what_the_standard_loss_cannot() {
     bad_input(&chunky, "--loss");
 }
 
+/// Issue 38: `--adamw foreach` counts PyTorch's multi-tensor AdamW's copy of the moments: a
+/// BF16 full fine-tune of Llama 3.1 8B that one H100 holds with a fused AdamW needs two
+/// (ZeRO-1 shards the moments and the copy), and the plan says where the step peaks.
+#[test]
+fn adamw_foreach_is_stated_and_needs_room_for_the_step() {
+    let args = |adamw: &'static str| {
+        vec![
+            "--model",
+            "llama-3.1-8b",
+            "--hardware",
+            "1x8xH100",
+            "--train",
+            "full",
+            "--optimizer-states",
+            "bf16",
+            "--adamw",
+            adamw,
+        ]
+    };
+    let devices = |plan: &serde_json::Value| plan["devices"].as_u64().unwrap_or(0);
+    let (code, fused) = json(&args("fused"));
+    assert_eq!(code, 0, "{fused}");
+    assert_eq!(fused["training"]["adamw"], "fused");
+    assert_eq!(devices(&fused), 1, "{fused}");
+    assert!(fused["reasons"].to_string().contains("adamw fused"));
+    let (code, foreach) = json(&args("foreach"));
+    assert_eq!(code, 0, "{foreach}");
+    assert_eq!(foreach["training"]["adamw"], "foreach");
+    assert_eq!(devices(&foreach), 2, "{foreach}");
+    let reasons = foreach["reasons"].to_string();
+    assert!(reasons.contains("adamw foreach"), "{reasons}");
+    assert!(reasons.contains("peaks in the optimizer step"), "{reasons}");
+    let mut adam = args("fused");
+    *adam.last_mut().unwrap() = "adam";
+    bad_input(&adam, "--adamw");
+}
+
 /// Issue 38: YaRN asked for on a preset lengthens its context and the emitted arguments apply
 /// it: Qwen3-8B at 131,072 tokens (its model card: factor 4 over 32,768) is refused without
 /// it and planned with it; today's vLLM takes `--hf-overrides`, vLLM before 0.12

@@ -906,6 +906,7 @@ fn train_with(
         lora_targets: LoraTarget::ALL.to_vec(),
         optimizer_states,
         loss: Default::default(),
+        adamw: Default::default(),
     });
     plan(&model, &nodes, &Reservations::none(), &request).unwrap()
 }

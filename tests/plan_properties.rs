@@ -21,7 +21,7 @@ use hwaccel::plan::search::{
     valid_tensor_parallel_sizes,
 };
 use hwaccel::plan::shorthand::parse_hardware;
-use hwaccel::plan::training::{LoraTarget, Loss, Method, TrainingTarget, training_memory};
+use hwaccel::plan::training::{Adamw, LoraTarget, Loss, Method, TrainingTarget, training_memory};
 use hwaccel::plan::weights::WeightBytes;
 use hwaccel::plan::{Bytes, Model, NodeSpec, Reservations};
 use proptest::prelude::*;
@@ -619,6 +619,7 @@ proptest! {
         method in prop::sample::select(vec![Method::Full, Method::Lora, Method::Qlora, Method::Dpo]),
         seq_len in prop::sample::select(vec![256u64, 1024, 4096]),
         loss in prop::sample::select(vec![Loss::Standard, Loss::Fused]),
+        adamw in prop::sample::select(vec![Adamw::Fused, Adamw::Foreach]),
     ) {
         let model = model(model_index);
         let nodes = parse_hardware(&hardware).unwrap();
@@ -632,6 +633,7 @@ proptest! {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
             loss,
+            adamw,
         });
         let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
         if result.fits {
@@ -778,6 +780,7 @@ proptest! {
         model_index in 0usize..64,
         devices in 2u32..64,
         loss in prop::sample::select(vec![Loss::Standard, Loss::Fused]),
+        adamw in prop::sample::select(vec![Adamw::Fused, Adamw::Foreach]),
     ) {
         let model = model(model_index);
         let target = TrainingTarget {
@@ -789,6 +792,7 @@ proptest! {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
             loss,
+            adamw,
         };
         let device = (Bytes::gib(80), 0.9);
         let total = |n: u32, stage: u8| training_memory(&model, &target, n, stage, device).device.total;

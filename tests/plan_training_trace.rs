@@ -31,7 +31,7 @@ use hwaccel::plan::Bytes;
 use hwaccel::plan::load::load_model;
 use hwaccel::plan::model::{Model, presets};
 use hwaccel::plan::training::{
-    LoraTarget, Loss, Method, OptimizerStates, TrainingTarget, training_memory,
+    Adamw, LoraTarget, Loss, Method, OptimizerStates, TrainingTarget, training_memory,
 };
 use serde::Deserialize;
 
@@ -54,6 +54,9 @@ struct Row {
     gradient_checkpointing: Option<bool>,
     optimizer_states: Option<String>,
     loss: Option<String>,
+    /// Rows before the AdamW path was recorded ran the single-tensor loop, which updates in
+    /// place as the fused kernel does.
+    adamw: Option<String>,
     lora_rank: Option<u64>,
     lora_targets: Option<Vec<String>>,
     trainable_params: Option<u64>,
@@ -146,6 +149,11 @@ fn target(row: &Row) -> TrainingTarget {
             None | Some("standard") => Loss::Standard,
             Some("fused") => Loss::Fused,
             other => panic!("{}: loss {other:?}", row.case),
+        },
+        adamw: match row.adamw.as_deref() {
+            None | Some("fused") => Adamw::Fused,
+            Some("foreach") => Adamw::Foreach,
+            other => panic!("{}: adamw {other:?}", row.case),
         },
     }
 }

@@ -95,6 +95,21 @@ pub enum TrainLoss {
     Fused,
 }
 
+// The doc line below is the CRD field's description.
+/// How AdamW steps: `fused` (the default: each parameter updated in place, as the HF
+/// Trainer's `adamw_torch_fused` and DeepSpeed's FusedAdam do) or `foreach` (PyTorch's
+/// multi-tensor path, `torch.optim.AdamW`'s default on CUDA and the HF Trainer's `adamw_torch`,
+/// which holds a copy of the moments during the step).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainAdamw {
+    /// Each parameter updated in place.
+    #[default]
+    Fused,
+    /// PyTorch's multi-tensor path: a copy of the moments during the step.
+    Foreach,
+}
+
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -326,6 +341,12 @@ pub struct TrainGoal {
     /// chunks of tokens, such as Liger Kernel's with `use_liger_kernel=True`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<TrainLoss>,
+    /// How AdamW steps: `fused` (the default: each parameter updated in place, as the HF
+    /// Trainer's `adamw_torch_fused` and DeepSpeed's FusedAdam do) or `foreach` (PyTorch's
+    /// multi-tensor path, `torch.optim.AdamW`'s default on CUDA and the HF Trainer's
+    /// `adamw_torch`, which holds a copy of the moments during the step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adamw: Option<TrainAdamw>,
 }
 
 fn default_seq_len() -> u32 {

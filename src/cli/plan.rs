@@ -25,7 +25,7 @@ use crate::plan::report::Plan;
 use crate::plan::request::{ModelInput, PlanInput, prepare};
 use crate::plan::search::{Disaggregation, Goal, plan};
 use crate::plan::shorthand::parse_hardware;
-use crate::plan::training::{LoraTarget, Loss, Method, OptimizerStates, TrainingTarget};
+use crate::plan::training::{Adamw, LoraTarget, Loss, Method, OptimizerStates, TrainingTarget};
 
 /// The goal flags `hwaccel plan` and `hwaccel fleet` share: serving or training, their
 /// shape, precision and limits. One struct so the two commands cannot drift apart.
@@ -74,6 +74,11 @@ pub struct GoalArgs {
     /// Kernel's with `use_liger_kernel=True`; the logits are never whole).
     #[arg(long, value_enum, default_value_t = Loss::Standard)]
     pub loss: Loss,
+    /// How AdamW steps: fused (each parameter updated in place: the HF Trainer's default
+    /// `adamw_torch_fused`, DeepSpeed's FusedAdam) or foreach (`torch.optim.AdamW`'s default
+    /// on CUDA, the HF Trainer's `adamw_torch`: a copy of the moments held during the step).
+    #[arg(long, value_enum, default_value_t = Adamw::Fused)]
+    pub adamw: Adamw,
     /// LoRA rank.
     #[arg(long, default_value_t = 16)]
     pub lora_rank: u64,
@@ -277,6 +282,7 @@ impl GoalArgs {
                 lora_targets: lora_targets(&self.lora_targets)?,
                 optimizer_states: self.optimizer_states,
                 loss: self.loss,
+                adamw: self.adamw,
             }),
             None => Goal::Serve {
                 context: self.context,

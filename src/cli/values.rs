@@ -7,7 +7,7 @@ use clap::builder::PossibleValue;
 
 use crate::output::Format;
 use crate::plan::kv::KvDtype;
-use crate::plan::training::{Loss, Method, OptimizerStates};
+use crate::plan::training::{Adamw, Loss, Method, OptimizerStates};
 use crate::telemetry::LogFormat;
 
 /// Implements `ValueEnum` for a unit enum from `Variant => ("name", "help")` lines.
@@ -76,6 +76,17 @@ value_enum!(Loss {
     ),
 });
 
+value_enum!(Adamw {
+    Adamw::Fused => (
+        "fused",
+        "Each parameter updated in place (adamw_torch_fused, DeepSpeed's FusedAdam)"
+    ),
+    Adamw::Foreach => (
+        "foreach",
+        "torch.optim.AdamW's multi-tensor default (adamw_torch): a copy of the moments during the step"
+    ),
+});
+
 value_enum!(LogFormat {
     LogFormat::Json => ("json", "One JSON object per line"),
     LogFormat::Text => ("text", "Human-readable text"),
@@ -100,6 +111,7 @@ mod tests {
         check::<Method>();
         check::<OptimizerStates>();
         check::<Loss>();
+        check::<Adamw>();
         for format in Format::value_variants() {
             let name = format.to_possible_value().map(|v| v.get_name().to_string());
             assert_eq!(name, Some(format!("{format:?}").to_lowercase()));

@@ -961,6 +961,7 @@ mod tests {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: crate::plan::training::OptimizerStates::Fp32,
             loss: Default::default(),
+            adamw: Default::default(),
         });
         let err = capacity(&ask(&m, &r, None), &nodes, &Reservations::none()).unwrap_err();
         assert!(err.to_string().contains("serving"), "{err}");

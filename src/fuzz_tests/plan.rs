@@ -202,10 +202,12 @@ fn spec_json() -> BoxedStrategy<Value> {
             number(),
             prop::sample::select(vec!["standard", "fused", "chunky"]),
             prop::sample::select(vec!["fp32", "bf16", "8bit", "fp8"]),
+            prop::sample::select(vec!["fused", "foreach", "adam"]),
         )
-            .prop_map(|(method, seq, micro, rank, loss, states)| {
+            .prop_map(|(method, seq, micro, rank, loss, states, adamw)| {
                 json!({"train": {"method": method, "seqLen": seq, "microBatch": micro,
-                                 "loraRank": rank, "loss": loss, "optimizerStates": states}})
+                                 "loraRank": rank, "loss": loss, "optimizerStates": states,
+                                 "adamw": adamw}})
             }),
     ]
     .boxed();

@@ -12,7 +12,7 @@ use super::model::rope::RopeScaling;
 use super::model::{Model, ModelSource};
 use super::packing::Assignment;
 use super::throughput::ThroughputEstimate;
-use super::training::{Loss, Method, OptimizerStates, ZeroStage};
+use super::training::{Adamw, Loss, Method, OptimizerStates, ZeroStage};
 use super::units::Bytes;
 
 /// The model, as the plan summarises it.
@@ -75,6 +75,8 @@ pub struct TrainingSummary {
     pub optimizer_states: OptimizerStates,
     /// The loss assumed.
     pub loss: Loss,
+    /// The AdamW implementation assumed.
+    pub adamw: Adamw,
     /// Per device: weights (policy, frozen base, reference, gather buffers).
     pub weights: Bytes,
     /// Per device: gradients.

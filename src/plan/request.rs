@@ -214,6 +214,7 @@ mod tests {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: crate::plan::training::OptimizerStates::Fp32,
             loss: Default::default(),
+            adamw: Default::default(),
         });
         input.checkpoint_bytes = Some(Bytes(16_000_000_000));
         let prepared = prepare(input).unwrap();

@@ -11,8 +11,8 @@
 
 use crate::api::ModelPlacement;
 use crate::api::placement::{
-    Constraints, Goal, ModelPlacementSpec, ModelSource, PrecisionChoice, ServeGoal, TrainGoal,
-    TrainLoss, TrainMethod,
+    Constraints, Goal, ModelPlacementSpec, ModelSource, OptimizerStates, PrecisionChoice,
+    ServeGoal, TrainAdamw, TrainGoal, TrainLoss, TrainMethod,
 };
 
 /// The name a built placement gets unless [`PlacementBuilder::name`] says otherwise.
@@ -60,6 +60,7 @@ impl PlacementBuilder {
                     lora_rank: 16,
                     optimizer_states: None,
                     loss: None,
+                    adamw: None,
                 }),
             },
         )
@@ -158,6 +159,24 @@ impl PlacementBuilder {
     pub fn loss(mut self, loss: TrainLoss) -> Self {
         if let Some(train) = &mut self.spec.goal.train {
             train.loss = Some(loss);
+        }
+        self
+    }
+
+    /// The optimizer states' precision (ignored for serving).
+    #[must_use]
+    pub fn optimizer_states(mut self, states: OptimizerStates) -> Self {
+        if let Some(train) = &mut self.spec.goal.train {
+            train.optimizer_states = Some(states);
+        }
+        self
+    }
+
+    /// How AdamW steps (ignored for serving).
+    #[must_use]
+    pub fn adamw(mut self, adamw: TrainAdamw) -> Self {
+        if let Some(train) = &mut self.spec.goal.train {
+            train.adamw = Some(adamw);
         }
         self
     }

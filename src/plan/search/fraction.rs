@@ -925,6 +925,7 @@ mod tests {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: OptimizerStates::Fp32,
             loss: Default::default(),
+            adamw: Default::default(),
         });
         assert!(why(&planned("llama-3.2-1b", &nodes, &train)).contains("training"));
 

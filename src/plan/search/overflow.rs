@@ -32,6 +32,7 @@ fn train(seq_len: u64, micro_batch: u64, method: Method, lora_rank: u64) -> Plan
         lora_targets: LoraTarget::ALL.to_vec(),
         optimizer_states: crate::plan::training::OptimizerStates::Fp32,
         loss: Default::default(),
+        adamw: Default::default(),
     });
     request
 }

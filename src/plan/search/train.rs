@@ -126,6 +126,8 @@ pub(super) fn plan(
     plan.reasons
         .push(target.optimizer_states.describe().to_string());
     plan.reasons.push(target.loss.describe().to_string());
+    plan.reasons
+        .push(target.adamw.describe(target.optimizer_states).to_string());
     let mut candidates = Vec::new();
     for (index, class) in fleet.classes.iter().enumerate() {
         match training_precision(model, fleet, index, target.method, request.precision) {
@@ -173,6 +175,7 @@ fn summary(target: &TrainingTarget, memory: &TrainingMemory) -> TrainingSummary 
         gradient_checkpointing: target.gradient_checkpointing,
         optimizer_states: target.optimizer_states,
         loss: target.loss,
+        adamw: target.adamw,
         weights: memory.weights,
         gradients: memory.gradients,
         optimizer: memory.optimizer,
@@ -256,7 +259,16 @@ fn describe(
 /// logits should see why.
 fn peak_moment(m: &TrainingMemory) -> String {
     let peak = m.activation_peak;
-    if peak.loss_phase.saturating_sub(m.gradients) >= peak.backward_phase {
+    let passes = peak
+        .loss_phase
+        .saturating_sub(m.gradients)
+        .max(peak.backward_phase);
+    if m.optimizer_step > passes {
+        format!(
+            "the step peaks in the optimizer step: every gradient and state plus the foreach AdamW's copy of the moments ({}), more than the forward and backward passes hold ({})",
+            m.optimizer_step, passes
+        )
+    } else if peak.loss_phase.saturating_sub(m.gradients) >= peak.backward_phase {
         format!(
             "the step peaks when the backward pass starts: saved activations and the loss's logits {}, before the gradients ({}) exist",
             peak.loss_phase, m.gradients
@@ -283,11 +295,23 @@ fn refuse(
             continue;
         }
         let device = (class.sample.runtime_memory(), request.gpu_util);
-        let all = training_memory(model, target, class.free, 3, device);
-        plan.reasons.push(format!(
-            "{} x{}: even ZeRO-3 over all {} devices needs {} per device (budget {})",
-            class.sample.product, class.free, class.free, all.device.total, all.device.budget
-        ));
+        // As the search does: one device has nothing to shard, so only stage 0 applies (a
+        // ZeRO-3 figure there would count 16-bit compute that one device does not run).
+        let all = if class.free >= 2 {
+            let all = training_memory(model, target, class.free, 3, device);
+            plan.reasons.push(format!(
+                "{} x{}: even ZeRO-3 over all {} devices needs {} per device (budget {})",
+                class.sample.product, class.free, class.free, all.device.total, all.device.budget
+            ));
+            all
+        } else {
+            let one = training_memory(model, target, 1, 0, device);
+            plan.reasons.push(format!(
+                "{} x1: one device, nothing to shard, needs {} (budget {})",
+                class.sample.product, one.device.total, one.device.budget
+            ));
+            one
+        };
         if closest.is_none_or(|(m, _): (TrainingMemory, u32)| all.device.total < m.device.total) {
             closest = Some((all, index as u32));
         }

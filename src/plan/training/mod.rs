@@ -27,10 +27,12 @@
 //!   training (`fixtures/training/`).
 
 pub mod activations;
+mod adamw;
 
 use serde::{Deserialize, Serialize};
 
 use self::activations::{ActivationPeak, Layers, Step, step_activations};
+pub use self::adamw::Adamw;
 use super::memory::DeviceMemory;
 use super::model::{Attention, Model};
 use super::units::Bytes;
@@ -267,6 +269,8 @@ pub struct TrainingTarget {
     pub optimizer_states: OptimizerStates,
     /// How the loss is computed.
     pub loss: Loss,
+    /// How AdamW steps.
+    pub adamw: Adamw,
 }
 
 /// Model-state and activation bytes on one device.
@@ -280,11 +284,16 @@ pub struct TrainingMemory {
     pub gradients: Bytes,
     /// Optimizer states (and FP32 master weights).
     pub optimizer: Bytes,
-    /// Activation memory at the step's peak beyond the model states: the larger of the
-    /// loss phase less the gradients (which do not exist yet then) and the backward phase.
+    /// Transient memory at the step's peak beyond the model states: the largest of the loss
+    /// phase less the gradients (which do not exist yet then), the backward phase and the
+    /// optimizer step's own transient ([`Self::optimizer_step`]).
     pub activations: Bytes,
-    /// The two moments a step can peak at ([`ActivationPeak`]).
+    /// The two moments of the forward and backward passes a step can peak at
+    /// ([`ActivationPeak`]).
     pub activation_peak: ActivationPeak,
+    /// What the optimizer step holds beyond the model states, once every gradient exists
+    /// and the activations are gone: the foreach AdamW's copy of the moments ([`Adamw`]).
+    pub optimizer_step: Bytes,
     /// Runtime overhead: the CUDA context, collective buffers and [`Self::allocator_reserve`].
     pub overhead: Bytes,
     /// Of the overhead, what the caching allocator holds beyond the step's allocations and
@@ -587,12 +596,21 @@ pub fn training_memory(
             fused_loss: target.loss == Loss::Fused,
         },
     );
-    // weights + optimizer + max(loss phase, gradients + backward phase), with the gradients
-    // counted among the model states.
-    let activations = peak
+    // The optimizer step's transient, sharded as the moments are.
+    let optimizer_step = shard(
+        per_param(
+            trainable,
+            target.adamw.step_bytes_per_param(target.optimizer_states),
+        ),
+        1,
+    );
+    // weights + optimizer + max(loss phase, gradients + backward phase, gradients + the
+    // optimizer step), with the gradients counted among the model states.
+    let passes = peak
         .loss_phase
         .saturating_sub(gradients)
         .max(peak.backward_phase);
+    let activations = passes.max(optimizer_step);
     // The logits alive at once: all of them, or one chunk of a fused loss.
     let tokens = target.seq_len.saturating_mul(batch);
     let logits = match target.loss {
@@ -612,7 +630,7 @@ pub fn training_memory(
     let unbudgeted = capacity.saturating_sub(capacity.fraction(gpu_util));
     let of_activations = match target.loss {
         Loss::Standard => Bytes::ZERO,
-        Loss::Fused => activations.fraction(ALLOCATOR_RESERVE_FUSED_ACTIVATIONS),
+        Loss::Fused => passes.fraction(ALLOCATOR_RESERVE_FUSED_ACTIVATIONS),
     };
     let allocator_reserve = (ALLOCATOR_RESERVE
         + Bytes(logits.saturating_mul(ALLOCATOR_RESERVE_BYTES_PER_LOGIT))
@@ -631,6 +649,7 @@ pub fn training_memory(
         optimizer,
         activations,
         activation_peak: peak,
+        optimizer_step,
         overhead,
         allocator_reserve,
         zero_stage: stage,
@@ -704,7 +723,53 @@ mod tests {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: OptimizerStates::Fp32,
             loss: Default::default(),
+            adamw: Default::default(),
         }
+    }
+
+    /// The foreach AdamW's copy of the moments: at short sequences a full fine-tune's step
+    /// peaks in the optimizer step, at five times the BF16 parameter bytes with BF16 states
+    /// (weights, gradients, two moments, the copy) and 20 bytes per parameter with FP32
+    /// ones; ZeRO-1 shards the copy with the moments; LoRA's copy is the adapters' only.
+    #[test]
+    fn the_foreach_optimizer_step_holds_a_copy_of_the_moments() {
+        let model = presets::find("llama-3.1-8b").unwrap().unwrap();
+        let params = model.params.total() as f64;
+        let device = (Bytes(1 << 50), 1.0);
+        let with = |method, states, adamw, devices, stage| {
+            let target = TrainingTarget {
+                optimizer_states: states,
+                adamw,
+                ..target(method, 512)
+            };
+            training_memory(&model, &target, devices, stage, device)
+        };
+        let peak =
+            |m: &TrainingMemory| (m.weights + m.gradients + m.optimizer + m.activations).as_f64();
+        let bf16 = with(Method::Full, OptimizerStates::Bf16, Adamw::Foreach, 1, 0);
+        assert_eq!(bf16.activations, bf16.optimizer_step);
+        assert!((peak(&bf16) / (10.0 * params) - 1.0).abs() < 1e-6);
+        let fused = with(Method::Full, OptimizerStates::Bf16, Adamw::Fused, 1, 0);
+        assert_eq!(fused.optimizer_step, Bytes::ZERO);
+        assert!(peak(&fused) < 8.5 * params);
+        let fp32 = with(Method::Full, OptimizerStates::Fp32, Adamw::Foreach, 1, 0);
+        assert!((peak(&fp32) / (20.0 * params) - 1.0).abs() < 1e-6);
+        let eight_bit = with(
+            Method::Full,
+            OptimizerStates::EightBit,
+            Adamw::Foreach,
+            1,
+            0,
+        );
+        assert_eq!(eight_bit.optimizer_step, Bytes::ZERO);
+        let sharded = with(Method::Full, OptimizerStates::Bf16, Adamw::Foreach, 4, 1);
+        assert_eq!(sharded.optimizer_step, bf16.optimizer_step.div_ceil(4));
+        let lora = with(Method::Lora, OptimizerStates::Fp32, Adamw::Foreach, 1, 0);
+        assert_eq!(
+            lora.optimizer_step,
+            Bytes::from_f64(lora.trainable_params as f64 * 4.0)
+        );
+        assert!(lora.activations > lora.optimizer_step);
     }
 
     #[test]

@@ -95,6 +95,7 @@ fn asked_replicas_are_placed_and_training_ignores_them() {
             lora_rank: 64,
             optimizer_states: None,
             loss: None,
+            adamw: None,
         }),
     };
     let request = request_from_spec(&spec).unwrap();

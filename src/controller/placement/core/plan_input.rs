@@ -7,7 +7,7 @@
 
 use crate::api::placement::{
     AllocationMode, EngineName, EngineSpec, Goal, ModelPlacementSpec, ModelSource, OptimizerStates,
-    PrecisionChoice, TrainLoss, TrainMethod,
+    PrecisionChoice, TrainAdamw, TrainLoss, TrainMethod,
 };
 use crate::plan::Bytes;
 use crate::plan::capability::PrecisionChoice as PlannerPrecision;
@@ -16,7 +16,8 @@ use crate::plan::kv::KvDtype;
 use crate::plan::request::{ModelInput, PlanInput};
 use crate::plan::search::{Disaggregation, Goal as PlannerGoal};
 use crate::plan::training::{
-    LoraTarget, Loss as PlannerLoss, Method, OptimizerStates as PlannerStates, TrainingTarget,
+    Adamw as PlannerAdamw, LoraTarget, Loss as PlannerLoss, Method,
+    OptimizerStates as PlannerStates, TrainingTarget,
 };
 
 /// Where an inline `config.json` comes from, in messages.
@@ -132,6 +133,7 @@ fn planner_goal(goal: &Goal) -> Result<PlannerGoal, String> {
             lora_targets: LoraTarget::ALL.to_vec(),
             optimizer_states: optimizer_states(train.optimizer_states.unwrap_or_default()),
             loss: loss(train.loss.unwrap_or_default()),
+            adamw: adamw(train.adamw.unwrap_or_default()),
         })),
         _ => Err("goal: set exactly one of serve or train".to_string()),
     }
@@ -171,6 +173,14 @@ pub fn train_method(method: TrainMethod) -> Method {
         TrainMethod::Lora => Method::Lora,
         TrainMethod::Qlora => Method::Qlora,
         TrainMethod::Dpo => Method::Dpo,
+    }
+}
+
+/// The planner's AdamW implementation for the API's.
+pub fn adamw(adamw: TrainAdamw) -> PlannerAdamw {
+    match adamw {
+        TrainAdamw::Fused => PlannerAdamw::Fused,
+        TrainAdamw::Foreach => PlannerAdamw::Foreach,
     }
 }
 
@@ -281,6 +291,7 @@ mod tests {
                 lora_rank: 8,
                 optimizer_states: None,
                 loss: None,
+                adamw: None,
             }),
         };
         let PlannerGoal::Train(target) = plan_input(&spec).unwrap().goal else {
@@ -290,7 +301,7 @@ mod tests {
         assert!(target.gradient_checkpointing);
         assert_eq!(target.lora_targets, LoraTarget::ALL.to_vec());
         assert_eq!(target.optimizer_states, PlannerStates::Fp32);
-        // Issue 38: `optimizerStates` and `loss` reach the planner as the CRD spells them.
+        // Issue 38: `optimizerStates`, `loss` and `adamw` reach the planner as the CRD spells them.
         let decoded = |json: &str| {
             let mut spec = spec.clone();
             spec.goal.train = Some(serde_json::from_str(json).unwrap());
@@ -313,6 +324,18 @@ mod tests {
                 serde_json::to_value(loss(each)).unwrap()
             );
         }
+        // `adamw` likewise: fused unless the spec says foreach; an unknown one is refused.
+        assert_eq!(target.adamw, PlannerAdamw::Fused);
+        let target = decoded(r#"{"method": "full", "adamw": "foreach"}"#);
+        assert_eq!(target.adamw, PlannerAdamw::Foreach);
+        let unknown = r#"{"method": "full", "adamw": "adam"}"#;
+        assert!(serde_json::from_str::<TrainGoal>(unknown).is_err());
+        for each in [TrainAdamw::Fused, TrainAdamw::Foreach] {
+            assert_eq!(
+                serde_json::to_value(each).unwrap(),
+                serde_json::to_value(adamw(each)).unwrap()
+            );
+        }
     }
 
     #[test]
@@ -325,6 +348,7 @@ mod tests {
             lora_rank: 1,
             optimizer_states: None,
             loss: None,
+            adamw: None,
         });
         assert!(plan_input(&two_goals).unwrap_err().starts_with("goal:"));
         let mut int8_cache = spec();

@@ -1,0 +1,267 @@
+//! The training memory model against GPU measurements others published
+//! (`fixtures/training/published-*.json`, issue 38): each file is one source's figures,
+//! transcribed with their commit and each row's own line, and the recipe behind them.
+//!
+//! fms-acceleration's A100 reference runs (`scripts/benchmarks/refs/a100_80gb.csv`) are plain
+//! Hugging Face fine-tunes of Mistral 7B, Mixtral 8x7B and Llama 2 70B on one GPU, with
+//! `torch.cuda.max_memory_allocated()` in bytes, and a failed run where the GPU ran out. Every
+//! row is replayed through the planner as a user would ask for it (`hwaccel plan --train ...
+//! --hardware 1x1xA100-80GB`):
+//!
+//! * a row that ran out of memory must not fit;
+//! * no completed row may be planned more than 10 % below what it allocated (a plan that low
+//!   could send a job where it does not run);
+//! * completed rows of dense models must be within ±10 % of what they allocated. The two
+//!   Mixtral QLoRA rows are planned above that (transformers 4.48 looped over its experts;
+//!   the planner models transformers 5) and are held to the bound from below only.
+//!
+//! The software is older than the planner's (transformers 4.48, torch 2.4): a published row
+//! checks the model on a real GPU, not the exact code the traced rows ran.
+
+#![allow(clippy::expect_used)]
+
+use hwaccel::hardware::GIB;
+use hwaccel::plan::load::load_model;
+use hwaccel::plan::search::{Goal, PlanRequest, plan};
+use hwaccel::plan::shorthand::parse_hardware;
+use hwaccel::plan::training::{
+    Adamw, DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Loss, Method, OptimizerStates, TrainingTarget,
+    training_memory,
+};
+use hwaccel::plan::{Bytes, Reservations};
+use serde::Deserialize;
+
+const TOLERANCE: f64 = 0.10;
+
+#[derive(Debug, Deserialize)]
+struct Published {
+    provenance: serde_json::Value,
+    rows: Vec<Row>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Row {
+    case: String,
+    status: String,
+    model: String,
+    method: String,
+    seq_len: u64,
+    micro_batch: u64,
+    gradient_checkpointing: bool,
+    optimizer_states: String,
+    loss: String,
+    adamw: String,
+    lora_rank: Option<u64>,
+    lora_targets: Vec<String>,
+    hardware: String,
+    peak_allocated_bytes: Option<u64>,
+    csv: String,
+}
+
+fn load() -> Vec<(String, Published)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/training");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("fixtures/training")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("published-") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("readable");
+            let file = p.display().to_string();
+            let published: Published =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+            for field in [
+                "source",
+                "commit",
+                "torch",
+                "transformers",
+                "figure",
+                "recipe",
+            ] {
+                assert!(
+                    published.provenance[field].is_string(),
+                    "{file}: the provenance names its {field}"
+                );
+            }
+            (file, published)
+        })
+        .collect()
+}
+
+fn target(row: &Row) -> TrainingTarget {
+    TrainingTarget {
+        method: match row.method.as_str() {
+            "full" => Method::Full,
+            "lora" => Method::Lora,
+            "qlora" => Method::Qlora,
+            "dpo" => Method::Dpo,
+            other => panic!("{}: method {other}", row.case),
+        },
+        seq_len: row.seq_len,
+        micro_batch: row.micro_batch,
+        gradient_checkpointing: row.gradient_checkpointing,
+        lora_rank: row.lora_rank.unwrap_or(16),
+        lora_targets: row
+            .lora_targets
+            .iter()
+            .map(|t| LoraTarget::parse(t).unwrap_or_else(|| panic!("{}: target {t}", row.case)))
+            .collect(),
+        optimizer_states: match row.optimizer_states.as_str() {
+            "fp32" => OptimizerStates::Fp32,
+            "bf16" => OptimizerStates::Bf16,
+            "8bit" => OptimizerStates::EightBit,
+            other => panic!("{}: optimizer states {other}", row.case),
+        },
+        loss: match row.loss.as_str() {
+            "standard" => Loss::Standard,
+            "fused" => Loss::Fused,
+            other => panic!("{}: loss {other}", row.case),
+        },
+        adamw: match row.adamw.as_str() {
+            "fused" => Adamw::Fused,
+            "foreach" => Adamw::Foreach,
+            other => panic!("{}: adamw {other}", row.case),
+        },
+    }
+}
+
+/// One published row replayed.
+struct Replayed {
+    case: String,
+    /// What the GPU allocated at the peak; `None` where the run ran out of memory.
+    measured: Option<f64>,
+    /// The plan's figure for the allocations: weights, gradients, optimizer, activations.
+    planned: f64,
+    /// Whether `hwaccel plan` fits the row on its hardware.
+    fits: bool,
+    moe: bool,
+}
+
+fn replay() -> Vec<Replayed> {
+    let mut out = Vec::new();
+    for (file, published) in load() {
+        for row in &published.rows {
+            assert!(
+                !row.csv.is_empty(),
+                "{file}: {} keeps its source line",
+                row.case
+            );
+            let model = load_model(&row.model).unwrap_or_else(|e| panic!("{}: {e}", row.case));
+            let target = target(row);
+            let memory = training_memory(&model, &target, 1, 0, (Bytes(1 << 50), 1.0));
+            let nodes = parse_hardware(&row.hardware).expect("hardware");
+            let mut request = PlanRequest::serve(None, 1);
+            request.gpu_util = DEFAULT_TRAINING_GPU_UTIL;
+            request.goal = Goal::Train(target);
+            let fits = plan(&model, &nodes, &Reservations::none(), &request)
+                .expect("a plan")
+                .fits;
+            let measured = match row.status.as_str() {
+                "ok" => Some(row.peak_allocated_bytes.expect("peak_allocated_bytes") as f64),
+                "oom" => None,
+                other => panic!("{}: status {other}", row.case),
+            };
+            out.push(Replayed {
+                case: row.case.clone(),
+                measured,
+                planned: (memory.weights
+                    + memory.gradients
+                    + memory.optimizer
+                    + memory.activations)
+                    .as_f64(),
+                fits,
+                moe: model.arch.moe.is_some(),
+            });
+        }
+    }
+    out
+}
+
+#[test]
+fn training_plans_meet_published_gpu_measurements() {
+    let rows = replay();
+    let gib = GIB as f64;
+    let mut misses = Vec::new();
+    println!(
+        "{:40} {:>9} {:>9} {:>7} {:>5}",
+        "case", "measured", "planned", "error", "fits"
+    );
+    for row in &rows {
+        let Some(measured) = row.measured else {
+            println!(
+                "{:40} {:>9} {:>9.2} {:>7} {:>5}",
+                row.case,
+                "oom",
+                row.planned / gib,
+                "",
+                row.fits
+            );
+            if row.fits {
+                misses.push(format!(
+                    "{}: fits where the GPU ran out of memory",
+                    row.case
+                ));
+            }
+            continue;
+        };
+        let error = row.planned / measured - 1.0;
+        println!(
+            "{:40} {:>9.2} {:>9.2} {:>+6.1}% {:>5}",
+            row.case,
+            measured / gib,
+            row.planned / gib,
+            error * 100.0,
+            row.fits
+        );
+        if error < -TOLERANCE || (!row.moe && error > TOLERANCE) {
+            misses.push(format!("{}: {:+.1}%", row.case, error * 100.0));
+        }
+    }
+    assert!(misses.is_empty(), "{misses:?}");
+    let completed = rows.iter().filter(|r| r.measured.is_some()).count();
+    let out_of_memory = rows.len() - completed;
+    assert!(
+        completed >= 8 && out_of_memory >= 10,
+        "{completed} completed and {out_of_memory} out-of-memory rows"
+    );
+}
+
+/// The full fine-tunes' peak does not move with the batch (72,434,837,504 bytes at 4 and
+/// 72,435,230,720 at 8 sequences): it is the optimizer step, where PyTorch's foreach AdamW
+/// holds a copy of the BF16 moments beside weights, gradients and moments, five times the
+/// parameters' BF16 bytes. With the fused kernel assumed instead, the plan falls short.
+#[test]
+fn the_published_full_fine_tunes_peak_in_the_foreach_optimizer_step() {
+    let (_, published) = load()
+        .into_iter()
+        .find(|(f, _)| f.contains("fms-acceleration"))
+        .expect("the fms-acceleration file");
+    let row = published
+        .rows
+        .iter()
+        .find(|r| r.case == "fms-mistral-7b-full-4k-mb4")
+        .expect("the Mistral full fine-tune");
+    let model = load_model(&row.model).expect("model");
+    let measured = row.peak_allocated_bytes.expect("peak") as f64;
+    let planned = |adamw: Adamw| {
+        let target = TrainingTarget {
+            adamw,
+            ..target(row)
+        };
+        let m = training_memory(&model, &target, 1, 0, (Bytes(1 << 50), 1.0));
+        (m.weights + m.gradients + m.optimizer + m.activations).as_f64() / measured - 1.0
+    };
+    assert!(
+        planned(Adamw::Foreach).abs() < 0.01,
+        "{}",
+        planned(Adamw::Foreach)
+    );
+    assert!(planned(Adamw::Fused) < -0.05, "{}", planned(Adamw::Fused));
+}
