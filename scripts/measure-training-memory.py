@@ -173,7 +173,7 @@ GPT_OSS_32K = "fixtures/training/configs/gpt-oss-20b-vocab-32k.json"
 
 
 def default_cases() -> list[Case]:
-    """56 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
+    """58 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
     checkpointing on and off, full / LoRA / QLoRA / DPO, all three optimizer precisions, two
     MoEs, eager attention, transformers' loss and Liger Kernel's fused one, fused and foreach
     AdamW. A few minutes of H200 time (about a minute for the first 21 in steps);
@@ -287,6 +287,13 @@ def default_cases() -> list[Case]:
         Case("mistral-7b-lora-qkvo-4k-mb4-foreach", "mistral-7b-v0.1", method="lora",
              seq_len=4096, micro_batch=4, lora_targets=("q", "k", "v", "o"), adamw="foreach"),
         Case("llama-3.2-1b-full-2k-foreach", "llama-3.2-1b", adamw="foreach"),
+        # QLoRA of MoE models as transformers 5 loads them in 4 bits: their routed experts are
+        # 3-D parameters bitsandbytes does not quantize, made FP32 by PEFT's preparation. The
+        # second is fms-acceleration's published Mixtral recipe (transformers 4.48 quantized
+        # the experts, and the run fit one A100 in 40 GiB).
+        Case("qwen3-30b-a3b-qlora-2k", "qwen3-30b-a3b", method="qlora"),
+        Case("mixtral-8x7b-qlora-qkvo-4k-mb4", "mixtral-8x7b", method="qlora", seq_len=4096,
+             micro_batch=4, lora_targets=("q", "k", "v", "o"), adamw="foreach"),
     ]
 
 
@@ -454,6 +461,8 @@ def trace(case: Case, config: dict) -> dict:
         return {**row, "status": "skipped", "reason": "8-bit Adam runs bitsandbytes' CUDA kernels; it cannot be traced"}
     if case.attention == "flash_attention_2":
         return {**row, "status": "skipped", "reason": "flash_attention_2 needs CUDA; trace sdpa instead"}
+    if case.method == "qlora" and is_moe(config):
+        return {**row, "status": "skipped", "reason": "QLoRA of an MoE runs transformers' eager experts, which route tokens by their values (nonzero); a trace has none"}
     # `Module.to` swaps a fake parameter for its converted copy, which fails while the fake
     # mode holds a weak reference to it (PEFT moves every adapter so); the trace only needs
     # the parameter to take the copy's dtype, which assigning `.data` gives.
@@ -687,6 +696,11 @@ def parameter_counts(model) -> dict:
     }
 
 
+def is_moe(config: dict) -> bool:
+    """Whether a Hugging Face config has routed experts."""
+    return any(config.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
 def build_models(case: Case, config: dict, device: str):
     """The model to train (PEFT-wrapped for LoRA, checkpointing set) and, for DPO, the frozen
     reference, with random weights made on `device`; and the transformers config."""
@@ -700,16 +714,21 @@ def build_models(case: Case, config: dict, device: str):
     hf = transformers.AutoConfig.for_model(model_type, **fields)
     hf.use_cache = False
 
+    # A 4-bit load leaves an MoE's routed experts unquantized and PEFT's preparation makes them
+    # FP32, which transformers 5's default grouped-matmul experts refuse ("Expected inputs of
+    # BF16 type"); its eager experts (a loop of matmuls under autocast) run them.
+    extra = {"experts_implementation": "eager"} if case.method == "qlora" and is_moe(config) else {}
+
     def build(dtype):
         # transformers 5 names the argument `dtype`, earlier releases `torch_dtype`.
         with torch.device(device):
             try:
                 return transformers.AutoModelForCausalLM.from_config(
-                    hf, dtype=dtype, attn_implementation=case.attention
+                    hf, dtype=dtype, attn_implementation=case.attention, **extra
                 )
             except TypeError:
                 return transformers.AutoModelForCausalLM.from_config(
-                    hf, torch_dtype=dtype, attn_implementation=case.attention
+                    hf, torch_dtype=dtype, attn_implementation=case.attention, **extra
                 )
 
     if case.loss == "fused":

@@ -12,8 +12,10 @@
 //! * no completed row may be planned more than 10 % below what it allocated (a plan that low
 //!   could send a job where it does not run);
 //! * completed rows of dense models must be within ±10 % of what they allocated. The two
-//!   Mixtral QLoRA rows are planned above that (transformers 4.48 looped over its experts;
-//!   the planner models transformers 5) and are held to the bound from below only.
+//!   Mixtral QLoRA rows are held to the bound from below only: transformers 4.48 kept
+//!   Mixtral's experts as linear modules, which bitsandbytes quantized, and transformers 5,
+//!   which the planner models, keeps them as 3-D parameters that it does not (FP32 after
+//!   PEFT's preparation), so the plan is far above them.
 //!
 //! The software is older than the planner's (transformers 4.48, torch 2.4): a published row
 //! checks the model on a real GPU, not the exact code the traced rows ran.

@@ -10,7 +10,7 @@ use crate::plan::report::{Plan, TrainingSummary};
 use crate::plan::training::{
     ALLOCATOR_RESERVE, ALLOCATOR_RESERVE_BYTES_PER_LOGIT, ALLOCATOR_RESERVE_FUSED_ACTIVATIONS,
     Loss, Method, OptimizerStates, TrainingMemory, TrainingTarget, ZeroStage, expert_adapter_note,
-    training_memory,
+    qlora_unquantized_experts, training_memory,
 };
 use crate::plan::units::Bytes;
 
@@ -224,6 +224,19 @@ fn describe(
     plan.reasons.extend(expert_adapter_note(model, target));
     if target.method == Method::Qlora {
         plan.reasons.push(QLORA_UNCHECKED.to_string());
+        let experts = qlora_unquantized_experts(model);
+        if experts > 0 {
+            plan.reasons.push(format!(
+                "qlora on {}: its {:.1}B routed-expert parameters stay unquantized (transformers 5 keeps them as 3-D parameters, which bitsandbytes does not quantize) and PEFT's preparation makes them {}; transformers 4, whose experts were linear layers, quantized them",
+                model.arch.model_type,
+                experts as f64 / 1e9,
+                if target.optimizer_states == OptimizerStates::Bf16 {
+                    "16-bit (BF16 states)"
+                } else {
+                    "FP32"
+                }
+            ));
+        }
     }
     let (reserve_shape, checked_on) = match target.loss {
         Loss::Standard => (

@@ -544,7 +544,7 @@ pub fn training_memory(
             )
         }
         Method::Qlora => {
-            let base = shard(qlora_base_bytes(model), 3);
+            let base = shard(qlora_base_bytes(model, target.optimizer_states), 3);
             // PEFT keeps a 4-bit base's adapters in FP32 too (traced).
             let (w, g, o) = states.fp32_adapter_bytes();
             (
@@ -693,12 +693,37 @@ fn adapter_inputs(model: &Model, target: &TrainingTarget) -> u64 {
     })
 }
 
-/// The frozen QLoRA base: linear layers in NF4, everything else in 16 bits.
-fn qlora_base_bytes(model: &Model) -> Bytes {
+/// The frozen QLoRA base as transformers 5 loads a model in 4 bits: linear layers in NF4,
+/// everything else in 16 bits, and an MoE's routed experts unquantized
+/// ([`qlora_unquantized_experts`]) in the dtype PEFT's preparation leaves them: FP32 (it casts
+/// every 16-bit parameter that is not 4-bit), 16-bit with BF16 states.
+fn qlora_base_bytes(model: &Model, states: OptimizerStates) -> Bytes {
     let p = &model.params;
-    let linear = Bytes::from_f64(p.linear() as f64 * Precision::Nf4.bytes_per_param());
+    let experts = qlora_unquantized_experts(model);
+    let nf4 = p.linear().saturating_sub(experts);
+    let linear = Bytes::from_f64(nf4 as f64 * Precision::Nf4.bytes_per_param());
+    let expert_bytes = if states == OptimizerStates::Bf16 {
+        2
+    } else {
+        4
+    };
     let rest = p.total().saturating_sub(p.linear());
-    linear + Bytes(rest.saturating_mul(2))
+    linear + Bytes(experts.saturating_mul(expert_bytes)) + Bytes(rest.saturating_mul(2))
+}
+
+/// The routed-expert parameters a 4-bit (bitsandbytes) load leaves unquantized. transformers 5
+/// keeps every MoE family's routed experts as 3-D parameters (`gate_up_proj`, `down_proj`),
+/// and bitsandbytes replaces `nn.Linear` modules only (`replace_with_bnb_linear`); Llama 4's
+/// are the one exception, split into linear layers for bitsandbytes
+/// (`MODULES_TO_PATCH_FOR_QUANTIZATION` in `quantizers/base.py`). Loaded by transformers
+/// 5.24 with `load_in_4bit`, a Mixtral's experts stay BF16 and PEFT's
+/// `prepare_model_for_kbit_training` makes them FP32. transformers 4 kept experts as linear
+/// modules, which were quantized.
+pub fn qlora_unquantized_experts(model: &Model) -> u64 {
+    match model.arch.moe {
+        Some(_) if model.arch.model_type != "llama4" => model.params.experts,
+        _ => 0,
+    }
 }
 
 /// Parameters of the largest unit ZeRO-3 gathers: one decoder layer, or the embedding.
@@ -725,6 +750,42 @@ mod tests {
             loss: Default::default(),
             adamw: Default::default(),
         }
+    }
+
+    /// QLoRA of an MoE on transformers 5: bitsandbytes quantizes the linear layers, not the
+    /// routed experts (3-D parameters), which PEFT's preparation makes FP32 (16-bit with BF16
+    /// states); Llama 4's experts are split into linear layers for bitsandbytes; a dense
+    /// model has none (`scripts/qlora-moe-experts.py` shows the load).
+    #[test]
+    fn qlora_leaves_an_moes_routed_experts_unquantized() {
+        let qlora = |key: &str, states| {
+            let model = presets::find(key).unwrap().unwrap();
+            let target = TrainingTarget {
+                optimizer_states: states,
+                ..target(Method::Qlora, 512)
+            };
+            let m = training_memory(&model, &target, 1, 0, (Bytes(1 << 50), 1.0));
+            (
+                model,
+                m.weights
+                    .saturating_sub(Bytes::from_f64(m.trainable_params as f64 * 4.0)),
+            )
+        };
+        let (mixtral, fp32) = qlora("mixtral-8x7b", OptimizerStates::Fp32);
+        let experts = mixtral.params.experts;
+        assert_eq!(qlora_unquantized_experts(&mixtral), experts);
+        let p = &mixtral.params;
+        let nf4 = Bytes::from_f64((p.linear() - experts) as f64 * Precision::Nf4.bytes_per_param());
+        let rest = Bytes((p.total() - p.linear()) * 2);
+        assert_eq!(fp32, nf4 + Bytes(experts * 4) + rest);
+        assert!(fp32 > Bytes::gib(160), "{fp32}");
+        let (_, bf16) = qlora("mixtral-8x7b", OptimizerStates::Bf16);
+        assert!(bf16 < fp32);
+        let scout = presets::find("llama-4-scout").unwrap().unwrap();
+        assert!(scout.arch.moe.is_some());
+        assert_eq!(qlora_unquantized_experts(&scout), 0);
+        let dense = presets::find("llama-3.1-8b").unwrap().unwrap();
+        assert_eq!(qlora_unquantized_experts(&dense), 0);
     }
 
     /// The foreach AdamW's copy of the moments: at short sequences a full fine-tune's step
