@@ -725,25 +725,12 @@ async fn a_training_placements_loss_reaches_the_planner() -> Result<()> {
     let lora = || PlacementBuilder::train("llama-3.1-8b", TrainMethod::Lora).seq_len(32_768);
     create_placement(&cluster, "standard", lora().spec()).await?;
     create_placement(&cluster, "fused", lora().loss(TrainLoss::Fused).spec()).await?;
-    let devices = |status: &ModelPlacementStatus| {
-        status
-            .assignments
-            .iter()
-            .map(|a| a.devices.len())
-            .sum::<usize>()
-    };
     let fused = wait_state(&cluster, "fused", "Planned").await?;
     let standard = wait_state(&cluster, "standard", "Planned").await?;
-    assert_eq!(devices(&fused), 1, "{:?}", fused.assignments);
-    assert_eq!(devices(&standard), 4, "{:?}", standard.assignments);
-    let says = |status: &ModelPlacementStatus, loss: &str| {
-        status
-            .reasons
-            .iter()
-            .any(|r| r.starts_with(&format!("loss {loss}:")))
-    };
-    assert!(says(&fused, "fused"), "{:?}", fused.reasons);
-    assert!(says(&standard, "standard"), "{:?}", standard.reasons);
+    assert_eq!(device_count(&fused), 1, "{:?}", fused.assignments);
+    assert_eq!(device_count(&standard), 4, "{:?}", standard.assignments);
+    assert!(says(&fused, "loss fused:"), "{:?}", fused.reasons);
+    assert!(says(&standard, "loss standard:"), "{:?}", standard.reasons);
     // A loss outside the enum never reaches the controller (the typed client cannot send one,
     // so kubectl does).
     let out = create_with_train_field(&cluster, lora().spec(), "loss", "chunky").await?;
@@ -752,6 +739,16 @@ async fn a_training_placements_loss_reaches_the_planner() -> Result<()> {
         "loss chunky accepted: {out:?}"
     );
     Ok(())
+}
+
+/// The devices a placement's status holds.
+fn device_count(status: &ModelPlacementStatus) -> usize {
+    status.assignments.iter().map(|a| a.devices.len()).sum()
+}
+
+/// Whether one of a placement's reasons starts with `prefix`.
+fn says(status: &ModelPlacementStatus, prefix: &str) -> bool {
+    status.reasons.iter().any(|r| r.starts_with(prefix))
 }
 
 /// Creates a placement through kubectl with `spec.goal.train.<field>` set to `value`, which
@@ -799,25 +796,12 @@ async fn a_training_placements_adamw_reaches_the_planner() -> Result<()> {
         full().adamw(TrainAdamw::Foreach).spec(),
     )
     .await?;
-    let devices = |status: &ModelPlacementStatus| {
-        status
-            .assignments
-            .iter()
-            .map(|a| a.devices.len())
-            .sum::<usize>()
-    };
     let fused = wait_state(&cluster, "fused", "Planned").await?;
     let foreach = wait_state(&cluster, "foreach", "Planned").await?;
-    assert_eq!(devices(&fused), 1, "{:?}", fused.assignments);
-    assert_eq!(devices(&foreach), 2, "{:?}", foreach.assignments);
-    let says = |status: &ModelPlacementStatus, adamw: &str| {
-        status
-            .reasons
-            .iter()
-            .any(|r| r.starts_with(&format!("adamw {adamw}:")))
-    };
-    assert!(says(&fused, "fused"), "{:?}", fused.reasons);
-    assert!(says(&foreach, "foreach"), "{:?}", foreach.reasons);
+    assert_eq!(device_count(&fused), 1, "{:?}", fused.assignments);
+    assert_eq!(device_count(&foreach), 2, "{:?}", foreach.assignments);
+    assert!(says(&fused, "adamw fused:"), "{:?}", fused.reasons);
+    assert!(says(&foreach, "adamw foreach:"), "{:?}", foreach.reasons);
     let out = create_with_train_field(&cluster, full().spec(), "adamw", "adam").await?;
     assert!(
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Unsupported value"),

@@ -1584,6 +1584,42 @@ fn adamw_foreach_is_stated_and_needs_room_for_the_step() {
     bad_input(&adam, "--adamw");
 }
 
+/// Issue 38: QLoRA of an MoE counts its routed experts as transformers 5 loads them in 4 bits:
+/// unquantized, FP32 after PEFT's preparation. fms-acceleration's Mixtral 8x7B QLoRA recipe
+/// (r16 on q, k, v, o, 4096 x 4), which fit one A100 in 40 GiB on transformers 4.48, is
+/// refused there and the reasons say why; a dense model's QLoRA says nothing of experts.
+#[test]
+fn qlora_of_an_moe_counts_its_experts_unquantized() {
+    let args = |model: &'static str| {
+        vec![
+            "--model",
+            model,
+            "--hardware",
+            "1x1xA100-80GB",
+            "--train",
+            "qlora",
+            "--lora-targets",
+            "q,k,v,o",
+            "--seq-len",
+            "4096",
+            "--micro-batch",
+            "4",
+        ]
+    };
+    let (code, mixtral) = json(&args("mixtral-8x7b"));
+    assert_eq!(code, 2, "{mixtral}");
+    assert_eq!(mixtral["fits"], false);
+    let reasons = mixtral["reasons"].to_string();
+    assert!(
+        reasons.contains("45.1B routed-expert parameters stay unquantized"),
+        "{reasons}"
+    );
+    assert!(reasons.contains("experts_implementation"), "{reasons}");
+    let (code, dense) = json(&args("mistral-7b-v0.1"));
+    assert_eq!(code, 0, "{dense}");
+    assert!(!dense["reasons"].to_string().contains("routed-expert"));
+}
+
 /// Issue 38: YaRN asked for on a preset lengthens its context and the emitted arguments apply
 /// it: Qwen3-8B at 131,072 tokens (its model card: factor 4 over 32,768) is refused without
 /// it and planned with it; today's vLLM takes `--hf-overrides`, vLLM before 0.12

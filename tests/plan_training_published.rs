@@ -22,14 +22,13 @@
 
 #![allow(clippy::expect_used)]
 
+use crate::plan_training_trace::{
+    Row as TraceRow, fixture_files, model as trace_model, target as trace_target,
+};
 use hwaccel::hardware::GIB;
-use hwaccel::plan::load::load_model;
 use hwaccel::plan::search::{Goal, PlanRequest, plan};
 use hwaccel::plan::shorthand::parse_hardware;
-use hwaccel::plan::training::{
-    Adamw, DEFAULT_TRAINING_GPU_UTIL, LoraTarget, Loss, Method, OptimizerStates, TrainingTarget,
-    training_memory,
-};
+use hwaccel::plan::training::{Adamw, DEFAULT_TRAINING_GPU_UTIL, TrainingTarget, training_memory};
 use hwaccel::plan::{Bytes, Reservations};
 use serde::Deserialize;
 
@@ -41,42 +40,20 @@ struct Published {
     rows: Vec<Row>,
 }
 
+/// A published row: the measurement script's fields, the hardware it ran on and the source's
+/// own line.
 #[derive(Debug, Deserialize)]
 struct Row {
-    case: String,
-    status: String,
-    model: String,
-    method: String,
-    seq_len: u64,
-    micro_batch: u64,
-    gradient_checkpointing: bool,
-    optimizer_states: String,
-    loss: String,
-    adamw: String,
-    lora_rank: Option<u64>,
-    lora_targets: Vec<String>,
+    #[serde(flatten)]
+    row: TraceRow,
     hardware: String,
-    peak_allocated_bytes: Option<u64>,
     csv: String,
 }
 
 fn load() -> Vec<(String, Published)> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/training");
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .expect("fixtures/training")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("published-") && n.ends_with(".json"))
-        })
-        .collect();
-    files.sort();
-    files
+    fixture_files("published-")
         .into_iter()
-        .map(|p| {
-            let text = std::fs::read_to_string(&p).expect("readable");
-            let file = p.display().to_string();
+        .map(|(file, text)| {
             let published: Published =
                 serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
             for field in [
@@ -97,43 +74,6 @@ fn load() -> Vec<(String, Published)> {
         .collect()
 }
 
-fn target(row: &Row) -> TrainingTarget {
-    TrainingTarget {
-        method: match row.method.as_str() {
-            "full" => Method::Full,
-            "lora" => Method::Lora,
-            "qlora" => Method::Qlora,
-            "dpo" => Method::Dpo,
-            other => panic!("{}: method {other}", row.case),
-        },
-        seq_len: row.seq_len,
-        micro_batch: row.micro_batch,
-        gradient_checkpointing: row.gradient_checkpointing,
-        lora_rank: row.lora_rank.unwrap_or(16),
-        lora_targets: row
-            .lora_targets
-            .iter()
-            .map(|t| LoraTarget::parse(t).unwrap_or_else(|| panic!("{}: target {t}", row.case)))
-            .collect(),
-        optimizer_states: match row.optimizer_states.as_str() {
-            "fp32" => OptimizerStates::Fp32,
-            "bf16" => OptimizerStates::Bf16,
-            "8bit" => OptimizerStates::EightBit,
-            other => panic!("{}: optimizer states {other}", row.case),
-        },
-        loss: match row.loss.as_str() {
-            "standard" => Loss::Standard,
-            "fused" => Loss::Fused,
-            other => panic!("{}: loss {other}", row.case),
-        },
-        adamw: match row.adamw.as_str() {
-            "fused" => Adamw::Fused,
-            "foreach" => Adamw::Foreach,
-            other => panic!("{}: adamw {other}", row.case),
-        },
-    }
-}
-
 /// One published row replayed.
 struct Replayed {
     case: String,
@@ -149,16 +89,16 @@ struct Replayed {
 fn replay() -> Vec<Replayed> {
     let mut out = Vec::new();
     for (file, published) in load() {
-        for row in &published.rows {
+        for Row { row, hardware, csv } in &published.rows {
             assert!(
-                !row.csv.is_empty(),
+                !csv.is_empty(),
                 "{file}: {} keeps its source line",
                 row.case
             );
-            let model = load_model(&row.model).unwrap_or_else(|e| panic!("{}: {e}", row.case));
-            let target = target(row);
+            let model = trace_model(row);
+            let target = trace_target(row);
             let memory = training_memory(&model, &target, 1, 0, (Bytes(1 << 50), 1.0));
-            let nodes = parse_hardware(&row.hardware).expect("hardware");
+            let nodes = parse_hardware(hardware).expect("hardware");
             let mut request = PlanRequest::serve(None, 1);
             request.gpu_util = DEFAULT_TRAINING_GPU_UTIL;
             request.goal = Goal::Train(target);
@@ -248,14 +188,15 @@ fn the_published_full_fine_tunes_peak_in_the_foreach_optimizer_step() {
     let row = published
         .rows
         .iter()
+        .map(|r| &r.row)
         .find(|r| r.case == "fms-mistral-7b-full-4k-mb4")
         .expect("the Mistral full fine-tune");
-    let model = load_model(&row.model).expect("model");
+    let model = trace_model(row);
     let measured = row.peak_allocated_bytes.expect("peak") as f64;
     let planned = |adamw: Adamw| {
         let target = TrainingTarget {
             adamw,
-            ..target(row)
+            ..trace_target(row)
         };
         let m = training_memory(&model, &target, 1, 0, (Bytes(1 << 50), 1.0));
         (m.weights + m.gradients + m.optimizer + m.activations).as_f64() / measured - 1.0

@@ -43,34 +43,36 @@ struct Traced {
     rows: Vec<Row>,
 }
 
+/// One row of the measurement script's output (or a published row in its format).
 #[derive(Debug, Deserialize)]
-struct Row {
-    case: String,
-    status: String,
-    model: Option<String>,
-    method: Option<String>,
-    seq_len: Option<u64>,
-    micro_batch: Option<u64>,
-    gradient_checkpointing: Option<bool>,
-    optimizer_states: Option<String>,
-    loss: Option<String>,
+pub(crate) struct Row {
+    pub(crate) case: String,
+    pub(crate) status: String,
+    pub(crate) model: Option<String>,
+    pub(crate) method: Option<String>,
+    pub(crate) seq_len: Option<u64>,
+    pub(crate) micro_batch: Option<u64>,
+    pub(crate) gradient_checkpointing: Option<bool>,
+    pub(crate) optimizer_states: Option<String>,
+    pub(crate) loss: Option<String>,
     /// Rows before the AdamW path was recorded ran the single-tensor loop, which updates in
     /// place as the fused kernel does.
-    adamw: Option<String>,
-    lora_rank: Option<u64>,
-    lora_targets: Option<Vec<String>>,
-    trainable_params: Option<u64>,
-    peak_allocated_bytes: Option<u64>,
-    modelled_gpu_peak_reserved_bytes: Option<u64>,
+    pub(crate) adamw: Option<String>,
+    pub(crate) lora_rank: Option<u64>,
+    pub(crate) lora_targets: Option<Vec<String>>,
+    pub(crate) trainable_params: Option<u64>,
+    pub(crate) peak_allocated_bytes: Option<u64>,
+    pub(crate) modelled_gpu_peak_reserved_bytes: Option<u64>,
     modelled_h200: Option<String>,
     /// Measured rows: what the GPU's allocator reserved at the peak plus its CUDA context.
-    peak_device_bytes: Option<u64>,
+    pub(crate) peak_device_bytes: Option<u64>,
     /// Measured rows: the GPU's memory as CUDA reports it.
-    device_total_bytes: Option<u64>,
+    pub(crate) device_total_bytes: Option<u64>,
 }
 
-/// The rows files in `fixtures/training` whose names start with `prefix`, in name order.
-fn load(prefix: &str) -> Vec<(String, Traced)> {
+/// The JSON files in `fixtures/training` whose names start with `prefix`, in name order, with
+/// their text.
+pub(crate) fn fixture_files(prefix: &str) -> Vec<(String, String)> {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/training");
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .expect("fixtures/training")
@@ -86,10 +88,18 @@ fn load(prefix: &str) -> Vec<(String, Traced)> {
         .into_iter()
         .map(|p| {
             let text = std::fs::read_to_string(&p).expect("readable");
-            (
-                p.display().to_string(),
-                parse(&p.display().to_string(), &text),
-            )
+            (p.display().to_string(), text)
+        })
+        .collect()
+}
+
+/// The rows files whose names start with `prefix`.
+fn load(prefix: &str) -> Vec<(String, Traced)> {
+    fixture_files(prefix)
+        .into_iter()
+        .map(|(file, text)| {
+            let rows = parse(&file, &text);
+            (file, rows)
         })
         .collect()
 }
@@ -105,7 +115,7 @@ fn parse(file: &str, text: &str) -> Traced {
 
 /// A row's model: a preset key, or a config.json in the repository
 /// (`fixtures/training/configs/`).
-fn model(row: &Row) -> Model {
+pub(crate) fn model(row: &Row) -> Model {
     let name = row.model.as_deref().expect("model");
     if name.ends_with(".json") {
         load_model(&format!("{}/{name}", env!("CARGO_MANIFEST_DIR")))
@@ -117,7 +127,7 @@ fn model(row: &Row) -> Model {
     }
 }
 
-fn target(row: &Row) -> TrainingTarget {
+pub(crate) fn target(row: &Row) -> TrainingTarget {
     let method = match row.method.as_deref() {
         Some("full") => Method::Full,
         Some("lora") => Method::Lora,

@@ -128,6 +128,7 @@ pub(super) fn plan(
     plan.reasons.push(target.loss.describe().to_string());
     plan.reasons
         .push(target.adamw.describe(target.optimizer_states).to_string());
+    plan.reasons.extend(qlora_experts_note(model, target));
     let mut candidates = Vec::new();
     for (index, class) in fleet.classes.iter().enumerate() {
         match training_precision(model, fleet, index, target.method, request.precision) {
@@ -224,19 +225,6 @@ fn describe(
     plan.reasons.extend(expert_adapter_note(model, target));
     if target.method == Method::Qlora {
         plan.reasons.push(QLORA_UNCHECKED.to_string());
-        let experts = qlora_unquantized_experts(model);
-        if experts > 0 {
-            plan.reasons.push(format!(
-                "qlora on {}: its {:.1}B routed-expert parameters stay unquantized (transformers 5 keeps them as 3-D parameters, which bitsandbytes does not quantize) and PEFT's preparation makes them {}; transformers 4, whose experts were linear layers, quantized them",
-                model.arch.model_type,
-                experts as f64 / 1e9,
-                if target.optimizer_states == OptimizerStates::Bf16 {
-                    "16-bit (BF16 states)"
-                } else {
-                    "FP32"
-                }
-            ));
-        }
     }
     let (reserve_shape, checked_on) = match target.loss {
         Loss::Standard => (
@@ -265,6 +253,24 @@ fn describe(
             "data-parallel devices span nodes without a shared InfiniBand fabric".to_string(),
         );
     }
+}
+
+/// What a QLoRA plan of an MoE assumed about its routed experts, which a 4-bit load leaves
+/// unquantized on transformers 5; a refused plan needs it most.
+fn qlora_experts_note(model: &Model, target: &TrainingTarget) -> Option<String> {
+    let experts = qlora_unquantized_experts(model);
+    (target.method == Method::Qlora && experts > 0).then(|| {
+        format!(
+            "qlora on {}: its {:.1}B routed-expert parameters stay unquantized (transformers 5 keeps them as 3-D parameters, which bitsandbytes does not quantize) and PEFT's preparation makes them {}; transformers 4, whose experts were linear layers, quantized them. FP32 experts need experts_implementation=\"eager\" (transformers 5.24's default grouped matmul takes BF16 only)",
+            model.arch.model_type,
+            experts as f64 / 1e9,
+            if target.optimizer_states == OptimizerStates::Bf16 {
+                "16-bit (BF16 states)"
+            } else {
+                "FP32"
+            }
+        )
+    })
 }
 
 /// When the step peaks, in words: the activations figure is the larger of the two moments
