@@ -10,7 +10,7 @@ use crate::plan::report::{Plan, TrainingSummary};
 use crate::plan::training::{
     ALLOCATOR_RESERVE, ALLOCATOR_RESERVE_BYTES_PER_LOGIT, ALLOCATOR_RESERVE_FUSED_ACTIVATIONS,
     Loss, Method, OptimizerStates, TrainingMemory, TrainingTarget, ZeroStage, expert_adapter_note,
-    qlora_unquantized_experts, training_memory,
+    qlora_expert_bytes, qlora_unquantized_experts, training_memory,
 };
 use crate::plan::units::Bytes;
 
@@ -264,7 +264,7 @@ fn qlora_experts_note(model: &Model, target: &TrainingTarget) -> Option<String> 
             "qlora on {}: its {:.1}B routed-expert parameters stay unquantized (transformers 5 keeps them as 3-D parameters, which bitsandbytes does not quantize) and PEFT's preparation makes them {}; transformers 4, whose experts were linear layers, quantized them. FP32 experts need experts_implementation=\"eager\" (transformers 5.24's default grouped matmul takes BF16 only)",
             model.arch.model_type,
             experts as f64 / 1e9,
-            if target.optimizer_states == OptimizerStates::Bf16 {
+            if qlora_expert_bytes(target.optimizer_states) == 2 {
                 "16-bit (BF16 states)"
             } else {
                 "FP32"
@@ -278,16 +278,14 @@ fn qlora_experts_note(model: &Model, target: &TrainingTarget) -> Option<String> 
 /// logits should see why.
 fn peak_moment(m: &TrainingMemory) -> String {
     let peak = m.activation_peak;
-    let passes = peak
-        .loss_phase
-        .saturating_sub(m.gradients)
-        .max(peak.backward_phase);
+    let loss_phase = peak.loss_phase.saturating_sub(m.gradients);
+    let passes = loss_phase.max(peak.backward_phase);
     if m.optimizer_step > passes {
         format!(
             "the step peaks in the optimizer step: every gradient and state plus the foreach AdamW's copy of the moments ({}), more than the forward and backward passes hold ({})",
             m.optimizer_step, passes
         )
-    } else if peak.loss_phase.saturating_sub(m.gradients) >= peak.backward_phase {
+    } else if loss_phase >= peak.backward_phase {
         format!(
             "the step peaks when the backward pass starts: saved activations and the loss's logits {}, before the gradients ({}) exist",
             peak.loss_phase, m.gradients

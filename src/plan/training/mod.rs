@@ -702,13 +702,20 @@ fn qlora_base_bytes(model: &Model, states: OptimizerStates) -> Bytes {
     let experts = qlora_unquantized_experts(model);
     let nf4 = p.linear().saturating_sub(experts);
     let linear = Bytes::from_f64(nf4 as f64 * Precision::Nf4.bytes_per_param());
-    let expert_bytes = if states == OptimizerStates::Bf16 {
+    let rest = p.total().saturating_sub(p.linear());
+    linear
+        + Bytes(experts.saturating_mul(qlora_expert_bytes(states)))
+        + Bytes(rest.saturating_mul(2))
+}
+
+/// Bytes per unquantized routed-expert parameter of a QLoRA base: FP32 once PEFT's
+/// `prepare_model_for_kbit_training` casts it, 16-bit where BF16 states keep the model so.
+pub fn qlora_expert_bytes(states: OptimizerStates) -> u64 {
+    if states == OptimizerStates::Bf16 {
         2
     } else {
         4
-    };
-    let rest = p.total().saturating_sub(p.linear());
-    linear + Bytes(experts.saturating_mul(expert_bytes)) + Bytes(rest.saturating_mul(2))
+    }
 }
 
 /// The routed-expert parameters a 4-bit (bitsandbytes) load leaves unquantized. transformers 5
