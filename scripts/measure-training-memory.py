@@ -102,6 +102,10 @@ LOSSES = ("standard", "fused")
 # kernel on a GPU, the single-tensor loop under --trace: the same memory), or PyTorch's
 # multi-tensor path, whose step holds a copy of every second moment's square root.
 ADAMWS = ("fused", "foreach")
+# The layers' kernels (the planner's `--kernels`; `kernels` in a row is the attention and loss
+# operators a trace saw): transformers' own, or Liger Kernel's RMSNorm, RoPE and SwiGLU/GeGLU,
+# which `use_liger_kernel=True` puts in beside its fused loss.
+KERNELS = ("standard", "liger")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +124,7 @@ class Case:
     attention: str = "sdpa"
     loss: str = "standard"
     adamw: str = "fused"
+    layer_kernels: str = "standard"
 
     def check(self) -> None:
         """Raises ValueError naming the field at fault."""
@@ -133,6 +138,8 @@ class Case:
             raise ValueError(f"{self.name}: loss {self.loss!r} not in {LOSSES}")
         if self.adamw not in ADAMWS:
             raise ValueError(f"{self.name}: adamw {self.adamw!r} not in {ADAMWS}")
+        if self.layer_kernels not in KERNELS:
+            raise ValueError(f"{self.name}: layer_kernels {self.layer_kernels!r} not in {KERNELS}")
         if self.loss == "fused" and self.method == "dpo":
             raise ValueError(f"{self.name}: the fused loss is measured for full and LoRA, not DPO")
         for field in ("seq_len", "micro_batch", "lora_rank"):
@@ -173,10 +180,11 @@ GPT_OSS_32K = "fixtures/training/configs/gpt-oss-20b-vocab-32k.json"
 
 
 def default_cases() -> list[Case]:
-    """58 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
+    """76 cases from 1B to 70B: vocabularies 32k-256k, sequences 1k-16k, micro-batches 1-8,
     checkpointing on and off, full / LoRA / QLoRA / DPO, all three optimizer precisions, two
     MoEs, eager attention, transformers' loss and Liger Kernel's fused one, fused and foreach
-    AdamW. A few minutes of H200 time (about a minute for the first 21 in steps);
+    AdamW, transformers' layers and Liger Kernel's. A few minutes of H200 time (about a minute
+    for the first 21 in steps);
     model building and process start-up add to it. `--trace` runs them all without a GPU in
     about ten minutes."""
     qv = ("q", "v")
@@ -294,6 +302,50 @@ def default_cases() -> list[Case]:
         Case("qwen3-30b-a3b-qlora-2k", "qwen3-30b-a3b", method="qlora"),
         Case("mixtral-8x7b-qlora-qkvo-4k-mb4", "mixtral-8x7b", method="qlora", seq_len=4096,
              micro_batch=4, lora_targets=("q", "k", "v", "o"), adamw="foreach"),
+        # Liger Kernel's RMSNorm, RoPE and SwiGLU/GeGLU (`--kernels liger`), each against a case
+        # above run with transformers' own layers; the last two are fms-acceleration's published
+        # Llama 3 8B LoRA recipe with Liger's fused loss (4096 x 4 and x 8, torch's AdamW).
+        Case("llama-3.2-1b-full-2k-mb8-nockpt-bf16-liger", "llama-3.2-1b", micro_batch=8,
+             gradient_checkpointing=False, optimizer_states="bf16", layer_kernels="liger"),
+        Case("llama-3.2-1b-full-2k-mb2-nockpt", "llama-3.2-1b", micro_batch=2,
+             gradient_checkpointing=False),
+        Case("llama-3.2-1b-full-2k-mb2-nockpt-liger", "llama-3.2-1b", micro_batch=2,
+             gradient_checkpointing=False, layer_kernels="liger"),
+        Case("llama-3.2-3b-lora-4k-nockpt-liger", "llama-3.2-3b", method="lora", seq_len=4096,
+             gradient_checkpointing=False, layer_kernels="liger"),
+        Case("mistral-7b-qlora-4k-mb2-nockpt-liger", "mistral-7b-v0.1", method="qlora",
+             seq_len=4096, micro_batch=2, gradient_checkpointing=False, layer_kernels="liger"),
+        Case("qwen3-8b-lora-8k-mb2-nockpt-liger", "qwen3-8b", method="lora", seq_len=8192,
+             micro_batch=2, gradient_checkpointing=False, layer_kernels="liger"),
+        Case("gemma-2-9b-lora-qkvo-2k-nockpt-liger", "gemma-2-9b", method="lora",
+             lora_targets=qkvo, gradient_checkpointing=False, attention="eager",
+             layer_kernels="liger"),
+        Case("phi-3-mini-full-2k-mb4-bf16-liger", "phi-3-mini", micro_batch=4,
+             optimizer_states="bf16", layer_kernels="liger"),
+        Case("llama-3.1-8b-qlora-r32-16k-liger", "llama-3.1-8b", method="qlora", seq_len=16384,
+             lora_rank=32, layer_kernels="liger"),
+        Case("llama-3.1-8b-lora-16k-fused-liger", "llama-3.1-8b", method="lora", seq_len=16384,
+             loss="fused", layer_kernels="liger"),
+        Case("llama-3.1-8b-lora-qkvo-16k-fused", "llama-3.1-8b", method="lora", seq_len=16384,
+             lora_targets=qkvo, loss="fused"),
+        Case("llama-3.1-8b-lora-qkvo-16k-fused-liger", "llama-3.1-8b", method="lora",
+             seq_len=16384, lora_targets=qkvo, loss="fused", layer_kernels="liger"),
+        Case("llama-3.2-1b-full-8k-mb4-fused-liger", "llama-3.2-1b", seq_len=8192, micro_batch=4,
+             loss="fused", layer_kernels="liger"),
+        Case("qwen2.5-14b-lora-8k-mb2-fused-liger", "qwen2.5-14b", method="lora", seq_len=8192,
+             micro_batch=2, loss="fused", layer_kernels="liger"),
+        Case("llama-3.1-8b-lora-qkvo-4k-mb4-fused-liger-foreach", "llama-3.1-8b", method="lora",
+             seq_len=4096, micro_batch=4, lora_targets=qkvo, loss="fused", layer_kernels="liger",
+             adamw="foreach"),
+        Case("llama-3.1-8b-lora-qkvo-4k-mb8-fused-liger-foreach", "llama-3.1-8b", method="lora",
+             seq_len=4096, micro_batch=8, lora_targets=qkvo, loss="fused", layer_kernels="liger",
+             adamw="foreach"),
+        # fms-acceleration's published Llama 3 8B full fine-tune with Liger's fused loss (BF16
+        # states, torch's AdamW): 4096 x 8 ran on an A100 80GB, 4096 x 16 ran out of memory.
+        Case("llama-3.1-8b-full-4k-mb8-bf16-fused-foreach", "llama-3.1-8b", seq_len=4096,
+             micro_batch=8, optimizer_states="bf16", loss="fused", adamw="foreach"),
+        Case("llama-3.1-8b-full-4k-mb16-bf16-fused-foreach", "llama-3.1-8b", seq_len=4096,
+             micro_batch=16, optimizer_states="bf16", loss="fused", adamw="foreach"),
     ]
 
 
@@ -475,6 +527,15 @@ def trace(case: Case, config: dict) -> dict:
             t1.data = t2.data
 
     torch.utils.swap_tensors = swap_or_assign
+    # transformers tells packed sequences apart by the position ids' values
+    # (`find_packed_sequence_indices`), which a fake tensor has none of (`is_tracing` is true
+    # for one): it then takes every batch for packed and builds the whole `batch x s x s` causal
+    # mask, 3 bytes per element held through the step, which the GPU run, whose position ids
+    # read 0..s-1, never makes (SDPA's `is_causal` stands for it). The trace's tokens are one
+    # sequence per row, as the GPU run's are.
+    import transformers.masking_utils as masking  # noqa: PLC0415
+
+    masking.find_packed_sequence_indices = lambda position_ids: None
     if case.method == "qlora":
         import bitsandbytes.functional as bnb_functional  # noqa: PLC0415
 
@@ -534,6 +595,13 @@ class StepFigures:
             "modelled_gpu_peak_reserved_by_step_bytes": self.gpu_reserved,
             "modelled_gpu_segments": tracker.allocator.segments,
             "modelled_h200": "out of memory" if tracker.h200_out_of_memory else "fits",
+            # The least memory the same allocations run in when the allocator, short of it,
+            # gives its cached segments back and retries, as PyTorch's does (without the CUDA
+            # context): what a GPU of that size holds, where the figure above is what an
+            # allocator that is never short keeps.
+            "modelled_gpu_min_capacity_bytes": min_capacity(
+                tracker.events, max([*self.gpu_allocated, tracker.allocator.peak_allocated]),
+                max([*self.gpu_reserved, tracker.allocator.peak_reserved])),
             "kernels": sorted(tracker.kernels),
         }
 
@@ -571,6 +639,9 @@ def allocation_tracker():
             self.h200: CachingAllocator | None = CachingAllocator(capacity=H200_ALLOCATABLE)
             self.h200_out_of_memory = False
             self._workspaces: list = []
+            # Every malloc (its size) and free (its malloc's index, as ~index), in order, for
+            # replays at other capacities (`min_capacity`).
+            self.events: list[int] = []
 
         def add_models(self, *models) -> None:
             """Counts the parameters and buffers of `models` (None skipped), made before the
@@ -584,20 +655,23 @@ def allocation_tracker():
             """`nbytes` from both modelled allocators: (block, H200 block), None where none
             is taken (CUDA hands out no memory for an empty storage)."""
             if not nbytes:
-                return None, None
+                return None, None, None
             block = self.allocator.malloc(nbytes)
+            event = len(self.events)
+            self.events.append(nbytes)
             if self.h200 is None:
-                return block, None
+                return block, None, event
             try:
-                return block, self.h200.malloc(nbytes)
+                return block, self.h200.malloc(nbytes), event
             except OutOfMemory:
                 self.h200, self.h200_out_of_memory = None, True
-                return block, None
+                return block, None, event
 
         def _free(self, blocks: tuple) -> None:
-            block, on_h200 = blocks
+            block, on_h200, event = blocks
             if block is not None:
                 self.allocator.free(block)
+                self.events.append(~event)
             if on_h200 is not None and self.h200 is not None:
                 self.h200.free(on_h200)
 
@@ -644,6 +718,40 @@ def allocation_tracker():
             return out
 
     return Tracker()
+
+
+def replay_fits(events: list[int], capacity: int) -> bool:
+    """Whether `events` (a tracker's mallocs and frees) run in an allocator of `capacity`."""
+    from caching_allocator import CachingAllocator, OutOfMemory  # noqa: PLC0415
+
+    allocator = CachingAllocator(capacity=capacity)
+    blocks: dict[int, object] = {}
+    try:
+        for index, event in enumerate(events):
+            if event >= 0:
+                blocks[index] = allocator.malloc(event)
+            else:
+                allocator.free(blocks.pop(~event))
+    except OutOfMemory:
+        return False
+    return True
+
+
+def min_capacity(events: list[int], allocated: int, reserved: int) -> int:
+    """The least capacity, to within 64 MiB, at which `events` run: between the peak
+    allocated (no less can do) and the peak an allocator that is never short reserves (which
+    always does), bisected."""
+    step = 64 << 20
+    low, high = allocated, max(reserved, allocated)
+    if replay_fits(events, low):
+        return low
+    while high - low > step:
+        middle = (low + high) // 2
+        if replay_fits(events, middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def bnb_dequantize_scratch(op: str, args) -> list[int]:
@@ -731,8 +839,9 @@ def build_models(case: Case, config: dict, device: str):
                     hf, torch_dtype=dtype, attn_implementation=case.attention, **extra
                 )
 
-    if case.loss == "fused":
-        use_fused_loss(model_type, traced=device == "cpu")
+    if case.loss == "fused" or case.layer_kernels == "liger":
+        use_liger(model_type, fused_loss=case.loss == "fused", layers=case.layer_kernels == "liger",
+                  traced=device == "cpu")
     if case.method in ("lora", "qlora"):
         import peft  # noqa: PLC0415
 
@@ -882,21 +991,26 @@ def missing_module(case: Case) -> str | None:
             import bitsandbytes  # noqa: F401, PLC0415
         except ImportError:
             return "bitsandbytes is not installed (QLoRA's NF4 base is bitsandbytes')"
-    if case.loss == "fused":
+    if case.loss == "fused" or case.layer_kernels == "liger":
         try:
             import liger_kernel  # noqa: F401, PLC0415
         except ImportError:
-            return "liger-kernel is not installed (the fused loss is Liger Kernel's)"
+            return "liger-kernel is not installed (the fused loss and the liger kernels are Liger Kernel's)"
     return None
 
 
-def use_fused_loss(model_type: str, traced: bool) -> None:
-    """Liger Kernel's fused linear cross-entropy in place of transformers' loss, as TRL's and
-    the HF Trainer's `use_liger_kernel=True` put it there (the model class's forward patched),
-    with Liger's other kernels (RMSNorm, SwiGLU, RoPE) left off so that the layers are the ones
-    the other cases run. Traced, no Triton kernel is launched (there is no GPU): Liger's
-    cross-entropy kernel writes the loss and the logits' gradient into tensors its Python code
-    allocated before the launch, so what the trace counts is that code's allocations, the same
+# Liger Kernel's layer kernels, by the keyword its `apply_liger_kernel_to_<model>` takes them.
+LIGER_LAYER_KERNELS = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm")
+
+
+def use_liger(model_type: str, fused_loss: bool, layers: bool, traced: bool) -> None:
+    """Liger Kernel in place of transformers' code, as TRL's and the HF Trainer's
+    `use_liger_kernel=True` put it there (the model classes patched before the model is
+    built): its fused linear cross-entropy for the loss (`fused_loss`), and its RMSNorm, RoPE
+    and SwiGLU/GeGLU for the layers' own (`layers`); each left off otherwise, so that a case
+    changes one thing at a time. Traced, no Triton kernel is launched (there is no GPU):
+    Liger's kernels write into tensors its Python code allocated before the launch (or into
+    their inputs, in place), so what the trace counts is that code's allocations, the same
     launched or not."""
     import inspect  # noqa: PLC0415
 
@@ -904,19 +1018,38 @@ def use_fused_loss(model_type: str, traced: bool) -> None:
 
     apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if apply is None:
-        raise ValueError(f"Liger Kernel has no fused loss for model type {model_type!r}")
-    kernels = {name: False for name, p in inspect.signature(apply).parameters.items()
-               if isinstance(p.default, bool)}
-    apply(**{**kernels, "fused_linear_cross_entropy": True})
+        raise ValueError(f"Liger Kernel has no kernels for model type {model_type!r}")
+    flags = {name: False for name, p in inspect.signature(apply).parameters.items()
+             if isinstance(p.default, bool)}
+    if fused_loss:
+        flags["fused_linear_cross_entropy"] = True
+    if layers:
+        flags.update({name: True for name in LIGER_LAYER_KERNELS if name in flags})
+    apply(**flags)
     if traced:
-        import liger_kernel.ops.fused_linear_cross_entropy as fused  # noqa: PLC0415
+        not_launched(fused_loss, layers)
 
-        class NotLaunched:
-            def __getitem__(self, grid):
-                return lambda *args, **kwargs: None
 
-        fused.liger_cross_entropy_kernel = NotLaunched()
-        fused.element_mul_kernel = NotLaunched()
+def not_launched(fused_loss: bool, layers: bool) -> None:
+    """Every Triton kernel of the Liger ops a case uses made a no-op: `kernel[grid](...)`
+    returns None. The ops' Python code, which allocates every output, runs as it is."""
+    import importlib  # noqa: PLC0415
+
+    from triton.runtime.autotuner import Autotuner, Heuristics  # noqa: PLC0415
+    from triton.runtime.jit import JITFunction  # noqa: PLC0415
+
+    class NotLaunched:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    modules = ["fused_linear_cross_entropy", "cross_entropy"] if fused_loss else []
+    if layers:
+        modules += ["rms_norm", "rope", "swiglu", "geglu", "layer_norm"]
+    for name in modules:
+        module = importlib.import_module(f"liger_kernel.ops.{name}")
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, (JITFunction, Autotuner, Heuristics)):
+                setattr(module, attr, NotLaunched())
 
 
 def train_steps(case: Case, model, reference, optimizer, vocab: int, device: str,

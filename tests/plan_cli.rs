@@ -1584,6 +1584,82 @@ fn adamw_foreach_is_stated_and_needs_room_for_the_step() {
     bad_input(&adam, "--adamw");
 }
 
+/// Issue 38: `--kernels liger` counts Liger Kernel's layer kernels: its RMSNorm returns its
+/// input's dtype, so a QLoRA base keeps a 16-bit residual stream and half-size checkpoints
+/// (traced): Llama 3.1 70B QLoRA at 10,240 tokens fits one H100 with them and needs two with
+/// transformers' own. A model type Liger has no kernels for is planned as transformers' and
+/// the reasons say so.
+#[test]
+fn liger_kernels_are_stated_and_keep_less() {
+    let args = |model: &str, kernels: &str| -> Vec<String> {
+        [
+            "--model",
+            model,
+            "--hardware",
+            "1x8xH100",
+            "--train",
+            "qlora",
+            "--seq-len",
+            "10240",
+            "--kernels",
+            kernels,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, plan) = json(&args);
+        assert_eq!(code, 0, "{plan}");
+        plan
+    };
+    let devices = |plan: &serde_json::Value| plan["devices"].as_u64().unwrap_or(0);
+    let standard = run(args("llama-3.1-70b", "standard"));
+    assert_eq!(standard["training"]["kernels"], "standard");
+    assert_eq!(devices(&standard), 2, "{standard}");
+    assert!(
+        standard["reasons"]
+            .to_string()
+            .contains("kernels standard:")
+    );
+    let liger = run(args("llama-3.1-70b", "liger"));
+    assert_eq!(liger["training"]["kernels"], "liger");
+    assert_eq!(devices(&liger), 1, "{liger}");
+    assert!(
+        liger["reasons"]
+            .to_string()
+            .contains("kernels liger: Liger Kernel's RMSNorm")
+    );
+    // The same shapes under a model type Liger Kernel does not patch: transformers' layers.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    let llama: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("fixtures/models/llama-65b/config.json").unwrap(),
+    )
+    .unwrap();
+    let mut other = llama.clone();
+    other["model_type"] = "starcoder2".into();
+    std::fs::write(&config, other.to_string()).unwrap();
+    let path = config.to_str().unwrap();
+    let unpatched = run(args(path, "liger"));
+    let reasons = unpatched["reasons"].to_string();
+    assert!(
+        reasons.contains("no layer kernels for starcoder2"),
+        "{reasons}"
+    );
+    assert_eq!(
+        unpatched["per_device"]["total"],
+        run(args(path, "standard"))["per_device"]["total"]
+    );
+    let mut triton = args("llama-3.1-70b", "liger");
+    *triton.last_mut().unwrap() = "triton".to_string();
+    bad_input(
+        &triton.iter().map(String::as_str).collect::<Vec<_>>(),
+        "--kernels",
+    );
+}
+
 /// Issue 38: QLoRA of an MoE counts its routed experts as transformers 5 loads them in 4 bits:
 /// unquantized, FP32 after PEFT's preparation. fms-acceleration's Mixtral 8x7B QLoRA recipe
 /// (r16 on q, k, v, o, 4096 x 4), which fit one A100 in 40 GiB on transformers 4.48, is

@@ -907,6 +907,7 @@ fn train_with(
         optimizer_states,
         loss: Default::default(),
         adamw: Default::default(),
+        kernels: Default::default(),
     });
     plan(&model, &nodes, &Reservations::none(), &request).unwrap()
 }

@@ -21,7 +21,9 @@ use hwaccel::plan::search::{
     valid_tensor_parallel_sizes,
 };
 use hwaccel::plan::shorthand::parse_hardware;
-use hwaccel::plan::training::{Adamw, LoraTarget, Loss, Method, TrainingTarget, training_memory};
+use hwaccel::plan::training::{
+    Adamw, Kernels, LoraTarget, Loss, Method, TrainingTarget, training_memory,
+};
 use hwaccel::plan::weights::WeightBytes;
 use hwaccel::plan::{Bytes, Model, NodeSpec, Reservations};
 use proptest::prelude::*;
@@ -620,6 +622,7 @@ proptest! {
         seq_len in prop::sample::select(vec![256u64, 1024, 4096]),
         loss in prop::sample::select(vec![Loss::Standard, Loss::Fused]),
         adamw in prop::sample::select(vec![Adamw::Fused, Adamw::Foreach]),
+        kernels in prop::sample::select(vec![Kernels::Standard, Kernels::Liger]),
     ) {
         let model = model(model_index);
         let nodes = parse_hardware(&hardware).unwrap();
@@ -634,6 +637,7 @@ proptest! {
             optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
             loss,
             adamw,
+            kernels,
         });
         let result = plan(&model, &nodes, &Reservations::none(), &request).unwrap();
         if result.fits {
@@ -781,6 +785,7 @@ proptest! {
         devices in 2u32..64,
         loss in prop::sample::select(vec![Loss::Standard, Loss::Fused]),
         adamw in prop::sample::select(vec![Adamw::Fused, Adamw::Foreach]),
+        kernels in prop::sample::select(vec![Kernels::Standard, Kernels::Liger]),
     ) {
         let model = model(model_index);
         let target = TrainingTarget {
@@ -793,6 +798,7 @@ proptest! {
             optimizer_states: hwaccel::plan::training::OptimizerStates::Fp32,
             loss,
             adamw,
+            kernels,
         };
         let device = (Bytes::gib(80), 0.9);
         let total = |n: u32, stage: u8| training_memory(&model, &target, n, stage, device).device.total;

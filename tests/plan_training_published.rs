@@ -183,7 +183,7 @@ fn training_plans_meet_published_gpu_measurements() {
 fn the_published_full_fine_tunes_peak_in_the_foreach_optimizer_step() {
     let (_, published) = load()
         .into_iter()
-        .find(|(f, _)| f.contains("fms-acceleration"))
+        .find(|(f, _)| f.ends_with("fms-acceleration-a100-80gb.json"))
         .expect("the fms-acceleration file");
     let row = published
         .rows

@@ -110,6 +110,21 @@ pub enum TrainAdamw {
     Foreach,
 }
 
+// The doc line below is the CRD field's description.
+/// Which kernels run the layers' norms, rotary embedding and MLP activation: `standard` (the
+/// default: transformers' own) or `liger` (Liger Kernel's RMSNorm, RoPE and SwiGLU/GeGLU, as
+/// `use_liger_kernel=True` puts them in beside its fused loss; they keep less for the backward
+/// pass).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrainKernels {
+    /// transformers' own modeling code.
+    #[default]
+    Standard,
+    /// Liger Kernel's layer kernels.
+    Liger,
+}
+
 /// Desired placement of one model.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -347,6 +362,11 @@ pub struct TrainGoal {
     /// `adamw_torch`, which holds a copy of the moments during the step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adamw: Option<TrainAdamw>,
+    /// Which kernels run the layers' norms, rotary embedding and MLP activation: `standard`
+    /// (the default: transformers' own) or `liger` (Liger Kernel's RMSNorm, RoPE and
+    /// SwiGLU/GeGLU, as `use_liger_kernel=True` puts them in beside its fused loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<TrainKernels>,
 }
 
 fn default_seq_len() -> u32 {

@@ -25,7 +25,9 @@ use crate::plan::report::Plan;
 use crate::plan::request::{ModelInput, PlanInput, prepare};
 use crate::plan::search::{Disaggregation, Goal, plan};
 use crate::plan::shorthand::parse_hardware;
-use crate::plan::training::{Adamw, LoraTarget, Loss, Method, OptimizerStates, TrainingTarget};
+use crate::plan::training::{
+    Adamw, Kernels, LoraTarget, Loss, Method, OptimizerStates, TrainingTarget,
+};
 
 /// The goal flags `hwaccel plan` and `hwaccel fleet` share: serving or training, their
 /// shape, precision and limits. One struct so the two commands cannot drift apart.
@@ -79,6 +81,11 @@ pub struct GoalArgs {
     /// on CUDA, the HF Trainer's `adamw_torch`: a copy of the moments held during the step).
     #[arg(long, value_enum, default_value_t = Adamw::Fused)]
     pub adamw: Adamw,
+    /// Which kernels run the layers' norms, rotary embedding and MLP activation: standard
+    /// (transformers' own) or liger (Liger Kernel's RMSNorm, RoPE and SwiGLU/GeGLU, as
+    /// `use_liger_kernel=True` puts them in beside its fused loss; they keep less).
+    #[arg(long, value_enum, default_value_t = Kernels::Standard)]
+    pub kernels: Kernels,
     /// LoRA rank.
     #[arg(long, default_value_t = 16)]
     pub lora_rank: u64,
@@ -283,6 +290,7 @@ impl GoalArgs {
                 optimizer_states: self.optimizer_states,
                 loss: self.loss,
                 adamw: self.adamw,
+                kernels: self.kernels,
             }),
             None => Goal::Serve {
                 context: self.context,

@@ -7,7 +7,7 @@ use clap::builder::PossibleValue;
 
 use crate::output::Format;
 use crate::plan::kv::KvDtype;
-use crate::plan::training::{Adamw, Loss, Method, OptimizerStates};
+use crate::plan::training::{Adamw, Kernels, Loss, Method, OptimizerStates};
 use crate::telemetry::LogFormat;
 
 /// Implements `ValueEnum` for a unit enum from `Variant => ("name", "help")` lines.
@@ -87,6 +87,17 @@ value_enum!(Adamw {
     ),
 });
 
+value_enum!(Kernels {
+    Kernels::Standard => (
+        "standard",
+        "transformers' own norms, rotary embedding and MLP activation"
+    ),
+    Kernels::Liger => (
+        "liger",
+        "Liger Kernel's RMSNorm, RoPE and SwiGLU/GeGLU (use_liger_kernel=True)"
+    ),
+});
+
 value_enum!(LogFormat {
     LogFormat::Json => ("json", "One JSON object per line"),
     LogFormat::Text => ("text", "Human-readable text"),
@@ -112,6 +123,7 @@ mod tests {
         check::<OptimizerStates>();
         check::<Loss>();
         check::<Adamw>();
+        check::<Kernels>();
         for format in Format::value_variants() {
             let name = format.to_possible_value().map(|v| v.get_name().to_string());
             assert_eq!(name, Some(format!("{format:?}").to_lowercase()));

@@ -962,6 +962,7 @@ mod tests {
             optimizer_states: crate::plan::training::OptimizerStates::Fp32,
             loss: Default::default(),
             adamw: Default::default(),
+            kernels: Default::default(),
         });
         let err = capacity(&ask(&m, &r, None), &nodes, &Reservations::none()).unwrap_err();
         assert!(err.to_string().contains("serving"), "{err}");

@@ -12,7 +12,7 @@ use super::model::rope::RopeScaling;
 use super::model::{Model, ModelSource};
 use super::packing::Assignment;
 use super::throughput::ThroughputEstimate;
-use super::training::{Adamw, Loss, Method, OptimizerStates, ZeroStage};
+use super::training::{Adamw, Kernels, Loss, Method, OptimizerStates, ZeroStage};
 use super::units::Bytes;
 
 /// The model, as the plan summarises it.
@@ -77,6 +77,8 @@ pub struct TrainingSummary {
     pub loss: Loss,
     /// The AdamW implementation assumed.
     pub adamw: Adamw,
+    /// The layer kernels assumed.
+    pub kernels: Kernels,
     /// Per device: weights (policy, frozen base, reference, gather buffers).
     pub weights: Bytes,
     /// Per device: gradients.

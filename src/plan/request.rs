@@ -215,6 +215,7 @@ mod tests {
             optimizer_states: crate::plan::training::OptimizerStates::Fp32,
             loss: Default::default(),
             adamw: Default::default(),
+            kernels: Default::default(),
         });
         input.checkpoint_bytes = Some(Bytes(16_000_000_000));
         let prepared = prepare(input).unwrap();

@@ -12,7 +12,7 @@
 use crate::api::ModelPlacement;
 use crate::api::placement::{
     Constraints, Goal, ModelPlacementSpec, ModelSource, OptimizerStates, PrecisionChoice,
-    ServeGoal, TrainAdamw, TrainGoal, TrainLoss, TrainMethod,
+    ServeGoal, TrainAdamw, TrainGoal, TrainKernels, TrainLoss, TrainMethod,
 };
 
 /// The name a built placement gets unless [`PlacementBuilder::name`] says otherwise.
@@ -61,6 +61,7 @@ impl PlacementBuilder {
                     optimizer_states: None,
                     loss: None,
                     adamw: None,
+                    kernels: None,
                 }),
             },
         )
@@ -177,6 +178,15 @@ impl PlacementBuilder {
     pub fn adamw(mut self, adamw: TrainAdamw) -> Self {
         if let Some(train) = &mut self.spec.goal.train {
             train.adamw = Some(adamw);
+        }
+        self
+    }
+
+    /// Which kernels run the layers (ignored for serving).
+    #[must_use]
+    pub fn kernels(mut self, kernels: TrainKernels) -> Self {
+        if let Some(train) = &mut self.spec.goal.train {
+            train.kernels = Some(kernels);
         }
         self
     }

@@ -228,6 +228,7 @@ fn refusals_and_training_plans_have_no_engine_settings() {
         optimizer_states: crate::plan::training::OptimizerStates::Fp32,
         loss: Default::default(),
         adamw: Default::default(),
+        kernels: Default::default(),
     });
     let trained = serve_with("llama-3.2-1b", "1x1xH100", request);
     assert!(trained.fits);

@@ -926,6 +926,7 @@ mod tests {
             optimizer_states: OptimizerStates::Fp32,
             loss: Default::default(),
             adamw: Default::default(),
+            kernels: Default::default(),
         });
         assert!(why(&planned("llama-3.2-1b", &nodes, &train)).contains("training"));
 

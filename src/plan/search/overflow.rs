@@ -33,6 +33,7 @@ fn train(seq_len: u64, micro_batch: u64, method: Method, lora_rank: u64) -> Plan
         optimizer_states: crate::plan::training::OptimizerStates::Fp32,
         loss: Default::default(),
         adamw: Default::default(),
+        kernels: Default::default(),
     });
     request
 }
@@ -68,7 +69,7 @@ fn seq_len_times_micro_batch_beyond_64_bits_is_refused() {
             }
         }
     }
-    for fused_loss in [false, true] {
+    for (fused_loss, liger_layers) in [(false, false), (true, false), (false, true), (true, true)] {
         let step = Step {
             seq_len: u64::MAX,
             batch: u64::MAX,
@@ -79,6 +80,7 @@ fn seq_len_times_micro_batch_beyond_64_bits_is_refused() {
             embedding_gradient_bytes: 4,
             reference_model: true,
             fused_loss,
+            liger_layers,
         };
         let peak = step_activations(&model, &step);
         assert!(peak.loss_phase.is_saturated(), "fused {fused_loss}");

@@ -9,22 +9,25 @@
 //!   log-softmax saved, their gradient and the gradient of its input — but no parameter
 //!   gradient exists yet. A fused loss (Liger Kernel's) holds one chunk of logits instead, and
 //!   the hidden states' gradient it made in the forward pass.
-//! * **While layers are differentiated** ([`ActivationPeak::backward_phase`]): up to every
-//!   gradient, the first layer differentiated (recomputed with checkpointing, or still saved)
-//!   and its working set, with what waits below it (the checkpointed inputs, or every other
-//!   layer's saved activations); or, at the very end and when it is larger, the embedding's
-//!   dense gradient (a second copy for a moment when the output head shares it).
+//! * **While layers are differentiated** ([`ActivationPeak::backward_phase`]): the first layer
+//!   differentiated (recomputed with checkpointing, or still saved) and its working set, with
+//!   what waits below it (the checkpointed inputs, or every other layer's saved activations);
+//!   the gradients fill in as what waits is freed, so beside the full gradients the phase is
+//!   that moment less the smaller of the two ([`ActivationPeak::settled`]); or, at the very end
+//!   and when it is larger, the embedding's dense gradient (a second copy for a moment when
+//!   the output head shares it).
 //!
 //! So a step needs `weights + optimizer + max(loss phase, gradients + backward phase)`.
 //!
-//! Per layer and token, a decoder layer keeps `26 h + 8 I` bytes for its backward pass with a
-//! 16-bit residual stream (attention through a flash kernel: no `s^2` term; the MLP's gate,
-//! up, activation and product `8 I`; the norms' FP32 inputs, Q/K/V with their rotary copies,
-//! the attention output `26 h`, the largest traced value), and `36 h + 8 I` when the model's
-//! parameters are FP32 under autocast, whose residual stream, norms and their outputs stay
-//! FP32. Korthikanti et al.'s `17 h` (arXiv:2205.05198) assumes 16-bit norms and no rotary
-//! copies; the traces found 21-36. Checkpointing keeps each layer's input instead (2 or 4
-//! bytes per hidden unit) and recomputes one layer at a time.
+//! Per layer and token, a decoder layer keeps `21 h + 4 kv + 8 I` bytes for its backward pass
+//! with a 16-bit residual stream (attention through a flash kernel: no `s^2` term; the MLP's
+//! gate, up, activation and product `8 I`; the 16-bit keys and values `4 kv`, `kv` their
+//! heads' width; the norms' FP32 inputs, the queries, the attention output `21 h`), and
+//! `31 h + 4 kv + 8 I` when the model's parameters are FP32 under autocast, whose residual
+//! stream, norms and their outputs stay FP32. Korthikanti et al.'s `17 h` (arXiv:2205.05198)
+//! assumes 16-bit norms and no rotary copies. Checkpointing keeps each layer's input instead (2
+//! or 4 bytes per hidden unit) and recomputes one layer at a time. Liger Kernel's layers
+//! ([`super::Kernels`]) keep less per norm and MLP.
 
 use super::super::model::Model;
 use super::super::units::Bytes;
@@ -40,31 +43,51 @@ const LOSS_BYTES_PER_LOGIT: u128 = 12;
 const DPO_BYTES_PER_LOGIT: u128 = 14;
 
 /// Per layer and token, bytes per hidden unit kept for the backward pass of trained layers
-/// with a 16-bit and with an FP32 residual stream.
-const HIDDEN_BYTES_16: u128 = 26;
-const HIDDEN_BYTES_32: u128 = 36;
+/// with a 16-bit and with an FP32 residual stream, beside [`KV_BYTES`] per key and value unit.
+const HIDDEN_BYTES_16: u128 = 21;
+const HIDDEN_BYTES_32: u128 = 31;
 /// Per layer and token, bytes per MLP intermediate unit of trained layers: gate, up,
 /// activation, product.
 const INTERMEDIATE_BYTES: u128 = 8;
+/// Per layer and token, bytes per key and value unit (`kv_heads x head_dim`): the 16-bit keys
+/// and values attention saves. A model with as many key-value heads as query heads (Llama 2
+/// 7B) keeps 3 h more per layer and token than one with a quarter as many (Llama 3.1 8B,
+/// Llama 3.2 3B, Qwen3 8B), traced without checkpointing.
+const KV_BYTES: u128 = 4;
 /// A frozen layer (LoRA's base) keeps less: its linear layers save no input for a weight
-/// gradient, so `17 h + 6 I` (traced: 16.6 h on Llama 3.1 8B), plus what its adapters keep.
-const FROZEN_HIDDEN_BYTES: u128 = 17;
+/// gradient, so `13 h + 4 kv + 6 I` (traced: 13.1-13.6 h + 6 I with a quarter as many key-value
+/// heads, 16.2 h + 6 I with as many), plus what its adapters keep.
+const FROZEN_HIDDEN_BYTES: u128 = 13;
 const FROZEN_INTERMEDIATE_BYTES: u128 = 6;
 /// A frozen 4-bit base prepared for training (QLoRA: PEFT's `prepare_model_for_kbit_training`
 /// casts the norms to FP32, and bitsandbytes' `Linear4bit` returns its input's dtype) carries
-/// an FP32 residual stream, FP32 norm outputs and FP32 MLP activations: `20 h + 12 I` beside
-/// the adapters' inputs (traced on Mistral 7B QLoRA at 4k x 2 without checkpointing: three
-/// FP32 and one 16-bit intermediate-wide tensor, two FP32 and eleven 16-bit hidden-wide ones
-/// per layer and token).
-const FROZEN_HIDDEN_BYTES_32: u128 = 20;
+/// an FP32 residual stream, FP32 norm outputs and FP32 MLP activations: `18 h + 4 kv + 12 I`
+/// beside the adapters' inputs (traced on Mistral 7B QLoRA at 4k x 2 without checkpointing:
+/// 18.2 h + 12 I).
+const FROZEN_HIDDEN_BYTES_32: u128 = 18;
 const FROZEN_INTERMEDIATE_BYTES_32: u128 = 12;
+/// A 4-bit base on a 16-bit residual stream (BF16 states, or Liger Kernel's norms) keeps, per
+/// layer and token, bytes per hidden unit more than a 16-bit one: bitsandbytes' 4-bit matmul
+/// keeps what a 16-bit frozen linear layer frees (traced on Mistral 7B QLoRA at 4k x 2 with
+/// Liger's layers: 4.2 h more than LoRA's base).
+const QUANTIZED_BASE_HIDDEN_BYTES: u128 = 4;
 /// Differentiating a frozen layer holds, beside what it saved, the gradients of its
-/// activations and the adapters' FP32 copies of their inputs: per token, bytes per hidden and
-/// per intermediate unit. Traced on Llama 3.1 8B LoRA at 16k tokens with a fused loss, where
-/// the backward pass is the peak: `50 h + 14 I` beside the waiting inputs, against the
-/// `17 h + 6 I` the layer saved.
-const FROZEN_WORKING_HIDDEN_BYTES: u128 = 33;
-const FROZEN_WORKING_INTERMEDIATE_BYTES: u128 = 8;
+/// activations: per token, bytes per MLP intermediate unit. transformers' MLP holds 6 (the
+/// gradients of the product, of the activation and of the gate and up projections), and 8
+/// when the down projection has an adapter (its input's gradient comes through both paths);
+/// Liger Kernel's SwiGLU writes the gate's and up's gradients over their inputs, 2, unless a
+/// down adapter holds the 8 (less its norms' saving, [`LIGER_NORM_WORKING_BYTES`]). Traced on
+/// Llama 3.1 8B LoRA at 16k tokens with a fused loss, where the backward pass is the peak, on
+/// q/k/v/o, q/v, o, gate/up (5.9-6.3 I), down and gate/up/down and every projection (7.9-8.5
+/// I), and Qwen2.5 14B (8.2 I); Liger's 2.1 I and 8 I less 4.1 h.
+const FROZEN_WORKING_INTERMEDIATE_BYTES: u128 = 6;
+const DOWN_ADAPTER_WORKING_INTERMEDIATE_BYTES: u128 = 2;
+const LIGER_WORKING_INTERMEDIATE_BYTES: u128 = 2;
+/// A trained layer being differentiated holds, beside what it saved, 4 bytes per MLP
+/// intermediate unit and token of activation gradients (traced on Llama 3.1 8B full
+/// fine-tuning with BF16 states and a fused loss at 4096 x 16, where the backward pass starts
+/// the step's peak: 4.0 I beyond the head's gradient, the checkpointed inputs and the layer).
+const TRAINED_WORKING_INTERMEDIATE_BYTES: u128 = 4;
 /// An MoE layer also keeps, per token and routed expert, bytes per hidden unit: the token's
 /// copy gathered for its expert and the expert's output before the router's weighting
 /// (transformers 5's grouped experts). Traced per `k x h` (k experts per token): frozen 3.1
@@ -76,8 +99,24 @@ const GPT_OSS_ROUTED_BYTES_FROZEN: u128 = 8;
 const GPT_OSS_ROUTED_BYTES_TRAINED: u128 = 12;
 
 /// Qwen3's per-head RMSNorm on queries and keys keeps their FP32 copies: 4 bytes per query
-/// and key unit (traced: 4 to 5 h more per layer on Qwen3 8B).
+/// and key unit (traced: 4 to 5 h more per layer on Qwen3 8B); Liger Kernel's keeps the
+/// 16-bit input, 2 (traced on Qwen3 8B LoRA at 8k x 2 without checkpointing).
 const QK_NORM_BYTES: u128 = 4;
+const LIGER_QK_NORM_BYTES: u128 = 2;
+
+/// What Liger Kernel's layer kernels (`--kernels liger`, [`super::Kernels`]) keep less than
+/// transformers' code, per layer and token: for each norm, bytes per hidden unit of a trained
+/// and of a frozen layer, and of a frozen layer's working set (its backward pass writes the
+/// input's gradient over the output's); and bytes per intermediate unit of a dense MLP (the
+/// activation recomputed, not saved). Traced against the same cases run with transformers'
+/// code: Llama 3.2 1B full fine-tuning without checkpointing 8.25 h + 2 I less per layer and
+/// token (BF16 and FP32 states alike), Llama 3.2 3B LoRA 4 h + 2 I, Gemma 2 9B LoRA (four
+/// norms) 8 h + 2 I; a frozen layer's working set 4 h less with two norms (Llama 3.1 8B and
+/// Qwen2.5 14B LoRA with checkpointing and a fused loss).
+const LIGER_NORM_TRAINED_BYTES: u128 = 4;
+const LIGER_NORM_FROZEN_BYTES: u128 = 2;
+const LIGER_NORM_WORKING_BYTES: u128 = 2;
+const LIGER_ACTIVATION_BYTES: u128 = 2;
 
 /// Bytes per attention score (`batch x heads x s x s`) that eager attention keeps for the
 /// backward pass, and that differentiating one such layer holds beside them.
@@ -101,6 +140,12 @@ const GPT_OSS_SCORES: EagerScores = EagerScores {
     saved: 2,
     backward: 4,
 };
+
+/// Bytes per `b x s x s` element of the 16-bit bias a windowed layer's SDPA keeps when the
+/// sequence is longer than the window (Mistral 7B's 4096 tokens): traced on Mistral 7B LoRA at
+/// 8k x 2 without checkpointing, one `(b, 1, s, s)` BF16 tensor per layer beside the boolean
+/// mask built once.
+const WINDOW_BIAS_BYTES: u128 = 2;
 
 /// A fused linear cross-entropy (Liger Kernel's, `--loss fused`) keeps, per token, the
 /// hidden states' gradient it computes in the forward pass and the final norm's output it
@@ -135,6 +180,10 @@ pub enum Layers {
         adapter_bytes_per_token: u64,
         /// The residual stream is FP32 (a 4-bit base prepared for training).
         fp32_residual: bool,
+        /// The base is 4-bit (QLoRA).
+        quantized_base: bool,
+        /// The MLP's down projection has an adapter.
+        down_adapter: bool,
     },
 }
 
@@ -156,6 +205,8 @@ pub struct Step {
     pub reference_model: bool,
     /// The loss is a fused linear cross-entropy over chunks of tokens, not the whole logits.
     pub fused_loss: bool,
+    /// Liger Kernel's RMSNorm and SwiGLU/GeGLU run the layers, not transformers' own.
+    pub liger_layers: bool,
 }
 
 /// The activation side of a step's peak.
@@ -164,9 +215,41 @@ pub struct ActivationPeak {
     /// Alive when the backward pass starts, before any gradient: saved activations and the
     /// loss's logits.
     pub loss_phase: Bytes,
-    /// Alive beside (up to) the full gradients while layers are differentiated: one layer and
-    /// its working set, the checkpointed inputs, and the embedding's dense gradient.
+    /// Alive beside the full gradients while layers are differentiated: one layer and its
+    /// working set with what waits below it, or the embedding's dense gradient.
+    /// [`super::training_memory`] takes off what the gradients replace ([`Self::settled`]).
     pub backward_phase: Bytes,
+    /// Of the backward phase, what waits below the first layer differentiated (the
+    /// checkpointed inputs, or every other layer's saved activations): freed layer by layer
+    /// as the gradients fill in.
+    #[serde(skip)]
+    pub waiting: Bytes,
+    /// The head's gradient, which exists from the start of the backward pass (zero when the
+    /// head is frozen).
+    #[serde(skip)]
+    pub head_gradient: Bytes,
+    /// The first layer's moment alone (the backward phase without the embedding's gradient).
+    #[serde(skip)]
+    pub first_layer: Bytes,
+}
+
+impl ActivationPeak {
+    /// The backward phase beside `gradients` bytes of gradients. The backward pass fills the
+    /// gradients in from the top layer down and frees what waited for each layer as it
+    /// passes it, so it peaks at its start (the head's gradient beside everything waiting) or
+    /// at its end (every gradient, nothing waiting), never with both: the phase beyond the
+    /// full gradients is the first layer's moment less the smaller of the two. A LoRA step,
+    /// whose gradients are small, keeps nearly all of it.
+    #[must_use]
+    pub fn settled(self, gradients: Bytes) -> Self {
+        let filling = gradients.saturating_sub(self.head_gradient);
+        let first_layer = self.first_layer.saturating_sub(filling.min(self.waiting));
+        Self {
+            backward_phase: first_layer.max(self.head_gradient),
+            first_layer,
+            ..self
+        }
+    }
 }
 
 /// What eager attention keeps for `model_type` when transformers trains it so: its modeling
@@ -183,6 +266,15 @@ fn eager_scores(model_type: &str) -> Option<EagerScores> {
 /// Whether the model normalises each head's queries and keys (`q_norm`, `k_norm`).
 fn qk_norm(model_type: &str) -> bool {
     matches!(model_type, "qwen3" | "qwen3_moe")
+}
+
+/// RMSNorms per decoder layer: Gemma 2 and 3 normalise each sub-layer's output as well as its
+/// input.
+fn norms_per_layer(model_type: &str) -> u128 {
+    match model_type {
+        "gemma2" | "gemma3" | "gemma3_text" => 4,
+        _ => 2,
+    }
 }
 
 /// Whether the model soft-caps its final logits (Gemma 2's `final_logit_softcapping`).
@@ -202,12 +294,43 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
     let tokens = mul(u128::from(step.seq_len), u128::from(step.batch));
     let h = u128::from(arch.hidden);
     let intermediate = u128::from(arch.active_intermediate());
+    let kv = mul(
+        KV_BYTES,
+        mul(u128::from(arch.kv_heads), u128::from(arch.head_dim)),
+    );
     let layers = u128::from(arch.layers);
     let qk = if qk_norm(&arch.model_type) {
         let query_key = u128::from(arch.heads).saturating_add(u128::from(arch.kv_heads));
-        mul(QK_NORM_BYTES, mul(query_key, u128::from(arch.head_dim)))
+        let bytes = if step.liger_layers {
+            LIGER_QK_NORM_BYTES
+        } else {
+            QK_NORM_BYTES
+        };
+        mul(bytes, mul(query_key, u128::from(arch.head_dim)))
     } else {
         0
+    };
+    // What Liger's kernels keep less per layer and token, and in a frozen layer's working
+    // set; an MoE's experts are Liger's own, not traced, so only its norms count.
+    let trained = matches!(step.layers, Layers::Trained { .. });
+    let (liger_saved, liger_working) = if step.liger_layers {
+        let norms = norms_per_layer(&arch.model_type);
+        let per_norm = if trained {
+            LIGER_NORM_TRAINED_BYTES
+        } else {
+            LIGER_NORM_FROZEN_BYTES
+        };
+        let activation = if arch.moe.is_none() {
+            mul(LIGER_ACTIVATION_BYTES, intermediate)
+        } else {
+            0
+        };
+        (
+            add(mul(mul(norms, per_norm), h), activation),
+            mul(mul(norms, LIGER_NORM_WORKING_BYTES), h),
+        )
+    } else {
+        (0, 0)
     };
     let (per_token, residual_bytes) = match step.layers {
         Layers::Trained { fp32_residual } => {
@@ -216,19 +339,34 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
             } else {
                 HIDDEN_BYTES_16
             };
-            let per_token = add(mul(hidden_bytes, h), mul(INTERMEDIATE_BYTES, intermediate));
-            (per_token, if fp32_residual { 4 } else { 2 })
+            let per_token = add(
+                add(mul(hidden_bytes, h), kv),
+                mul(INTERMEDIATE_BYTES, intermediate),
+            );
+            (
+                per_token.saturating_sub(liger_saved),
+                if fp32_residual { 4 } else { 2 },
+            )
         }
         Layers::Frozen {
             adapter_bytes_per_token,
             fp32_residual,
+            quantized_base,
+            ..
         } => {
-            let (hidden_bytes, intermediate_bytes) = if fp32_residual {
-                (FROZEN_HIDDEN_BYTES_32, FROZEN_INTERMEDIATE_BYTES_32)
-            } else {
-                (FROZEN_HIDDEN_BYTES, FROZEN_INTERMEDIATE_BYTES)
+            let (hidden_bytes, intermediate_bytes) = match (fp32_residual, quantized_base) {
+                (true, _) => (FROZEN_HIDDEN_BYTES_32, FROZEN_INTERMEDIATE_BYTES_32),
+                (false, false) => (FROZEN_HIDDEN_BYTES, FROZEN_INTERMEDIATE_BYTES),
+                (false, true) => (
+                    FROZEN_HIDDEN_BYTES + QUANTIZED_BASE_HIDDEN_BYTES,
+                    FROZEN_INTERMEDIATE_BYTES,
+                ),
             };
-            let base = add(mul(hidden_bytes, h), mul(intermediate_bytes, intermediate));
+            let base = add(
+                add(mul(hidden_bytes, h), kv),
+                mul(intermediate_bytes, intermediate),
+            )
+            .saturating_sub(liger_saved);
             (
                 add(base, u128::from(adapter_bytes_per_token)),
                 if fp32_residual { 4 } else { 2 },
@@ -236,7 +374,6 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         }
     };
     let routed = arch.moe.map_or(0, |moe| {
-        let trained = matches!(step.layers, Layers::Trained { .. });
         let bytes = match (arch.model_type.as_str(), trained) {
             ("gpt_oss", false) => GPT_OSS_ROUTED_BYTES_FROZEN,
             ("gpt_oss", true) => GPT_OSS_ROUTED_BYTES_TRAINED,
@@ -254,12 +391,26 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
         mul(u128::from(step.batch), u128::from(arch.heads)),
         mul(u128::from(step.seq_len), u128::from(step.seq_len)),
     );
-    let layer_saved = add(layer, mul(scores, eager.saved));
-    let checkpoints = mul(mul(layers, tokens), mul(residual_bytes, h));
+    // A window shorter than the sequence needs a mask, built once (1 byte per `b x s x s`
+    // element) and, under SDPA, turned into each layer's 16-bit bias, which the
+    // memory-efficient kernel a masked SDPA runs keeps for its backward pass.
+    let masked = arch.sliding_window.is_some_and(|w| step.seq_len > w.window)
+        && eager_scores(&arch.model_type).is_none();
+    let (mask, bias) = if masked {
+        let elements = mul(
+            u128::from(step.batch),
+            mul(u128::from(step.seq_len), u128::from(step.seq_len)),
+        );
+        (elements, mul(WINDOW_BIAS_BYTES, elements))
+    } else {
+        (0, 0)
+    };
+    let layer_saved = add(add(layer, mul(scores, eager.saved)), bias);
+    let checkpoints = add(mul(mul(layers, tokens), mul(residual_bytes, h)), mask);
     let saved = if step.checkpointing {
         checkpoints
     } else {
-        mul(layers, layer_saved)
+        add(mul(layers, layer_saved), mask)
     };
     let vocab = u128::from(arch.vocab);
     let head_gradient = mul(mul(vocab, h), u128::from(step.embedding_gradient_bytes));
@@ -289,27 +440,39 @@ pub fn step_activations(model: &Model, step: &Step) -> ActivationPeak {
     let waiting = if step.checkpointing {
         checkpoints
     } else {
-        mul(layers.saturating_sub(1), layer_saved)
+        add(mul(layers.saturating_sub(1), layer_saved), mask)
     };
     let working = match step.layers {
-        Layers::Frozen { .. } => mul(
+        Layers::Frozen { down_adapter, .. } => {
+            let transformers = if down_adapter {
+                FROZEN_WORKING_INTERMEDIATE_BYTES + DOWN_ADAPTER_WORKING_INTERMEDIATE_BYTES
+            } else {
+                FROZEN_WORKING_INTERMEDIATE_BYTES
+            };
+            // Liger's SwiGLU on a dense MLP; an MoE's experts are counted as transformers'.
+            let per_token = match (step.liger_layers && arch.moe.is_none(), down_adapter) {
+                (false, _) => mul(transformers, intermediate),
+                (true, false) => mul(LIGER_WORKING_INTERMEDIATE_BYTES, intermediate),
+                (true, true) => mul(transformers, intermediate).saturating_sub(liger_working),
+            };
+            mul(tokens, per_token)
+        }
+        Layers::Trained { .. } => mul(
             tokens,
-            add(
-                mul(FROZEN_WORKING_HIDDEN_BYTES, h),
-                mul(FROZEN_WORKING_INTERMEDIATE_BYTES, intermediate),
-            ),
+            mul(TRAINED_WORKING_INTERMEDIATE_BYTES, intermediate),
         ),
-        Layers::Trained { .. } => 0,
     };
-    let backward = add(
+    let first_layer = add(
         add(waiting, working),
         add(layer_saved, mul(scores, eager.backward)),
-    )
-    .max(head_gradient);
+    );
     let bytes = |v: u128| Bytes(u64::try_from(v).unwrap_or(u64::MAX));
     ActivationPeak {
         loss_phase: bytes(add(saved, logits)),
-        backward_phase: bytes(backward),
+        backward_phase: bytes(first_layer.max(head_gradient)),
+        waiting: bytes(waiting),
+        head_gradient: bytes(head_gradient),
+        first_layer: bytes(first_layer),
     }
 }
 
@@ -370,12 +533,15 @@ mod tests {
             embedding_gradient_bytes: 0,
             reference_model: false,
             fused_loss: false,
+            liger_layers: false,
         }
     }
 
     const FROZEN: Layers = Layers::Frozen {
         adapter_bytes_per_token: 0,
         fp32_residual: false,
+        quantized_base: false,
+        down_adapter: false,
     };
 
     /// With checkpointing, the backward pass starts with each layer's 16-bit input and 12
@@ -460,13 +626,15 @@ mod tests {
         let inputs = |bytes: u64| Bytes(16 * 4096 * 2048 * bytes);
         assert_eq!(at(false, true), inputs(2) + logits);
         assert_eq!(at(true, true), inputs(4) + logits);
-        // Without checkpointing: 26 h + 8 I against 36 h + 8 I per layer and token.
-        let layers = |h_bytes: u64| Bytes(16 * 4096 * (h_bytes * 2048 + 8 * 8192));
-        assert_eq!(at(false, false), layers(26) + logits);
-        assert_eq!(at(true, false), layers(36) + logits);
+        // Without checkpointing: 21 h + 4 kv + 8 I against 31 h + 4 kv + 8 I per layer and
+        // token (8 key-value heads of 64).
+        let layers = |h_bytes: u64| Bytes(16 * 4096 * (h_bytes * 2048 + 4 * 512 + 8 * 8192));
+        assert_eq!(at(false, false), layers(21) + logits);
+        assert_eq!(at(true, false), layers(31) + logits);
     }
 
-    /// A frozen base keeps `17 h + 6 I` per layer and token plus what its adapters keep.
+    /// A frozen base keeps `13 h + 4 kv + 6 I` per layer and token plus what its adapters
+    /// keep; a trained layer `21 h + 4 kv + 8 I`.
     #[test]
     fn a_frozen_base_keeps_less_than_a_trained_one_plus_its_adapters() {
         let model = presets::find("llama-3.1-8b").unwrap().unwrap();
@@ -480,6 +648,8 @@ mod tests {
                     Layers::Frozen {
                         adapter_bytes_per_token,
                         fp32_residual: false,
+                        quantized_base: false,
+                        down_adapter: false,
                     },
                 ),
             )
@@ -504,19 +674,22 @@ mod tests {
         );
         assert_eq!(
             trained.saturating_sub(frozen(0)),
-            Bytes(32 * 1024 * ((26 - 17) * 4096 + (8 - 6) * 14_336))
+            Bytes(32 * 1024 * ((21 - 13) * 4096 + (8 - 6) * 14_336))
         );
     }
 
     /// The backward phase is the first layer differentiated (recomputed, or still saved) and
     /// its working set beside what waits below it (the checkpointed inputs, or every other
     /// layer's saved activations); or, at the end, the embedding's dense gradient, when that
-    /// is larger. A frozen layer's working set (the activations' gradients, the adapters'
-    /// FP32 copies) comes on top of what it saved.
+    /// is larger. A frozen layer's working set (the activations' gradients: 6 bytes per
+    /// intermediate unit, 8 with a down adapter) comes on top of what it saved.
     #[test]
     fn the_backward_phase_is_the_first_layer_and_what_waits_or_the_embedding_gradient() {
         let model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
-        let layer = Bytes(1024 * (26 * 4096 + 8 * 14_336));
+        // A trained layer's saved activations and its working set (4 bytes per intermediate
+        // unit of activation gradients).
+        let saved = Bytes(1024 * (21 * 4096 + 4 * 1024 + 8 * 14_336));
+        let layer = saved + Bytes(1024 * 4 * 14_336);
         let inputs = Bytes(32 * 1024 * 4096 * 2);
         let trained = Layers::Trained {
             fp32_residual: false,
@@ -527,18 +700,31 @@ mod tests {
         // and the inputs; a wider one wins.
         s.embedding_gradient_bytes = 2;
         assert_eq!(step_activations(&model, &s).backward_phase, inputs + layer);
-        s.embedding_gradient_bytes = 4;
+        // An FP32 one (0.52 GB) beside half as many tokens (0.27 GB of inputs and layer).
+        let mut short = step(512, 1, true, trained);
+        short.embedding_gradient_bytes = 4;
         assert_eq!(
-            step_activations(&model, &s).backward_phase,
+            step_activations(&model, &short).backward_phase,
             Bytes(32_000 * 4096 * 4)
         );
         s.checkpointing = false;
         s.embedding_gradient_bytes = 0;
-        assert_eq!(step_activations(&model, &s).backward_phase, layer.times(32));
+        assert_eq!(
+            step_activations(&model, &s).backward_phase,
+            saved.times(32) + Bytes(1024 * 4 * 14_336)
+        );
         let frozen = step_activations(&model, &step(1024, 1, true, FROZEN)).backward_phase;
-        let frozen_layer = Bytes(1024 * (17 * 4096 + 6 * 14_336));
-        let working = Bytes(1024 * (33 * 4096 + 8 * 14_336));
+        let frozen_layer = Bytes(1024 * (13 * 4096 + 4 * 1024 + 6 * 14_336));
+        let working = Bytes(1024 * 6 * 14_336);
         assert_eq!(frozen, inputs + frozen_layer + working);
+        let down = Layers::Frozen {
+            adapter_bytes_per_token: 0,
+            fp32_residual: false,
+            quantized_base: false,
+            down_adapter: true,
+        };
+        let with_down = step_activations(&model, &step(1024, 1, true, down)).backward_phase;
+        assert_eq!(with_down, frozen + Bytes(1024 * 2 * 14_336));
     }
 
     /// Gemma 2's eager attention keeps the `s x s` scores (10 bytes each, 14 while its layer
@@ -550,6 +736,8 @@ mod tests {
             let model = presets::find(key).unwrap().unwrap();
             let mut plain = model.clone();
             plain.arch.model_type = "llama".to_string();
+            // Under SDPA a window shorter than the sequence would add its mask's bias.
+            plain.arch.sliding_window = None;
             let (e, p) = (step_activations(&model, s), step_activations(&plain, s));
             (
                 e.loss_phase.saturating_sub(p.loss_phase),
@@ -638,5 +826,132 @@ mod tests {
         s.reference_model = true;
         let dpo = step_activations(&model, &s).loss_phase;
         assert_eq!(dpo.saturating_sub(plain), Bytes(2 * 1024 * 128_256 * 2));
+    }
+    /// Liger Kernel's layers keep 2 bytes per hidden unit less for each norm of a frozen
+    /// layer (4 of a trained one) and one 16-bit intermediate-wide tensor less; Gemma 2 has
+    /// four norms. A frozen layer's working set without a down adapter drops to 2 bytes per
+    /// intermediate unit, with one by 2 per hidden unit and norm.
+    #[test]
+    fn liger_layers_keep_less_per_norm_and_activation() {
+        let at = |key: &str, layers: Layers, checkpointing: bool, liger: bool| {
+            let model = presets::find(key).unwrap().unwrap();
+            let mut s = step(1024, 1, checkpointing, layers);
+            s.liger_layers = liger;
+            step_activations(&model, &s)
+        };
+        let saved = |key, layers| {
+            at(key, layers, false, false)
+                .loss_phase
+                .saturating_sub(at(key, layers, false, true).loss_phase)
+        };
+        let trained = Layers::Trained {
+            fp32_residual: false,
+        };
+        // Llama 3.1 8B: h 4096, I 14,336, 32 layers, two norms each.
+        assert_eq!(
+            saved("llama-3.1-8b", FROZEN),
+            Bytes(32 * 1024 * (2 * 2 * 4096 + 2 * 14_336))
+        );
+        assert_eq!(
+            saved("llama-3.1-8b", trained),
+            Bytes(32 * 1024 * (2 * 4 * 4096 + 2 * 14_336))
+        );
+        // Gemma 2 9B: h 3584, I 14,336, 42 layers, four norms each.
+        assert_eq!(
+            saved("gemma-2-9b", FROZEN),
+            Bytes(42 * 1024 * (4 * 2 * 3584 + 2 * 14_336))
+        );
+        let working = |layers, liger| {
+            let peak = at("llama-3.1-8b", layers, true, liger);
+            peak.backward_phase.saturating_sub(peak.waiting)
+        };
+        let layer = |liger: bool| {
+            let base = 13 * 4096 + 4 * 1024 + 6 * 14_336;
+            Bytes(
+                1024 * if liger {
+                    base - (4 * 4096 + 2 * 14_336)
+                } else {
+                    base
+                },
+            )
+        };
+        assert_eq!(
+            working(FROZEN, false),
+            layer(false) + Bytes(1024 * 6 * 14_336)
+        );
+        assert_eq!(
+            working(FROZEN, true),
+            layer(true) + Bytes(1024 * 2 * 14_336)
+        );
+        let down = Layers::Frozen {
+            adapter_bytes_per_token: 0,
+            fp32_residual: false,
+            quantized_base: false,
+            down_adapter: true,
+        };
+        assert_eq!(
+            working(down, true),
+            layer(true) + Bytes(1024 * (8 * 14_336 - 2 * 2 * 4096))
+        );
+    }
+
+    /// A window shorter than the sequence (Mistral 7B's 4096 tokens) makes SDPA keep a 16-bit
+    /// bias per layer (`b x s x s`) beside the boolean mask built once; at or under the window
+    /// nothing, and eager attention's scores already hold it.
+    #[test]
+    fn a_window_shorter_than_the_sequence_keeps_a_bias_per_layer() {
+        let model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
+        let mut unwindowed = model.clone();
+        unwindowed.arch.sliding_window = None;
+        let extra = |s: &Step| {
+            step_activations(&model, s)
+                .loss_phase
+                .saturating_sub(step_activations(&unwindowed, s).loss_phase)
+        };
+        assert_eq!(extra(&step(4096, 2, false, FROZEN)), Bytes::ZERO);
+        let elements = 2 * 8192 * 8192u64;
+        assert_eq!(
+            extra(&step(8192, 2, false, FROZEN)),
+            Bytes(32 * 2 * elements + elements)
+        );
+        // Checkpointed, the mask waits with the layers' inputs.
+        assert_eq!(extra(&step(8192, 2, true, FROZEN)), Bytes(elements));
+    }
+
+    /// The backward pass trades what waits for the gradients it makes: beside the full
+    /// gradients, it holds the first layer's moment less the smaller of the gradients still
+    /// to come and what waits; the head's gradient exists from the start.
+    #[test]
+    fn the_backward_phase_gives_back_what_the_gradients_replace() {
+        let model = presets::find("llama-3.2-1b").unwrap().unwrap();
+        let mut s = step(
+            8192,
+            4,
+            true,
+            Layers::Trained {
+                fp32_residual: false,
+            },
+        );
+        s.embedding_gradient_bytes = 2;
+        let peak = step_activations(&model, &s);
+        assert_eq!(peak.settled(Bytes::ZERO), peak);
+        let head = Bytes(128_256 * 2048 * 2);
+        assert_eq!(peak.head_gradient, head);
+        // Gradients beyond the head's smaller than what waits: all of them come off.
+        let small = head + Bytes::gib(1);
+        assert_eq!(
+            peak.settled(small).backward_phase,
+            peak.first_layer.saturating_sub(Bytes::gib(1))
+        );
+        // Larger: at most what waits comes off, and never below the embedding's gradient.
+        let settled = peak.settled(Bytes::gib(1000));
+        assert_eq!(
+            settled.first_layer,
+            peak.first_layer.saturating_sub(peak.waiting)
+        );
+        assert_eq!(
+            settled.backward_phase,
+            settled.first_layer.max(peak.head_gradient)
+        );
     }
 }

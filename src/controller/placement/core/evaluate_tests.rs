@@ -96,6 +96,7 @@ fn asked_replicas_are_placed_and_training_ignores_them() {
             optimizer_states: None,
             loss: None,
             adamw: None,
+            kernels: None,
         }),
     };
     let request = request_from_spec(&spec).unwrap();

@@ -7,7 +7,7 @@
 
 use crate::api::placement::{
     AllocationMode, EngineName, EngineSpec, Goal, ModelPlacementSpec, ModelSource, OptimizerStates,
-    PrecisionChoice, TrainAdamw, TrainLoss, TrainMethod,
+    PrecisionChoice, TrainAdamw, TrainKernels, TrainLoss, TrainMethod,
 };
 use crate::plan::Bytes;
 use crate::plan::capability::PrecisionChoice as PlannerPrecision;
@@ -16,7 +16,7 @@ use crate::plan::kv::KvDtype;
 use crate::plan::request::{ModelInput, PlanInput};
 use crate::plan::search::{Disaggregation, Goal as PlannerGoal};
 use crate::plan::training::{
-    Adamw as PlannerAdamw, LoraTarget, Loss as PlannerLoss, Method,
+    Adamw as PlannerAdamw, Kernels as PlannerKernels, LoraTarget, Loss as PlannerLoss, Method,
     OptimizerStates as PlannerStates, TrainingTarget,
 };
 
@@ -134,6 +134,7 @@ fn planner_goal(goal: &Goal) -> Result<PlannerGoal, String> {
             optimizer_states: optimizer_states(train.optimizer_states.unwrap_or_default()),
             loss: loss(train.loss.unwrap_or_default()),
             adamw: adamw(train.adamw.unwrap_or_default()),
+            kernels: kernels(train.kernels.unwrap_or_default()),
         })),
         _ => Err("goal: set exactly one of serve or train".to_string()),
     }
@@ -181,6 +182,14 @@ pub fn adamw(adamw: TrainAdamw) -> PlannerAdamw {
     match adamw {
         TrainAdamw::Fused => PlannerAdamw::Fused,
         TrainAdamw::Foreach => PlannerAdamw::Foreach,
+    }
+}
+
+/// The planner's layer kernels for the API's.
+pub fn kernels(kernels: TrainKernels) -> PlannerKernels {
+    match kernels {
+        TrainKernels::Standard => PlannerKernels::Standard,
+        TrainKernels::Liger => PlannerKernels::Liger,
     }
 }
 
@@ -292,6 +301,7 @@ mod tests {
                 optimizer_states: None,
                 loss: None,
                 adamw: None,
+                kernels: None,
             }),
         };
         let PlannerGoal::Train(target) = plan_input(&spec).unwrap().goal else {
@@ -336,6 +346,18 @@ mod tests {
                 serde_json::to_value(adamw(each)).unwrap()
             );
         }
+        // `kernels` likewise: transformers' own unless the spec says liger.
+        assert_eq!(target.kernels, PlannerKernels::Standard);
+        let target = decoded(r#"{"method": "qlora", "kernels": "liger"}"#);
+        assert_eq!(target.kernels, PlannerKernels::Liger);
+        let unknown = r#"{"method": "qlora", "kernels": "triton"}"#;
+        assert!(serde_json::from_str::<TrainGoal>(unknown).is_err());
+        for each in [TrainKernels::Standard, TrainKernels::Liger] {
+            assert_eq!(
+                serde_json::to_value(each).unwrap(),
+                serde_json::to_value(kernels(each)).unwrap()
+            );
+        }
     }
 
     #[test]
@@ -349,6 +371,7 @@ mod tests {
             optimizer_states: None,
             loss: None,
             adamw: None,
+            kernels: None,
         });
         assert!(plan_input(&two_goals).unwrap_err().starts_with("goal:"));
         let mut int8_cache = spec();
