@@ -340,7 +340,8 @@ pub const ALLOCATOR_RESERVE_BYTES_PER_LOGIT: u64 = 2;
 /// there was 0.4 to 3.7 GiB, 3 to 16 % of the plan's activations on four rows and 62 % on
 /// Qwen3 8B full with BF16 states (2.0 GiB of activations beside 15 GiB of gradients); no
 /// share of one figure covers them all, and at 3 % Mistral 7B without checkpointing (the
-/// modelled H200 runs out) fits one in the plan.
+/// modelled H200 runs out) fits one in the plan. On the fourteen fused rows traced since, the
+/// plan is within -7.7 to +8.8 % of the least capacity the allocator model runs them in.
 pub const ALLOCATOR_RESERVE_FUSED_ACTIVATIONS: f64 = 0.05;
 /// A full fine-tune with BF16 states also loses the loss's freed blocks to its optimizer in
 /// the allocator model: AdamW makes its moments at the first step, into the blocks the
