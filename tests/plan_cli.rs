@@ -2020,3 +2020,36 @@ fn emit_of_a_fraction_asks_for_the_fraction() {
         template["metadata"]["name"]
     );
 }
+
+/// A plan that shards a frozen base with ZeRO-3 says what it added for the sharding and that
+/// only published FSDP runs checked it; a plan on one device does not.
+#[test]
+fn a_zero3_plan_states_what_sharding_adds() {
+    let plan = |model: &str| {
+        let (code, plan) = json(&[
+            "--model",
+            model,
+            "--hardware",
+            "1x8xH100",
+            "--train",
+            "lora",
+            "--seq-len",
+            "4096",
+        ]);
+        assert_eq!(code, 0, "{plan}");
+        plan
+    };
+    let sharded = plan("llama-3.1-70b");
+    assert_eq!(sharded["training"]["zero_stage"], 3, "{sharded}");
+    assert!(sharded["devices"].as_u64().unwrap_or(0) > 1, "{sharded}");
+    let reasons = sharded["reasons"].to_string();
+    assert!(
+        reasons.contains("zero-3: each layer gathered as stored")
+            && reasons.contains("3.5 bytes per hidden unit")
+            && reasons.contains("50 % of the checkpointed"),
+        "{reasons}"
+    );
+    let one = plan("llama-3.1-8b");
+    assert_eq!(one["devices"], 1, "{one}");
+    assert!(!one["reasons"].to_string().contains("zero-3:"), "{one}");
+}

@@ -69,22 +69,38 @@ fn seq_len_times_micro_batch_beyond_64_bits_is_refused() {
             }
         }
     }
+    let frozen = Layers::Frozen {
+        adapter_bytes_per_token: u64::MAX,
+        fp32_residual: false,
+        quantized_base: true,
+        down_adapter: true,
+    };
+    let trained = Layers::Trained {
+        fp32_residual: true,
+    };
     for (fused_loss, liger_layers) in [(false, false), (true, false), (false, true), (true, true)] {
-        let step = Step {
-            seq_len: u64::MAX,
-            batch: u64::MAX,
-            checkpointing: true,
-            layers: Layers::Trained {
-                fp32_residual: true,
-            },
-            embedding_gradient_bytes: 4,
-            reference_model: true,
-            fused_loss,
-            liger_layers,
-        };
-        let peak = step_activations(&model, &step);
-        assert!(peak.loss_phase.is_saturated(), "fused {fused_loss}");
-        assert!(peak.backward_phase.is_saturated(), "fused {fused_loss}");
+        for (layers, sharded_frozen_base) in [(trained, false), (frozen, false), (frozen, true)] {
+            let step = Step {
+                seq_len: u64::MAX,
+                batch: u64::MAX,
+                checkpointing: true,
+                layers,
+                embedding_gradient_bytes: 4,
+                reference_model: true,
+                fused_loss,
+                liger_layers,
+                sharded_frozen_base,
+            };
+            let peak = step_activations(&model, &step);
+            assert!(
+                peak.loss_phase.is_saturated(),
+                "fused {fused_loss} {layers:?} sharded {sharded_frozen_base}"
+            );
+            assert!(
+                peak.backward_phase.is_saturated(),
+                "fused {fused_loss} {layers:?} sharded {sharded_frozen_base}"
+            );
+        }
     }
 }
 

@@ -343,6 +343,17 @@ pub const ALLOCATOR_RESERVE_BYTES_PER_LOGIT: u64 = 2;
 /// modelled H200 runs out) fits one in the plan. On the fourteen fused rows traced since, the
 /// plan is within -7.7 to +8.8 % of the least capacity the allocator model runs them in.
 pub const ALLOCATOR_RESERVE_FUSED_ACTIVATIONS: f64 = 0.05;
+/// ZeRO-3 and FSDP gather each layer's weights on a stream of their own and free them layer
+/// by layer while the forward pass leaves each layer's checkpointed input (or saved
+/// activations) behind, and PyTorch's caching allocator keeps each stream's blocks apart:
+/// the reserve grows with what the layers leave waiting for the backward pass. Half of it,
+/// fitted on the one sharded run that ran out of memory where a smaller reserve fits it
+/// (fms-acceleration's Llama 2 70B QLoRA on two A100 80GB at 4 x 4096 tokens each, 35 GiB of
+/// checkpoints planned; 41 % fits it, 50 % refuses it by 3.3 GiB; at 2 x 4096 it ran in
+/// 43.5 GiB allocated and the plan fits it). The same runs' nvidia-smi figures put what the
+/// devices held beyond their allocations at 4 to 19 GiB (with no pressure to give the cache
+/// back).
+pub const ALLOCATOR_RESERVE_SHARDED_WAITING: f64 = 0.5;
 /// A full fine-tune with BF16 states also loses the loss's freed blocks to its optimizer in
 /// the allocator model: AdamW makes its moments at the first step, into the blocks the
 /// standard loss's logits have just left, and every later step's logits take new segments.
@@ -530,9 +541,11 @@ pub fn training_memory(
     let trainable = trainable_params(model, target);
     let total = model.params.total();
     let per_param = |count: u64, bytes: f64| Bytes::from_f64(count as f64 * bytes);
-    // DeepSpeed budgets 4 bytes per parameter of the largest layer for ZeRO-3's gathers.
+    // DeepSpeed budgets 4 bytes per parameter of the largest layer for ZeRO-3's gathers: two
+    // layers' 16-bit weights, the one computed and the one prefetched. A 4-bit base is
+    // gathered as it is stored.
     let gather_buffer = if stage >= 3 {
-        Bytes(largest_layer_params(model)).times(4)
+        largest_gathered_bytes(model, target).times(2)
     } else {
         Bytes::ZERO
     };
@@ -617,6 +630,7 @@ pub fn training_memory(
             reference_model: target.method == Method::Dpo,
             fused_loss: target.loss == Loss::Fused,
             liger_layers,
+            sharded_frozen_base: !full && stage >= 3 && devices > 1,
         },
     );
     // The optimizer step's transient, sharded as the moments are.
@@ -655,6 +669,10 @@ pub fn training_memory(
     let of_activations = match target.loss {
         Loss::Standard => Bytes::ZERO,
         Loss::Fused => passes.fraction(ALLOCATOR_RESERVE_FUSED_ACTIVATIONS),
+    } + if stage >= 3 && devices > 1 {
+        peak.waiting.fraction(ALLOCATOR_RESERVE_SHARDED_WAITING)
+    } else {
+        Bytes::ZERO
     };
     let split_by_states = match (target.loss, full && states == OptimizerStates::Bf16) {
         (Loss::Standard, true) => {
@@ -769,11 +787,23 @@ pub fn qlora_unquantized_experts(model: &Model) -> u64 {
     }
 }
 
-/// Parameters of the largest unit ZeRO-3 gathers: one decoder layer, or the embedding.
-fn largest_layer_params(model: &Model) -> u64 {
+/// Bytes of the largest unit ZeRO-3 gathers, as it is stored: one decoder layer (16-bit, or
+/// under QLoRA NF4 linear layers and the experts bitsandbytes leaves unquantized), or the
+/// 16-bit embedding.
+fn largest_gathered_bytes(model: &Model, target: &TrainingTarget) -> Bytes {
     let p = &model.params;
-    let per_layer = p.decoder_layers() / u64::from(model.arch.layers.max(1));
-    per_layer.max(p.embedding)
+    let layers = u64::from(model.arch.layers.max(1));
+    let per_layer = p.decoder_layers() / layers;
+    let layer = if target.method == Method::Qlora {
+        let linear = p.linear() / layers;
+        let experts = qlora_unquantized_experts(model) / layers;
+        Bytes::from_f64(linear.saturating_sub(experts) as f64 * Precision::Nf4.bytes_per_param())
+            + Bytes(experts.saturating_mul(qlora_expert_bytes(target.optimizer_states)))
+            + Bytes(per_layer.saturating_sub(linear).saturating_mul(2))
+    } else {
+        Bytes(per_layer.saturating_mul(2))
+    };
+    layer.max(Bytes(p.embedding.saturating_mul(2)))
 }
 
 #[cfg(test)]
@@ -945,6 +975,74 @@ mod tests {
             m.weights + m.gradients + m.optimizer
         };
         assert!(states(1) < states(0) && states(2) < states(1) && states(3) < states(2));
+    }
+
+    /// ZeRO-3 gathers two layers at a time as they are stored: 16-bit under LoRA, NF4 linear
+    /// layers under QLoRA, whose largest unit is then the 16-bit embedding.
+    #[test]
+    fn zero3_gathers_two_layers_as_they_are_stored() {
+        let model = presets::find("llama-2-70b").unwrap().unwrap();
+        let gathered = |method| {
+            let t = target(method, 4096);
+            let sharded = training_memory(&model, &t, 2, 3, (Bytes::gib(80), 0.95));
+            let base = match method {
+                Method::Qlora => qlora_base_bytes(&model, t.optimizer_states),
+                _ => Bytes(model.params.total() * 2),
+            };
+            let adapters = Bytes::from_f64(sharded.trainable_params as f64 * 4.0);
+            sharded.weights.0 - base.div_ceil(2).0 - adapters.0
+        };
+        let layer = model.params.decoder_layers() / u64::from(model.arch.layers);
+        assert_eq!(gathered(Method::Lora), 2 * 2 * layer);
+        let qlora = gathered(Method::Qlora);
+        assert!(qlora < 2 * 2 * layer / 3, "{qlora}");
+        assert!(qlora >= 2 * 2 * model.params.embedding, "{qlora}");
+    }
+
+    /// A frozen base sharded over several devices keeps 3.5 bytes per hidden unit of each
+    /// checkpointed layer input (2 on one device), and the allocator's reserve takes half of
+    /// them beside the usual 1.5 GiB and 2 bytes per logit; a full fine-tune's checkpoints stay
+    /// 16-bit.
+    #[test]
+    fn a_sharded_frozen_base_keeps_more_per_checkpoint_and_reserves_half_of_it() {
+        let model = presets::find("mistral-7b-v0.1").unwrap().unwrap();
+        let (seq_len, layers, hidden) = (4096u64, 32u64, 4096u64);
+        let lora = TrainingTarget {
+            lora_targets: vec![LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O],
+            ..target(Method::Lora, seq_len)
+        };
+        let unbounded = (Bytes(1 << 50), 1.0);
+        let one = training_memory(&model, &lora, 1, 0, unbounded);
+        let sharded = training_memory(&model, &lora, 2, 3, unbounded);
+        let checkpoints = layers * seq_len * hidden;
+        assert_eq!(one.activation_peak.waiting.0, checkpoints * 2);
+        assert_eq!(sharded.activation_peak.waiting.0, checkpoints * 7 / 2);
+        assert_eq!(
+            sharded.activation_peak.loss_phase.0 - one.activation_peak.loss_phase.0,
+            checkpoints * 3 / 2
+        );
+        let logits = seq_len * model.arch.vocab;
+        assert_eq!(
+            sharded.allocator_reserve,
+            ALLOCATOR_RESERVE
+                + Bytes(logits * ALLOCATOR_RESERVE_BYTES_PER_LOGIT)
+                + sharded
+                    .activation_peak
+                    .waiting
+                    .fraction(ALLOCATOR_RESERVE_SHARDED_WAITING)
+        );
+        assert_eq!(
+            one.allocator_reserve,
+            ALLOCATOR_RESERVE + Bytes(logits * ALLOCATOR_RESERVE_BYTES_PER_LOGIT)
+        );
+        // Two devices at ZeRO-2 keep the base whole and the checkpoints 16-bit.
+        let zero2 = training_memory(&model, &lora, 2, 2, unbounded);
+        assert_eq!(zero2.activation_peak.waiting, one.activation_peak.waiting);
+        let full = target(Method::Full, seq_len);
+        let full_one = training_memory(&model, &full, 1, 0, unbounded);
+        let full_sharded = training_memory(&model, &full, 2, 3, unbounded);
+        assert_eq!(full_sharded.activation_peak.waiting.0, checkpoints * 2);
+        assert!(full_one.activation_peak.waiting >= full_sharded.activation_peak.waiting);
     }
 
     #[test]
