@@ -7,12 +7,13 @@ use crate::plan::capability::{PrecisionChoice, serving_support};
 use crate::plan::model::Model;
 use crate::plan::packing::{FreeDevices, Placement};
 use crate::plan::report::{Plan, TrainingSummary};
+use crate::plan::training::activations::SHARDED_CHECKPOINT_HALF_BYTES;
 use crate::plan::training::{
     ALLOCATOR_RESERVE, ALLOCATOR_RESERVE_BYTES_PER_LOGIT, ALLOCATOR_RESERVE_FUSED_ACTIVATIONS,
     ALLOCATOR_RESERVE_SHARDED_WAITING, ALLOCATOR_RESERVE_TRAINED_BYTES_PER_LOGIT,
     ALLOCATOR_RESERVE_TRAINED_STATES_SHARE, Loss, Method, OptimizerStates, TrainingMemory,
     TrainingTarget, ZeroStage, expert_adapter_note, qlora_expert_bytes, qlora_unquantized_experts,
-    training_memory,
+    shards_weights, training_memory,
 };
 use crate::plan::units::Bytes;
 
@@ -269,14 +270,17 @@ fn describe(
 /// What a ZeRO-3 (FSDP `FULL_SHARD`) plan adds for its sharding, which only published
 /// two-GPU runs have checked.
 fn sharded_note(target: &TrainingTarget, m: &TrainingMemory) -> Option<String> {
-    (m.zero_stage >= 3 && m.devices > 1).then(|| {
+    shards_weights(m.devices, m.zero_stage).then(|| {
         let frozen = if matches!(target.method, Method::Lora | Method::Qlora) {
-            "the frozen base's checkpointed layer inputs counted at 3.5 bytes per hidden unit (2 on one device) and "
+            format!(
+                "the frozen base's checkpointed layer inputs counted at {} bytes per hidden unit (2 on one device) and ",
+                SHARDED_CHECKPOINT_HALF_BYTES as f64 / 2.0
+            )
         } else {
-            ""
+            String::new()
         };
         format!(
-            "zero-3: each layer gathered as stored, two at a time; {frozen}a caching-allocator reserve of {:.0} % of the checkpointed (or saved) activations, which the gathers on their own stream split, both fitted on fms-acceleration's two-GPU FSDP runs of Mistral 7B, Mixtral 8x7B and Llama 2 70B (docs/planner.md, \"Published GPU figures\"); no GPU of ours has run a sharded plan yet",
+            "zero-3: each layer gathered as stored, two at a time; {frozen}a caching-allocator reserve of {:.0} % of the checkpointed (or saved) activations, which the gathers on their own stream split, both fitted on fms-acceleration's two-GPU FSDP runs of Mistral 7B, Mixtral 8x7B and Llama 2 70B (docs/planner.md, \"Two GPUs under FSDP\"); no GPU of ours has run a sharded plan yet",
             ALLOCATOR_RESERVE_SHARDED_WAITING * 100.0
         )
     })

@@ -312,6 +312,12 @@ pub struct TrainingMemory {
     pub device: DeviceMemory,
 }
 
+/// Whether `devices` data-parallel devices at ZeRO `stage` shard the weights themselves
+/// (ZeRO-3, FSDP `FULL_SHARD`): what the sharded-base checkpoint and reserve terms apply to.
+pub fn shards_weights(devices: u32, stage: ZeroStage) -> bool {
+    stage >= 3 && devices > 1
+}
+
 /// Runtime memory outside the allocator (CUDA context, cuBLAS workspaces), and NCCL buffers
 /// when training spans devices; the same figures as for serving.
 const BASE_OVERHEAD: Bytes = Bytes(512 * MIB);
@@ -538,6 +544,7 @@ pub fn training_memory(
             bytes
         }
     };
+    let sharded_weights = shards_weights(devices, stage);
     let trainable = trainable_params(model, target);
     let total = model.params.total();
     let per_param = |count: u64, bytes: f64| Bytes::from_f64(count as f64 * bytes);
@@ -630,7 +637,7 @@ pub fn training_memory(
             reference_model: target.method == Method::Dpo,
             fused_loss: target.loss == Loss::Fused,
             liger_layers,
-            sharded_frozen_base: !full && stage >= 3 && devices > 1,
+            sharded_frozen_base: !full && sharded_weights,
         },
     );
     // The optimizer step's transient, sharded as the moments are.
@@ -669,7 +676,7 @@ pub fn training_memory(
     let of_activations = match target.loss {
         Loss::Standard => Bytes::ZERO,
         Loss::Fused => passes.fraction(ALLOCATOR_RESERVE_FUSED_ACTIVATIONS),
-    } + if stage >= 3 && devices > 1 {
+    } + if sharded_weights {
         peak.waiting.fraction(ALLOCATOR_RESERVE_SHARDED_WAITING)
     } else {
         Bytes::ZERO
